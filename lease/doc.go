@@ -1,0 +1,40 @@
+// Package lease is the pure arithmetic of Leasehold: windows, clamping,
+// lease timing on both sides of the WAN, demand-weighted lease sizing and the
+// agent's demand estimate.
+//
+// A limit allows G tokens per window of length W. The home-region allocator
+// owns each window's pool and hands regions leases: chunks of the pool that a
+// region may spend locally until the lease expires. This package holds the
+// decisions that must be the same everywhere and must be testable without a
+// network or a real clock:
+//
+//   - [Window] and [WindowOf]: which window an instant belongs to. Windows
+//     are aligned on the Unix epoch of the allocator's clock, the only clock
+//     that defines windows.
+//   - [Clamp] and [Schedule] (allocator side): when a lease becomes spendable
+//     and when it expires, as durations from now, so that no lease outlives
+//     its window.
+//   - [Deadline], [StartAt] and [Spendable] (agent side): turning those
+//     durations into instants on the agent's own monotonic clock, always on
+//     the safe side (never later, never earlier than the allocator meant).
+//   - [Size] (allocator side): how many tokens one grant gets, from every
+//     region's demand and what is left in the pool.
+//   - [LowWater] and [RateEstimator] (agent side): when to renew, and the
+//     smoothed demand a renewal request reports.
+//
+// Time is always an argument, in the style of golang.org/x/time/rate's
+// AllowN(t, n): nothing here reads the wall clock, sleeps or does I/O, so
+// every rule can be tested at fixed instants. Only durations cross machines
+// (a lease carries expires_in, not a timestamp), which is what makes clock
+// skew between hosts irrelevant.
+//
+// The functions are pure and safe for concurrent use. The only stateful type,
+// [RateEstimator], guards its state with a mutex and is safe for concurrent
+// use too.
+//
+// None of the functions panics, whatever the input: out-of-range values
+// (negative durations, NaN or infinite rates, huge pools) are mapped to the
+// nearest meaningful value, and each function documents how. The allocator
+// talks to untrusted agents; a malformed demand report must not be able to
+// crash it.
+package lease
