@@ -1,0 +1,411 @@
+package allocator
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// Grant is one lease as the allocator records it: the durable record of a
+// grant, its request id, and (later) its return. It is what [Store] writes to
+// etcd, one key per grant.
+type Grant struct {
+	LeaseID   string `json:"id"`
+	Limit     string `json:"limit"`
+	Region    string `json:"region"`
+	RequestID string `json:"req"`
+	Window    int64  `json:"w"`   // window index
+	WindowMs  int64  `json:"wms"` // window length, ms
+	Tokens    int64  `json:"n"`
+	// G is the limit's G when the grant was made (a later change may lower
+	// it; the overshoot bound needs the old value).
+	G            int64 `json:"g"`
+	LimitVersion int64 `json:"v"`
+	GrantedAt    int64 `json:"at"`  // unix ns, allocator clock
+	StartsAt     int64 `json:"sa"`  // unix ns, allocator clock
+	ExpiresAt    int64 `json:"ea"`  // unix ns, allocator clock
+	PoolLeft     int64 `json:"pl"`  // pool after this grant
+	Returned     bool  `json:"ret"` // a return was recorded
+	Unspent      int64 `json:"un,omitempty"`
+	Credited     int64 `json:"cr,omitempty"` // credited to the pool (window open)
+
+	// pending is set while the grant (or its latest change) is not yet
+	// committed; replays wait on it. Owned by the Allocator; not persisted.
+	pending *pendingOp
+}
+
+// windowStart and windowEnd on the allocator's clock.
+func (g *Grant) window() lease.Window {
+	return lease.Window{Index: g.Window, Length: time.Duration(g.WindowMs) * time.Millisecond}
+}
+
+// LeaseID formats a lease id: "<window>/<region>/<request id>". Region and
+// request ids contain no "/", so the id parses back without a lookup table.
+func LeaseID(window int64, region, requestID string) string {
+	return strconv.FormatInt(window, 10) + "/" + region + "/" + requestID
+}
+
+// ParseLeaseID splits a lease id made by LeaseID.
+func ParseLeaseID(id string) (window int64, region, requestID string, err error) {
+	parts := strings.Split(id, "/")
+	if len(parts) != 3 {
+		return 0, "", "", fmt.Errorf("want <window>/<region>/<request id>, got %q", id)
+	}
+	window, err = strconv.ParseInt(parts[0], 10, 64)
+	if err != nil || window < 0 {
+		return 0, "", "", fmt.Errorf("bad window in %q", id)
+	}
+	return window, parts[1], parts[2], nil
+}
+
+type windowKey struct {
+	limit string
+	index int64
+}
+
+type requestKey struct {
+	region, requestID string
+}
+
+type demandKey struct {
+	limit, region string
+}
+
+type demandReport struct {
+	rate float64
+	held int64
+	at   time.Time
+}
+
+// windowState is the pool of one (limit, window).
+type windowState struct {
+	length   time.Duration
+	granted  int64 // tokens granted
+	credited int64 // tokens returned while the window was open
+	late     int64 // tokens returned after the window closed (not credited)
+	maxG     int64 // largest G in force at any grant
+	requests []requestKey
+	usage    map[reporterKey]*UsageRecord // per region and reporter
+}
+
+// Core is the allocator's decision state machine: limits, pools, grants by
+// request id, and each region's last reported demand. It does no I/O and
+// reads no clock: every method takes now. Decisions are applied to the
+// in-memory state at once; the caller must persist the returned records
+// before answering, and must discard the Core if persisting fails (the
+// state may then be ahead of etcd; a new Core is rebuilt from etcd).
+//
+// The zero value is not usable; call NewCore. Not safe for concurrent use:
+// the Allocator serializes calls.
+type Core struct {
+	limits    map[string]*Limit
+	windows   map[windowKey]*windowState
+	byRequest map[requestKey]*Grant
+	demand    map[demandKey]demandReport
+}
+
+// NewCore returns an empty core.
+func NewCore() *Core {
+	return &Core{
+		limits:    map[string]*Limit{},
+		windows:   map[windowKey]*windowState{},
+		byRequest: map[requestKey]*Grant{},
+		demand:    map[demandKey]demandReport{},
+	}
+}
+
+// SetLimit adds or replaces a limit. A lower G applies at once: pools are
+// computed from the current G, clamped at zero.
+func (c *Core) SetLimit(l *Limit) { c.limits[l.ID] = l }
+
+// DeleteLimit forgets a limit; its open windows stay until they expire, so
+// returns are still counted.
+func (c *Core) DeleteLimit(id string) { delete(c.limits, id) }
+
+// Limit returns a limit by id.
+func (c *Core) Limit(id string) (*Limit, bool) {
+	l, ok := c.limits[id]
+	return l, ok
+}
+
+// Restore adds a committed grant while rebuilding from etcd.
+func (c *Core) Restore(g *Grant) {
+	k := windowKey{g.Limit, g.Window}
+	ws := c.window(k, time.Duration(g.WindowMs)*time.Millisecond)
+	ws.granted += g.Tokens
+	ws.credited += g.Credited
+	if g.Returned {
+		ws.late += g.Unspent - g.Credited
+	}
+	ws.maxG = max(ws.maxG, g.G)
+	rk := requestKey{g.Region, g.RequestID}
+	ws.requests = append(ws.requests, rk)
+	c.byRequest[rk] = g
+}
+
+func (c *Core) window(k windowKey, length time.Duration) *windowState {
+	ws := c.windows[k]
+	if ws == nil {
+		ws = &windowState{length: length}
+		c.windows[k] = ws
+	}
+	return ws
+}
+
+// Pool returns what the pool of (limit, window) holds now: G - granted +
+// credited returns, never below zero.
+func (c *Core) Pool(limit string, window int64) int64 {
+	l, ok := c.limits[limit]
+	if !ok {
+		return 0
+	}
+	return c.pool(l, c.windows[windowKey{limit, window}])
+}
+
+func (c *Core) pool(l *Limit, ws *windowState) int64 {
+	if ws == nil {
+		return l.Tokens
+	}
+	return max(0, l.Tokens-ws.granted+ws.credited)
+}
+
+// WindowStats is what the core knows of one (limit, window).
+type WindowStats struct {
+	Granted, Credited, ReturnedLate, MaxG int64
+}
+
+// Stats returns the counts of one (limit, window).
+func (c *Core) Stats(limit string, window int64) (WindowStats, bool) {
+	ws, ok := c.windows[windowKey{limit, window}]
+	if !ok {
+		return WindowStats{}, false
+	}
+	return WindowStats{ws.granted, ws.credited, ws.late, ws.maxG}, true
+}
+
+// AcquireRequest is one item of an AcquireLeases call, already validated.
+type AcquireRequest struct {
+	RequestID string
+	Limit     string
+	Next      bool // the window after the current one
+	Demand    float64
+	Held      int64
+	Want      int64
+}
+
+// Decision is the core's answer to one AcquireRequest.
+type Decision struct {
+	Code     pb.ItemCode
+	Message  string
+	Grant    *Grant // nil when nothing was granted
+	Replayed bool   // Grant was made earlier for the same request id
+	New      bool   // Grant is new and must be persisted
+}
+
+// demandTTL: a region that has not asked for this long is treated as quiet,
+// so its old demand no longer holds back the others.
+func demandTTL(l *Limit) time.Duration { return max(2*l.TTL, 5*time.Second) }
+
+// Acquire decides one lease request of region at now.
+func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision {
+	rk := requestKey{region, r.RequestID}
+	if g, ok := c.byRequest[rk]; ok {
+		if g.Limit != r.Limit {
+			return Decision{Code: pb.ItemCode_ITEM_CODE_CONFLICT,
+				Message: fmt.Sprintf("request id %q was used for limit %q", r.RequestID, g.Limit)}
+		}
+		return Decision{Grant: g, Replayed: true}
+	}
+	l, ok := c.limits[r.Limit]
+	if !ok {
+		return Decision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
+	}
+	if !l.HasRegion(region) {
+		return Decision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,
+			Message: fmt.Sprintf("limit %q is not spent in region %q", r.Limit, region)}
+	}
+	c.demand[demandKey{l.ID, region}] = demandReport{rate: r.Demand, held: r.Held, at: now}
+
+	w := lease.WindowOf(now, l.Window)
+	left := w.Left(now)
+	if r.Next {
+		w = w.Next()
+		left = l.Window
+	}
+	k := windowKey{l.ID, w.Index}
+	ws := c.windows[k]
+	pool := c.pool(l, ws)
+	timing := lease.Schedule(now, w, l.TTL)
+	if pool == 0 || timing.ExpiresIn <= 0 {
+		return Decision{}
+	}
+	tokens := lease.Size(lease.SizeRequest{
+		Pool:     pool,
+		Left:     left,
+		Horizon:  l.TTL,
+		Region:   region,
+		Want:     r.Want,
+		Demands:  c.demands(now, l),
+		MinChunk: l.MinChunk,
+		MaxChunk: l.MaxChunk,
+	})
+	if tokens <= 0 {
+		return Decision{}
+	}
+	ws = c.window(k, l.Window)
+	ws.granted += tokens
+	ws.maxG = max(ws.maxG, l.Tokens)
+	ws.requests = append(ws.requests, rk)
+	g := &Grant{
+		LeaseID:      LeaseID(w.Index, region, r.RequestID),
+		Limit:        l.ID,
+		Region:       region,
+		RequestID:    r.RequestID,
+		Window:       w.Index,
+		WindowMs:     l.Window.Milliseconds(),
+		Tokens:       tokens,
+		G:            l.Tokens,
+		LimitVersion: l.Version,
+		GrantedAt:    now.UnixNano(),
+		StartsAt:     now.Add(timing.StartsIn).UnixNano(),
+		ExpiresAt:    now.Add(timing.ExpiresIn).UnixNano(),
+		PoolLeft:     pool - tokens,
+	}
+	c.byRequest[rk] = g
+	return Decision{Grant: g, New: true}
+}
+
+// demands lists the fresh demand reports of the limit's regions.
+func (c *Core) demands(now time.Time, l *Limit) []lease.RegionDemand {
+	ttl := demandTTL(l)
+	out := make([]lease.RegionDemand, 0, len(l.Regions))
+	for _, r := range l.Regions {
+		d, ok := c.demand[demandKey{l.ID, r}]
+		if !ok || now.Sub(d.at) > ttl {
+			continue
+		}
+		out = append(out, lease.RegionDemand{Region: r, Rate: d.rate, Held: d.held})
+	}
+	return out
+}
+
+// ReturnRequest is one item of a ReturnLeases call, already validated.
+type ReturnRequest struct {
+	Limit   string
+	LeaseID string
+	Unspent int64
+}
+
+// ReturnDecision is the core's answer to one return.
+type ReturnDecision struct {
+	Code      pb.ItemCode
+	Message   string
+	Credited  int64
+	Duplicate bool
+	// Grant is the updated record to persist (nil when nothing changed).
+	Grant *Grant
+	// Wait is set when the lease's grant is not yet committed; the caller
+	// waits for it and asks again.
+	Wait *pendingOp
+}
+
+// Return closes a lease of region at now. Unspent tokens go back to the
+// pool only while the lease's window is open; a retried return is counted
+// once and answers as the first did.
+func (c *Core) Return(now time.Time, region string, r ReturnRequest) (ReturnDecision, error) {
+	window, leaseRegion, reqID, err := ParseLeaseID(r.LeaseID)
+	if err != nil {
+		return ReturnDecision{Code: pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE, Message: err.Error()}, nil
+	}
+	g, ok := c.byRequest[requestKey{leaseRegion, reqID}]
+	if !ok || leaseRegion != region || g.Limit != r.Limit || g.Window != window {
+		return ReturnDecision{Code: pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE,
+			Message: fmt.Sprintf("no lease %q of limit %q in region %q", r.LeaseID, r.Limit, region)}, nil
+	}
+	if g.pending != nil && !g.pending.isDone() {
+		return ReturnDecision{Wait: g.pending}, nil
+	}
+	if g.Returned {
+		return ReturnDecision{Credited: g.Credited, Duplicate: true}, nil
+	}
+	if r.Unspent > g.Tokens {
+		return ReturnDecision{}, fieldErr("unspent", "%d is more than the lease's %d tokens", r.Unspent, g.Tokens)
+	}
+	ws := c.window(windowKey{g.Limit, g.Window}, time.Duration(g.WindowMs)*time.Millisecond)
+	upd := *g
+	upd.pending = nil
+	upd.Returned = true
+	upd.Unspent = r.Unspent
+	code := pb.ItemCode_ITEM_CODE_OK
+	msg := ""
+	if now.Before(g.window().End()) {
+		upd.Credited = r.Unspent
+		ws.credited += r.Unspent
+	} else {
+		code, msg = pb.ItemCode_ITEM_CODE_WINDOW_CLOSED, "window is over: nothing credited"
+		ws.late += r.Unspent
+	}
+	*g = upd
+	return ReturnDecision{Code: code, Message: msg, Credited: upd.Credited, Grant: g}, nil
+}
+
+// Expired lists the windows that ended at least grace before now; their
+// records may be removed.
+func (c *Core) Expired(now time.Time, grace time.Duration) []windowKey {
+	var out []windowKey
+	for k, ws := range c.windows {
+		w := lease.Window{Index: k.index, Length: ws.length}
+		if !now.Before(w.End().Add(grace)) {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, func(a, b windowKey) int {
+		if c := strings.Compare(a.limit, b.limit); c != 0 {
+			return c
+		}
+		return int(a.index - b.index)
+	})
+	return out
+}
+
+// Forget drops an expired window and its grants' request ids. A request id
+// retried after this gets a new lease: retries must come within the grace.
+func (c *Core) Forget(k windowKey) {
+	ws, ok := c.windows[k]
+	if !ok {
+		return
+	}
+	for _, rk := range ws.requests {
+		if g, ok := c.byRequest[rk]; ok && g.Limit == k.limit && g.Window == k.index {
+			delete(c.byRequest, rk)
+		}
+	}
+	delete(c.windows, k)
+}
+
+// ToProto renders a grant as the lease an agent receives at now: durations
+// are measured from now, so a replay a little later does not extend it.
+func (g *Grant) ToProto(now time.Time) *pb.Lease {
+	startsIn := max(0, time.Duration(g.StartsAt-now.UnixNano()))
+	expiresIn := max(0, time.Duration(g.ExpiresAt-now.UnixNano()))
+	w := g.window()
+	return &pb.Lease{
+		LeaseId:      g.LeaseID,
+		LimitId:      g.Limit,
+		Region:       g.Region,
+		WindowIndex:  g.Window,
+		Window:       durpb(w.Length),
+		Tokens:       g.Tokens,
+		StartsIn:     durpb(startsIn),
+		ExpiresIn:    durpb(expiresIn),
+		RequestId:    g.RequestID,
+		LimitVersion: g.LimitVersion,
+		PoolLeft:     g.PoolLeft,
+		WindowLeft:   durpb(max(0, w.End().Sub(now))),
+	}
+}

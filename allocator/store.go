@@ -1,0 +1,329 @@
+package allocator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// Store keeps the allocator's records in etcd under a prefix:
+//
+//	<prefix>limits/<limit id>                              a Limit (protobuf)
+//	<prefix>meta/limits-rev                                touched by every limit change
+//	<prefix>grants/<limit id>!<window, 20 digits>/<region>/<request id>   a Grant (JSON)
+//	<prefix>usage/<limit id>!<window, 20 digits>/<region>/<reporter>       a Usage (JSON)
+//	<prefix>leader/                                        election keys
+//
+// "!" cannot occur in a limit id, so one limit's keys never share a prefix
+// with another's. Safe for concurrent use.
+type Store struct {
+	cli    *clientv3.Client
+	prefix string
+}
+
+// NewStore returns a store of records under prefix (e.g. "/leasehold/").
+func NewStore(cli *clientv3.Client, prefix string) *Store {
+	if !strings.HasSuffix(prefix, "/") {
+		prefix += "/"
+	}
+	return &Store{cli: cli, prefix: prefix}
+}
+
+// Client returns the etcd client.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+func (s *Store) limitKey(id string) string    { return s.prefix + "limits/" + id }
+func (s *Store) limitsPrefix() string         { return s.prefix + "limits/" }
+func (s *Store) limitsRevKey() string         { return s.prefix + "meta/limits-rev" }
+func (s *Store) grantsPrefix() string         { return s.prefix + "grants/" }
+func (s *Store) usagePrefix() string          { return s.prefix + "usage/" }
+func (s *Store) electionPrefix() string       { return s.prefix + "leader/" }
+func windowPart(limit string, w int64) string { return fmt.Sprintf("%s!%020d/", limit, w) }
+
+func (s *Store) grantKey(g *Grant) string {
+	return s.grantsPrefix() + windowPart(g.Limit, g.Window) + g.Region + "/" + g.RequestID
+}
+
+func (s *Store) usageKey(u *UsageRecord) string {
+	return s.usagePrefix() + windowPart(u.Limit, u.Window) + u.Region + "/" + u.Reporter
+}
+
+// Fence guards a write: it commits only while the election key that made
+// this replica leader still exists with the same create revision.
+type Fence struct {
+	Key string
+	Rev int64
+}
+
+func (f Fence) cmp() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(f.Key), "=", f.Rev)
+}
+
+// putGrantOp returns the write of a grant record.
+func (s *Store) putGrantOp(g *Grant) (clientv3.Op, error) {
+	b, err := json.Marshal(g)
+	if err != nil {
+		return clientv3.Op{}, err
+	}
+	return clientv3.OpPut(s.grantKey(g), string(b)), nil
+}
+
+func (s *Store) putUsageOp(u *UsageRecord) (clientv3.Op, error) {
+	b, err := json.Marshal(u)
+	if err != nil {
+		return clientv3.Op{}, err
+	}
+	return clientv3.OpPut(s.usageKey(u), string(b)), nil
+}
+
+// deleteWindowOps removes every record of one (limit, window).
+func (s *Store) deleteWindowOps(k windowKey) []clientv3.Op {
+	return []clientv3.Op{
+		clientv3.OpDelete(s.grantsPrefix()+windowPart(k.limit, k.index), clientv3.WithPrefix()),
+		clientv3.OpDelete(s.usagePrefix()+windowPart(k.limit, k.index), clientv3.WithPrefix()),
+	}
+}
+
+// Commit applies ops in one transaction, only if the fence holds. It returns
+// ErrFenced when leadership was lost: nothing was written.
+func (s *Store) Commit(ctx context.Context, f Fence, ops []clientv3.Op) error {
+	resp, err := s.cli.Txn(ctx).If(f.cmp()).Then(ops...).Commit()
+	if err != nil {
+		return fmt.Errorf("allocator: commit %d ops: %w", len(ops), err)
+	}
+	if !resp.Succeeded {
+		return ErrFenced
+	}
+	return nil
+}
+
+// State is everything a new leader loads before it serves.
+type State struct {
+	Revision int64
+	Limits   []*pb.Limit
+	Grants   []*Grant
+	Usage    []*UsageRecord
+}
+
+// Load reads limits, grants and usage at one revision, page by page.
+func (s *Store) Load(ctx context.Context) (*State, error) {
+	st := &State{}
+	rev, err := s.scan(ctx, s.limitsPrefix(), 0, func(k, v []byte) error {
+		l := &pb.Limit{}
+		if err := proto.Unmarshal(v, l); err != nil {
+			return fmt.Errorf("limit %s: %w", k, err)
+		}
+		st.Limits = append(st.Limits, l)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	st.Revision = rev
+	if _, err := s.scan(ctx, s.grantsPrefix(), rev, func(k, v []byte) error {
+		g := &Grant{}
+		if err := json.Unmarshal(v, g); err != nil {
+			return fmt.Errorf("grant %s: %w", k, err)
+		}
+		st.Grants = append(st.Grants, g)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := s.scan(ctx, s.usagePrefix(), rev, func(k, v []byte) error {
+		u := &UsageRecord{}
+		if err := json.Unmarshal(v, u); err != nil {
+			return fmt.Errorf("usage %s: %w", k, err)
+		}
+		st.Usage = append(st.Usage, u)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// scan reads every key under prefix at revision rev (0: the latest, whose
+// revision it returns), 1000 keys a page.
+func (s *Store) scan(ctx context.Context, prefix string, rev int64, fn func(k, v []byte) error) (int64, error) {
+	const page = 1000
+	key := prefix
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(page)}
+		if rev > 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := s.cli.Get(ctx, key, opts...)
+		if err != nil {
+			return 0, fmt.Errorf("allocator: load %s: %w", prefix, err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			if err := fn(kv.Key, kv.Value); err != nil {
+				return 0, fmt.Errorf("allocator: load: %w", err)
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return rev, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// GetLimit reads one limit.
+func (s *Store) GetLimit(ctx context.Context, id string) (*pb.Limit, error) {
+	resp, err := s.cli.Get(ctx, s.limitKey(id))
+	if err != nil {
+		return nil, fmt.Errorf("allocator: get limit: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, fmt.Errorf("%w: limit %q", ErrNotFound, id)
+	}
+	l := &pb.Limit{}
+	if err := proto.Unmarshal(resp.Kvs[0].Value, l); err != nil {
+		return nil, fmt.Errorf("allocator: decode limit %q: %w", id, err)
+	}
+	return l, nil
+}
+
+// PutLimit stores a validated limit with version = stored version + 1. With
+// expected set, it writes only if the stored version equals *expected (0:
+// the limit must not exist).
+func (s *Store) PutLimit(ctx context.Context, l *pb.Limit, expected *int64) (*pb.Limit, error) {
+	key := s.limitKey(l.Id)
+	for {
+		resp, err := s.cli.Get(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("allocator: put limit: %w", err)
+		}
+		var cur int64
+		var modRev int64
+		if len(resp.Kvs) > 0 {
+			old := &pb.Limit{}
+			if err := proto.Unmarshal(resp.Kvs[0].Value, old); err != nil {
+				return nil, fmt.Errorf("allocator: decode limit %q: %w", l.Id, err)
+			}
+			cur, modRev = old.Version, resp.Kvs[0].ModRevision
+		}
+		if expected != nil && *expected != cur {
+			return nil, fmt.Errorf("%w: limit %q is at version %d, expected %d", ErrVersionMismatch, l.Id, cur, *expected)
+		}
+		next := cloneLimit(l)
+		next.Version = cur + 1
+		b, err := proto.Marshal(next)
+		if err != nil {
+			return nil, err
+		}
+		tr, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).
+			Then(clientv3.OpPut(key, string(b)), clientv3.OpPut(s.limitsRevKey(), "")).
+			Commit()
+		if err != nil {
+			return nil, fmt.Errorf("allocator: put limit: %w", err)
+		}
+		if tr.Succeeded {
+			return next, nil
+		}
+		// Someone else wrote in between: read again (and, with an expected
+		// version, report the mismatch).
+	}
+}
+
+// DeleteLimit removes a limit; with expected set, only at that version.
+func (s *Store) DeleteLimit(ctx context.Context, id string, expected *int64) error {
+	key := s.limitKey(id)
+	for {
+		cur, err := s.GetLimit(ctx, id)
+		if err != nil {
+			return err
+		}
+		if expected != nil && *expected != cur.Version {
+			return fmt.Errorf("%w: limit %q is at version %d, expected %d", ErrVersionMismatch, id, cur.Version, *expected)
+		}
+		b, _ := proto.Marshal(cur)
+		tr, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(key), "=", string(b))).
+			Then(clientv3.OpDelete(key), clientv3.OpPut(s.limitsRevKey(), "")).
+			Commit()
+		if err != nil {
+			return fmt.Errorf("allocator: delete limit: %w", err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+	}
+}
+
+// ListLimits returns limits whose id starts with prefix, in id order, from
+// after the page token (the last id of the previous page).
+func (s *Store) ListLimits(ctx context.Context, prefix string, size int, token string) ([]*pb.Limit, string, error) {
+	from := s.limitKey(prefix)
+	end := clientv3.GetPrefixRangeEnd(from)
+	if token != "" {
+		if !strings.HasPrefix(token, prefix) {
+			return nil, "", fieldErr("page_token", "does not belong to prefix %q", prefix)
+		}
+		from = s.limitKey(token) + "\x00"
+	}
+	resp, err := s.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(size)))
+	if err != nil {
+		return nil, "", fmt.Errorf("allocator: list limits: %w", err)
+	}
+	out := make([]*pb.Limit, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		l := &pb.Limit{}
+		if err := proto.Unmarshal(kv.Value, l); err != nil {
+			return nil, "", fmt.Errorf("allocator: decode %s: %w", kv.Key, err)
+		}
+		out = append(out, l)
+	}
+	next := ""
+	if resp.More && len(out) > 0 {
+		next = out[len(out)-1].Id
+	}
+	return out, next, nil
+}
+
+// LimitsRevision returns the revision of the last limit change (0: none).
+func (s *Store) LimitsRevision(ctx context.Context) (int64, error) {
+	resp, err := s.cli.Get(ctx, s.limitsRevKey())
+	if err != nil {
+		return 0, fmt.Errorf("allocator: limits revision: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, nil
+	}
+	return resp.Kvs[0].ModRevision, nil
+}
+
+// AllLimits reads every limit.
+func (s *Store) AllLimits(ctx context.Context) ([]*pb.Limit, error) {
+	var out []*pb.Limit
+	_, err := s.scan(ctx, s.limitsPrefix(), 0, func(k, v []byte) error {
+		l := &pb.Limit{}
+		if err := proto.Unmarshal(v, l); err != nil {
+			return fmt.Errorf("limit %s: %w", k, err)
+		}
+		out = append(out, l)
+		return nil
+	})
+	return out, err
+}
+
+// decodeLimitEvent decodes a watched limit value.
+func decodeLimitEvent(v []byte) (*pb.Limit, error) {
+	l := &pb.Limit{}
+	if err := proto.Unmarshal(v, l); err != nil {
+		return nil, err
+	}
+	return l, nil
+}

@@ -1,0 +1,121 @@
+package allocator
+
+import (
+	"time"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// UsageRecord is what one reporter (an agent replica) counted for one
+// (limit, window) in its region: cumulative since the window started.
+type UsageRecord struct {
+	Limit            string `json:"limit"`
+	Window           int64  `json:"w"`
+	WindowMs         int64  `json:"wms"`
+	Region           string `json:"region"`
+	Reporter         string `json:"rep"`
+	Admitted         int64  `json:"adm"`
+	Denied           int64  `json:"den"`
+	FallbackAdmitted int64  `json:"fb"`
+	Fallback         int32  `json:"fbk,omitempty"` // pb.FallbackKind, the most permissive seen
+	RedisRollback    int64  `json:"rr,omitempty"`
+	At               int64  `json:"at"` // unix ns of the last change, allocator clock
+}
+
+type reporterKey struct {
+	region, reporter string
+}
+
+// fallbackRank orders fail modes from strictest to most permissive.
+func fallbackRank(k int32) int {
+	switch pb.FallbackKind(k) {
+	case pb.FallbackKind_FALLBACK_KIND_CLOSED:
+		return 1
+	case pb.FallbackKind_FALLBACK_KIND_LOCAL:
+		return 2
+	case pb.FallbackKind_FALLBACK_KIND_OPEN:
+		return 3
+	}
+	return 0
+}
+
+// Report merges one cumulative usage report. Counts only grow: a retried or
+// reordered report never lowers them, so reports are idempotent. It returns
+// the record to persist, or nil when nothing changed.
+func (c *Core) Report(now time.Time, region, reporter string, u *pb.Usage) *UsageRecord {
+	l, ok := c.limits[u.LimitId]
+	var wms int64
+	if ok {
+		wms = l.Window.Milliseconds()
+	}
+	k := windowKey{u.LimitId, u.WindowIndex}
+	ws := c.windows[k]
+	if ws == nil {
+		if !ok {
+			return nil // unknown limit and no window to attach to
+		}
+		ws = c.window(k, l.Window)
+	} else {
+		wms = ws.length.Milliseconds()
+	}
+	if ws.usage == nil {
+		ws.usage = map[reporterKey]*UsageRecord{}
+	}
+	rk := reporterKey{region, reporter}
+	cur := ws.usage[rk]
+	next := UsageRecord{Limit: u.LimitId, Window: u.WindowIndex, WindowMs: wms, Region: region, Reporter: reporter}
+	if cur != nil {
+		next = *cur
+	}
+	changed := cur == nil
+	grow := func(dst *int64, v int64) {
+		if v > *dst {
+			*dst, changed = v, true
+		}
+	}
+	grow(&next.Admitted, u.Admitted)
+	grow(&next.Denied, u.Denied)
+	grow(&next.FallbackAdmitted, u.FallbackAdmitted)
+	grow(&next.RedisRollback, u.RedisRollbackTokens)
+	if fallbackRank(int32(u.Fallback)) > fallbackRank(next.Fallback) {
+		next.Fallback, changed = int32(u.Fallback), true
+	}
+	if !changed {
+		return nil
+	}
+	next.At = now.UnixNano()
+	ws.usage[rk] = &next
+	return &next
+}
+
+// RestoreUsage adds a committed usage record while rebuilding from etcd.
+func (c *Core) RestoreUsage(u *UsageRecord) {
+	ws := c.window(windowKey{u.Limit, u.Window}, time.Duration(u.WindowMs)*time.Millisecond)
+	if ws.usage == nil {
+		ws.usage = map[reporterKey]*UsageRecord{}
+	}
+	cp := *u
+	ws.usage[reporterKey{u.Region, u.Reporter}] = &cp
+}
+
+// RegionUsage sums one window's usage per region over its reporters.
+func (c *Core) RegionUsage(limit string, window int64) map[string]UsageRecord {
+	ws := c.windows[windowKey{limit, window}]
+	if ws == nil {
+		return nil
+	}
+	out := map[string]UsageRecord{}
+	for rk, u := range ws.usage {
+		s := out[rk.region]
+		s.Limit, s.Window, s.WindowMs, s.Region = u.Limit, u.Window, u.WindowMs, u.Region
+		s.Admitted += u.Admitted
+		s.Denied += u.Denied
+		s.FallbackAdmitted += u.FallbackAdmitted
+		s.RedisRollback += u.RedisRollback
+		if fallbackRank(u.Fallback) > fallbackRank(s.Fallback) {
+			s.Fallback = u.Fallback
+		}
+		out[rk.region] = s
+	}
+	return out
+}

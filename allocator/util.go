@@ -1,0 +1,14 @@
+package allocator
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+func cloneLimit(l *pb.Limit) *pb.Limit { return proto.Clone(l).(*pb.Limit) }
+
+func durpb(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
