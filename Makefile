@@ -5,7 +5,6 @@ GOBIN ?= $(shell $(GO) env GOPATH)/bin
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 STATICCHECK_VERSION := v0.8.2
-BENCHSTAT_VERSION := v0.0.0-20260409210113-8e83ce0f3b1a
 PROTO_FILES := $(wildcard proto/leasehold/v1/*.proto)
 # Long fault scenarios run when LONG=1 (CI sets it); -short skips them locally.
 TEST_FLAGS ?= $(if $(LONG),,-short)
@@ -48,11 +47,11 @@ bench: ## Run the benchmarks (results in bench.txt; compare runs with benchstat)
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./... | tee bench.txt
 
 .PHONY: fuzz
-fuzz: ## Run each fuzzer for FUZZTIME (default 20s).
-	@for spec in $$($(GO) test -list 'Fuzz.*' ./... | awk '/^ok/ {pkg=$$2} /^Fuzz/ {print}' >/dev/null; \
-	  grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
-	  for f in $$(grep -h '^func Fuzz' $$spec/*_test.go | sed 's/func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
-	    echo "== $$spec $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $${FUZZTIME:-20s} ./$$spec || exit 1; \
+fuzz: ## Run every fuzzer for FUZZTIME each (default 20s).
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' .); do \
+	  d=$$(dirname $$f); \
+	  for n in $$(sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(.*/\1/p' $$f); do \
+	    echo "== $$d $$n"; $(GO) test -run '^$$' -fuzz "^$$n$$" -fuzztime $${FUZZTIME:-20s} ./$$d; \
 	  done; done
 
 .PHONY: ci

@@ -618,3 +618,11 @@ func (a *Allocator) PutLimit(ctx context.Context, l *pb.Limit, expected *int64) 
 	}
 	return a.store.PutLimit(ctx, v, expected)
 }
+
+// LeadershipChanged returns a channel closed at the next start or end of a
+// leadership term of this replica.
+func (a *Allocator) LeadershipChanged() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.termChange
+}

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,6 +48,7 @@ func startAllocator(t *testing.T, c *etcdtest.Cluster, name string, opts ...Opti
 		Client:    c.Client(t),
 		Regions:   []string{"eu", "us", "ap"},
 		Advertise: name,
+		Logger:    slog.New(slog.DiscardHandler),
 	}, opts...)
 	if err != nil {
 		t.Fatal(err)

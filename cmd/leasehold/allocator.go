@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"leasehold/allocator"
+	"leasehold/allocator/embedded"
+)
+
+// allocatorConfig is everything `leasehold allocator` takes.
+type allocatorConfig struct {
+	grpcAddr, httpAddr, advertise string
+	dataDir                       string
+	etcdEndpoints                 string
+	etcdClientAddr, etcdPeerAddr  string
+	etcdPrefix                    string
+	regions                       string
+	sessionTTL, retention         time.Duration
+	maxTxnOps                     int
+	log                           logFlags
+}
+
+func (c *allocatorConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:7400", "gRPC listen address (Allocator and Admin services)")
+	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:7401", "HTTP listen address (/metrics, /healthz)")
+	fs.StringVar(&c.advertise, "advertise", "", "gRPC address told to callers of followers (default: the -grpc-addr bound)")
+	fs.StringVar(&c.dataDir, "data-dir", "leasehold-data/allocator", "embedded etcd's data directory (reused across runs)")
+	fs.StringVar(&c.etcdEndpoints, "etcd-endpoints", "", "comma-separated etcd client URLs of an external cluster; empty runs an embedded single member")
+	fs.StringVar(&c.etcdClientAddr, "etcd-client-addr", "127.0.0.1:2379", "embedded etcd's client address")
+	fs.StringVar(&c.etcdPeerAddr, "etcd-peer-addr", "127.0.0.1:2380", "embedded etcd's peer address")
+	fs.StringVar(&c.etcdPrefix, "etcd-prefix", "/leasehold/", "prefix of every key the allocator writes")
+	fs.StringVar(&c.regions, "regions", "eu,us", "comma-separated regions limits may name")
+	fs.DurationVar(&c.sessionTTL, "session-ttl", 5*time.Second, "etcd session TTL: how fast a follower replaces a dead leader")
+	fs.DurationVar(&c.retention, "retention", time.Minute, "how long grant records are kept after their window ends")
+	fs.IntVar(&c.maxTxnOps, "max-txn-ops", 128, "grants per etcd transaction (group commit); at most etcd's --max-txn-ops")
+	c.log.register(fs)
+}
+
+func (c *allocatorConfig) validate() error {
+	if len(splitList(c.regions)) == 0 {
+		return usagef("-regions: at least one region is required")
+	}
+	for i, r := range splitList(c.regions) {
+		if err := allocator.ValidateRegion(fmt.Sprintf("-regions[%d]", i), r); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	if c.sessionTTL < time.Second {
+		return usagef("-session-ttl %v: must be >= 1s", c.sessionTTL)
+	}
+	if c.retention < 0 {
+		return usagef("-retention %v: must be >= 0", c.retention)
+	}
+	if c.maxTxnOps < 1 {
+		return usagef("-max-txn-ops %d: must be >= 1", c.maxTxnOps)
+	}
+	return nil
+}
+
+func runAllocatorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("allocator", flag.ContinueOnError)
+	var c allocatorConfig
+	c.register(fs)
+	pos, err := parseFlags(fs, args, stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	if err := c.validate(); err != nil {
+		return err
+	}
+	log, err := c.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	return runAllocator(ctx, c, log, nil)
+}
+
+// allocatorReady reports the bound addresses once the allocator serves.
+type allocatorReady func(grpcAddr, httpAddr, etcdEndpoint string)
+
+// runAllocator runs one allocator replica until ctx ends.
+func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, ready allocatorReady) error {
+	endpoints := splitList(c.etcdEndpoints)
+	if len(endpoints) == 0 {
+		e, err := embedded.Start(ctx, embedded.Config{Dir: c.dataDir, ClientAddr: c.etcdClientAddr, PeerAddr: c.etcdPeerAddr})
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		endpoints = []string{e.Endpoint()}
+		log.Info("embedded etcd serving", "endpoint", e.Endpoint(), "data_dir", c.dataDir)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return fmt.Errorf("etcd client: %w", err)
+	}
+	defer cli.Close()
+
+	gl, err := listen("grpc-addr", c.grpcAddr)
+	if err != nil {
+		return err
+	}
+	hl, err := listen("http-addr", c.httpAddr)
+	if err != nil {
+		gl.Close()
+		return err
+	}
+	advertise := c.advertise
+	if advertise == "" {
+		advertise = gl.Addr().String()
+	}
+	reg := newRegistry()
+	a, err := allocator.New(allocator.Config{
+		Client: cli, Prefix: c.etcdPrefix, Regions: splitList(c.regions), Advertise: advertise,
+		Logger: log, Registerer: reg,
+	}, allocator.WithSessionTTL(c.sessionTTL), allocator.WithGroupCommit(c.maxTxnOps, 4),
+		allocator.WithRetention(c.retention, 10*time.Second))
+	if err != nil {
+		return err
+	}
+	gs, hs := grpcServer()
+	allocator.NewServer(a).Register(gs)
+	mux := metricsMux(reg, func() (bool, string) {
+		if a.IsLeader() {
+			return true, "ok: leader"
+		}
+		return true, "ok: follower; leader " + a.Leader()
+	})
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runDone := make(chan struct{})
+	go func() { defer close(runDone); _ = a.Run(ctx) }()
+	go allocator.ServeHealth(ctx, a, hs)
+	log.Info("allocator serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "advertise", advertise,
+		"regions", c.regions)
+	if ready != nil {
+		ready(gl.Addr().String(), hl.Addr().String(), endpoints[0])
+	}
+	err = serveAll(ctx, log, gs, gl, httpSrv, hl)
+	cancel()
+	<-runDone
+	return err
+}
