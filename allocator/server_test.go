@@ -83,7 +83,9 @@ func TestAdminRejectsEachInvalidField(t *testing.T) {
 		{"limit.mode", func(l *pb.Limit) { l.Mode = 9 }},
 		{"limit.fallback[ap]", func(l *pb.Limit) { l.Fallback["ap"] = &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_CLOSED} }},
 		{"limit.fallback[eu].local_tokens", func(l *pb.Limit) { l.Fallback["eu"].LocalTokens = 0 }},
-		{"limit.fallback[eu].local_tokens", func(l *pb.Limit) { l.Fallback["eu"] = &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_OPEN, LocalTokens: 3} }},
+		{"limit.fallback[eu].local_tokens", func(l *pb.Limit) {
+			l.Fallback["eu"] = &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_OPEN, LocalTokens: 3}
+		}},
 		{"limit.fallback[eu].kind", func(l *pb.Limit) { l.Fallback["eu"] = &pb.Fallback{} }},
 		{"limit.fallback[eu]", func(l *pb.Limit) { l.Mode = pb.Mode_MODE_STRICT }},
 		{"limit.lease.ttl", func(l *pb.Limit) { l.Lease.Ttl = durationpb.New(2 * time.Minute) }},
@@ -169,7 +171,9 @@ func TestAcquireRejectsEachMalformedRequest(t *testing.T) {
 	waitLeader(t, a.Allocator)
 	alloc, _ := serve(t, a.Allocator)
 	ctx := context.Background()
-	ok := func() *pb.LeaseRequest { return &pb.LeaseRequest{RequestId: "r1", LimitId: "tenant/a", DemandPerSecond: 1} }
+	ok := func() *pb.LeaseRequest {
+		return &pb.LeaseRequest{RequestId: "r1", LimitId: "tenant/a", DemandPerSecond: 1}
+	}
 	for _, tc := range []struct {
 		field string
 		req   *pb.AcquireLeasesRequest
