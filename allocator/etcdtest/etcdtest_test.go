@@ -21,8 +21,16 @@ func TestThreeMembersSurviveLeaderHardStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.HardStop(lead)
-	if _, err := cli.Put(ctx, "k", "v2"); err != nil {
-		t.Fatalf("put after leader hard stop: %v", err)
+	// The first requests after a leader crash may time out while the
+	// others elect a new leader; etcd says to retry them.
+	for {
+		_, err := cli.Put(ctx, "k", "v2")
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("put after leader hard stop: %v", err)
+		}
 	}
 	resp, err := cli.Get(ctx, "k")
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v2" {
