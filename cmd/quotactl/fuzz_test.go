@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// FuzzArgs feeds arbitrary argument lists (NUL-separated) to run against a
+// closed loopback port with a tiny timeout: it never panics, always exits
+// 0, 1 or 2, and a failure is exactly one "quotactl: " line on stderr.
+func FuzzArgs(f *testing.F) {
+	for _, args := range [][]string{
+		{},
+		{"--help"},
+		{"limits"},
+		{"limits", "get", "tenant/atlas"},
+		{"--json", "limits", "list", "--prefix", "tenant/"},
+		{"limits", "list", "--page-size", "2"},
+		{"limits", "delete", "tenant/atlas", "--expect-version", "3"},
+		{"limits", "set", "tenant/atlas", "--limit", "1000", "--window", "1m", "--regions", "eu,us",
+			"--mode", "bounded", "--fallback", "eu=closed,us=local:100", "--ttl", "15s", "--min-chunk", "5",
+			"--max-chunk", "100", "--owner", "finance", "--description", "Atlas", "--tag", "team=x", "--expect-version", "0"},
+		{"limits", "set", "--limit", "abc", "x"},
+		{"limits", "set", "x", "--fallback", "eu=loose"},
+		{"limits", "set", "x", "--window", "5", "--", "--limit"},
+		{"limits", "get", "--", "-x"},
+		{"help", "limits", "set"},
+		{"--timeout", "1h", "limits", "get", "x"},
+		{"limits", "set", "x", "--tag", "=", "--mode", "", "--regions", ",", "--json=x"},
+		{"-", "--", "---", "-=", "--=x"},
+	} {
+		f.Add(strings.Join(args, "\x00"))
+	}
+	addr := closedAddr(f)
+	f.Fuzz(func(t *testing.T, joined string) {
+		var args []string
+		if joined != "" {
+			args = strings.Split(joined, "\x00")
+		}
+		if len(args) > 64 {
+			args = args[:64]
+		}
+		// Keep every dial on the closed loopback port: drop any
+		// --allocator the input carries (and its value, if separate).
+		kept := []string{"--allocator", addr, "--timeout", "50ms"}
+		for i := 0; i < len(args); i++ {
+			name := strings.TrimLeft(args[i], "-")
+			if args[i] != name && strings.HasPrefix(name, "allocator") {
+				if !strings.Contains(name, "=") {
+					i++
+				}
+				continue
+			}
+			kept = append(kept, args[i])
+		}
+		var o, e bytes.Buffer
+		code := run(context.Background(), kept, &o, &e)
+		r := result{o.String(), e.String(), code}
+		if code != 0 && code != 1 && code != 2 {
+			t.Fatalf("%q: exit %d", kept, code)
+		}
+		checkStderr(t, r)
+		if strings.Contains(r.stderr, "internal error") {
+			t.Fatalf("%q: %s", kept, r.stderr)
+		}
+	})
+}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+var limitsSetCmd = &command{
+	name:    "set",
+	args:    "ID --limit N --window DUR --regions R[,R...] --mode strict|bounded [flags]",
+	summary: "create or replace a limit and print it with its new version",
+	detail: `set writes the whole limit: settings not given take their defaults, they
+are not kept from the stored version. Use --expect-version to make sure you
+replace the version you read (0: create only). The allocator checks every
+field; its message names the field it refused.`,
+	flags: func(f *flagSet) action {
+		l := &pb.Limit{Lease: &pb.LeaseSettings{}}
+		var window, ttl time.Duration
+		var expect int64
+		f.int64Var(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required)")
+		f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required, >= 1s)")
+		f.listVar(&l.Regions, "regions", "`R,...`: regions that spend the limit, e.g. eu,us (required; repeatable)")
+		f.value("mode", "`strict|bounded`: strict admits only leased tokens; bounded allows fallbacks (required)", func(s string) error {
+			m, err := parseMode(s)
+			l.Mode = m
+			return err
+		})
+		l.Fallback = map[string]*pb.Fallback{}
+		f.value("fallback", "`REGION=closed|local:A|open`: what a region admits when it cannot get leases; repeatable or comma separated; a region not named is closed", func(s string) error {
+			return parseFallbacks(s, l.Fallback)
+		})
+		f.durationVar(&ttl, "ttl", "`DUR`: lease lifetime, <= the window (default: a quarter of the window)")
+		f.int64Var(&l.Lease.MinChunk, "min-chunk", "`N`: smallest grant while the pool has tokens (default 1)")
+		f.int64Var(&l.Lease.MaxChunk, "max-chunk", "`N`: largest single grant; 0 means no cap (default 0)")
+		f.stringVar(&l.Owner, "owner", "`S`: who owns the limit, e.g. a team or a contract")
+		f.stringVar(&l.Description, "description", "`S`: free text")
+		l.Tags = map[string]string{}
+		f.value("tag", "`KEY=VALUE`: a tag; repeatable", func(s string) error { return parseTag(s, l.Tags) })
+		f.int64Var(&expect, "expect-version", "`V`: write only if the stored version is V (0: only if the limit does not exist)")
+
+		return func(ctx context.Context, e *env, args []string) error {
+			id, err := oneID(args)
+			if err != nil {
+				return err
+			}
+			if err := f.require("limit", "window", "regions", "mode"); err != nil {
+				return err
+			}
+			l.Id = id
+			l.Window = durationpb.New(window)
+			if f.isSet("ttl") {
+				l.Lease.Ttl = durationpb.New(ttl)
+			}
+			req := &pb.PutLimitRequest{Limit: l}
+			if f.isSet("expect-version") {
+				req.ExpectedVersion = &expect
+			}
+			var resp *pb.PutLimitResponse
+			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+				resp, err = c.PutLimit(ctx, req, opt)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return e.printLimit(resp.GetLimit())
+		}
+	},
+}

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// jsonOpts: snake_case field names as in the .proto files, and every field
+// present (zeros included) so scripts can rely on the keys.
+var jsonOpts = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
+
+// writeJSON writes msgs as one JSON object (array false) or an array, with
+// stable two-space indentation.
+func writeJSON(w io.Writer, array bool, msgs ...proto.Message) error {
+	var raw bytes.Buffer
+	if array {
+		raw.WriteByte('[')
+	}
+	for i, m := range msgs {
+		if i > 0 {
+			raw.WriteByte(',')
+		}
+		b, err := jsonOpts.Marshal(m)
+		if err != nil {
+			return fmt.Errorf("encode JSON: %v", err)
+		}
+		raw.Write(b)
+	}
+	if array {
+		raw.WriteByte(']')
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, raw.Bytes(), "", "  "); err != nil {
+		return fmt.Errorf("encode JSON: %v", err)
+	}
+	out.WriteByte('\n')
+	_, err := w.Write(out.Bytes())
+	return err
+}
+
+// printLimit prints one limit: JSON, or "key: value" lines whose keys match
+// the flags of "limits set".
+func (e *env) printLimit(l *pb.Limit) error {
+	if e.json {
+		return writeJSON(e.stdout, false, l)
+	}
+	maxChunk := strconv.FormatInt(l.GetLease().GetMaxChunk(), 10)
+	if l.GetLease().GetMaxChunk() == 0 {
+		maxChunk += " (no cap)"
+	}
+	rows := [][2]string{
+		{"id", l.GetId()},
+		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
+		{"window", formatDuration(l.GetWindow())},
+		{"regions", strings.Join(l.GetRegions(), ",")},
+		{"mode", modeName(l.GetMode())},
+		{"fallback", effectiveFallback(l)},
+		{"ttl", formatDuration(l.GetLease().GetTtl())},
+		{"min-chunk", strconv.FormatInt(l.GetLease().GetMinChunk(), 10)},
+		{"max-chunk", maxChunk},
+		{"owner", l.GetOwner()},
+		{"description", l.GetDescription()},
+		{"tags", formatTags(l.GetTags())},
+		{"version", strconv.FormatInt(l.GetVersion(), 10)},
+	}
+	var b strings.Builder
+	for _, r := range rows {
+		line := fmt.Sprintf("%-12s %s", r[0]+":", cell(r[1], ""))
+		b.WriteString(strings.TrimRight(line, " "))
+		b.WriteByte('\n')
+	}
+	_, err := io.WriteString(e.stdout, b.String())
+	return err
+}
+
+// printLimits prints limits as an aligned table or a JSON array.
+func (e *env) printLimits(ls []*pb.Limit) error {
+	if e.json {
+		msgs := make([]proto.Message, len(ls))
+		for i, l := range ls {
+			msgs[i] = l
+		}
+		return writeJSON(e.stdout, true, msgs...)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tG\tWINDOW\tREGIONS\tMODE\tFALLBACK\tVERSION\tOWNER")
+	for _, l := range ls {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n",
+			cell(l.GetId(), "-"), l.GetLimitTokens(), cell(formatDuration(l.GetWindow()), "-"),
+			cell(strings.Join(l.GetRegions(), ","), "-"), modeName(l.GetMode()),
+			cell(effectiveFallback(l), "-"), l.GetVersion(), cell(l.GetOwner(), "-"))
+	}
+	return tw.Flush()
+}
+
+// cell makes a value safe for a one-line field: control characters (tabs
+// and newlines included) escaped; empty becomes empty.
+func cell(s, empty string) string {
+	if s == "" {
+		return empty
+	}
+	return oneLine(s)
+}
+
+func modeName(m pb.Mode) string {
+	switch m {
+	case pb.Mode_MODE_STRICT:
+		return "strict"
+	case pb.Mode_MODE_BOUNDED:
+		return "bounded"
+	case pb.Mode_MODE_UNSPECIFIED:
+		return "unspecified"
+	}
+	return fmt.Sprintf("mode(%d)", int32(m))
+}
+
+func parseMode(s string) (pb.Mode, error) {
+	switch s {
+	case "strict":
+		return pb.Mode_MODE_STRICT, nil
+	case "bounded":
+		return pb.Mode_MODE_BOUNDED, nil
+	}
+	return 0, fmt.Errorf("want strict or bounded")
+}
+
+// formatDuration prints d as time.Duration does, without zero trailing
+// units ("1m", "1h", "1h30m", "15s"), so it parses back with
+// time.ParseDuration.
+func formatDuration(d *durationpb.Duration) string {
+	if d == nil {
+		return ""
+	}
+	s := d.AsDuration().String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// Fallback syntax, as the docs and the architecture brief write it.
+const fallbackWant = "want REGION=closed|local:A|open"
+
+// parseFallbacks adds the comma-separated REGION=KIND items of s to m. A
+// region given twice is an error.
+func parseFallbacks(s string, m map[string]*pb.Fallback) error {
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		region, kind, ok := strings.Cut(item, "=")
+		if !ok || region == "" {
+			return usagef("--fallback %q: %s", item, fallbackWant)
+		}
+		fb, err := parseFallbackKind(kind)
+		if err != nil {
+			return usagef("--fallback %q: %s", item, fallbackWant)
+		}
+		if _, dup := m[region]; dup {
+			return usagef("--fallback %q: region %q given twice", item, region)
+		}
+		m[region] = fb
+	}
+	return nil
+}
+
+func parseFallbackKind(s string) (*pb.Fallback, error) {
+	switch s {
+	case "closed":
+		return &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_CLOSED}, nil
+	case "open":
+		return &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_OPEN}, nil
+	}
+	a, ok := strings.CutPrefix(s, "local:")
+	if !ok {
+		return nil, fmt.Errorf("unknown fallback %q", s)
+	}
+	n, err := strconv.ParseInt(a, 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("local:A needs a whole number, got %q", a)
+	}
+	return &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: n}, nil
+}
+
+func formatFallbackKind(fb *pb.Fallback) string {
+	switch fb.GetKind() {
+	case pb.FallbackKind_FALLBACK_KIND_CLOSED:
+		return "closed"
+	case pb.FallbackKind_FALLBACK_KIND_OPEN:
+		return "open"
+	case pb.FallbackKind_FALLBACK_KIND_LOCAL:
+		return "local:" + strconv.FormatInt(fb.GetLocalTokens(), 10)
+	case pb.FallbackKind_FALLBACK_KIND_UNSPECIFIED:
+		return "unspecified"
+	}
+	return fmt.Sprintf("kind(%d)", int32(fb.GetKind()))
+}
+
+// formatFallbacks prints m as "eu=closed,us=local:100", regions sorted:
+// the syntax parseFallbacks reads.
+func formatFallbacks(m map[string]*pb.Fallback) string {
+	regions := make([]string, 0, len(m))
+	for r := range m {
+		regions = append(regions, r)
+	}
+	slices.Sort(regions)
+	parts := make([]string, len(regions))
+	for i, r := range regions {
+		parts[i] = r + "=" + formatFallbackKind(m[r])
+	}
+	return strings.Join(parts, ",")
+}
+
+// effectiveFallback is the fallback in force in each of l's regions: a
+// region without an entry is closed.
+func effectiveFallback(l *pb.Limit) string {
+	m := make(map[string]*pb.Fallback, len(l.GetRegions()))
+	for _, r := range l.GetRegions() {
+		m[r] = &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_CLOSED}
+	}
+	for r, fb := range l.GetFallback() {
+		m[r] = fb
+	}
+	return formatFallbacks(m)
+}
+
+// parseTag adds one KEY=VALUE tag to m.
+func parseTag(s string, m map[string]string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE")
+	}
+	if _, dup := m[k]; dup {
+		return fmt.Errorf("tag %q given twice", k)
+	}
+	m[k] = v
+	return nil
+}
+
+func formatTags(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+// jsonString quotes s as a JSON string.
+func jsonString(s string) string {
+	b, _ := json.Marshal(s) // a string always encodes
+	return string(b)
+}
