@@ -1,0 +1,578 @@
+package regionagent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+
+	"leasehold/allocator"
+	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/bucket"
+)
+
+// Config is the required wiring of an Agent.
+type Config struct {
+	// Region this agent serves, e.g. "eu".
+	Region string
+	// Allocators are the allocator replicas' gRPC addresses; the agent
+	// follows redirects to the leader.
+	Allocators []string
+	// DialOptions for the allocator connections (credentials at least).
+	DialOptions []grpc.DialOption
+	// Redis is the region's Redis (standalone, Sentinel or Cluster).
+	Redis redis.UniversalClient
+	// ReplicaID names this agent replica (request ids and locks); default
+	// random.
+	ReplicaID string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+type options struct {
+	now           func() time.Time
+	redisNow      func() time.Time // nil: Redis TIME
+	lead          time.Duration
+	renewEvery    time.Duration
+	margin        time.Duration // fixed part of the safety margin
+	driftPPM      float64       // clock rate error covered, per million
+	coldWait      time.Duration
+	syncEvery     time.Duration
+	reportEvery   time.Duration
+	allocTimeout  time.Duration
+	allocRetryFor time.Duration
+	redisTimeout  time.Duration
+	keyGrace      time.Duration
+	idleAfter     time.Duration
+	flushers      int
+	maxBatch      int
+}
+
+// Option changes an optional setting.
+type Option func(*options)
+
+// WithClock replaces the agent's clock (tests drive leases with it).
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithRedisClock makes the agent pass Redis's "now" to every script
+// explicitly instead of letting Redis use TIME (tests drive Redis's clock
+// with it; production leaves it unset).
+func WithRedisClock(now func() time.Time) Option { return func(o *options) { o.redisNow = now } }
+
+// WithRenewal sets the renewal lead time (renew when the balance would
+// last less than this at the current demand; also how early the next
+// window's lease is fetched) and how often active limits are checked.
+// Defaults 2s and 250ms.
+func WithRenewal(lead, every time.Duration) Option {
+	return func(o *options) { o.lead, o.renewEvery = lead, every }
+}
+
+// WithSafetyMargin sets how much earlier than the allocator's expiry the
+// agent's deadline falls: fixed + expires_in x driftPPM / 1e6. Deadlines
+// are already measured from when the request was sent and converted to
+// Redis's clock with the conservative bound, so the margin only has to
+// cover clock drift (rate) between hosts over the lease's life, plus
+// rounding. Defaults 2ms and 1000 ppm (5x the drift of commodity clocks).
+func WithSafetyMargin(fixed time.Duration, driftPPM float64) Option {
+	return func(o *options) { o.margin, o.driftPPM = fixed, driftPPM }
+}
+
+// safetyMargin for a lease that expires in d.
+func (o *options) safetyMargin(d time.Duration) time.Duration {
+	return o.margin + time.Duration(float64(d)*o.driftPPM/1e6)
+}
+
+// WithColdWait bounds how long the first Check of a limit the region holds
+// no lease for waits for its first lease. Default 500ms.
+func WithColdWait(d time.Duration) Option { return func(o *options) { o.coldWait = d } }
+
+// WithIntervals sets how often limits are synced and usage is reported.
+// Defaults 1s and 2s.
+func WithIntervals(sync, report time.Duration) Option {
+	return func(o *options) { o.syncEvery, o.reportEvery = sync, report }
+}
+
+// WithTimeouts sets the per-attempt allocator timeout, how long an
+// allocator call is retried, and the Redis timeout. Defaults 1s, 5s, 250ms.
+func WithTimeouts(alloc, allocRetry, redisTimeout time.Duration) Option {
+	return func(o *options) { o.allocTimeout, o.allocRetryFor, o.redisTimeout = alloc, allocRetry, redisTimeout }
+}
+
+// WithBatching sets how many Redis pipelines may be in flight and how many
+// spends one may carry. Defaults 4 and 128.
+func WithBatching(flushers, maxBatch int) Option {
+	return func(o *options) { o.flushers, o.maxBatch = max(1, flushers), max(1, maxBatch) }
+}
+
+// Agent is one replica of a region agent. Safe for concurrent use.
+type Agent struct {
+	cfg     Config
+	opt     options
+	log     *slog.Logger
+	buckets *bucket.Buckets
+	spend   *spender
+	alloc   *allocClient
+	limits  *limitCache
+	m       *metrics
+
+	// allocOffset is the allocator's clock minus the agent's, in ns, as
+	// last estimated; it only names windows (lease timing never uses it).
+	allocOffset atomic.Int64
+	clockMu     sync.Mutex // protects clock
+	clock       bucket.ClockSync
+	clockOK     atomic.Bool
+
+	mu     sync.Mutex // protects states
+	states map[string]*limitState
+
+	seq   atomic.Uint64 // request id sequence
+	kicks chan string   // limits whose renewal a Check asked for
+
+	// onAcquire, if set (tests), is called around every allocator request.
+	onAcquire func(start bool)
+}
+
+// countSample is the regional demand counted up to an instant.
+type countSample struct {
+	at    time.Time
+	total int64 // cumulative over windows
+}
+
+// limitState is the agent replica's view of one active limit.
+type limitState struct {
+	id string
+
+	mu          sync.Mutex // protects the fields below
+	lastActive  time.Time
+	demand      *lease.RateEstimator // regional, from the bucket's counters
+	lastCount   int64                // admitted + denied of countWindow, as last read
+	countWindow int64
+	countAt     time.Time
+	samples     [8]countSample // recent (time, cumulative demand) for the fast rate
+	nsamples    int
+	pending     *pb.LeaseRequest // an acquire not yet answered: retried as is
+	pendingNext *pb.LeaseRequest
+	spentWindow int64     // window whose pool the allocator said is spent (-1: none)
+	spentAt     time.Time // when that was learned; returns can refill the pool, so it is retried
+	nextWindow  int64     // window for which a next-window lease was deposited
+	failing     bool      // the allocator could not be reached on the last try
+	kickCost    int64     // largest cost denied since the last renewal
+	fresh       bool      // no Check of this limit has waited for a first lease yet
+	changed     chan struct{}
+}
+
+// New returns an agent; call Run to start its background work.
+func New(cfg Config, opts ...Option) (*Agent, error) {
+	if err := allocator.ValidateRegion("region", cfg.Region); err != nil {
+		return nil, fmt.Errorf("regionagent: %w", err)
+	}
+	if len(cfg.Allocators) == 0 {
+		return nil, errors.New("regionagent: Config.Allocators is required")
+	}
+	if cfg.Redis == nil {
+		return nil, errors.New("regionagent: Config.Redis is required")
+	}
+	if cfg.ReplicaID == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		cfg.ReplicaID = cfg.Region + "-" + hex.EncodeToString(b[:])
+	}
+	if err := allocator.ValidateRequestID("replica id", cfg.ReplicaID); err != nil {
+		return nil, fmt.Errorf("regionagent: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	o := options{
+		now: time.Now, lead: 2 * time.Second, renewEvery: 250 * time.Millisecond, margin: 2 * time.Millisecond, driftPPM: 1000,
+		coldWait: 500 * time.Millisecond, syncEvery: time.Second, reportEvery: 2 * time.Second,
+		allocTimeout: time.Second, allocRetryFor: 5 * time.Second, redisTimeout: 250 * time.Millisecond,
+		keyGrace: 2 * time.Minute, idleAfter: 5 * time.Minute, flushers: 4, maxBatch: 128,
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	a := &Agent{
+		cfg:     cfg,
+		opt:     o,
+		log:     cfg.Logger.With("region", cfg.Region, "replica", cfg.ReplicaID),
+		buckets: bucket.New(cfg.Redis),
+		alloc:   newAllocClient(cfg.Allocators, o.allocTimeout, o.allocRetryFor, cfg.DialOptions...),
+		limits:  newLimitCache(),
+		m:       newMetrics(cfg.Registerer),
+		states:  map[string]*limitState{},
+		kicks:   make(chan string, 1024),
+	}
+	a.spend = newSpender(a.buckets, o.flushers, o.maxBatch, o.redisTimeout, func(n int) { a.m.batch.Observe(float64(n)) })
+	return a, nil
+}
+
+// Region returns the agent's region.
+func (a *Agent) Region() string { return a.cfg.Region }
+
+// ReplicaID returns this replica's id.
+func (a *Agent) ReplicaID() string { return a.cfg.ReplicaID }
+
+// Ready is closed once the agent has its limits from the allocator.
+func (a *Agent) Ready() <-chan struct{} { return a.limits.synced }
+
+// Close releases the agent's connections; call after Run returned.
+func (a *Agent) Close() {
+	a.spend.close()
+	a.alloc.close()
+}
+
+// redisNowMs is the "now" passed to scripts: 0 lets Redis use TIME.
+func (a *Agent) redisNowMs() int64 {
+	if a.opt.redisNow == nil {
+		return 0
+	}
+	return a.opt.redisNow().UnixMilli()
+}
+
+// windowOf names the window of limit l that contains the agent's now.
+func (a *Agent) windowOf(now time.Time, l *limitView) lease.Window {
+	return lease.WindowOf(now.Add(time.Duration(a.allocOffset.Load())), l.window)
+}
+
+// windowEnd is the end of w on the agent's clock.
+func (a *Agent) windowEnd(w lease.Window) time.Time {
+	return w.End().Add(-time.Duration(a.allocOffset.Load()))
+}
+
+func (a *Agent) state(id string, now time.Time) *limitState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.states[id]
+	if st == nil {
+		st = &limitState{id: id, demand: lease.NewRateEstimator(5 * time.Second), spentWindow: -1, nextWindow: -1,
+			countWindow: -1, fresh: true, changed: make(chan struct{})}
+		a.states[id] = st
+	}
+	st.mu.Lock()
+	st.lastActive = now
+	st.mu.Unlock()
+	return st
+}
+
+// notify wakes Checks waiting for this limit's state to change.
+func (st *limitState) notify() {
+	close(st.changed)
+	st.changed = make(chan struct{})
+}
+
+// Decision is the answer to one check.
+type Decision struct {
+	Allowed    bool
+	Reason     pb.Reason
+	Remaining  int64
+	RetryAfter time.Duration
+	ResetAfter time.Duration
+	Limit      int64
+	Window     time.Duration
+	Version    int64
+}
+
+// CheckItem is one limit and cost of a check.
+type CheckItem struct {
+	Limit string
+	Cost  int64
+}
+
+// Check decides one request of cost against limit. cost 0 means 1.
+func (a *Agent) Check(ctx context.Context, limit string, cost int64) (Decision, error) {
+	ds, err := a.CheckMulti(ctx, []CheckItem{{Limit: limit, Cost: cost}})
+	if err != nil {
+		var fe *FieldError
+		if errors.As(err, &fe) {
+			fe.Field = fe.Field[len("checks[0]."):]
+		}
+		return Decision{}, err
+	}
+	return ds[0], nil
+}
+
+// maxMulti bounds the limits of one CheckMulti.
+const maxMulti = 16
+
+// CheckMulti decides one request against several limits: every limit
+// admits it and is charged, or none is charged.
+func (a *Agent) CheckMulti(ctx context.Context, items []CheckItem) ([]Decision, error) {
+	start := time.Now()
+	if len(items) == 0 {
+		return nil, fieldErr("checks", "at least one check is required")
+	}
+	if len(items) > maxMulti {
+		return nil, fieldErr("checks", "at most %d per call, got %d", maxMulti, len(items))
+	}
+	now := a.opt.now()
+	views := make([]*limitView, len(items))
+	sts := make([]*limitState, len(items))
+	keys := make([]string, len(items))
+	costs := make([]int64, len(items))
+	wins := make([]lease.Window, len(items))
+	for i, it := range items {
+		f := fmt.Sprintf("checks[%d].", i)
+		if it.Limit == "" {
+			return nil, fieldErr(f+"limit_id", "required")
+		}
+		if len(it.Limit) > 200 {
+			return nil, fieldErr(f+"limit_id", "longer than 200 characters")
+		}
+		l := a.limits.get(it.Limit)
+		if l == nil {
+			return nil, fmt.Errorf("%w: %q is not a limit of region %s", ErrUnknownLimit, it.Limit, a.cfg.Region)
+		}
+		cost := it.Cost
+		if cost == 0 {
+			cost = 1
+		}
+		if cost < 0 || cost > l.tokens {
+			return nil, fieldErr(f+"cost", "must be 1..%d (the limit's G), got %d", l.tokens, it.Cost)
+		}
+		views[i], costs[i] = l, cost
+		sts[i] = a.state(l.id, now)
+		wins[i] = a.windowOf(now, l)
+		keys[i] = bucket.Key(l.id, wins[i].Index)
+	}
+	ds, err := a.decide(ctx, now, views, sts, keys, costs, wins, true)
+	a.m.checkDur.Observe(time.Since(start).Seconds())
+	return ds, err
+}
+
+// decide spends and shapes the answers; cold allows one wait for a first
+// lease.
+func (a *Agent) decide(ctx context.Context, now time.Time, views []*limitView, sts []*limitState, keys []string,
+	costs []int64, wins []lease.Window, cold bool) ([]Decision, error) {
+	var changed []chan struct{}
+	if cold {
+		changed = make([]chan struct{}, len(sts))
+		for i, st := range sts {
+			st.mu.Lock()
+			changed[i] = st.changed
+			st.mu.Unlock()
+		}
+	}
+	r, err := a.spend.spend(ctx, keys, costs, a.redisNowMs())
+	if err != nil {
+		return nil, err
+	}
+	res, serr := r.res, r.err
+	out := make([]Decision, len(views))
+	for i, l := range views {
+		out[i] = Decision{Limit: l.tokens, Window: l.window, Version: l.version,
+			ResetAfter: max(0, a.windowEnd(wins[i]).Sub(now))}
+		if serr == nil && i < len(res.Keys) {
+			out[i].Remaining = res.Keys[i].Balance
+		}
+	}
+	if serr != nil {
+		release(r)
+		// Redis cannot answer: the region cannot decide from its bucket.
+		a.m.checks.WithLabelValues("redis_error").Inc()
+		a.log.Debug("spend failed", "err", serr)
+		return a.fallback(ctx, now, views, sts, keys, costs, out)
+	}
+	allowed, failed := res.Allowed, res.Failed
+	release(r)
+	if allowed {
+		for i, st := range sts {
+			out[i].Allowed, out[i].Reason = true, pb.Reason_REASON_OK
+			if out[i].Remaining < a.lowWater(st, views[i], wins[i], now) {
+				a.kick(st.id)
+			}
+		}
+		a.m.checks.WithLabelValues("ok").Inc()
+		return out, nil
+	}
+	// Denied: the limit at index failed lacked tokens.
+	if failed < 0 || failed >= len(sts) {
+		failed = 0
+	}
+	st, w := sts[failed], wins[failed]
+	st.mu.Lock()
+	st.kickCost = max(st.kickCost, costs[failed])
+	spent := st.spentWindow == w.Index
+	failing := st.failing
+	coldState := st.fresh
+	st.fresh = false
+	st.mu.Unlock()
+	if !spent && !failing {
+		a.kick(st.id)
+		if cold && coldState && a.opt.coldWait > 0 {
+			// The region holds nothing for this window yet: wait once,
+			// briefly, for the first lease, then try again.
+			t := time.NewTimer(a.opt.coldWait)
+			defer t.Stop()
+			select {
+			case <-changed[failed]:
+				return a.decide(ctx, a.opt.now(), views, sts, keys, costs, wins, false)
+			case <-t.C:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	if failing && !spent {
+		return a.fallback(ctx, now, views, sts, keys, costs, out)
+	}
+	for i := range out {
+		out[i].Reason = pb.Reason_REASON_OVER_LIMIT
+		out[i].RetryAfter = a.retryAfter(spent, out[i].ResetAfter)
+	}
+	a.m.checks.WithLabelValues("over_limit").Inc()
+	return out, nil
+}
+
+// retryAfter: when the window's pool is spent, its reset (jittered up to
+// 10%); otherwise about one renewal round trip.
+func (a *Agent) retryAfter(spent bool, reset time.Duration) time.Duration {
+	if spent {
+		return reset + time.Duration(mrand.Int64N(int64(reset/10)+1))
+	}
+	return 250*time.Millisecond + time.Duration(mrand.Int64N(int64(250*time.Millisecond)))
+}
+
+// fallback answers when the region cannot get tokens: per limit, CLOSED
+// denies with UNAVAILABLE, LOCAL admits up to A per window (counted in the
+// bucket), OPEN admits (counted). Every limit of the request must admit.
+func (a *Agent) fallback(ctx context.Context, now time.Time, views []*limitView, sts []*limitState, keys []string,
+	costs []int64, out []Decision) ([]Decision, error) {
+	unavailable := func() ([]Decision, error) {
+		for i := range out {
+			out[i].Allowed, out[i].Reason = false, pb.Reason_REASON_UNAVAILABLE
+			out[i].RetryAfter = time.Second + time.Duration(mrand.Int64N(int64(time.Second)))
+		}
+		a.m.checks.WithLabelValues("unavailable").Inc()
+		return out, nil
+	}
+	for _, l := range views {
+		if l.fallback.Kind != pb.FallbackKind_FALLBACK_KIND_LOCAL && l.fallback.Kind != pb.FallbackKind_FALLBACK_KIND_OPEN {
+			return unavailable()
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+	defer cancel()
+	var taken []int
+	undo := func() {
+		for _, j := range taken {
+			_, _ = a.buckets.AddCounter(rctx, keys[j], counterFallback, -costs[j])
+		}
+	}
+	for i, l := range views {
+		v, err := a.buckets.AddCounter(rctx, keys[i], counterFallback, costs[i])
+		if err != nil {
+			undo()
+			return unavailable()
+		}
+		taken = append(taken, i)
+		mode := counterModeOpen
+		if l.fallback.Kind == pb.FallbackKind_FALLBACK_KIND_LOCAL {
+			mode = counterModeLocal
+			if v > l.fallback.LocalTokens {
+				undo()
+				for k := range out {
+					out[k].Allowed, out[k].Reason = false, pb.Reason_REASON_OVER_LIMIT
+					out[k].RetryAfter = a.retryAfter(true, out[k].ResetAfter)
+				}
+				a.m.checks.WithLabelValues("fallback_denied").Inc()
+				return out, nil
+			}
+			out[i].Remaining = l.fallback.LocalTokens - v
+		}
+		_, _ = a.buckets.AddCounter(rctx, keys[i], mode, 0) // marks the mode in force this window
+		a.m.fallbackMode.WithLabelValues(l.id).Set(float64(l.fallback.Kind))
+	}
+	for i := range out {
+		out[i].Allowed, out[i].Reason = true, pb.Reason_REASON_FALLBACK
+	}
+	a.m.checks.WithLabelValues("fallback").Inc()
+	return out, nil
+}
+
+// spentRetry is how long a replica trusts "the pool is spent" before it
+// asks again: returns credited while the window is open refill the pool.
+const spentRetry = time.Second
+
+// Bucket counters beside admitted and denied.
+const (
+	counterFallback  = "fallback_admitted"
+	counterModeLocal = "mode_local"
+	counterModeOpen  = "mode_open"
+	// counterPoolSpent is set when the allocator said the window's pool is
+	// spent, so every replica answers OVER_LIMIT with the window's reset.
+	counterPoolSpent = "pool_spent"
+)
+
+// lowWater is the balance below which the limit is renewed: demand x lead
+// time, capped by what the rest of the window can use (renewing for
+// demand past the window's end would ask for crumbs), at least 1.
+func (a *Agent) lowWater(st *limitState, l *limitView, w lease.Window, now time.Time) int64 {
+	st.mu.Lock()
+	rate := st.rate(now, l)
+	st.mu.Unlock()
+	left := a.windowEnd(w).Sub(now)
+	return max(1, min(lease.LowWater(rate, a.opt.lead), int64(math.Ceil(rate*left.Seconds()))))
+}
+
+// kick asks the renewal loop to look at a limit now.
+func (a *Agent) kick(id string) {
+	select {
+	case a.kicks <- id:
+	default: // the loop is busy; its next tick will see the limit
+	}
+}
+
+// instWindow is the span of the fast demand rate.
+const instWindow = time.Second
+
+// rate is the demand used for renewal: fast attack, slow decay. It is the
+// larger of the rate over the last second (so a ramp is followed at once,
+// and a region is not left dry while the pool has tokens) and the
+// smoothed rate (so a short lull does not shrink the next lease). Before
+// anything was observed it is the limit's prior. st.mu must be held.
+func (st *limitState) rate(now time.Time, l *limitView) float64 {
+	r := st.demand.Rate(now)
+	if st.nsamples > 0 {
+		newest := st.samples[(st.nsamples-1)%len(st.samples)]
+		oldest := max(0, st.nsamples-len(st.samples))
+		for i := st.nsamples - 1; i >= oldest; i-- {
+			s := st.samples[i%len(st.samples)]
+			if dt := newest.at.Sub(s.at); dt >= instWindow || i == oldest {
+				if dt >= instWindow/10 {
+					return max(r, float64(newest.total-s.total)/dt.Seconds())
+				}
+				break
+			}
+		}
+	}
+	// Nothing measurable yet: assume the limit's prior.
+	return max(r, l.prior())
+}
+
+// addSample records the cumulative regional demand at now. st.mu held.
+func (st *limitState) addSample(now time.Time, total int64) {
+	if st.nsamples > 0 {
+		last := st.samples[(st.nsamples-1)%len(st.samples)]
+		if !now.After(last.at) {
+			st.samples[(st.nsamples-1)%len(st.samples)].total = max(last.total, total)
+			return
+		}
+	}
+	st.samples[st.nsamples%len(st.samples)] = countSample{at: now, total: total}
+	st.nsamples++
+}

@@ -1,0 +1,237 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// benchBuckets starts redis-server and deposits, in each of `limits`
+// buckets, three leases far too large to run out, so every benchmarked
+// spend is admitted and does the full work.
+func benchBuckets(b *testing.B, opts *redis.Options, limits int) (*Buckets, []string) {
+	b.Helper()
+	srv, _ := realRedis(b)
+	opts.Addr = srv.Addr()
+	rdb := redis.NewClient(opts)
+	b.Cleanup(func() { _ = rdb.Close() })
+	bk := New(rdb)
+	ctx := context.Background()
+	if err := bk.Load(ctx); err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	keys := make([]string, limits)
+	for l := range keys {
+		keys[l] = Key(fmt.Sprint("bench", l), 1)
+		for i := range 3 { // three leases, as an active window has
+			_, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L" + strconv.Itoa(i), Tokens: 1 << 50,
+				StartMs: now - 1000, DeadlineMs: now + int64(i+1)*3_600_000, ExpireAtMs: now + 4*3_600_000})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return bk, keys
+}
+
+func reportOps(b *testing.B, spends int) {
+	b.ReportMetric(float64(spends)/b.Elapsed().Seconds(), "spends/s")
+}
+
+// BenchmarkSpend is one EVALSHA per spend, one caller: the round-trip latency.
+func BenchmarkSpend(b *testing.B) {
+	bk, keys := benchBuckets(b, &redis.Options{}, 1)
+	ctx := context.Background()
+	costs := []int64{1}
+	b.ReportAllocs()
+	for b.Loop() {
+		r, err := bk.Spend(ctx, keys, costs, 0)
+		if err != nil || !r.Allowed {
+			b.Fatal(r, err)
+		}
+	}
+	reportOps(b, b.N)
+}
+
+// BenchmarkSpendParallel is one EVALSHA per spend from 50 callers: Redis's
+// unpipelined throughput.
+func BenchmarkSpendParallel(b *testing.B) {
+	bk, keys := benchBuckets(b, &redis.Options{PoolSize: 64}, 1)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetParallelism(25) // x GOMAXPROCS (2) = 50 callers
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		costs := []int64{1}
+		for pb.Next() {
+			if _, err := bk.Spend(ctx, keys, costs, 0); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	reportOps(b, b.N)
+}
+
+// BenchmarkSpendBatch sends batches of n spends, one pipeline each, from one
+// caller; one iteration is one batch (ns/op is per batch, spends/s counts
+// spends). limits=1: every spend on one hot limit, one script call decides
+// the batch; limits=16: spread over 16 limits, 16 script calls per pipeline.
+func BenchmarkSpendBatch(b *testing.B) {
+	for _, n := range []int{16, 64} {
+		for _, limits := range []int{1, 16} {
+			b.Run(fmt.Sprintf("n=%d/limits=%d", n, limits), func(b *testing.B) {
+				bk, keys := benchBuckets(b, &redis.Options{}, limits)
+				ctx := context.Background()
+				ops := make([]SpendOp, n)
+				for i := range ops {
+					ops[i] = SpendOp{Keys: []string{keys[i%limits]}, Costs: []int64{1}}
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					res, err := bk.SpendBatch(ctx, ops)
+					if err != nil || !res[n-1].Allowed {
+						b.Fatal(err)
+					}
+				}
+				reportOps(b, b.N*n)
+			})
+		}
+	}
+}
+
+// BenchmarkSpendBatchParallel is 4 callers each sending batches of n spread
+// over 16 limits: an agent with a few batchers on one Redis.
+func BenchmarkSpendBatchParallel(b *testing.B) {
+	for _, n := range []int{16, 64} {
+		b.Run(fmt.Sprintf("n=%d/limits=16", n), func(b *testing.B) {
+			bk, keys := benchBuckets(b, &redis.Options{}, 16)
+			ctx := context.Background()
+			var batches atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(2) // x GOMAXPROCS (2) = 4 callers
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				ops := make([]SpendOp, n)
+				for i := range ops {
+					ops[i] = SpendOp{Keys: []string{keys[i%len(keys)]}, Costs: []int64{1}}
+				}
+				for pb.Next() {
+					if _, err := bk.SpendBatch(ctx, ops); err != nil {
+						b.Error(err)
+						return
+					}
+					batches.Add(1)
+				}
+			})
+			reportOps(b, int(batches.Load())*n)
+		})
+	}
+}
+
+// TestMemoryPerKey measures Redis memory for active (limit, window) keys
+// holding 3 leases each, after spends and one closed lease: MEMORY USAGE of
+// one key and the used_memory delta over 1,000 keys.
+func TestMemoryPerKey(t *testing.T) {
+	_, rdb := realRedis(t)
+	ctx := testCtx(t)
+	b := New(rdb)
+	now := time.Now().UnixMilli()
+	used := func() int64 {
+		t.Helper()
+		info, err := rdb.Info(ctx, "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		t.Fatal("no used_memory in INFO")
+		return 0
+	}
+	fill := func(limit string) string {
+		key := Key(limit, 28_333_333)
+		for i := range 3 {
+			_, err := b.Deposit(ctx, Deposit{Key: key, LeaseID: fmt.Sprintf("01JDX3ZK%018d", i), Tokens: 1000,
+				StartMs: now - 1000, DeadlineMs: now + int64(i+1)*20_000, ExpireAtMs: now + 120_000})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := b.Spend(ctx, []string{key}, []int64{1500}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Spend(ctx, []string{key}, []int64{5000}, 0); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	if err := b.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	one := fill("tenant/atlas")
+	usage, err := rdb.MemoryUsage(ctx, one).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := rdb.HLen(ctx, one).Val()
+
+	const n = 1000
+	before := used()
+	for i := range n {
+		fill(fmt.Sprintf("tenant/t%06d", i))
+	}
+	perKey := (used() - before) / n
+	t.Logf("one key, 3 leases (26-char ids), %d fields: MEMORY USAGE %d bytes; used_memory delta over %d keys: %d bytes/key", fields, usage, n, perKey)
+	if usage <= 0 || usage > 2048 || perKey <= 0 || perKey > 4096 {
+		t.Fatalf("memory per key out of the expected range: %d, %d", usage, perKey)
+	}
+}
+
+// BenchmarkBaseline measures the same calls with a trivial script
+// (return 1), to tell the round trip and go-redis apart from the bucket
+// script's own cost on the machine at hand.
+func BenchmarkBaseline(b *testing.B) {
+	_, rdb := realRedis(b)
+	ctx := context.Background()
+	trivial := redis.NewScript("return 1")
+	if err := trivial.Load(ctx, rdb).Err(); err != nil {
+		b.Fatal(err)
+	}
+	keys := []string{Key("base", 1)}
+	b.Run("evalsha", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := trivial.EvalSha(ctx, rdb, keys).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reportOps(b, b.N)
+	})
+	b.Run("pipeline16", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			pipe := rdb.Pipeline()
+			for range 16 {
+				trivial.EvalSha(ctx, pipe, keys)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reportOps(b, b.N*16)
+	})
+}

@@ -1,0 +1,107 @@
+-- common.lua: helpers prepended to deposit.lua, spend.lua, close.lua,
+-- balance.lua and add.lua by the Go package (one source string per script,
+-- loaded with SCRIPT LOAD, run with EVALSHA).
+--
+-- Rules for every bucket script (they must behave the same on redis-server
+-- and on miniredis, which runs gopher-lua):
+--   * all state is integers (milliseconds, tokens), below 2^53;
+--   * numbers go to redis.call as strings made by fmt() (never tostring,
+--     whose float formatting differs between the two);
+--   * "now" is ARGV now_ms when it is > 0, else Redis's own TIME;
+--   * every iteration order that reaches a reply or a write is sorted.
+--
+-- Hash layout of one (limit, window) key lh:{<limit>}:w:<window>:
+--   r:<lease>  remaining tokens         s:<lease>  start ms (Redis clock)
+--   d:<lease>  deadline ms (exclusive)  c:<lease>  closed: unspent at close
+--   admitted, denied: cost counters; other names without ':' are counters.
+
+local function int(v, name)
+  local n = tonumber(v)
+  if n == nil or n ~= math.floor(n) or n > 9007199254740992 or n < -9007199254740992 then
+    error('bucket: ' .. name .. ' is not an integer')
+  end
+  return n
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function now_ms(v)
+  local n = int(v, 'now_ms')
+  if n > 0 then
+    return n
+  end
+  return redis_now()
+end
+
+-- load reads the hash and returns
+--   leases: array of {id=, r=, s=, d=}, open (not closed) leases only,
+--           sorted by (deadline, id)
+--   exists: whether the key held any field
+-- and, if counters is a table, fills it with name -> value for every field
+-- that is not a lease field.
+local function load(key, counters)
+  local flat = redis.call('HGETALL', key)
+  local byid, all = {}, {}
+  for i = 1, #flat, 2 do
+    local f = flat[i]
+    local p = string.sub(f, 1, 2)
+    if p == 'r:' or p == 's:' or p == 'd:' or p == 'c:' then
+      local id = string.sub(f, 3)
+      local l = byid[id]
+      if l == nil then
+        l = {id = id}
+        byid[id] = l
+        all[#all + 1] = l
+      end
+      l[string.sub(f, 1, 1)] = tonumber(flat[i + 1])
+    elseif counters then
+      counters[f] = tonumber(flat[i + 1])
+    end
+  end
+  -- Insertion sort by (deadline, id): a bucket holds few leases, and the
+  -- order must not depend on HGETALL's order (it differs on miniredis).
+  local leases, n = {}, 0
+  for _, l in ipairs(all) do
+    if l.r ~= nil and l.s ~= nil and l.d ~= nil and l.c == nil then
+      local j = n
+      while j > 0 and (leases[j].d > l.d or (leases[j].d == l.d and leases[j].id > l.id)) do
+        leases[j + 1] = leases[j]
+        j = j - 1
+      end
+      leases[j + 1] = l
+      n = n + 1
+    end
+  end
+  return leases, #flat > 0
+end
+
+-- spendable sums the tokens of leases with start <= now < deadline and
+-- returns (sum, earliest deadline among them holding tokens, or 0).
+local function spendable(leases, now)
+  local sum, earliest = 0, 0
+  for _, l in ipairs(leases) do
+    if l.s <= now and now < l.d and l.r > 0 then
+      sum = sum + l.r
+      if earliest == 0 then
+        earliest = l.d
+      end
+    end
+  end
+  return sum, earliest
+end
+
+-- orphan gives a key that has no expiry (it was created by this script
+-- without a deposit, e.g. a denied counter or a close tombstone) a TTL, so
+-- nothing outlives its use. Deposits later extend it with PEXPIREAT.
+local function orphan(key, ttl)
+  if ttl > 0 and redis.call('PTTL', key) == -1 then
+    redis.call('PEXPIRE', key, fmt(ttl))
+  end
+end

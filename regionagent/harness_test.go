@@ -1,0 +1,149 @@
+package regionagent
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"leasehold/allocator"
+	"leasehold/allocator/etcdtest"
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/redistest"
+)
+
+// fakeClock is one clock for the allocator, the agents and Redis's
+// scripts, moved only by the test. It starts an hour ahead of the wall
+// clock, aligned on a minute, so Redis key expiries (on Redis's real
+// clock) stay in the future.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(time.Now().Truncate(time.Minute).Add(time.Hour).UnixNano())
+	return c
+}
+func (c *fakeClock) Now() time.Time      { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Add(d time.Duration) { c.ns.Add(int64(d)) }
+
+// world is an allocator on embedded etcd, serving gRPC on loopback, and a
+// real redis-server per region.
+type world struct {
+	t     testing.TB
+	clock *fakeClock
+	alloc *allocator.Allocator
+	addr  string
+	redis map[string]*redistest.Server
+}
+
+func newWorld(t testing.TB, regions ...string) *world {
+	t.Helper()
+	w := &world{t: t, clock: newFakeClock(), redis: map[string]*redistest.Server{}}
+	c := etcdtest.Start(t, 1)
+	a, err := allocator.New(allocator.Config{Client: c.Client(t), Regions: regions, Advertise: "alloc",
+		Logger: slog.New(slog.DiscardHandler)}, allocator.WithClock(w.clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer wcancel()
+	if err := a.WaitLeader(wctx); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	allocator.NewServer(a).Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	w.alloc, w.addr = a, lis.Addr().String()
+	for _, r := range regions {
+		w.redis[r] = redistest.Start(t)
+	}
+	return w
+}
+
+// putLimit stores a limit and waits until the allocator's leader applies it.
+func (w *world) putLimit(l *pb.Limit) *pb.Limit {
+	w.t.Helper()
+	got, err := w.alloc.PutLimit(context.Background(), l, nil)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var ok bool
+		_ = w.alloc.View(func(_ time.Time, c *allocator.Core) {
+			v, found := c.Limit(got.Id)
+			ok = found && v.Version == got.Version
+		})
+		if ok {
+			return got
+		}
+		time.Sleep(2 * time.Millisecond) // polling the watch's effect
+	}
+	w.t.Fatalf("limit %s never reached the leader", got.Id)
+	return nil
+}
+
+func limit(id string, g int64, window, ttl time.Duration, regions ...string) *pb.Limit {
+	return &pb.Limit{Id: id, LimitTokens: g, Window: durationpb.New(window), Regions: regions,
+		Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(ttl)}}
+}
+
+// agent returns an agent replica of region on the world's clock, synced
+// and ready, whose background loops do NOT run: tests step it by hand.
+func (w *world) agent(region, replica string, opts ...Option) *Agent {
+	w.t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis[region].Addr()})
+	w.t.Cleanup(func() { rdb.Close() })
+	opts = append([]Option{WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0),
+		WithTimeouts(2*time.Second, 5*time.Second, 2*time.Second)}, opts...)
+	a, err := New(Config{Region: region, Allocators: []string{w.addr},
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Redis:       rdb, ReplicaID: replica, Logger: testLogger()}, opts...)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(a.Close)
+	w.sync(a)
+	return a
+}
+
+// sync refreshes an agent's limits and Redis clock.
+func (w *world) sync(a *Agent) {
+	w.t.Helper()
+	ctx := context.Background()
+	if err := a.syncLimits(ctx); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := a.syncClock(ctx); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// stats returns the allocator's granted and credited for a window.
+func (w *world) stats(limit string, window int64) allocator.WindowStats {
+	var st allocator.WindowStats
+	_ = w.alloc.View(func(_ time.Time, c *allocator.Core) { st, _ = c.Stats(limit, window) })
+	return st
+}
+
+func (w *world) pool(limit string, window int64) int64 {
+	var p int64
+	_ = w.alloc.View(func(_ time.Time, c *allocator.Core) { p = c.Pool(limit, window) })
+	return p
+}

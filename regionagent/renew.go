@@ -1,0 +1,556 @@
+package regionagent
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/bucket"
+)
+
+// Run syncs limits, renews leases, returns expired ones and reports usage
+// until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := a.buckets.Load(ctx); err != nil {
+		a.log.Warn("loading Redis scripts failed; they load on first use", "err", err)
+	}
+	var wg sync.WaitGroup
+	loops := []func(context.Context){a.syncLoop, a.clockLoop, a.renewLoop, a.reportLoop}
+	for _, f := range loops {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(ctx) }()
+	}
+	wg.Wait()
+	return ctx.Err()
+}
+
+// every runs fn now and then every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		fn()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *Agent) syncLoop(ctx context.Context) {
+	every(ctx, a.opt.syncEvery, func() {
+		if err := a.syncLimits(ctx); err != nil && ctx.Err() == nil {
+			a.log.Warn("limit sync failed", "err", err)
+		}
+	})
+}
+
+// syncLimits refreshes the limit cache from the allocator.
+func (a *Agent) syncLimits(ctx context.Context) error {
+	var resp *pb.SyncLimitsResponse
+	sent := a.opt.now()
+	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = cl.SyncLimits(ctx, &pb.SyncLimitsRequest{Region: a.cfg.Region, KnownRevision: a.limits.rev()}, opts...)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	recv := a.opt.now()
+	if resp.AllocatorUnixNanos != 0 && a.allocOffset.Load() == 0 {
+		mid := sent.Add(recv.Sub(sent) / 2)
+		a.allocOffset.Store(resp.AllocatorUnixNanos - mid.UnixNano())
+	}
+	if resp.Unchanged {
+		a.limits.markSynced()
+		return nil
+	}
+	a.limits.replace(resp.Revision, resp.Limits, a.cfg.Region)
+	return nil
+}
+
+// clockLoop keeps the Redis clock estimate fresh.
+func (a *Agent) clockLoop(ctx context.Context) {
+	every(ctx, 30*time.Second, func() {
+		if err := a.syncClock(ctx); err != nil && ctx.Err() == nil {
+			a.log.Warn("Redis clock sync failed", "err", err)
+		}
+	})
+}
+
+// redisTime reads Redis's clock, or the test's.
+type redisTime struct{ a *Agent }
+
+func (r redisTime) Time(ctx context.Context) (time.Time, error) {
+	if r.a.opt.redisNow != nil {
+		return r.a.opt.redisNow(), nil
+	}
+	return r.a.cfg.Redis.Time(ctx).Result()
+}
+
+func (a *Agent) syncClock(ctx context.Context) error {
+	best := time.Duration(math.MaxInt64)
+	var cs bucket.ClockSync
+	for range 5 {
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		sent := a.opt.now()
+		rt, err := redisTime{a}.Time(rctx)
+		recv := a.opt.now()
+		cancel()
+		if err != nil {
+			return err
+		}
+		c, err := bucket.NewClockSync(sent, recv, rt)
+		if err != nil {
+			return err
+		}
+		if c.RTT() < best {
+			best, cs = c.RTT(), c
+		}
+	}
+	a.clockMu.Lock()
+	a.clock = cs
+	a.clockMu.Unlock()
+	a.clockOK.Store(true)
+	return nil
+}
+
+// redisMsAt is the agent instant now on Redis's clock, in ms.
+func (a *Agent) redisMsAt(now time.Time) int64 {
+	if a.opt.redisNow != nil {
+		return a.opt.redisNow().UnixMilli()
+	}
+	cs, ok := a.clockSync()
+	if !ok {
+		return now.UnixMilli()
+	}
+	return cs.ToRedis(now)
+}
+
+func (a *Agent) clockSync() (bucket.ClockSync, bool) {
+	a.clockMu.Lock()
+	defer a.clockMu.Unlock()
+	return a.clock, a.clockOK.Load()
+}
+
+// renewLoop evaluates every active limit each tick, and a kicked limit at
+// once.
+func (a *Agent) renewLoop(ctx context.Context) {
+	t := time.NewTicker(a.opt.renewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case id := <-a.kicks:
+			a.evaluate(ctx, id)
+		case <-t.C:
+			for _, id := range a.activeLimits() {
+				a.evaluate(ctx, id)
+			}
+		}
+	}
+}
+
+// activeLimits lists the limits seen recently and forgets idle ones.
+func (a *Agent) activeLimits() []string {
+	now := a.opt.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ids := make([]string, 0, len(a.states))
+	for id, st := range a.states {
+		st.mu.Lock()
+		idle := now.Sub(st.lastActive) > a.opt.idleAfter && st.pending == nil && st.pendingNext == nil
+		st.mu.Unlock()
+		if idle {
+			delete(a.states, id)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	a.m.active.Set(float64(len(ids)))
+	return ids
+}
+
+// evaluate looks at one limit: learns the regional demand from the bucket,
+// closes and returns expired leases, and renews (this window, and the next
+// one near the boundary) when the balance runs low. Only the replica that
+// holds the limit's renewal lock in Redis renews.
+func (a *Agent) evaluate(ctx context.Context, id string) {
+	l := a.limits.get(id)
+	if l == nil {
+		return
+	}
+	a.mu.Lock()
+	st := a.states[id]
+	a.mu.Unlock()
+	if st == nil {
+		return
+	}
+	now := a.opt.now()
+	w := a.windowOf(now, l)
+	key := bucket.Key(id, w.Index)
+	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+	bal, err := a.buckets.Balance(rctx, key, a.redisNowMs())
+	cancel()
+	if err != nil {
+		a.log.Debug("renewal: reading the bucket failed", "limit", id, "err", err)
+		return // Redis down: nothing to renew into (see the fault handling)
+	}
+	rate := a.observeDemand(st, l, w.Index, bal, now)
+	st.mu.Lock()
+	for _, c := range bal.Counters {
+		if c.Name == counterPoolSpent && c.Value > 0 && st.spentWindow != w.Index {
+			st.spentWindow, st.spentAt = w.Index, now
+			st.notify()
+		}
+	}
+	kickCost := st.kickCost
+	spent := st.spentWindow == w.Index && now.Sub(st.spentAt) < spentRetry
+	havePending := st.pending != nil
+	nextDone := st.nextWindow == w.Index+1
+	st.mu.Unlock()
+
+	left := a.windowEnd(w).Sub(now)
+	low := max(1, min(lease.LowWater(rate, a.opt.lead), int64(math.Ceil(rate*left.Seconds()))))
+	// Tokens whose lease ends within the lead time will not be there when
+	// they are needed: only what lasts longer counts as held. (Pending
+	// tokens belong to a lease of the next window.)
+	nowMs := a.redisMsAt(now)
+	held := bal.Lasting(nowMs, a.opt.lead.Milliseconds())
+	needNow := !spent && (havePending || held < low || kickCost > held)
+	// More than twice what the rest of the lease horizon needs is surplus:
+	// the region returns it so busier regions can have it.
+	target := int64(math.Ceil(rate * min(l.ttl, left).Seconds()))
+	// Only tokens that last count: a lease about to expire is closed and
+	// returned at its deadline anyway.
+	surplus := !needNow && held > 2*target+1
+	needNext := !nextDone && rate > 0 && left < a.opt.lead+a.opt.renewEvery
+	a.log.Debug("renewal: evaluated", "limit", id, "window", w.Index, "spendable", bal.Spendable, "held", held,
+		"pending", bal.Pending, "rate", rate, "low", low, "need_now", needNow, "need_next", needNext, "surplus", surplus,
+		"expired", len(bal.Expired), "open", len(bal.Open))
+	if len(bal.Expired) == 0 && !needNow && !needNext && !surplus {
+		return
+	}
+	lockKey := bucket.LockKey(id)
+	lctx, lcancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+	got, err := a.buckets.TryLock(lctx, lockKey, a.cfg.ReplicaID, a.opt.allocRetryFor+5*time.Second)
+	lcancel()
+	if err != nil || !got {
+		a.log.Debug("renewal: lock not taken", "limit", id, "err", err)
+		return // another replica renews this limit
+	}
+	defer func() {
+		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), a.opt.redisTimeout)
+		_ = a.buckets.Unlock(uctx, lockKey, a.cfg.ReplicaID)
+		ucancel()
+	}()
+	a.closeExpired(ctx, l, key, bal.Expired)
+	if surplus {
+		a.returnSurplus(ctx, l, key, bal, nowMs, held, target)
+	}
+	if needNow {
+		want := int64(0)
+		if need := int64(math.Ceil(rate * min(l.ttl, left).Seconds())); kickCost > need {
+			want = kickCost
+		}
+		a.acquire(ctx, l, st, false, rate, held, want)
+	}
+	if needNext {
+		a.acquire(ctx, l, st, true, rate, 0, 0)
+	}
+}
+
+// observeDemand feeds the bucket's regional admitted + denied count into
+// the limit's rate estimate and returns the rate (tokens/s).
+func (a *Agent) observeDemand(st *limitState, l *limitView, window int64, bal bucket.BalanceResult, now time.Time) float64 {
+	count := bal.Admitted + bal.Denied
+	for _, c := range bal.Counters {
+		if c.Name == counterFallback {
+			count += c.Value
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	delta := count
+	if st.countWindow == window {
+		delta = count - st.lastCount
+	}
+	if delta > 0 {
+		st.demand.Observe(now, float64(delta))
+	}
+	total := int64(0)
+	if st.nsamples > 0 {
+		total = st.samples[(st.nsamples-1)%len(st.samples)].total
+	}
+	if st.countWindow != window || delta > 0 || st.nsamples == 0 {
+		st.addSample(now, total+max(0, delta))
+	}
+	st.countWindow, st.lastCount, st.countAt = window, count, now
+	return st.rate(now, l)
+}
+
+// acquire asks the allocator for one lease (or replays the unanswered
+// request) and deposits it.
+func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next bool, rate float64, held, want int64) {
+	st.mu.Lock()
+	req := st.pending
+	if next {
+		req = st.pendingNext
+	}
+	if req == nil {
+		choice := pb.WindowChoice_WINDOW_CHOICE_CURRENT
+		if next {
+			choice = pb.WindowChoice_WINDOW_CHOICE_NEXT
+		}
+		req = &pb.LeaseRequest{
+			RequestId: a.cfg.ReplicaID + "-" + strconv.FormatUint(a.seq.Add(1), 10),
+			LimitId:   l.id, Window: choice, DemandPerSecond: rate, HeldTokens: held, WantTokens: want,
+		}
+		if next {
+			st.pendingNext = req
+		} else {
+			st.pending = req
+		}
+	}
+	st.mu.Unlock()
+
+	if a.onAcquire != nil {
+		a.onAcquire(true)
+		defer a.onAcquire(false)
+	}
+	sent := a.opt.now()
+	var resp *pb.AcquireLeasesResponse
+	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = cl.AcquireLeases(ctx, &pb.AcquireLeasesRequest{Region: a.cfg.Region, Requests: []*pb.LeaseRequest{req}}, opts...)
+		return err
+	})
+	recv := a.opt.now()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err != nil {
+		// Unanswered: the request stays pending and is sent again, as is.
+		a.m.renewals.WithLabelValues("failed").Inc()
+		if !st.failing && ctx.Err() == nil {
+			a.log.Warn("lease request failed; entering fallback until the allocator answers", "limit", l.id, "err", err)
+		}
+		st.failing = ctx.Err() == nil
+		st.notify()
+		return
+	}
+	if next {
+		st.pendingNext = nil
+	} else {
+		st.pending = nil
+	}
+	st.failing = false
+	st.kickCost = 0
+	res := resp.Results[0]
+	if res.Code != pb.ItemCode_ITEM_CODE_OK {
+		a.m.renewals.WithLabelValues("rejected").Inc()
+		a.log.Warn("lease request refused", "limit", l.id, "code", res.Code, "message", res.Message)
+		st.notify()
+		return
+	}
+	ls := res.Lease
+	if ls == nil || ls.Tokens == 0 {
+		a.m.renewals.WithLabelValues("empty").Inc()
+		a.log.Debug("renewal: nothing granted", "limit", l.id, "next", next)
+		if ls != nil && ls.PoolLeft == 0 || ls == nil {
+			w := a.windowOf(recv, l)
+			if next {
+				w = w.Next()
+			}
+			st.spentWindow, st.spentAt = max(st.spentWindow, w.Index), recv
+			if !next {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opt.redisTimeout)
+				_, _ = a.buckets.AddCounter(rctx, bucket.Key(l.id, w.Index), counterPoolSpent, 1)
+				cancel()
+			}
+		}
+		st.notify()
+		return
+	}
+	a.m.renewals.WithLabelValues("granted").Inc()
+	a.log.Debug("renewal: leased", "limit", l.id, "lease", ls.LeaseId, "tokens", ls.Tokens, "window", ls.WindowIndex,
+		"starts_in", ls.StartsIn.AsDuration(), "expires_in", ls.ExpiresIn.AsDuration(), "pool_left", ls.PoolLeft)
+	// The allocator's clock, seen from here: its window ends window_left
+	// after it answered, which is no earlier than when we received.
+	wl := ls.WindowLeft.AsDuration()
+	allocNow := (ls.WindowIndex+1)*ls.Window.AsDuration().Nanoseconds() - wl.Nanoseconds()
+	a.allocOffset.Store(allocNow - recv.UnixNano())
+	if err := a.deposit(ctx, l, ls, sent, recv); err != nil {
+		a.log.Warn("deposit failed; returning the lease", "limit", l.id, "lease", ls.LeaseId, "err", err)
+		a.returnLease(ctx, l.id, ls.LeaseId, ls.Tokens)
+	} else if next {
+		st.nextWindow = ls.WindowIndex
+	}
+	st.notify()
+}
+
+var errUselessLease = errors.New("lease expires before it starts")
+
+// deposit stores a lease in the region's bucket with its agent deadline on
+// Redis's clock: never later than the allocator's expiry.
+func (a *Agent) deposit(ctx context.Context, l *limitView, ls *pb.Lease, sent, recv time.Time) error {
+	cs, ok := a.clockSync()
+	if !ok {
+		if err := a.syncClock(ctx); err != nil {
+			return err
+		}
+		cs, _ = a.clockSync()
+	}
+	deadline := lease.Deadline(sent, ls.ExpiresIn.AsDuration(), a.opt.safetyMargin(ls.ExpiresIn.AsDuration()))
+	start := lease.StartAt(recv, ls.StartsIn.AsDuration())
+	d := bucket.Deposit{
+		Key:        bucket.Key(l.id, ls.WindowIndex),
+		LeaseID:    ls.LeaseId,
+		Tokens:     ls.Tokens,
+		StartMs:    cs.ToRedisStart(start),
+		DeadlineMs: cs.ToRedis(deadline),
+		NowMs:      a.redisNowMs(),
+	}
+	if ls.StartsIn.AsDuration() <= 0 {
+		// A lease of the running window is spendable at once; only a
+		// next-window lease must wait (and its start is rounded up).
+		d.StartMs = 0
+	}
+	if d.DeadlineMs <= d.StartMs {
+		return errUselessLease
+	}
+	// The key outlives the window by a grace period, so usage reports
+	// still read its counters; the window ends window_left after the
+	// allocator answered, so no later than recv + window_left.
+	windowEnd := recv.Add(ls.WindowLeft.AsDuration())
+	d.ExpireAtMs = max(cs.ToRedis(windowEnd), d.DeadlineMs) + a.opt.keyGrace.Milliseconds()
+	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+	defer cancel()
+	res, err := a.buckets.Deposit(rctx, d)
+	if err != nil {
+		return err
+	}
+	switch res.Status {
+	case bucket.Deposited:
+		a.m.leaseTokens.Add(float64(ls.Tokens))
+		return nil
+	case bucket.AlreadyDeposited:
+		return nil
+	}
+	return errors.New("bucket refused the deposit: " + res.Status.String())
+}
+
+// closeExpired closes leases past their deadline and returns what they
+// had left. Closing is idempotent in Redis and returns are idempotent at
+// the allocator, so a replica that crashed between the two is covered by
+// the next one that closes again.
+func (a *Agent) closeExpired(ctx context.Context, l *limitView, key string, expired []bucket.ExpiredLease) {
+	for _, e := range expired {
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		res, err := a.buckets.Close(rctx, key, e.ID, a.redisNowMs())
+		cancel()
+		if err != nil {
+			return
+		}
+		a.returnLease(ctx, l.id, e.ID, res.Unspent)
+	}
+}
+
+// returnSurplus closes lasting leases, latest deadline first, while what
+// stays held is at least target, and returns their tokens.
+func (a *Agent) returnSurplus(ctx context.Context, l *limitView, key string, bal bucket.BalanceResult, nowMs, held, target int64) {
+	left := held
+	for i := len(bal.Open) - 1; i >= 0; i-- {
+		o := bal.Open[i]
+		lasts := o.DeadlineMs > nowMs+a.opt.lead.Milliseconds()
+		if o.StartMs > nowMs || !lasts || o.Remaining == 0 || left-o.Remaining < target {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		res, err := a.buckets.Close(rctx, key, o.ID, a.redisNowMs())
+		cancel()
+		if err != nil {
+			return
+		}
+		left -= res.Unspent
+		a.log.Debug("renewal: returning surplus", "limit", l.id, "lease", o.ID, "tokens", res.Unspent, "kept", left, "target", target)
+		a.returnLease(ctx, l.id, o.ID, res.Unspent)
+	}
+}
+
+// returnLease tells the allocator a lease is closed with unspent tokens.
+func (a *Agent) returnLease(ctx context.Context, limit, leaseID string, unspent int64) {
+	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+		_, err := cl.ReturnLeases(ctx, &pb.ReturnLeasesRequest{Region: a.cfg.Region,
+			Returns: []*pb.LeaseReturn{{LimitId: limit, LeaseId: leaseID, Unspent: unspent}}}, opts...)
+		return err
+	})
+	if err != nil {
+		a.log.Warn("lease return failed; the tokens stay counted as spent", "limit", limit, "lease", leaseID, "err", err)
+		return
+	}
+	a.m.returned.Add(float64(unspent))
+}
+
+// reportLoop sends the regional usage counts of the current and previous
+// window of every active limit. The counts come from the shared buckets,
+// so every replica reports the same numbers under one reporter name and
+// the allocator's max-merge keeps them once.
+func (a *Agent) reportLoop(ctx context.Context) {
+	every(ctx, a.opt.reportEvery, func() { a.report(ctx) })
+}
+
+func (a *Agent) report(ctx context.Context) {
+	now := a.opt.now()
+	var usage []*pb.Usage
+	for _, id := range a.activeLimits() {
+		l := a.limits.get(id)
+		if l == nil {
+			continue
+		}
+		w := a.windowOf(now, l)
+		for _, idx := range []int64{w.Index - 1, w.Index} {
+			rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+			bal, err := a.buckets.Balance(rctx, bucket.Key(id, idx), a.redisNowMs())
+			cancel()
+			if err != nil {
+				continue
+			}
+			u := &pb.Usage{LimitId: id, WindowIndex: idx, Admitted: bal.Admitted, Denied: bal.Denied}
+			for _, c := range bal.Counters {
+				switch c.Name {
+				case counterFallback:
+					u.FallbackAdmitted = c.Value
+				case counterModeLocal:
+					u.Fallback = max(u.Fallback, pb.FallbackKind_FALLBACK_KIND_LOCAL)
+				case counterModeOpen:
+					u.Fallback = pb.FallbackKind_FALLBACK_KIND_OPEN
+				}
+			}
+			if u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
+				usage = append(usage, u)
+			}
+		}
+	}
+	if len(usage) == 0 {
+		return
+	}
+	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+		_, err := cl.ReportUsage(ctx, &pb.ReportUsageRequest{Region: a.cfg.Region, Reporter: "bucket", Usage: usage}, opts...)
+		return err
+	})
+	if err != nil {
+		a.m.reports.WithLabelValues("failed").Inc()
+		return
+	}
+	a.m.reports.WithLabelValues("ok").Inc()
+}

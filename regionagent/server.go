@@ -1,0 +1,91 @@
+package regionagent
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// Server serves the RegionAgent gRPC service.
+type Server struct {
+	pb.UnimplementedRegionAgentServer
+	a *Agent
+}
+
+// NewServer returns the gRPC service of a.
+func NewServer(a *Agent) *Server { return &Server{a: a} }
+
+// Register registers the service on s.
+func (s *Server) Register(g grpc.ServiceRegistrar) { pb.RegisterRegionAgentServer(g, s) }
+
+// toStatus maps the package's errors to gRPC codes: the one table.
+func toStatus(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrUnknownLimit):
+		return status.Error(codes.NotFound, "limit_id: "+err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
+
+const maxRequestID = 128
+
+func toProto(d Decision) *pb.CheckResponse {
+	return &pb.CheckResponse{
+		Allowed:      d.Allowed,
+		Reason:       d.Reason,
+		Remaining:    d.Remaining,
+		RetryAfter:   durationpb.New(d.RetryAfter),
+		ResetAfter:   durationpb.New(d.ResetAfter),
+		LimitTokens:  d.Limit,
+		Window:       durationpb.New(d.Window),
+		LimitVersion: d.Version,
+	}
+}
+
+// Check implements pb.RegionAgentServer.
+func (s *Server) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	if len(req.RequestId) > maxRequestID {
+		return nil, toStatus(fieldErr("request_id", "longer than %d characters", maxRequestID))
+	}
+	d, err := s.a.Check(ctx, req.LimitId, req.Cost)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return toProto(d), nil
+}
+
+// CheckMulti implements pb.RegionAgentServer.
+func (s *Server) CheckMulti(ctx context.Context, req *pb.CheckMultiRequest) (*pb.CheckMultiResponse, error) {
+	items := make([]CheckItem, len(req.Checks))
+	for i, c := range req.Checks {
+		if len(c.RequestId) > maxRequestID {
+			return nil, toStatus(fieldErr("checks["+strconv.Itoa(i)+"].request_id", "longer than %d characters", maxRequestID))
+		}
+		items[i] = CheckItem{Limit: c.LimitId, Cost: c.Cost}
+	}
+	ds, err := s.a.CheckMulti(ctx, items)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &pb.CheckMultiResponse{Allowed: true, Results: make([]*pb.CheckResponse, len(ds))}
+	for i, d := range ds {
+		out.Results[i] = toProto(d)
+		out.Allowed = out.Allowed && d.Allowed
+	}
+	return out, nil
+}

@@ -1,0 +1,119 @@
+package regionagent
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"leasehold/regionagent/bucket"
+)
+
+// spendReq is one Check's spend waiting for its batch.
+type spendReq struct {
+	op  bucket.SpendOp
+	res bucket.SpendResult
+	err error
+	// done receives once the result is set. Buffered (1) so the flusher
+	// never blocks on a caller that gave up.
+	done chan struct{}
+}
+
+var spendReqPool = sync.Pool{New: func() any { return &spendReq{done: make(chan struct{}, 1)} }}
+
+// spender batches concurrent spends: each flusher takes every spend that
+// is waiting (up to maxBatch) and sends them in one Redis pipeline. Under
+// load a batch of concurrent Checks costs one round trip; an idle agent
+// sends a lone spend at once. Safe for concurrent use.
+type spender struct {
+	b        *bucket.Buckets
+	queue    chan *spendReq
+	maxBatch int
+	timeout  time.Duration
+	wg       sync.WaitGroup
+	stop     chan struct{}
+	onBatch  func(n int)
+}
+
+func newSpender(b *bucket.Buckets, flushers, maxBatch int, timeout time.Duration, onBatch func(int)) *spender {
+	s := &spender{b: b, queue: make(chan *spendReq, 4*maxBatch*flushers), maxBatch: maxBatch,
+		timeout: timeout, stop: make(chan struct{}), onBatch: onBatch}
+	for range flushers {
+		s.wg.Add(1)
+		go s.flusher()
+	}
+	return s
+}
+
+func (s *spender) close() {
+	close(s.stop)
+	s.wg.Wait()
+}
+
+// spend queues one spend and waits for its result. The returned request
+// must be released with release after its result is read.
+func (s *spender) spend(ctx context.Context, keys []string, costs []int64, nowMs int64) (*spendReq, error) {
+	r := spendReqPool.Get().(*spendReq)
+	r.op = bucket.SpendOp{Keys: keys, Costs: costs, NowMs: nowMs}
+	r.res, r.err = bucket.SpendResult{}, nil
+	select {
+	case s.queue <- r:
+	case <-ctx.Done():
+		spendReqPool.Put(r)
+		return nil, ctx.Err()
+	}
+	select {
+	case <-r.done:
+		return r, nil
+	case <-ctx.Done():
+		// The flusher still owns r and will signal done; it is not reused.
+		return nil, ctx.Err()
+	}
+}
+
+func release(r *spendReq) {
+	r.op, r.res, r.err = bucket.SpendOp{}, bucket.SpendResult{}, nil
+	spendReqPool.Put(r)
+}
+
+func (s *spender) flusher() {
+	defer s.wg.Done()
+	batch := make([]*spendReq, 0, s.maxBatch)
+	ops := make([]bucket.SpendOp, 0, s.maxBatch)
+	for {
+		select {
+		case r := <-s.queue:
+			batch = append(batch, r)
+		case <-s.stop:
+			return
+		}
+	fill:
+		for len(batch) < s.maxBatch {
+			select {
+			case r := <-s.queue:
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		for _, r := range batch {
+			ops = append(ops, r.op)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		res, err := s.b.SpendBatch(ctx, ops)
+		cancel()
+		if s.onBatch != nil {
+			s.onBatch(len(batch))
+		}
+		for i, r := range batch {
+			if err != nil {
+				r.err = err
+			} else {
+				r.res, r.err = res[i], res[i].Err
+			}
+			r.done <- struct{}{}
+		}
+		clear(batch)
+		clear(ops)
+		batch, ops = batch[:0], ops[:0]
+	}
+}
