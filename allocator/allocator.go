@@ -333,7 +333,11 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 	rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
 	_ = el.Resign(rctx)
 	rcancel()
-	a.log.Warn("allocator: leadership term ended", "cause", cause)
+	if ctx.Err() != nil {
+		a.log.Info("allocator: leadership term ended: shutting down")
+	} else {
+		a.log.Warn("allocator: leadership term ended", "cause", cause)
+	}
 	return true, cause
 }
 

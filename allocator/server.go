@@ -111,14 +111,15 @@ func (s *Server) SyncLimits(ctx context.Context, req *pb.SyncLimitsRequest) (*pb
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
+	now := s.a.opt.now().UnixNano()
 	if rev != 0 && rev == req.KnownRevision {
-		return &pb.SyncLimitsResponse{Revision: rev, Unchanged: true}, nil
+		return &pb.SyncLimitsResponse{Revision: rev, Unchanged: true, AllocatorUnixNanos: now}, nil
 	}
 	all, err := s.a.store.AllLimits(ctx)
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	out := &pb.SyncLimitsResponse{Revision: rev}
+	out := &pb.SyncLimitsResponse{Revision: rev, AllocatorUnixNanos: now}
 	for _, l := range all {
 		for _, r := range l.Regions {
 			if r == req.Region {

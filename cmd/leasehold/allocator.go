@@ -87,8 +87,9 @@ func runAllocatorCmd(ctx context.Context, args []string, stdout, stderr io.Write
 	return runAllocator(ctx, c, log, nil)
 }
 
-// allocatorReady reports the bound addresses once the allocator serves.
-type allocatorReady func(grpcAddr, httpAddr, etcdEndpoint string)
+// allocatorReady reports the allocator and its bound addresses once it
+// serves.
+type allocatorReady func(a *allocator.Allocator, grpcAddr, httpAddr, etcdEndpoint string)
 
 // runAllocator runs one allocator replica until ctx ends.
 func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, ready allocatorReady) error {
@@ -148,7 +149,7 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 	log.Info("allocator serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "advertise", advertise,
 		"regions", c.regions)
 	if ready != nil {
-		ready(gl.Addr().String(), hl.Addr().String(), endpoints[0])
+		ready(a, gl.Addr().String(), hl.Addr().String(), endpoints[0])
 	}
 	err = serveAll(ctx, log, gs, gl, httpSrv, hl)
 	cancel()

@@ -28,6 +28,8 @@ type command struct {
 
 var commands = map[string]command{
 	"allocator": {"run the home-region allocator", runAllocatorCmd},
+	"agent":     {"run a region agent", runAgentCmd},
+	"dev":       {"run everything in one process on embedded defaults", runDevCmd},
 }
 
 // usageError is bad usage: exit code 2 with a one-line reason.

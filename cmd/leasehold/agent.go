@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"leasehold/allocator"
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent"
+)
+
+// agentConfig is everything `leasehold agent` takes.
+type agentConfig struct {
+	region, allocators, redis string
+	grpcAddr, httpAddr        string
+	replicaID                 string
+	lead, renewEvery          time.Duration
+	log                       logFlags
+}
+
+func (c *agentConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.region, "region", "", "region this agent serves (required), e.g. eu")
+	fs.StringVar(&c.allocators, "allocator", "127.0.0.1:7400", "comma-separated allocator gRPC addresses (followers redirect to the leader)")
+	fs.StringVar(&c.redis, "redis", "127.0.0.1:6379", "the region's Redis: HOST:PORT, redis://..., sentinel://MASTER@H:P,... or cluster://H:P,...")
+	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:7410", "gRPC listen address (RegionAgent service)")
+	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:7411", "HTTP listen address (/metrics, /healthz)")
+	fs.StringVar(&c.replicaID, "replica-id", "", "this replica's id, unique in the region (default: random)")
+	fs.DurationVar(&c.lead, "renew-lead", 2*time.Second, "renew when the balance would last less than this at the current demand")
+	fs.DurationVar(&c.renewEvery, "renew-interval", 250*time.Millisecond, "how often active limits are checked for renewal")
+	c.log.register(fs)
+}
+
+func (c *agentConfig) validate() error {
+	if err := allocator.ValidateRegion("-region", c.region); err != nil {
+		return usagef("%v", err)
+	}
+	if len(splitList(c.allocators)) == 0 {
+		return usagef("-allocator: at least one address is required")
+	}
+	if c.replicaID != "" {
+		if err := allocator.ValidateRequestID("-replica-id", c.replicaID); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	if c.lead <= 0 || c.renewEvery <= 0 {
+		return usagef("-renew-lead and -renew-interval must be > 0")
+	}
+	if _, err := regionagent.ParseRedis(c.redis); err != nil {
+		return usagef("-redis: %v", err)
+	}
+	return nil
+}
+
+func runAgentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	var c agentConfig
+	c.register(fs)
+	pos, err := parseFlags(fs, args, stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	if err := c.validate(); err != nil {
+		return err
+	}
+	log, err := c.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	rdb, _ := regionagent.ParseRedis(c.redis)
+	defer rdb.Close()
+	return runAgent(ctx, c, rdb, log, nil)
+}
+
+// runAgent runs one agent replica on rdb until ctx ends. ready, if set, is
+// told the bound addresses once the agent serves.
+func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log *slog.Logger, ready func(grpcAddr, httpAddr string)) error {
+	gl, err := listen("grpc-addr", c.grpcAddr)
+	if err != nil {
+		return err
+	}
+	hl, err := listen("http-addr", c.httpAddr)
+	if err != nil {
+		gl.Close()
+		return err
+	}
+	reg := newRegistry()
+	a, err := regionagent.New(regionagent.Config{
+		Region: c.region, Allocators: splitList(c.allocators),
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Redis:       rdb, ReplicaID: c.replicaID, Logger: log, Registerer: reg,
+	}, regionagent.WithRenewal(c.lead, c.renewEvery))
+	if err != nil {
+		gl.Close()
+		hl.Close()
+		return err
+	}
+	defer a.Close()
+	gs, hs := grpcServer()
+	regionagent.NewServer(a).Register(gs)
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	hs.SetServingStatus(pb.RegionAgent_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	mux := metricsMux(reg, func() (bool, string) {
+		select {
+		case <-a.Ready():
+			return true, "ok: region " + c.region
+		default:
+			return false, "starting: no limits from the allocator yet"
+		}
+	})
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runDone := make(chan struct{})
+	go func() { defer close(runDone); _ = a.Run(ctx) }()
+	go func() {
+		select {
+		case <-a.Ready():
+			hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+			hs.SetServingStatus(pb.RegionAgent_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+		case <-ctx.Done():
+		}
+	}()
+	log.Info("agent serving", "region", c.region, "replica", a.ReplicaID(), "grpc", gl.Addr().String(),
+		"http", hl.Addr().String(), "allocator", c.allocators)
+	if ready != nil {
+		ready(gl.Addr().String(), hl.Addr().String())
+	}
+	err = serveAll(ctx, log, gs, gl, httpSrv, hl)
+	cancel()
+	<-runDone
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,329 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"leasehold/allocator"
+	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent"
+)
+
+// devConfig is everything `leasehold dev` takes.
+type devConfig struct {
+	dataDir              string
+	allocGRPC, allocHTTP string
+	etcdClient, etcdPeer string
+	euGRPC, euHTTP       string
+	usGRPC, usHTTP       string
+	redis                string
+	noDemo               bool
+	traffic              bool
+	trafficEU, trafficUS float64
+	trafficFor           time.Duration
+	log                  logFlags
+}
+
+const demoLimit = "demo/tenant"
+
+func (c *devConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.dataDir, "data-dir", "leasehold-data/dev", "data directory of the embedded etcd (reused across runs)")
+	fs.StringVar(&c.allocGRPC, "allocator-grpc", "127.0.0.1:7400", "allocator gRPC address")
+	fs.StringVar(&c.allocHTTP, "allocator-http", "127.0.0.1:7401", "allocator HTTP address")
+	fs.StringVar(&c.etcdClient, "etcd-client-addr", "127.0.0.1:7402", "embedded etcd client address")
+	fs.StringVar(&c.etcdPeer, "etcd-peer-addr", "127.0.0.1:7403", "embedded etcd peer address")
+	fs.StringVar(&c.euGRPC, "eu-grpc", "127.0.0.1:7410", "agent eu gRPC address")
+	fs.StringVar(&c.euHTTP, "eu-http", "127.0.0.1:7411", "agent eu HTTP address")
+	fs.StringVar(&c.usGRPC, "us-grpc", "127.0.0.1:7420", "agent us gRPC address")
+	fs.StringVar(&c.usHTTP, "us-http", "127.0.0.1:7421", "agent us HTTP address")
+	fs.StringVar(&c.redis, "redis", "", "real Redis per region, e.g. eu=127.0.0.1:6379,us=127.0.0.1:6380; a region not named gets an embedded stand-in")
+	fs.BoolVar(&c.noDemo, "no-demo", false, "do not create the demo limit "+demoLimit)
+	fs.BoolVar(&c.traffic, "traffic", false, "drive demand for "+demoLimit+" into both regions and print each window")
+	fs.Float64Var(&c.trafficEU, "traffic-eu", 900, "eu demand, requests per minute")
+	fs.Float64Var(&c.trafficUS, "traffic-us", 400, "us demand, requests per minute")
+	fs.DurationVar(&c.trafficFor, "traffic-for", 30*time.Minute, "stop the traffic after this long")
+	c.log.register(fs)
+}
+
+func (c *devConfig) redisAddrs() (map[string]string, error) {
+	out := map[string]string{}
+	for _, kv := range splitList(c.redis) {
+		r, addr, ok := strings.Cut(kv, "=")
+		if !ok || (r != "eu" && r != "us") || addr == "" {
+			return nil, usagef("-redis %q: want eu=ADDR,us=ADDR", kv)
+		}
+		if _, err := regionagent.ParseRedis(addr); err != nil {
+			return nil, usagef("-redis %s: %v", r, err)
+		}
+		out[r] = addr
+	}
+	return out, nil
+}
+
+func runDevCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	var c devConfig
+	c.register(fs)
+	pos, err := parseFlags(fs, args, stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	redisAddrs, err := c.redisAddrs()
+	if err != nil {
+		return err
+	}
+	if c.trafficEU < 0 || c.trafficUS < 0 || math.IsNaN(c.trafficEU+c.trafficUS) || c.trafficFor <= 0 {
+		return usagef("-traffic-eu/-traffic-us must be >= 0 and -traffic-for > 0")
+	}
+	log, err := c.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	return runDev(ctx, c, redisAddrs, stdout, log)
+}
+
+func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdout io.Writer, log *slog.Logger) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	fail := func(name string, err error) {
+		if err != nil && ctx.Err() == nil {
+			cancel(fmt.Errorf("%s: %w", name, err))
+		}
+	}
+
+	type allocReady struct {
+		a    *allocator.Allocator
+		grpc string
+		http string
+		etcd string
+	}
+	readyc := make(chan allocReady, 1)
+	ac := allocatorConfig{grpcAddr: c.allocGRPC, httpAddr: c.allocHTTP, dataDir: filepath.Join(c.dataDir, "etcd"),
+		etcdClientAddr: c.etcdClient, etcdPeerAddr: c.etcdPeer, etcdPrefix: "/leasehold/", regions: "eu,us",
+		sessionTTL: 2 * time.Second, retention: time.Minute, maxTxnOps: 128}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		fail("allocator", runAllocator(ctx, ac, log.With("component", "allocator"), func(a *allocator.Allocator, g, h, e string) {
+			readyc <- allocReady{a, g, h, e}
+		}))
+	}()
+	var ar allocReady
+	select {
+	case ar = <-readyc:
+	case <-ctx.Done():
+		return devErr(ctx)
+	}
+	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
+	err := ar.a.WaitLeader(lctx)
+	lcancel()
+	if err != nil {
+		return devErr(ctx)
+	}
+	if !c.noDemo {
+		if err := createDemo(ctx, ar.a); err != nil {
+			return err
+		}
+	}
+
+	agentAddrs := map[string][2]string{"eu": {c.euGRPC, c.euHTTP}, "us": {c.usGRPC, c.usHTTP}}
+	redisShown := map[string]string{}
+	agentsReady := make(chan [3]string, 2)
+	for _, region := range []string{"eu", "us"} {
+		var rdb redis.UniversalClient
+		if addr, ok := redisAddrs[region]; ok {
+			rdb, _ = regionagent.ParseRedis(addr)
+			redisShown[region] = addr
+		} else {
+			m := miniredis.NewMiniRedis()
+			if err := m.StartAddr("127.0.0.1:0"); err != nil {
+				return fmt.Errorf("embedded redis for %s: %w", region, err)
+			}
+			defer m.Close()
+			rdb = redis.NewClient(&redis.Options{Addr: m.Addr()})
+			redisShown[region] = m.Addr() + " (embedded stand-in)"
+		}
+		defer rdb.Close()
+		agc := agentConfig{region: region, allocators: ar.grpc, grpcAddr: agentAddrs[region][0], httpAddr: agentAddrs[region][1],
+			replicaID: region + "-dev", lead: 2 * time.Second, renewEvery: 250 * time.Millisecond}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail("agent "+region, runAgent(ctx, agc, rdb, log.With("component", "agent-"+region), func(g, h string) {
+				agentsReady <- [3]string{region, g, h}
+			}))
+		}()
+	}
+	got := map[string][2]string{}
+	for len(got) < 2 {
+		select {
+		case r := <-agentsReady:
+			got[r[0]] = [2]string{r[1], r[2]}
+		case <-ctx.Done():
+			return devErr(ctx)
+		}
+	}
+	fmt.Fprintf(stdout, "leasehold dev: serving\n")
+	fmt.Fprintf(stdout, "  allocator  gRPC %s  HTTP %s  (etcd %s, data %s)\n", ar.grpc, ar.http, ar.etcd, c.dataDir)
+	for _, r := range []string{"eu", "us"} {
+		fmt.Fprintf(stdout, "  agent %s   gRPC %s  HTTP %s  (redis %s)\n", r, got[r][0], got[r][1], redisShown[r])
+	}
+	if !c.noDemo {
+		fmt.Fprintf(stdout, "  demo limit %s: 1000 per minute, regions eu+us, strict\n", demoLimit)
+	}
+	fmt.Fprintf(stdout, "Try: go run ./cmd/quotactl limits list    (Ctrl-C stops)\n")
+	if c.traffic {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tctx, tcancel := context.WithTimeout(ctx, c.trafficFor)
+			defer tcancel()
+			runTraffic(tctx, stdout, ar.a, map[string]string{"eu": got["eu"][0], "us": got["us"][0]},
+				map[string]float64{"eu": c.trafficEU, "us": c.trafficUS})
+		}()
+	}
+	<-ctx.Done()
+	return devErr(ctx)
+}
+
+// devErr is nil on a clean stop, else why the dev system stopped.
+func devErr(ctx context.Context) error {
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// createDemo creates the demo limit unless it exists (a second run keeps
+// what the first, or the user, set).
+func createDemo(ctx context.Context, a *allocator.Allocator) error {
+	zero := int64(0)
+	_, err := a.PutLimit(ctx, &pb.Limit{
+		Id: demoLimit, LimitTokens: 1000, Window: durationpb.New(time.Minute), Regions: []string{"eu", "us"},
+		Mode: pb.Mode_MODE_STRICT, Owner: "leasehold dev", Description: "demo limit created by leasehold dev",
+		Lease: &pb.LeaseSettings{Ttl: durationpb.New(15 * time.Second)},
+	}, &zero)
+	if err != nil && !errors.Is(err, allocator.ErrVersionMismatch) {
+		return fmt.Errorf("demo limit: %w", err)
+	}
+	return nil
+}
+
+// runTraffic drives Checks of the demo limit into each region at its rate
+// (requests per minute, cost 1) and prints each window as it closes.
+func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, agents map[string]string, perMin map[string]float64) {
+	type counts struct{ admitted, denied atomic.Int64 }
+	var mu sync.Mutex
+	windows := map[int64]map[string]*counts{}
+	at := func(w int64, r string) *counts {
+		mu.Lock()
+		defer mu.Unlock()
+		if windows[w] == nil {
+			windows[w] = map[string]*counts{"eu": {}, "us": {}}
+		}
+		return windows[w][r]
+	}
+	var wg sync.WaitGroup
+	for r, addr := range agents {
+		rate := perMin[r] / 60
+		if rate <= 0 {
+			continue
+		}
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			fmt.Fprintf(out, "traffic %s: %v\n", r, err)
+			continue
+		}
+		defer conn.Close()
+		cl := pb.NewRegionAgentClient(conn)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(time.Duration(float64(time.Second) / rate))
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				resp, err := cl.Check(cctx, &pb.CheckRequest{LimitId: demoLimit, Cost: 1})
+				cancel()
+				if err != nil {
+					if status.Code(err) != codes.Canceled {
+						at(lease.WindowOf(time.Now(), time.Minute).Index, r).denied.Add(1)
+					}
+					continue
+				}
+				end := time.Now().Add(resp.ResetAfter.AsDuration())
+				w := int64(math.Round(float64(end.UnixNano())/float64(resp.Window.AsDuration().Nanoseconds()))) - 1
+				if resp.Allowed {
+					at(w, r).admitted.Add(1)
+				} else {
+					at(w, r).denied.Add(1)
+				}
+			}
+		}()
+	}
+	fmt.Fprintf(out, "%-8s %6s %8s %8s %8s %8s %6s\n", "window", "G", "eu", "us", "total", "denied", "pool")
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-tick.C:
+		}
+		cur := lease.WindowOf(time.Now(), time.Minute).Index
+		mu.Lock()
+		var done []int64
+		for w := range windows {
+			if w < cur-0 && time.Now().After(lease.Window{Index: w, Length: time.Minute}.End().Add(2*time.Second)) {
+				done = append(done, w)
+			}
+		}
+		mu.Unlock()
+		for _, w := range done {
+			c := windows[w]
+			var g, pool int64
+			_ = a.View(func(_ time.Time, core *allocator.Core) {
+				if l, ok := core.Limit(demoLimit); ok {
+					g = l.Tokens
+				}
+				pool = core.Pool(demoLimit, w)
+			})
+			eu, us := c["eu"].admitted.Load(), c["us"].admitted.Load()
+			start := lease.Window{Index: w, Length: time.Minute}.Start().Format("15:04:05")
+			fmt.Fprintf(out, "%-8s %6d %8d %8d %8d %8d %6d\n", start, g, eu, us, eu+us, c["eu"].denied.Load()+c["us"].denied.Load(), pool)
+			mu.Lock()
+			delete(windows, w)
+			mu.Unlock()
+		}
+	}
+}
