@@ -45,10 +45,21 @@ type world struct {
 
 func newWorld(t testing.TB, regions ...string) *world {
 	t.Helper()
+	return startWorld(t, true, regions...)
+}
+
+// startWorld starts a world on the fake clock, or (fake false) on the
+// wall clock for benchmarks.
+func startWorld(t testing.TB, fake bool, regions ...string) *world {
 	w := &world{t: t, clock: newFakeClock(), redis: map[string]*redistest.Server{}}
 	c := etcdtest.Start(t, 1)
+	clock := allocator.WithClock(w.clock.Now)
+	if !fake {
+		w.clock = nil
+		clock = allocator.WithClock(time.Now)
+	}
 	a, err := allocator.New(allocator.Config{Client: c.Client(t), Regions: regions, Advertise: "alloc",
-		Logger: slog.New(slog.DiscardHandler)}, allocator.WithClock(w.clock.Now))
+		Logger: slog.New(slog.DiscardHandler)}, clock)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,134 @@
+package regionagent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+func benchFlushers() int {
+	n, _ := strconv.Atoi(os.Getenv("LEASEHOLD_BENCH_FLUSHERS"))
+	return max(1, n)
+}
+
+// noopAgent answers every Check at once: the floor a real agent is
+// compared with (the cost of the RPC itself).
+type noopAgent struct {
+	pb.UnimplementedRegionAgentServer
+}
+
+func (noopAgent) Check(context.Context, *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return &pb.CheckResponse{Allowed: true, Reason: pb.Reason_REASON_OK, Remaining: 1,
+		RetryAfter: durationpb.New(0), ResetAfter: durationpb.New(time.Second), LimitTokens: 1, Window: durationpb.New(time.Minute)}, nil
+}
+
+// serveTCP serves srv on a loopback TCP port and returns a client.
+func serveTCP(b *testing.B, register func(*grpc.Server)) pb.RegionAgentClient {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := grpc.NewServer()
+	register(s)
+	go func() { _ = s.Serve(lis) }()
+	b.Cleanup(s.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return pb.NewRegionAgentClient(conn)
+}
+
+// BenchmarkCheck measures gRPC Check calls per second and their latency
+// (LEASEHOLD_BENCH_FLUSHERS sets the Redis pipelines in flight, default 1)
+// (p50, p99) through the real agent (Redis bucket on a local
+// redis-server, renewal running) and through a do-nothing server, with 1
+// and 64 concurrent callers on one connection.
+func BenchmarkCheck(b *testing.B) {
+	w := startWorld(b, false, "eu")
+	l := w.putLimit(limit("tenant/bench", 1<<40, time.Minute, 15*time.Second, "eu"))
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr(), PoolSize: 64})
+	b.Cleanup(func() { rdb.Close() })
+	a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: "bench",
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Logger:      slog.New(slog.DiscardHandler)}, WithBatching(benchFlushers(), 128))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done; a.Close() })
+	<-a.Ready()
+	// Warm up: the first lease.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if d, _ := a.Check(ctx, l.Id, 1); d.Allowed {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	servers := map[string]pb.RegionAgentClient{
+		"agent": serveTCP(b, func(s *grpc.Server) { NewServer(a).Register(s) }),
+		"noop":  serveTCP(b, func(s *grpc.Server) { pb.RegisterRegionAgentServer(s, noopAgent{}) }),
+	}
+	for _, callers := range []int{1, 64} {
+		for _, name := range []string{"noop", "agent"} {
+			cl := servers[name]
+			b.Run(fmt.Sprintf("server=%s/callers=%d", name, callers), func(b *testing.B) {
+				var next atomic.Int64
+				lat := make([][]time.Duration, callers)
+				var denied atomic.Int64
+				var wg sync.WaitGroup
+				b.ResetTimer()
+				start := time.Now()
+				for c := range callers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for next.Add(1) <= int64(b.N) {
+							t0 := time.Now()
+							resp, err := cl.Check(ctx, &pb.CheckRequest{LimitId: l.Id, Cost: 1})
+							lat[c] = append(lat[c], time.Since(t0))
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							if !resp.Allowed {
+								denied.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				elapsed := time.Since(start)
+				b.StopTimer()
+				all := slices.Concat(lat...)
+				slices.Sort(all)
+				b.ReportMetric(float64(b.N)/elapsed.Seconds(), "checks/s")
+				if len(all) > 0 {
+					b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
+					b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+				}
+				if d := denied.Load(); d > int64(b.N)/100 {
+					b.Errorf("%d of %d checks denied: the benchmark measured denials", d, b.N)
+				}
+			})
+		}
+	}
+}
