@@ -30,6 +30,10 @@ func FuzzArgs(f *testing.F) {
 		{"--timeout", "1h", "limits", "get", "x"},
 		{"limits", "set", "x", "--tag", "=", "--mode", "", "--regions", ",", "--json=x"},
 		{"-", "--", "---", "-=", "--=x"},
+		{"check", "--limit", "tenant/atlas"},
+		{"check", "--limit", "x", "--cost", "2", "--count", "3", "--concurrency", "2", "--duration", "1s", "--rate", "100", "--json"},
+		{"check", "--limit", "x", "--duration", "1h", "--rate", "0.5"},
+		{"check", "--limit", "x", "--concurrency", "1025", "--rate", "-1"},
 	} {
 		f.Add(strings.Join(args, "\x00"))
 	}
@@ -43,11 +47,16 @@ func FuzzArgs(f *testing.F) {
 			args = args[:64]
 		}
 		// Keep every dial on the closed loopback port: drop any
-		// --allocator the input carries (and its value, if separate).
+		// --allocator or --agent the input carries (and its value, if
+		// separate); check's --agent is put back after "check".
 		kept := []string{"--allocator", addr, "--timeout", "50ms"}
 		for i := 0; i < len(args); i++ {
 			name := strings.TrimLeft(args[i], "-")
-			if args[i] != name && strings.HasPrefix(name, "allocator") {
+			if args[i] == "check" {
+				kept = append(kept, args[i], "--agent", addr)
+				continue
+			}
+			if args[i] != name && (strings.HasPrefix(name, "allocator") || strings.HasPrefix(name, "agent")) {
 				if !strings.Contains(name, "=") {
 					i++
 				}

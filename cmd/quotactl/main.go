@@ -1,6 +1,7 @@
 // Command quotactl sets, reads, lists and deletes Leasehold's global limits
-// through the allocator's Admin gRPC API. It is for finance, product and
-// SREs; docs/quotactl.md is the reference.
+// through the allocator's Admin gRPC API, and tries a limit against a
+// region agent (check). It is for finance, product and SREs;
+// docs/quotactl.md is the reference.
 //
 // Exit codes: 0 success, 1 the operation failed (allocator error,
 // unreachable, not found, version conflict), 2 bad usage. Every failure

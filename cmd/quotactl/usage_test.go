@@ -19,7 +19,7 @@ func TestUsageErrors(t *testing.T) {
 		want string // the whole line, or a part of it
 	}{
 		{nil, "quotactl: missing command"},
-		{[]string{"bogus"}, `quotactl: unknown command "bogus" (want limits)`},
+		{[]string{"bogus"}, `quotactl: unknown command "bogus" (want limits or check)`},
 		{[]string{"--json"}, "quotactl: missing command"},
 		{[]string{"limits"}, "quotactl: limits: missing command (want set, get, list or delete"},
 		{[]string{"limits", "bogus"}, `quotactl: limits: unknown command "bogus" (want set, get, list or delete)`},
@@ -108,7 +108,7 @@ func TestHelp(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"-h"}, []string{"Usage: quotactl [global flags] <command>", "limits", "--allocator ADDR", "--timeout DUR", "--json"}},
+		{[]string{"-h"}, []string{"Usage: quotactl [global flags] <command>", "limits", "check", "--allocator ADDR", "--timeout DUR", "--json"}},
 		{[]string{"--help"}, []string{"Usage: quotactl", "Commands:"}},
 		{[]string{"help"}, []string{"Usage: quotactl", "Commands:"}},
 		{[]string{"limits", "--help"}, []string{"Usage: quotactl [global flags] limits <command>", "set", "get", "list", "delete"}},

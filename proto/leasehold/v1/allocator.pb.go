@@ -1045,9 +1045,13 @@ type SyncLimitsResponse struct {
 	Revision  int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	Unchanged bool                   `protobuf:"varint,2,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
 	// limits spent in the region (complete set when unchanged is false).
-	Limits        []*Limit `protobuf:"bytes,3,rep,name=limits,proto3" json:"limits,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Limits []*Limit `protobuf:"bytes,3,rep,name=limits,proto3" json:"limits,omitempty"`
+	// allocator_unix_nanos is the allocator's clock when it answered. Agents
+	// use it only to name the current window of a limit they hold no lease
+	// for yet; lease timing never depends on it.
+	AllocatorUnixNanos int64 `protobuf:"varint,4,opt,name=allocator_unix_nanos,json=allocatorUnixNanos,proto3" json:"allocator_unix_nanos,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SyncLimitsResponse) Reset() {
@@ -1099,6 +1103,13 @@ func (x *SyncLimitsResponse) GetLimits() []*Limit {
 		return x.Limits
 	}
 	return nil
+}
+
+func (x *SyncLimitsResponse) GetAllocatorUnixNanos() int64 {
+	if x != nil {
+		return x.AllocatorUnixNanos
+	}
+	return 0
 }
 
 var File_leasehold_v1_allocator_proto protoreflect.FileDescriptor
@@ -1176,11 +1187,12 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\baccepted\x18\x01 \x01(\x05R\baccepted\"R\n" +
 	"\x11SyncLimitsRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12%\n" +
-	"\x0eknown_revision\x18\x02 \x01(\x03R\rknownRevision\"{\n" +
+	"\x0eknown_revision\x18\x02 \x01(\x03R\rknownRevision\"\xad\x01\n" +
 	"\x12SyncLimitsResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1c\n" +
 	"\tunchanged\x18\x02 \x01(\bR\tunchanged\x12+\n" +
-	"\x06limits\x18\x03 \x03(\v2\x13.leasehold.v1.LimitR\x06limits*A\n" +
+	"\x06limits\x18\x03 \x03(\v2\x13.leasehold.v1.LimitR\x06limits\x120\n" +
+	"\x14allocator_unix_nanos\x18\x04 \x01(\x03R\x12allocatorUnixNanos*A\n" +
 	"\fWindowChoice\x12\x19\n" +
 	"\x15WINDOW_CHOICE_CURRENT\x10\x00\x12\x16\n" +
 	"\x12WINDOW_CHOICE_NEXT\x10\x01*\xa9\x01\n" +
