@@ -146,24 +146,13 @@ type Agent struct {
 	onAcquire func(start bool)
 }
 
-// countSample is the regional demand counted up to an instant.
-type countSample struct {
-	at    time.Time
-	total int64 // cumulative over windows
-}
-
 // limitState is the agent replica's view of one active limit.
 type limitState struct {
 	id string
 
 	mu          sync.Mutex // protects the fields below
 	lastActive  time.Time
-	demand      *lease.RateEstimator // regional, from the bucket's counters
-	lastCount   int64                // admitted + denied of countWindow, as last read
-	countWindow int64
-	countAt     time.Time
-	samples     [8]countSample // recent (time, cumulative demand) for the fast rate
-	nsamples    int
+	demand      *Demand          // regional, from the bucket's counters
 	pending     *pb.LeaseRequest // an acquire not yet answered: retried as is
 	pendingNext *pb.LeaseRequest
 	spentWindow int64     // window whose pool the allocator said is spent (-1: none)
@@ -254,13 +243,14 @@ func (a *Agent) windowEnd(w lease.Window) time.Time {
 	return w.End().Add(-time.Duration(a.allocOffset.Load()))
 }
 
-func (a *Agent) state(id string, now time.Time) *limitState {
+func (a *Agent) state(l *limitView, now time.Time) *limitState {
+	id := l.id
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := a.states[id]
 	if st == nil {
-		st = &limitState{id: id, demand: lease.NewRateEstimator(5 * time.Second), spentWindow: -1, nextWindow: -1,
-			countWindow: -1, fresh: true, changed: make(chan struct{})}
+		st = &limitState{id: id, demand: NewDemand(l.prior()), spentWindow: -1, nextWindow: -1,
+			fresh: true, changed: make(chan struct{})}
 		a.states[id] = st
 	}
 	st.mu.Lock()
@@ -345,7 +335,7 @@ func (a *Agent) CheckMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 			return nil, fieldErr(f+"cost", "must be 1..%d (the limit's G), got %d", l.tokens, it.Cost)
 		}
 		views[i], costs[i] = l, cost
-		sts[i] = a.state(l.id, now)
+		sts[i] = a.state(l, now)
 		wins[i] = a.windowOf(now, l)
 		keys[i] = bucket.Key(l.id, wins[i].Index)
 	}
@@ -523,7 +513,7 @@ const (
 // demand past the window's end would ask for crumbs), at least 1.
 func (a *Agent) lowWater(st *limitState, l *limitView, w lease.Window, now time.Time) int64 {
 	st.mu.Lock()
-	rate := st.rate(now, l)
+	rate := st.demand.Rate(now)
 	st.mu.Unlock()
 	left := a.windowEnd(w).Sub(now)
 	return max(1, min(lease.LowWater(rate, a.opt.lead), int64(math.Ceil(rate*left.Seconds()))))
@@ -535,44 +525,4 @@ func (a *Agent) kick(id string) {
 	case a.kicks <- id:
 	default: // the loop is busy; its next tick will see the limit
 	}
-}
-
-// instWindow is the span of the fast demand rate.
-const instWindow = time.Second
-
-// rate is the demand used for renewal: fast attack, slow decay. It is the
-// larger of the rate over the last second (so a ramp is followed at once,
-// and a region is not left dry while the pool has tokens) and the
-// smoothed rate (so a short lull does not shrink the next lease). Before
-// anything was observed it is the limit's prior. st.mu must be held.
-func (st *limitState) rate(now time.Time, l *limitView) float64 {
-	r := st.demand.Rate(now)
-	if st.nsamples > 0 {
-		newest := st.samples[(st.nsamples-1)%len(st.samples)]
-		oldest := max(0, st.nsamples-len(st.samples))
-		for i := st.nsamples - 1; i >= oldest; i-- {
-			s := st.samples[i%len(st.samples)]
-			if dt := newest.at.Sub(s.at); dt >= instWindow || i == oldest {
-				if dt >= instWindow/10 {
-					return max(r, float64(newest.total-s.total)/dt.Seconds())
-				}
-				break
-			}
-		}
-	}
-	// Nothing measurable yet: assume the limit's prior.
-	return max(r, l.prior())
-}
-
-// addSample records the cumulative regional demand at now. st.mu held.
-func (st *limitState) addSample(now time.Time, total int64) {
-	if st.nsamples > 0 {
-		last := st.samples[(st.nsamples-1)%len(st.samples)]
-		if !now.After(last.at) {
-			st.samples[(st.nsamples-1)%len(st.samples)].total = max(last.total, total)
-			return
-		}
-	}
-	st.samples[st.nsamples%len(st.samples)] = countSample{at: now, total: total}
-	st.nsamples++
 }

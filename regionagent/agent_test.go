@@ -185,7 +185,7 @@ func TestCloseReturnsOnce(t *testing.T) {
 	win := lease.WindowOf(w.clock.Now(), time.Minute).Index
 	granted := w.stats(l.Id, win).Granted
 	w.clock.Add(11 * time.Second)
-	a2.state(l.Id, w.clock.Now())
+	a2.state(a2.limits.get(l.Id), w.clock.Now())
 	var wg sync.WaitGroup
 	for range 3 {
 		for _, a := range []*Agent{a1, a2} {

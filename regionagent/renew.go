@@ -206,7 +206,7 @@ func (a *Agent) evaluate(ctx context.Context, id string) {
 		a.log.Debug("renewal: reading the bucket failed", "limit", id, "err", err)
 		return // Redis down: nothing to renew into (see the fault handling)
 	}
-	rate := a.observeDemand(st, l, w.Index, bal, now)
+	rate := a.observeDemand(st, w.Index, bal, now)
 	st.mu.Lock()
 	for _, c := range bal.Counters {
 		if c.Name == counterPoolSpent && c.Value > 0 && st.spentWindow != w.Index {
@@ -220,25 +220,14 @@ func (a *Agent) evaluate(ctx context.Context, id string) {
 	nextDone := st.nextWindow == w.Index+1
 	st.mu.Unlock()
 
-	left := a.windowEnd(w).Sub(now)
-	low := max(1, min(lease.LowWater(rate, a.opt.lead), int64(math.Ceil(rate*left.Seconds()))))
-	// Tokens whose lease ends within the lead time will not be there when
-	// they are needed: only what lasts longer counts as held. (Pending
-	// tokens belong to a lease of the next window.)
 	nowMs := a.redisMsAt(now)
-	held := bal.Lasting(nowMs, a.opt.lead.Milliseconds())
-	needNow := !spent && (havePending || held < low || kickCost > held)
-	// More than twice what the rest of the lease horizon needs is surplus:
-	// the region returns it so busier regions can have it.
-	target := int64(math.Ceil(rate * min(l.ttl, left).Seconds()))
-	// Only tokens that last count: a lease about to expire is closed and
-	// returned at its deadline anyway.
-	surplus := !needNow && held > 2*target+1
-	needNext := !nextDone && rate > 0 && left < a.opt.lead+a.opt.renewEvery
-	a.log.Debug("renewal: evaluated", "limit", id, "window", w.Index, "spendable", bal.Spendable, "held", held,
-		"pending", bal.Pending, "rate", rate, "low", low, "need_now", needNow, "need_next", needNext, "surplus", surplus,
-		"expired", len(bal.Expired), "open", len(bal.Open))
-	if len(bal.Expired) == 0 && !needNow && !needNext && !surplus {
+	p := PlanRenewal(PlanInput{NowMs: nowMs, Left: a.windowEnd(w).Sub(now), Rate: rate, TTL: l.ttl,
+		Lead: a.opt.lead, Every: a.opt.renewEvery, Bucket: bal, Spent: spent, Pending: havePending,
+		NextDone: nextDone, KickCost: kickCost})
+	a.log.Debug("renewal: evaluated", "limit", id, "window", w.Index, "spendable", bal.Spendable, "held", p.Held,
+		"pending", bal.Pending, "rate", rate, "low", p.Low, "acquire", p.Acquire, "next", p.AcquireNext,
+		"surplus", len(p.Surplus), "expired", len(p.Close))
+	if p.Idle() {
 		return
 	}
 	lockKey := bucket.LockKey(id)
@@ -254,25 +243,21 @@ func (a *Agent) evaluate(ctx context.Context, id string) {
 		_ = a.buckets.Unlock(uctx, lockKey, a.cfg.ReplicaID)
 		ucancel()
 	}()
-	a.closeExpired(ctx, l, key, bal.Expired)
-	if surplus {
-		a.returnSurplus(ctx, l, key, bal, nowMs, held, target)
+	a.closeExpired(ctx, l, key, p.Close)
+	for _, o := range p.Surplus {
+		a.closeAndReturn(ctx, l, key, o.ID, "surplus")
 	}
-	if needNow {
-		want := int64(0)
-		if need := int64(math.Ceil(rate * min(l.ttl, left).Seconds())); kickCost > need {
-			want = kickCost
-		}
-		a.acquire(ctx, l, st, false, rate, held, want)
+	if p.Acquire {
+		a.acquire(ctx, l, st, false, rate, p.Held, p.Want)
 	}
-	if needNext {
+	if p.AcquireNext {
 		a.acquire(ctx, l, st, true, rate, 0, 0)
 	}
 }
 
 // observeDemand feeds the bucket's regional admitted + denied count into
 // the limit's rate estimate and returns the rate (tokens/s).
-func (a *Agent) observeDemand(st *limitState, l *limitView, window int64, bal bucket.BalanceResult, now time.Time) float64 {
+func (a *Agent) observeDemand(st *limitState, window int64, bal bucket.BalanceResult, now time.Time) float64 {
 	count := bal.Admitted + bal.Denied
 	for _, c := range bal.Counters {
 		if c.Name == counterFallback {
@@ -281,22 +266,8 @@ func (a *Agent) observeDemand(st *limitState, l *limitView, window int64, bal bu
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	delta := count
-	if st.countWindow == window {
-		delta = count - st.lastCount
-	}
-	if delta > 0 {
-		st.demand.Observe(now, float64(delta))
-	}
-	total := int64(0)
-	if st.nsamples > 0 {
-		total = st.samples[(st.nsamples-1)%len(st.samples)].total
-	}
-	if st.countWindow != window || delta > 0 || st.nsamples == 0 {
-		st.addSample(now, total+max(0, delta))
-	}
-	st.countWindow, st.lastCount, st.countAt = window, count, now
-	return st.rate(now, l)
+	st.demand.Observe(now, window, count)
+	return st.demand.Rate(now)
 }
 
 // acquire asks the allocator for one lease (or replays the unanswered
@@ -455,36 +426,21 @@ func (a *Agent) deposit(ctx context.Context, l *limitView, ls *pb.Lease, sent, r
 // the next one that closes again.
 func (a *Agent) closeExpired(ctx context.Context, l *limitView, key string, expired []bucket.ExpiredLease) {
 	for _, e := range expired {
-		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-		res, err := a.buckets.Close(rctx, key, e.ID, a.redisNowMs())
-		cancel()
-		if err != nil {
-			return
-		}
-		a.returnLease(ctx, l.id, e.ID, res.Unspent)
+		a.closeAndReturn(ctx, l, key, e.ID, "expired")
 	}
 }
 
-// returnSurplus closes lasting leases, latest deadline first, while what
-// stays held is at least target, and returns their tokens.
-func (a *Agent) returnSurplus(ctx context.Context, l *limitView, key string, bal bucket.BalanceResult, nowMs, held, target int64) {
-	left := held
-	for i := len(bal.Open) - 1; i >= 0; i-- {
-		o := bal.Open[i]
-		lasts := o.DeadlineMs > nowMs+a.opt.lead.Milliseconds()
-		if o.StartMs > nowMs || !lasts || o.Remaining == 0 || left-o.Remaining < target {
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-		res, err := a.buckets.Close(rctx, key, o.ID, a.redisNowMs())
-		cancel()
-		if err != nil {
-			return
-		}
-		left -= res.Unspent
-		a.log.Debug("renewal: returning surplus", "limit", l.id, "lease", o.ID, "tokens", res.Unspent, "kept", left, "target", target)
-		a.returnLease(ctx, l.id, o.ID, res.Unspent)
+// closeAndReturn closes one lease in the bucket and returns its unspent
+// tokens to the allocator.
+func (a *Agent) closeAndReturn(ctx context.Context, l *limitView, key, leaseID, why string) {
+	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+	res, err := a.buckets.Close(rctx, key, leaseID, a.redisNowMs())
+	cancel()
+	if err != nil {
+		return
 	}
+	a.log.Debug("renewal: closing", "limit", l.id, "lease", leaseID, "why", why, "unspent", res.Unspent)
+	a.returnLease(ctx, l.id, leaseID, res.Unspent)
 }
 
 // returnLease tells the allocator a lease is closed with unspent tokens.
