@@ -9,6 +9,7 @@ package leaseholdv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -407,11 +408,358 @@ func (*DeleteLimitResponse) Descriptor() ([]byte, []int) {
 	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
+type ListWindowsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LimitId string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	// last is how many windows to return, newest included; 0 means 10; at
+	// most the allocator's retention (--report-windows).
+	Last          int32 `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWindowsRequest) Reset() {
+	*x = ListWindowsRequest{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWindowsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWindowsRequest) ProtoMessage() {}
+
+func (x *ListWindowsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWindowsRequest.ProtoReflect.Descriptor instead.
+func (*ListWindowsRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListWindowsRequest) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *ListWindowsRequest) GetLast() int32 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
+type ListWindowsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Windows       []*WindowReport        `protobuf:"bytes,1,rep,name=windows,proto3" json:"windows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWindowsResponse) Reset() {
+	*x = ListWindowsResponse{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWindowsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWindowsResponse) ProtoMessage() {}
+
+func (x *ListWindowsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWindowsResponse.ProtoReflect.Descriptor instead.
+func (*ListWindowsResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ListWindowsResponse) GetWindows() []*WindowReport {
+	if x != nil {
+		return x.Windows
+	}
+	return nil
+}
+
+// WindowReport is one (limit, window): what SREs hold against G.
+type WindowReport struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	LimitId     string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	WindowStart *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	WindowEnd   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=window_end,json=windowEnd,proto3" json:"window_end,omitempty"`
+	// closed is false for the window still running (its counts grow).
+	Closed bool `protobuf:"varint,4,opt,name=closed,proto3" json:"closed,omitempty"`
+	// limit_tokens is G at the window's end.
+	LimitTokens int64 `protobuf:"varint,5,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
+	Granted     int64 `protobuf:"varint,6,opt,name=granted,proto3" json:"granted,omitempty"`
+	// returned is what was credited back to the pool while the window was open.
+	Returned int64 `protobuf:"varint,7,opt,name=returned,proto3" json:"returned,omitempty"`
+	// admitted per region: tokens spent from leases plus fallback admits.
+	Admitted         map[string]int64 `protobuf:"bytes,8,rep,name=admitted,proto3" json:"admitted,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	AdmittedTotal    int64            `protobuf:"varint,9,opt,name=admitted_total,json=admittedTotal,proto3" json:"admitted_total,omitempty"`
+	FallbackAdmitted int64            `protobuf:"varint,10,opt,name=fallback_admitted,json=fallbackAdmitted,proto3" json:"fallback_admitted,omitempty"`
+	// bound is the most the window may admit above G; bound_infinite while a
+	// region was in OPEN fallback (bound is then 0).
+	Bound             int64 `protobuf:"varint,11,opt,name=bound,proto3" json:"bound,omitempty"`
+	BoundInfinite     bool  `protobuf:"varint,12,opt,name=bound_infinite,json=boundInfinite,proto3" json:"bound_infinite,omitempty"`
+	ObservedOvershoot int64 `protobuf:"varint,13,opt,name=observed_overshoot,json=observedOvershoot,proto3" json:"observed_overshoot,omitempty"`
+	Stranded          int64 `protobuf:"varint,14,opt,name=stranded,proto3" json:"stranded,omitempty"`
+	// The bound's terms (docs/overshoot.md).
+	Terms *BoundTerms `protobuf:"bytes,15,opt,name=terms,proto3" json:"terms,omitempty"`
+	// fallback per region: the most permissive mode in force in the window.
+	Fallback      map[string]FallbackKind `protobuf:"bytes,16,rep,name=fallback,proto3" json:"fallback,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value,enum=leasehold.v1.FallbackKind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WindowReport) Reset() {
+	*x = WindowReport{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindowReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindowReport) ProtoMessage() {}
+
+func (x *WindowReport) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindowReport.ProtoReflect.Descriptor instead.
+func (*WindowReport) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WindowReport) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *WindowReport) GetWindowStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WindowStart
+	}
+	return nil
+}
+
+func (x *WindowReport) GetWindowEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WindowEnd
+	}
+	return nil
+}
+
+func (x *WindowReport) GetClosed() bool {
+	if x != nil {
+		return x.Closed
+	}
+	return false
+}
+
+func (x *WindowReport) GetLimitTokens() int64 {
+	if x != nil {
+		return x.LimitTokens
+	}
+	return 0
+}
+
+func (x *WindowReport) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
+}
+
+func (x *WindowReport) GetReturned() int64 {
+	if x != nil {
+		return x.Returned
+	}
+	return 0
+}
+
+func (x *WindowReport) GetAdmitted() map[string]int64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return nil
+}
+
+func (x *WindowReport) GetAdmittedTotal() int64 {
+	if x != nil {
+		return x.AdmittedTotal
+	}
+	return 0
+}
+
+func (x *WindowReport) GetFallbackAdmitted() int64 {
+	if x != nil {
+		return x.FallbackAdmitted
+	}
+	return 0
+}
+
+func (x *WindowReport) GetBound() int64 {
+	if x != nil {
+		return x.Bound
+	}
+	return 0
+}
+
+func (x *WindowReport) GetBoundInfinite() bool {
+	if x != nil {
+		return x.BoundInfinite
+	}
+	return false
+}
+
+func (x *WindowReport) GetObservedOvershoot() int64 {
+	if x != nil {
+		return x.ObservedOvershoot
+	}
+	return 0
+}
+
+func (x *WindowReport) GetStranded() int64 {
+	if x != nil {
+		return x.Stranded
+	}
+	return 0
+}
+
+func (x *WindowReport) GetTerms() *BoundTerms {
+	if x != nil {
+		return x.Terms
+	}
+	return nil
+}
+
+func (x *WindowReport) GetFallback() map[string]FallbackKind {
+	if x != nil {
+		return x.Fallback
+	}
+	return nil
+}
+
+type BoundTerms struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CarryOver     int64                  `protobuf:"varint,1,opt,name=carry_over,json=carryOver,proto3" json:"carry_over,omitempty"`
+	Fallback      int64                  `protobuf:"varint,2,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	LostGrants    int64                  `protobuf:"varint,3,opt,name=lost_grants,json=lostGrants,proto3" json:"lost_grants,omitempty"`
+	RedisRollback int64                  `protobuf:"varint,4,opt,name=redis_rollback,json=redisRollback,proto3" json:"redis_rollback,omitempty"`
+	LimitLowered  int64                  `protobuf:"varint,5,opt,name=limit_lowered,json=limitLowered,proto3" json:"limit_lowered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BoundTerms) Reset() {
+	*x = BoundTerms{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BoundTerms) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BoundTerms) ProtoMessage() {}
+
+func (x *BoundTerms) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BoundTerms.ProtoReflect.Descriptor instead.
+func (*BoundTerms) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BoundTerms) GetCarryOver() int64 {
+	if x != nil {
+		return x.CarryOver
+	}
+	return 0
+}
+
+func (x *BoundTerms) GetFallback() int64 {
+	if x != nil {
+		return x.Fallback
+	}
+	return 0
+}
+
+func (x *BoundTerms) GetLostGrants() int64 {
+	if x != nil {
+		return x.LostGrants
+	}
+	return 0
+}
+
+func (x *BoundTerms) GetRedisRollback() int64 {
+	if x != nil {
+		return x.RedisRollback
+	}
+	return 0
+}
+
+func (x *BoundTerms) GetLimitLowered() int64 {
+	if x != nil {
+		return x.LimitLowered
+	}
+	return 0
+}
+
 var File_leasehold_v1_admin_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x19leasehold/v1/limits.proto\"\x81\x01\n" +
+	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19leasehold/v1/limits.proto\"\x81\x01\n" +
 	"\x0fPutLimitRequest\x12)\n" +
 	"\x05limit\x18\x01 \x01(\v2\x13.leasehold.v1.LimitR\x05limit\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
@@ -434,13 +782,53 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
 	"\x11_expected_version\"\x15\n" +
-	"\x13DeleteLimitResponse2\xc2\x02\n" +
+	"\x13DeleteLimitResponse\"C\n" +
+	"\x12ListWindowsRequest\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\x05R\x04last\"K\n" +
+	"\x13ListWindowsResponse\x124\n" +
+	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\"\xc2\x06\n" +
+	"\fWindowReport\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
+	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
+	"\n" +
+	"window_end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\twindowEnd\x12\x16\n" +
+	"\x06closed\x18\x04 \x01(\bR\x06closed\x12!\n" +
+	"\flimit_tokens\x18\x05 \x01(\x03R\vlimitTokens\x12\x18\n" +
+	"\agranted\x18\x06 \x01(\x03R\agranted\x12\x1a\n" +
+	"\breturned\x18\a \x01(\x03R\breturned\x12D\n" +
+	"\badmitted\x18\b \x03(\v2(.leasehold.v1.WindowReport.AdmittedEntryR\badmitted\x12%\n" +
+	"\x0eadmitted_total\x18\t \x01(\x03R\radmittedTotal\x12+\n" +
+	"\x11fallback_admitted\x18\n" +
+	" \x01(\x03R\x10fallbackAdmitted\x12\x14\n" +
+	"\x05bound\x18\v \x01(\x03R\x05bound\x12%\n" +
+	"\x0ebound_infinite\x18\f \x01(\bR\rboundInfinite\x12-\n" +
+	"\x12observed_overshoot\x18\r \x01(\x03R\x11observedOvershoot\x12\x1a\n" +
+	"\bstranded\x18\x0e \x01(\x03R\bstranded\x12.\n" +
+	"\x05terms\x18\x0f \x01(\v2\x18.leasehold.v1.BoundTermsR\x05terms\x12D\n" +
+	"\bfallback\x18\x10 \x03(\v2(.leasehold.v1.WindowReport.FallbackEntryR\bfallback\x1a;\n" +
+	"\rAdmittedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aW\n" +
+	"\rFallbackEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
+	"\x05value\x18\x02 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\x05value:\x028\x01\"\xb4\x01\n" +
+	"\n" +
+	"BoundTerms\x12\x1d\n" +
+	"\n" +
+	"carry_over\x18\x01 \x01(\x03R\tcarryOver\x12\x1a\n" +
+	"\bfallback\x18\x02 \x01(\x03R\bfallback\x12\x1f\n" +
+	"\vlost_grants\x18\x03 \x01(\x03R\n" +
+	"lostGrants\x12%\n" +
+	"\x0eredis_rollback\x18\x04 \x01(\x03R\rredisRollback\x12#\n" +
+	"\rlimit_lowered\x18\x05 \x01(\x03R\flimitLowered2\x96\x03\n" +
 	"\x05Admin\x12I\n" +
 	"\bPutLimit\x12\x1d.leasehold.v1.PutLimitRequest\x1a\x1e.leasehold.v1.PutLimitResponse\x12I\n" +
 	"\bGetLimit\x12\x1d.leasehold.v1.GetLimitRequest\x1a\x1e.leasehold.v1.GetLimitResponse\x12O\n" +
 	"\n" +
 	"ListLimits\x12\x1f.leasehold.v1.ListLimitsRequest\x1a .leasehold.v1.ListLimitsResponse\x12R\n" +
-	"\vDeleteLimit\x12 .leasehold.v1.DeleteLimitRequest\x1a!.leasehold.v1.DeleteLimitResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
+	"\vDeleteLimit\x12 .leasehold.v1.DeleteLimitRequest\x1a!.leasehold.v1.DeleteLimitResponse\x12R\n" +
+	"\vListWindows\x12 .leasehold.v1.ListWindowsRequest\x1a!.leasehold.v1.ListWindowsResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_admin_proto_rawDescOnce sync.Once
@@ -454,36 +842,53 @@ func file_leasehold_v1_admin_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_admin_proto_rawDescData
 }
 
-var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_leasehold_v1_admin_proto_goTypes = []any{
-	(*PutLimitRequest)(nil),     // 0: leasehold.v1.PutLimitRequest
-	(*PutLimitResponse)(nil),    // 1: leasehold.v1.PutLimitResponse
-	(*GetLimitRequest)(nil),     // 2: leasehold.v1.GetLimitRequest
-	(*GetLimitResponse)(nil),    // 3: leasehold.v1.GetLimitResponse
-	(*ListLimitsRequest)(nil),   // 4: leasehold.v1.ListLimitsRequest
-	(*ListLimitsResponse)(nil),  // 5: leasehold.v1.ListLimitsResponse
-	(*DeleteLimitRequest)(nil),  // 6: leasehold.v1.DeleteLimitRequest
-	(*DeleteLimitResponse)(nil), // 7: leasehold.v1.DeleteLimitResponse
-	(*Limit)(nil),               // 8: leasehold.v1.Limit
+	(*PutLimitRequest)(nil),       // 0: leasehold.v1.PutLimitRequest
+	(*PutLimitResponse)(nil),      // 1: leasehold.v1.PutLimitResponse
+	(*GetLimitRequest)(nil),       // 2: leasehold.v1.GetLimitRequest
+	(*GetLimitResponse)(nil),      // 3: leasehold.v1.GetLimitResponse
+	(*ListLimitsRequest)(nil),     // 4: leasehold.v1.ListLimitsRequest
+	(*ListLimitsResponse)(nil),    // 5: leasehold.v1.ListLimitsResponse
+	(*DeleteLimitRequest)(nil),    // 6: leasehold.v1.DeleteLimitRequest
+	(*DeleteLimitResponse)(nil),   // 7: leasehold.v1.DeleteLimitResponse
+	(*ListWindowsRequest)(nil),    // 8: leasehold.v1.ListWindowsRequest
+	(*ListWindowsResponse)(nil),   // 9: leasehold.v1.ListWindowsResponse
+	(*WindowReport)(nil),          // 10: leasehold.v1.WindowReport
+	(*BoundTerms)(nil),            // 11: leasehold.v1.BoundTerms
+	nil,                           // 12: leasehold.v1.WindowReport.AdmittedEntry
+	nil,                           // 13: leasehold.v1.WindowReport.FallbackEntry
+	(*Limit)(nil),                 // 14: leasehold.v1.Limit
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(FallbackKind)(0),             // 16: leasehold.v1.FallbackKind
 }
 var file_leasehold_v1_admin_proto_depIdxs = []int32{
-	8, // 0: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
-	8, // 1: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
-	8, // 2: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
-	8, // 3: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	0, // 4: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	2, // 5: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	4, // 6: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	6, // 7: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	1, // 8: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	3, // 9: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	5, // 10: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	7, // 11: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	8, // [8:12] is the sub-list for method output_type
-	4, // [4:8] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	14, // 0: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
+	14, // 1: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
+	14, // 2: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
+	14, // 3: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	10, // 4: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
+	15, // 5: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	15, // 6: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	12, // 7: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
+	11, // 8: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
+	13, // 9: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
+	16, // 10: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	0,  // 11: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	2,  // 12: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	4,  // 13: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	6,  // 14: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	8,  // 15: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	1,  // 16: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	3,  // 17: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	5,  // 18: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	7,  // 19: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	9,  // 20: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
@@ -500,7 +905,7 @@ func file_leasehold_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_admin_proto_rawDesc), len(file_leasehold_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

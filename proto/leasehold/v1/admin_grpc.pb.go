@@ -23,6 +23,7 @@ const (
 	Admin_GetLimit_FullMethodName    = "/leasehold.v1.Admin/GetLimit"
 	Admin_ListLimits_FullMethodName  = "/leasehold.v1.Admin/ListLimits"
 	Admin_DeleteLimit_FullMethodName = "/leasehold.v1.Admin/DeleteLimit"
+	Admin_ListWindows_FullMethodName = "/leasehold.v1.Admin/ListWindows"
 )
 
 // AdminClient is the client API for Admin service.
@@ -38,6 +39,10 @@ type AdminClient interface {
 	GetLimit(ctx context.Context, in *GetLimitRequest, opts ...grpc.CallOption) (*GetLimitResponse, error)
 	ListLimits(ctx context.Context, in *ListLimitsRequest, opts ...grpc.CallOption) (*ListLimitsResponse, error)
 	DeleteLimit(ctx context.Context, in *DeleteLimitRequest, opts ...grpc.CallOption) (*DeleteLimitResponse, error)
+	// ListWindows reports a limit's recent windows, oldest first: what was
+	// granted, returned and admitted per region, the overshoot bound, the
+	// observed overshoot and stranded tokens. Served by the leader.
+	ListWindows(ctx context.Context, in *ListWindowsRequest, opts ...grpc.CallOption) (*ListWindowsResponse, error)
 }
 
 type adminClient struct {
@@ -88,6 +93,16 @@ func (c *adminClient) DeleteLimit(ctx context.Context, in *DeleteLimitRequest, o
 	return out, nil
 }
 
+func (c *adminClient) ListWindows(ctx context.Context, in *ListWindowsRequest, opts ...grpc.CallOption) (*ListWindowsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWindowsResponse)
+	err := c.cc.Invoke(ctx, Admin_ListWindows_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -101,6 +116,10 @@ type AdminServer interface {
 	GetLimit(context.Context, *GetLimitRequest) (*GetLimitResponse, error)
 	ListLimits(context.Context, *ListLimitsRequest) (*ListLimitsResponse, error)
 	DeleteLimit(context.Context, *DeleteLimitRequest) (*DeleteLimitResponse, error)
+	// ListWindows reports a limit's recent windows, oldest first: what was
+	// granted, returned and admitted per region, the overshoot bound, the
+	// observed overshoot and stranded tokens. Served by the leader.
+	ListWindows(context.Context, *ListWindowsRequest) (*ListWindowsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -122,6 +141,9 @@ func (UnimplementedAdminServer) ListLimits(context.Context, *ListLimitsRequest) 
 }
 func (UnimplementedAdminServer) DeleteLimit(context.Context, *DeleteLimitRequest) (*DeleteLimitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteLimit not implemented")
+}
+func (UnimplementedAdminServer) ListWindows(context.Context, *ListWindowsRequest) (*ListWindowsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListWindows not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -216,6 +238,24 @@ func _Admin_DeleteLimit_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListWindows_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWindowsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListWindows(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListWindows_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListWindows(ctx, req.(*ListWindowsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -238,6 +278,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteLimit",
 			Handler:    _Admin_DeleteLimit_Handler,
+		},
+		{
+			MethodName: "ListWindows",
+			Handler:    _Admin_ListWindows_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
