@@ -43,6 +43,8 @@ type options struct {
 	commitTO     time.Duration
 	retention    time.Duration
 	gcInterval   time.Duration
+	keepWindows  int
+	reportLimits int
 	retryBackoff func() backoff.BackOff
 }
 
@@ -70,6 +72,13 @@ func WithGroupCommit(maxOps, inflight int) Option {
 // often expired windows are swept. Defaults 1m and 10s.
 func WithRetention(grace, sweep time.Duration) Option {
 	return func(o *options) { o.retention, o.gcInterval = grace, sweep }
+}
+
+// WithReports sets how many closed windows per limit are kept for reports
+// (in etcd, so a failover keeps them) and how many limits the per-limit
+// window metrics cover at most. Defaults 60 and 1000.
+func WithReports(windows, metricLimits int) Option {
+	return func(o *options) { o.keepWindows, o.reportLimits = max(1, windows), max(0, metricLimits) }
 }
 
 // Allocator is one replica of the allocator service. Every replica
@@ -122,13 +131,15 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 		cfg.Logger = slog.Default()
 	}
 	o := options{
-		now:        time.Now,
-		sessionTTL: 5,
-		maxOps:     128,
-		committers: 2,
-		commitTO:   5 * time.Second,
-		retention:  time.Minute,
-		gcInterval: 10 * time.Second,
+		now:          time.Now,
+		sessionTTL:   5,
+		maxOps:       128,
+		committers:   2,
+		commitTO:     5 * time.Second,
+		retention:    time.Minute,
+		gcInterval:   10 * time.Second,
+		keepWindows:  60,
+		reportLimits: 1000,
 		retryBackoff: func() backoff.BackOff {
 			b := backoff.NewExponentialBackOff()
 			b.InitialInterval = 100 * time.Millisecond
@@ -140,14 +151,18 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 	for _, f := range opts {
 		f(&o)
 	}
-	return &Allocator{
+	a := &Allocator{
 		cfg:        cfg,
 		opt:        o,
 		store:      NewStore(cfg.Client, cfg.Prefix),
 		log:        cfg.Logger,
 		m:          newMetrics(cfg.Registerer),
 		termChange: make(chan struct{}),
-	}, nil
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(newWindowCollector(a))
+	}
+	return a, nil
 }
 
 // Store returns the allocator's etcd store.
@@ -307,6 +322,9 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 	for _, u := range st.Usage {
 		core.RestoreUsage(u)
 	}
+	for _, w := range st.Summaries {
+		core.RestoreSummary(w)
+	}
 
 	tctx, cancel := context.WithCancelCause(ctx)
 	t := &term{ctx: tctx, cancel: cancel, fence: fence, core: core}
@@ -397,11 +415,22 @@ func (a *Allocator) sweepOnce(t *term) error {
 	for len(keys) > 0 {
 		n := min(len(keys), max(1, a.opt.maxOps/2))
 		var ops []*pendingOp
+		t.mu.Lock()
 		for _, k := range keys[:n] {
+			if sum := t.core.summarize(k); sum != nil {
+				if op, err := a.store.putSummaryOp(sum); err == nil {
+					ops = append(ops, t.commit.enqueue(op))
+				}
+				for _, old := range t.core.keepSummary(sum, a.opt.keepWindows) {
+					ops = append(ops, t.commit.enqueue(clientv3.OpDelete(a.store.summaryKey(k.limit, old))))
+				}
+				a.countClosed(t.core, k)
+			}
 			for _, op := range a.store.deleteWindowOps(k) {
 				ops = append(ops, t.commit.enqueue(op))
 			}
 		}
+		t.mu.Unlock()
 		for _, p := range ops {
 			if err := p.wait(t.ctx); err != nil {
 				return err

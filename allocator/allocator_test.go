@@ -376,8 +376,12 @@ func TestGrantRecordsExpire(t *testing.T) {
 	}
 	clock.Set(t0.Add(time.Minute + 31*time.Second))
 	sweep()
-	if got := count(); got != before-2 {
-		t.Fatalf("after retention: %d keys, want %d (grant and usage removed)", got, before-2)
+	if got := count(); got != before-1 {
+		t.Fatalf("after retention: %d keys, want %d (grant and usage replaced by one window summary)", got, before-1)
+	}
+	sums, err := c.Client(t).Get(ctx, a.Store().summariesPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || sums.Count != 1 {
+		t.Fatalf("window summaries: %v %v", sums, err)
 	}
 	// The request id is forgotten: a retry now is a new request.
 	res, err := a.AcquireLeases(ctx, "eu", []*pb.LeaseRequest{{RequestId: "r", LimitId: l.Id, WantTokens: 7}})

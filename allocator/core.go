@@ -107,6 +107,7 @@ type Core struct {
 	windows   map[windowKey]*windowState
 	byRequest map[requestKey]*Grant
 	demand    map[demandKey]demandReport
+	summaries map[string][]*WindowSummary // closed windows kept for reports, per limit, oldest first
 }
 
 // NewCore returns an empty core.
@@ -116,6 +117,7 @@ func NewCore() *Core {
 		windows:   map[windowKey]*windowState{},
 		byRequest: map[requestKey]*Grant{},
 		demand:    map[demandKey]demandReport{},
+		summaries: map[string][]*WindowSummary{},
 	}
 }
 

@@ -2,12 +2,14 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator/etcdtest"
@@ -44,11 +46,17 @@ func (r *runningAllocator) Stop() {
 
 func startAllocator(t *testing.T, c *etcdtest.Cluster, name string, opts ...Option) *runningAllocator {
 	t.Helper()
+	return startAllocatorReg(t, c, name, nil, opts...)
+}
+
+func startAllocatorReg(t *testing.T, c *etcdtest.Cluster, name string, reg prometheus.Registerer, opts ...Option) *runningAllocator {
+	t.Helper()
 	a, err := New(Config{
-		Client:    c.Client(t),
-		Regions:   []string{"eu", "us", "ap"},
-		Advertise: name,
-		Logger:    slog.New(slog.DiscardHandler),
+		Client:     c.Client(t),
+		Regions:    []string{"eu", "us", "ap"},
+		Advertise:  name,
+		Logger:     slog.New(slog.DiscardHandler),
+		Registerer: reg,
 	}, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -143,3 +151,5 @@ func (l *ledger) net() map[poolKey]int64 {
 	}
 	return out
 }
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }

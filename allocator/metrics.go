@@ -20,6 +20,7 @@ type metrics struct {
 	leader        prometheus.Gauge
 	leaderChanges prometheus.Counter
 	usageReports  prometheus.Counter
+	overBound     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -71,10 +72,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_usage_reports_total",
 			Help: "Usage report items that changed a stored count.",
 		}),
+		overBound: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_windows_over_bound_total",
+			Help: "Windows that closed with more admitted above G than their computed bound: each is a bug.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.grants, m.grantedTokens, m.returns, m.returnTokens, m.acquireDur,
-			m.txnOps, m.txnDur, m.txnFailures, m.leader, m.leaderChanges, m.usageReports)
+			m.txnOps, m.txnDur, m.txnFailures, m.leader, m.leaderChanges, m.usageReports, m.overBound)
 	}
 	return m
 }

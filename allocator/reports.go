@@ -2,7 +2,14 @@ package allocator
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"leasehold/lease"
 	"leasehold/overshoot"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -19,14 +26,198 @@ type WindowReport struct {
 	Fallback map[string]pb.FallbackKind `json:"fallback,omitempty"`
 }
 
+// WindowSummary is what is kept of a closed window once its grant and
+// usage records are removed: enough to report it. Stored in etcd, the last
+// N per limit.
+type WindowSummary struct {
+	Limit    string                 `json:"limit"`
+	Window   int64                  `json:"w"`
+	WindowMs int64                  `json:"wms"`
+	G        int64                  `json:"g"`    // G at the window's end
+	MaxG     int64                  `json:"maxg"` // largest G in force at a grant
+	Granted  int64                  `json:"granted"`
+	Credited int64                  `json:"credited"`
+	Late     int64                  `json:"late,omitempty"`
+	Regions  map[string]UsageRecord `json:"regions,omitempty"`
+	// Local is, per region, the local:A allowance in force (for the bound).
+	Local map[string]int64 `json:"local,omitempty"`
+}
+
+// summarize captures a window of the core (nil if it has none).
+func (c *Core) summarize(k windowKey) *WindowSummary {
+	ws := c.windows[k]
+	if ws == nil {
+		return nil
+	}
+	s := &WindowSummary{Limit: k.limit, Window: k.index, WindowMs: ws.length.Milliseconds(), G: ws.maxG, MaxG: ws.maxG,
+		Granted: ws.granted, Credited: ws.credited, Late: ws.late, Regions: c.RegionUsage(k.limit, k.index)}
+	if l, ok := c.limits[k.limit]; ok {
+		s.G = l.Tokens
+		s.Local = localAllowances(l)
+	}
+	return s
+}
+
+func localAllowances(l *Limit) map[string]int64 {
+	var m map[string]int64
+	for r, fb := range l.Proto.GetFallback() {
+		if fb.GetKind() == pb.FallbackKind_FALLBACK_KIND_LOCAL {
+			if m == nil {
+				m = map[string]int64{}
+			}
+			m[r] = fb.LocalTokens
+		}
+	}
+	return m
+}
+
+// RestoreSummary adds a stored summary while rebuilding from etcd.
+func (c *Core) RestoreSummary(s *WindowSummary) {
+	c.summaries[s.Limit] = append(c.summaries[s.Limit], s)
+	slices.SortFunc(c.summaries[s.Limit], func(a, b *WindowSummary) int { return int(a.Window - b.Window) })
+}
+
+// keepSummary records a summary and returns the windows of summaries
+// dropped beyond the last keep of that limit.
+func (c *Core) keepSummary(s *WindowSummary, keep int) []int64 {
+	list := append(c.summaries[s.Limit], s)
+	slices.SortFunc(list, func(a, b *WindowSummary) int { return int(a.Window - b.Window) })
+	var dropped []int64
+	for len(list) > keep {
+		dropped = append(dropped, list[0].Window)
+		list = list[1:]
+	}
+	c.summaries[s.Limit] = list
+	return dropped
+}
+
+// report builds the report of one window from live state or its summary.
+func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, bool) {
+	var s *WindowSummary
+	if _, live := c.windows[windowKey{limit, index}]; live {
+		s = c.summarize(windowKey{limit, index})
+	} else {
+		for _, x := range c.summaries[limit] {
+			if x.Window == index {
+				s = x
+				break
+			}
+		}
+	}
+	if s == nil {
+		return WindowReport{}, false
+	}
+	w := overshoot.Window{Limit: s.G, LimitAtGrant: s.MaxG, Granted: s.Granted, Returned: s.Credited}
+	fallback := map[string]pb.FallbackKind{}
+	regions := make([]string, 0, len(s.Regions))
+	for r := range s.Regions {
+		regions = append(regions, r)
+	}
+	slices.Sort(regions)
+	for _, r := range regions {
+		u := s.Regions[r]
+		reg := overshoot.Region{Name: r, Admitted: u.Admitted, FallbackAdmitted: u.FallbackAdmitted,
+			Fallback: overshoot.FallbackMode(fallbackRank(u.Fallback)), LocalAllowance: s.Local[r]}
+		if u.RedisRollback > 0 {
+			reg.Failovers = []overshoot.Failover{{Observed: u.RedisRollback}}
+		}
+		if u.Fallback != 0 {
+			fallback[r] = pb.FallbackKind(u.Fallback)
+		}
+		w.Regions = append(w.Regions, reg)
+	}
+	win := lease.Window{Index: index, Length: time.Duration(s.WindowMs) * time.Millisecond}
+	rep := WindowReport{
+		Report:   overshoot.NewReport(limit, win.Start(), win.End(), w),
+		Closed:   !now.Before(win.End()),
+		Fallback: fallback,
+	}
+	return rep, true
+}
+
+// Reports returns up to last windows of a limit, oldest first, ending with
+// the running one: the windows that have data (grants, returns, usage) or
+// a stored summary. It is served by the leader (ErrNotLeader elsewhere);
+// ErrNotFound for a limit with neither a definition nor reports.
+func (a *Allocator) Reports(limit string, last int) ([]WindowReport, error) {
+	t, err := a.currentTerm()
+	if err != nil {
+		return nil, err
+	}
+	last = max(1, last)
+	now := a.opt.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.core.reports(now, limit, last)
+}
+
+func (c *Core) reports(now time.Time, limit string, last int) ([]WindowReport, error) {
+	var length time.Duration
+	if l, ok := c.limits[limit]; ok {
+		length = l.Window
+	} else if ss := c.summaries[limit]; len(ss) > 0 {
+		length = time.Duration(ss[len(ss)-1].WindowMs) * time.Millisecond
+	} else {
+		return nil, fmt.Errorf("%w: limit %q", ErrNotFound, limit)
+	}
+	cur := lease.WindowOf(now, length).Index
+	var idx []int64
+	for k := range c.windows {
+		if k.limit == limit && k.index <= cur {
+			idx = append(idx, k.index)
+		}
+	}
+	for _, s := range c.summaries[limit] {
+		idx = append(idx, s.Window)
+	}
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	if len(idx) > last {
+		idx = idx[len(idx)-last:]
+	}
+	out := make([]WindowReport, 0, len(idx))
+	for _, i := range idx {
+		if r, ok := c.report(now, limit, i); ok {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
 // Limits returns every limit (any replica; read from etcd).
 func (a *Allocator) Limits(ctx context.Context) ([]*pb.Limit, error) {
 	return a.store.AllLimits(ctx)
 }
 
-// Reports returns the last windows of a limit, oldest first, the running
-// window included. It is served by the leader (ErrNotLeader elsewhere);
-// ErrNotFound for an unknown limit.
-func (a *Allocator) Reports(limit string, last int) ([]WindowReport, error) {
-	return nil, ErrNotFound // implemented in the next commit
+// summaryKey is where a window's summary lives.
+func (s *Store) summaryKey(limit string, window int64) string {
+	return s.prefix + "windows/" + strings.TrimSuffix(windowPart(limit, window), "/")
+}
+
+func (s *Store) summariesPrefix() string { return s.prefix + "windows/" }
+
+// ToProto renders a report for the Admin API.
+func (r WindowReport) ToProto() *pb.WindowReport {
+	out := &pb.WindowReport{
+		LimitId:           r.Limit,
+		WindowStart:       timestamppb.New(r.WindowStart),
+		WindowEnd:         timestamppb.New(r.WindowEnd),
+		Closed:            r.Closed,
+		LimitTokens:       r.LimitTokens,
+		Granted:           r.Granted,
+		Returned:          r.Returned,
+		Admitted:          r.Admitted,
+		AdmittedTotal:     r.AdmittedTotal,
+		FallbackAdmitted:  r.FallbackAdmitted,
+		BoundInfinite:     r.Bound.Infinite,
+		ObservedOvershoot: r.ObservedOvershoot,
+		Stranded:          r.Stranded,
+		Terms: &pb.BoundTerms{CarryOver: r.Terms.CarryOver, Fallback: r.Terms.Fallback, LostGrants: r.Terms.LostGrants,
+			RedisRollback: r.Terms.RedisRollback, LimitLowered: r.Terms.LimitLowered},
+		Fallback: r.Fallback,
+	}
+	if !r.Bound.Infinite {
+		out.Bound = r.Bound.Tokens
+	}
+	return out
 }

@@ -181,3 +181,29 @@ func (s *Server) DeleteLimit(ctx context.Context, req *pb.DeleteLimitRequest) (*
 	}
 	return &pb.DeleteLimitResponse{}, nil
 }
+
+// maxReportWindows bounds ListWindows.last.
+const maxReportWindows = 1000
+
+// ListWindows implements pb.AdminServer.
+func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*pb.ListWindowsResponse, error) {
+	if err := ValidateLimitID("limit_id", req.GetLimitId()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	last := int(req.GetLast())
+	switch {
+	case last < 0 || last > maxReportWindows:
+		return nil, toStatus(ctx, fieldErr("last", "must be 0-%d, got %d", maxReportWindows, last))
+	case last == 0:
+		last = 10
+	}
+	reps, err := s.a.Reports(req.LimitId, last)
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	out := &pb.ListWindowsResponse{Windows: make([]*pb.WindowReport, len(reps))}
+	for i, r := range reps {
+		out.Windows[i] = r.ToProto()
+	}
+	return out, nil
+}

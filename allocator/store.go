@@ -18,6 +18,7 @@ import (
 //	<prefix>meta/limits-rev                                touched by every limit change
 //	<prefix>grants/<limit id>!<window, 20 digits>/<region>/<request id>   a Grant (JSON)
 //	<prefix>usage/<limit id>!<window, 20 digits>/<region>/<reporter>       a Usage (JSON)
+//	<prefix>windows/<limit id>!<window, 20 digits>                          a closed window's summary (JSON)
 //	<prefix>leader/                                        election keys
 //
 // "!" cannot occur in a limit id, so one limit's keys never share a prefix
@@ -90,6 +91,15 @@ func (s *Store) deleteWindowOps(k windowKey) []clientv3.Op {
 	}
 }
 
+// putSummaryOp writes a closed window's summary.
+func (s *Store) putSummaryOp(w *WindowSummary) (clientv3.Op, error) {
+	b, err := json.Marshal(w)
+	if err != nil {
+		return clientv3.Op{}, err
+	}
+	return clientv3.OpPut(s.summaryKey(w.Limit, w.Window), string(b)), nil
+}
+
 // Commit applies ops in one transaction, only if the fence holds. It returns
 // ErrFenced when leadership was lost: nothing was written.
 func (s *Store) Commit(ctx context.Context, f Fence, ops []clientv3.Op) error {
@@ -105,10 +115,11 @@ func (s *Store) Commit(ctx context.Context, f Fence, ops []clientv3.Op) error {
 
 // State is everything a new leader loads before it serves.
 type State struct {
-	Revision int64
-	Limits   []*pb.Limit
-	Grants   []*Grant
-	Usage    []*UsageRecord
+	Revision  int64
+	Limits    []*pb.Limit
+	Grants    []*Grant
+	Usage     []*UsageRecord
+	Summaries []*WindowSummary
 }
 
 // Load reads limits, grants and usage at one revision, page by page.
@@ -142,6 +153,16 @@ func (s *Store) Load(ctx context.Context) (*State, error) {
 			return fmt.Errorf("usage %s: %w", k, err)
 		}
 		st.Usage = append(st.Usage, u)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := s.scan(ctx, s.summariesPrefix(), rev, func(k, v []byte) error {
+		w := &WindowSummary{}
+		if err := json.Unmarshal(v, w); err != nil {
+			return fmt.Errorf("window summary %s: %w", k, err)
+		}
+		st.Summaries = append(st.Summaries, w)
 		return nil
 	}); err != nil {
 		return nil, err

@@ -26,6 +26,7 @@ type allocatorConfig struct {
 	regions                       string
 	sessionTTL, retention         time.Duration
 	maxTxnOps                     int
+	reportWindows, reportLimits   int
 	log                           logFlags
 }
 
@@ -42,6 +43,8 @@ func (c *allocatorConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.sessionTTL, "session-ttl", 5*time.Second, "etcd session TTL: how fast a follower replaces a dead leader")
 	fs.DurationVar(&c.retention, "retention", time.Minute, "how long grant records are kept after their window ends")
 	fs.IntVar(&c.maxTxnOps, "max-txn-ops", 128, "grants per etcd transaction (group commit); at most etcd's --max-txn-ops")
+	fs.IntVar(&c.reportWindows, "report-windows", 60, "closed windows kept per limit for reports (quotactl windows, /status)")
+	fs.IntVar(&c.reportLimits, "report-limits", 1000, "most limits the per-limit window metrics cover (cardinality cap)")
 	c.log.register(fs)
 }
 
@@ -62,6 +65,9 @@ func (c *allocatorConfig) validate() error {
 	}
 	if c.maxTxnOps < 1 {
 		return usagef("-max-txn-ops %d: must be >= 1", c.maxTxnOps)
+	}
+	if c.reportWindows < 1 || c.reportLimits < 0 {
+		return usagef("-report-windows must be >= 1 and -report-limits >= 0")
 	}
 	return nil
 }
@@ -127,7 +133,7 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 		Client: cli, Prefix: c.etcdPrefix, Regions: splitList(c.regions), Advertise: advertise,
 		Logger: log, Registerer: reg,
 	}, allocator.WithSessionTTL(c.sessionTTL), allocator.WithGroupCommit(c.maxTxnOps, 4),
-		allocator.WithRetention(c.retention, 10*time.Second))
+		allocator.WithRetention(c.retention, 10*time.Second), allocator.WithReports(c.reportWindows, c.reportLimits))
 	if err != nil {
 		return err
 	}

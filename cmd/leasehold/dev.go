@@ -124,7 +124,7 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 	readyc := make(chan allocReady, 1)
 	ac := allocatorConfig{grpcAddr: c.allocGRPC, httpAddr: c.allocHTTP, dataDir: filepath.Join(c.dataDir, "etcd"),
 		etcdClientAddr: c.etcdClient, etcdPeerAddr: c.etcdPeer, etcdPrefix: "/leasehold/", regions: "eu,us",
-		sessionTTL: 2 * time.Second, retention: time.Minute, maxTxnOps: 128}
+		sessionTTL: 2 * time.Second, retention: time.Minute, maxTxnOps: 128, reportWindows: 60, reportLimits: 1000}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

@@ -1,0 +1,158 @@
+package allocator
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// windowCollector exports, per limit, its last closed window (and each
+// region's fail mode in the running one), computed from the leader's core
+// at scrape time. A follower exports none of them.
+//
+// Cardinality: with 100k limits a label per limit would be 100k x (7 +
+// regions) series. The collector exports at most reportLimits limits,
+// chosen by need: first every limit whose last window went over its
+// bound, lost grants, has a region in LOCAL or OPEN fallback, or stranded
+// more than 10% of G; then the limits that admitted most. Totals without
+// a limit label (windows over bound) cover everything.
+type windowCollector struct {
+	a *Allocator
+
+	limitTokens, admitted, fallbackAdmitted, bound, observed, stranded, lost, mode, exported *prometheus.Desc
+}
+
+func newWindowCollector(a *Allocator) *windowCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &windowCollector{
+		a:                a,
+		limitTokens:      d("leasehold_window_limit_tokens", "G of the limit's last closed window.", "limit"),
+		admitted:         d("leasehold_window_admitted_tokens", "Tokens admitted in the last closed window, per region (leases and fallback).", "limit", "region"),
+		fallbackAdmitted: d("leasehold_window_fallback_admitted_tokens", "Tokens admitted under LOCAL or OPEN fallback in the last closed window, per region.", "limit", "region"),
+		bound:            d("leasehold_overshoot_bound_tokens", "The computed bound on tokens admitted above G in the last closed window (+Inf while a region was OPEN).", "limit"),
+		observed:         d("leasehold_overshoot_observed_tokens", "Tokens admitted above G in the last closed window: max(0, admitted - G). Above the bound is a bug.", "limit"),
+		stranded:         d("leasehold_stranded_tokens", "Tokens granted in the last closed window that were neither returned nor admitted.", "limit"),
+		lost:             d("leasehold_lost_grants_tokens", "Tokens granted beyond G in the last closed window: above 0 is an allocator bug.", "limit"),
+		mode:             d("leasehold_region_fallback_mode", "Most permissive fail mode in force per region in the running window: 0 none, 1 closed, 2 local, 3 open.", "limit", "region"),
+		exported:         d("leasehold_report_limits", "Limits exported with a limit label by the window metrics (capped)."),
+	}
+}
+
+func (c *windowCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.limitTokens, c.admitted, c.fallbackAdmitted, c.bound, c.observed, c.stranded, c.lost, c.mode, c.exported} {
+		ch <- d
+	}
+}
+
+type limitRow struct {
+	rep      WindowReport
+	mode     map[string]pb.FallbackKind // running window
+	fallback map[string]int64           // fallback-admitted per region, last closed window
+	regions  []string
+	priority bool
+}
+
+func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
+	var rows []limitRow
+	err := c.a.View(func(now time.Time, core *Core) {
+		for id, l := range core.limits {
+			cur := lease.WindowOf(now, l.Window).Index
+			rep, ok := core.report(now, id, cur-1)
+			if !ok {
+				continue
+			}
+			row := limitRow{rep: rep, mode: map[string]pb.FallbackKind{}, fallback: map[string]int64{}, regions: l.Regions}
+			for r, u := range core.windowUsage(id, cur-1) {
+				row.fallback[r] = u.FallbackAdmitted
+			}
+			if run, ok := core.report(now, id, cur); ok {
+				row.mode = run.Fallback
+			}
+			row.priority = rep.ObservedOvershoot > 0 && !rep.Bound.Infinite && rep.ObservedOvershoot > rep.Bound.Tokens ||
+				rep.Terms.LostGrants > 0 || rep.Stranded*10 > rep.LimitTokens
+			for _, k := range rep.Fallback {
+				row.priority = row.priority || k == pb.FallbackKind_FALLBACK_KIND_LOCAL || k == pb.FallbackKind_FALLBACK_KIND_OPEN
+			}
+			for _, k := range row.mode {
+				row.priority = row.priority || k == pb.FallbackKind_FALLBACK_KIND_OPEN
+			}
+			rows = append(rows, row)
+		}
+	})
+	if err != nil {
+		return // a follower exports no window metrics
+	}
+	slices.SortFunc(rows, func(x, y limitRow) int {
+		switch {
+		case x.priority != y.priority:
+			if x.priority {
+				return -1
+			}
+			return 1
+		case x.rep.AdmittedTotal != y.rep.AdmittedTotal:
+			if x.rep.AdmittedTotal > y.rep.AdmittedTotal {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(x.rep.Limit, y.rep.Limit)
+	})
+	if len(rows) > c.a.opt.reportLimits {
+		rows = rows[:c.a.opt.reportLimits]
+	}
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, r := range rows {
+		id := r.rep.Limit
+		g(c.limitTokens, float64(r.rep.LimitTokens), id)
+		g(c.bound, r.rep.Bound.Float64(), id)
+		g(c.observed, float64(r.rep.ObservedOvershoot), id)
+		g(c.stranded, float64(r.rep.Stranded), id)
+		g(c.lost, float64(r.rep.Terms.LostGrants), id)
+		for region, n := range r.rep.Admitted {
+			g(c.admitted, float64(n), id, region)
+		}
+		for _, reg := range r.regions {
+			g(c.mode, float64(r.mode[reg]), id, reg)
+		}
+		for region, n := range r.fallback {
+			g(c.fallbackAdmitted, float64(n), id, region)
+		}
+	}
+	g(c.exported, float64(len(rows)))
+}
+
+// windowUsage is a window's usage per region, live or from its summary.
+func (c *Core) windowUsage(limit string, index int64) map[string]UsageRecord {
+	if _, live := c.windows[windowKey{limit, index}]; live {
+		return c.RegionUsage(limit, index)
+	}
+	for _, s := range c.summaries[limit] {
+		if s.Window == index {
+			return s.Regions
+		}
+	}
+	return nil
+}
+
+// countClosed counts a window that closed above its bound (the core's lock
+// is held by the caller).
+func (a *Allocator) countClosed(core *Core, k windowKey) {
+	rep, ok := core.report(a.opt.now(), k.limit, k.index)
+	if !ok {
+		return
+	}
+	if !rep.Bound.Infinite && rep.ObservedOvershoot > rep.Bound.Tokens {
+		a.m.overBound.Inc()
+		a.log.Error("window admitted more than its bound: this is a bug", "limit", k.limit, "window", k.index,
+			"admitted", rep.AdmittedTotal, "limit_tokens", rep.LimitTokens, "bound", rep.Bound.String())
+	}
+}
