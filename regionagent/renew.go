@@ -465,6 +465,9 @@ func (a *Agent) reportLoop(ctx context.Context) {
 	every(ctx, a.opt.reportEvery, func() { a.report(ctx) })
 }
 
+// maxReportBack bounds how many past windows a usage report covers.
+const maxReportBack = 30
+
 func (a *Agent) report(ctx context.Context) {
 	now := a.opt.now()
 	var usage []*pb.Usage
@@ -474,7 +477,11 @@ func (a *Agent) report(ctx context.Context) {
 			continue
 		}
 		w := a.windowOf(now, l)
-		for _, idx := range []int64{w.Index - 1, w.Index} {
+		// Every window whose bucket may still exist is reported, so windows
+		// that closed while the allocator was unreachable are reported
+		// once it is back (reports are cumulative; repeats are no-ops).
+		back := min(int64(maxReportBack), int64(a.opt.keyGrace/l.window)+1)
+		for idx := w.Index - back; idx <= w.Index; idx++ {
 			rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 			bal, err := a.buckets.Balance(rctx, bucket.Key(id, idx), a.redisNowMs())
 			cancel()

@@ -34,6 +34,8 @@ func FuzzArgs(f *testing.F) {
 		{"check", "--limit", "x", "--cost", "2", "--count", "3", "--concurrency", "2", "--duration", "1s", "--rate", "100", "--json"},
 		{"check", "--limit", "x", "--duration", "1h", "--rate", "0.5"},
 		{"check", "--limit", "x", "--concurrency", "1025", "--rate", "-1"},
+		{"windows", "tenant/atlas", "--last", "3", "--json"},
+		{"windows", "--last", "0"},
 	} {
 		f.Add(strings.Join(args, "\x00"))
 	}

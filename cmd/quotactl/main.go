@@ -1,5 +1,6 @@
 // Command quotactl sets, reads, lists and deletes Leasehold's global limits
-// through the allocator's Admin gRPC API, and tries a limit against a
+// through the allocator's Admin gRPC API, reports a limit's recent windows
+// against G and the overshoot bound (windows), and tries a limit against a
 // region agent (check). It is for finance, product and SREs;
 // docs/quotactl.md is the reference.
 //

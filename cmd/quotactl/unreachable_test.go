@@ -49,6 +49,7 @@ func TestUnreachable(t *testing.T) {
 		for _, args := range [][]string{
 			{"limits", "get", "tenant/atlas"},
 			{"limits", "list"},
+			{"windows", "tenant/atlas", "--last", "5"},
 			{"--json", "limits", "delete", "tenant/atlas"},
 			{"limits", "set", "tenant/atlas", "--limit", "5", "--window", "1m", "--regions", "eu", "--mode", "strict"},
 		} {

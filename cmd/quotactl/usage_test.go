@@ -19,7 +19,7 @@ func TestUsageErrors(t *testing.T) {
 		want string // the whole line, or a part of it
 	}{
 		{nil, "quotactl: missing command"},
-		{[]string{"bogus"}, `quotactl: unknown command "bogus" (want limits or check)`},
+		{[]string{"bogus"}, `quotactl: unknown command "bogus" (want limits, check or windows)`},
 		{[]string{"--json"}, "quotactl: missing command"},
 		{[]string{"limits"}, "quotactl: limits: missing command (want set, get, list or delete"},
 		{[]string{"limits", "bogus"}, `quotactl: limits: unknown command "bogus" (want set, get, list or delete)`},
@@ -108,7 +108,7 @@ func TestHelp(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"-h"}, []string{"Usage: quotactl [global flags] <command>", "limits", "check", "--allocator ADDR", "--timeout DUR", "--json"}},
+		{[]string{"-h"}, []string{"Usage: quotactl [global flags] <command>", "limits", "check", "windows", "--allocator ADDR", "--timeout DUR", "--json"}},
 		{[]string{"--help"}, []string{"Usage: quotactl", "Commands:"}},
 		{[]string{"help"}, []string{"Usage: quotactl", "Commands:"}},
 		{[]string{"limits", "--help"}, []string{"Usage: quotactl [global flags] limits <command>", "set", "get", "list", "delete"}},
@@ -121,6 +121,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"limits", "get", "--help"}, []string{"Usage: quotactl limits get ID"}},
 		{[]string{"limits", "list", "-help"}, []string{"--prefix P", "--page-size N"}},
 		{[]string{"limits", "delete", "-h"}, []string{"Usage: quotactl limits delete ID", "--expect-version V"}},
+		{[]string{"help", "windows"}, []string{"Usage: quotactl windows ID [--last N]", "--last N"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			r := quotactl(tc.args...)

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+const (
+	// windowsDefaultLast is --last when not given.
+	windowsDefaultLast = 10
+	// windowsMaxLast bounds --last.
+	windowsMaxLast = 1000
+)
+
+var windowsCmd = &command{
+	name:    "windows",
+	args:    "ID [--last N]",
+	summary: "report a limit's recent windows: admitted against G, the overshoot bound, stranded tokens",
+	detail: `windows calls leasehold.v1.Admin/ListWindows on the allocator (served by
+the leader; a follower redirects) and prints the limit's last N windows,
+oldest first, the running window included. Each row holds what was granted,
+returned and admitted per region, the overshoot bound (+Inf while a region
+was in open fallback), the observed overshoot and the stranded tokens
+(docs/overshoot.md).
+
+The running window is marked "*" after its end. A row whose
+observed_overshoot is above a finite bound is marked "!": that is a bug,
+report it.`,
+	flags: func(f *flagSet) action {
+		last := int32(windowsDefaultLast)
+		f.value("last", "`N`: windows to show, newest included, 1-1000 (default 10)", func(s string) error {
+			n, err := strconv.ParseInt(s, 10, 32)
+			if err != nil || n < 1 || n > windowsMaxLast {
+				return fmt.Errorf("want a whole number from 1 to %d", windowsMaxLast)
+			}
+			last = int32(n)
+			return nil
+		})
+		return func(ctx context.Context, e *env, args []string) error {
+			id, err := oneID(args)
+			if err != nil {
+				return err
+			}
+			req := &pb.ListWindowsRequest{LimitId: id, Last: last}
+			var resp *pb.ListWindowsResponse
+			var code codes.Code // of the last attempt
+			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+				resp, err = c.ListWindows(ctx, req, opt)
+				code = status.Code(err)
+				return err
+			})
+			if err != nil {
+				if code == codes.NotFound && ctx.Err() == nil {
+					return fmt.Errorf("no limit %q (%v)", id, err)
+				}
+				return err
+			}
+			return e.printWindows(orderWindows(resp.GetWindows(), int(last)))
+		}
+	},
+}
+
+// orderWindows returns ws oldest first (the allocator sends them so; a
+// stable sort keeps that promise whatever it sends), at most the newest
+// last of them.
+func orderWindows(ws []*pb.WindowReport, last int) []*pb.WindowReport {
+	ws = slices.Clone(ws)
+	slices.SortStableFunc(ws, func(a, b *pb.WindowReport) int {
+		return cmpInt64(tsNanos(a.GetWindowStart()), tsNanos(b.GetWindowStart()))
+	})
+	if len(ws) > last {
+		ws = ws[len(ws)-last:]
+	}
+	return ws
+}
+
+// tsNanos orders timestamps; a missing or invalid one sorts first.
+func tsNanos(ts *timestamppb.Timestamp) int64 {
+	if ts.CheckValid() != nil {
+		return -1 << 63
+	}
+	return ts.AsTime().UnixNano()
+}
+
+// formatTS prints a window boundary as the check command does: RFC 3339,
+// UTC, milliseconds; "" when missing or invalid.
+func formatTS(ts *timestamppb.Timestamp) string {
+	if ts.CheckValid() != nil {
+		return ""
+	}
+	return ts.AsTime().UTC().Format(checkTime)
+}
+
+// overBound reports a window that admitted more above G than its finite
+// bound allows: a bug.
+func overBound(w *pb.WindowReport) bool {
+	return !w.GetBoundInfinite() && w.GetObservedOvershoot() > w.GetBound()
+}
+
+// boundText is the bound as a number, or +Inf.
+func boundText(w *pb.WindowReport) string {
+	if w.GetBoundInfinite() {
+		return "+Inf"
+	}
+	return strconv.FormatInt(w.GetBound(), 10)
+}
+
+// formatAdmitted prints admitted per region as "eu=691,us=309", regions
+// sorted.
+func formatAdmitted(m map[string]int64) string {
+	regions := make([]string, 0, len(m))
+	for r := range m {
+		regions = append(regions, r)
+	}
+	slices.Sort(regions)
+	parts := make([]string, len(regions))
+	for i, r := range regions {
+		parts[i] = oneLine(r) + "=" + strconv.FormatInt(m[r], 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+// windowFallbackName is a window's fallback mode in a region, as the JSON
+// output writes it; "" for none (the region is left out).
+func windowFallbackName(k pb.FallbackKind) string {
+	switch k {
+	case pb.FallbackKind_FALLBACK_KIND_UNSPECIFIED:
+		return ""
+	case pb.FallbackKind_FALLBACK_KIND_CLOSED:
+		return "closed"
+	case pb.FallbackKind_FALLBACK_KIND_LOCAL:
+		return "local"
+	case pb.FallbackKind_FALLBACK_KIND_OPEN:
+		return "open"
+	}
+	return fmt.Sprintf("kind(%d)", int32(k))
+}
+
+// The JSON report: one object per window. encoding/json writes map keys
+// sorted.
+type windowReportJSON struct {
+	Limit             string            `json:"limit"`
+	WindowStart       string            `json:"window_start"`
+	WindowEnd         string            `json:"window_end"`
+	Closed            bool              `json:"closed"`
+	LimitTokens       int64             `json:"limit_tokens"`
+	Granted           int64             `json:"granted"`
+	Returned          int64             `json:"returned"`
+	Admitted          map[string]int64  `json:"admitted"`
+	AdmittedTotal     int64             `json:"admitted_total"`
+	FallbackAdmitted  int64             `json:"fallback_admitted"`
+	Bound             boundJSON         `json:"bound"`
+	ObservedOvershoot int64             `json:"observed_overshoot"`
+	Stranded          int64             `json:"stranded"`
+	Fallback          map[string]string `json:"fallback"`
+	Terms             termsJSON         `json:"terms"`
+}
+
+// boundJSON is a number, or the string "+Inf" (JSON has no infinity).
+type boundJSON struct {
+	n        int64
+	infinite bool
+}
+
+func (b boundJSON) MarshalJSON() ([]byte, error) {
+	if b.infinite {
+		return []byte(`"+Inf"`), nil
+	}
+	return strconv.AppendInt(nil, b.n, 10), nil
+}
+
+type termsJSON struct {
+	CarryOver     int64 `json:"carry_over"`
+	Fallback      int64 `json:"fallback"`
+	LostGrants    int64 `json:"lost_grants"`
+	RedisRollback int64 `json:"redis_rollback"`
+	LimitLowered  int64 `json:"limit_lowered"`
+}
+
+func windowJSONOf(w *pb.WindowReport) windowReportJSON {
+	out := windowReportJSON{
+		Limit:             w.GetLimitId(),
+		WindowStart:       formatTS(w.GetWindowStart()),
+		WindowEnd:         formatTS(w.GetWindowEnd()),
+		Closed:            w.GetClosed(),
+		LimitTokens:       w.GetLimitTokens(),
+		Granted:           w.GetGranted(),
+		Returned:          w.GetReturned(),
+		Admitted:          make(map[string]int64, len(w.GetAdmitted())),
+		AdmittedTotal:     w.GetAdmittedTotal(),
+		FallbackAdmitted:  w.GetFallbackAdmitted(),
+		Bound:             boundJSON{n: w.GetBound(), infinite: w.GetBoundInfinite()},
+		ObservedOvershoot: w.GetObservedOvershoot(),
+		Stranded:          w.GetStranded(),
+		Fallback:          map[string]string{},
+		Terms: termsJSON{
+			CarryOver:     w.GetTerms().GetCarryOver(),
+			Fallback:      w.GetTerms().GetFallback(),
+			LostGrants:    w.GetTerms().GetLostGrants(),
+			RedisRollback: w.GetTerms().GetRedisRollback(),
+			LimitLowered:  w.GetTerms().GetLimitLowered(),
+		},
+	}
+	for r, n := range w.GetAdmitted() {
+		out.Admitted[r] = n
+	}
+	for r, k := range w.GetFallback() {
+		if name := windowFallbackName(k); name != "" {
+			out.Fallback[r] = name
+		}
+	}
+	return out
+}
+
+// printWindows prints ws (oldest first) as a table with footnotes for the
+// marked rows, or as a JSON array.
+func (e *env) printWindows(ws []*pb.WindowReport) error {
+	if e.json {
+		out := make([]windowReportJSON, len(ws))
+		for i, w := range ws {
+			out[i] = windowJSONOf(w)
+		}
+		b, err := json.MarshalIndent(out, "", "  ")
+		if err != nil {
+			return fmt.Errorf("encode JSON: %v", err)
+		}
+		_, err = e.stdout.Write(append(b, '\n'))
+		return err
+	}
+	var b bytes.Buffer
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "LIMIT\tWINDOW_START\tWINDOW_END\tLIMIT_TOKENS\tGRANTED\tRETURNED\tADMITTED\t"+
+		"ADMITTED_TOTAL\tFALLBACK_ADMITTED\tBOUND\tOBSERVED_OVERSHOOT\tSTRANDED")
+	running, over := false, false
+	for _, w := range ws {
+		end := cell(formatTS(w.GetWindowEnd()), "-")
+		if !w.GetClosed() {
+			end += "*"
+			running = true
+		}
+		overshoot := strconv.FormatInt(w.GetObservedOvershoot(), 10)
+		if overBound(w) {
+			overshoot += "!"
+			over = true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t%d\n",
+			cell(w.GetLimitId(), "-"), cell(formatTS(w.GetWindowStart()), "-"), end,
+			w.GetLimitTokens(), w.GetGranted(), w.GetReturned(), cell(formatAdmitted(w.GetAdmitted()), "-"),
+			w.GetAdmittedTotal(), w.GetFallbackAdmitted(), boundText(w), overshoot, w.GetStranded())
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if running || over {
+		b.WriteByte('\n')
+	}
+	if running {
+		b.WriteString("* running window: its counts still grow\n")
+	}
+	if over {
+		b.WriteString("! observed_overshoot above bound: a bug, please report it (docs/overshoot.md)\n")
+	}
+	_, err := io.Copy(e.stdout, &b)
+	return err
+}
