@@ -605,6 +605,16 @@ func (a *Allocator) ReportUsage(ctx context.Context, region, reporter string, us
 	var waits []*pendingOp
 	t.mu.Lock()
 	for _, u := range usage {
+		if sum := t.core.ReportLate(region, u); sum != nil {
+			op, err := a.store.putSummaryOp(sum)
+			if err != nil {
+				t.mu.Unlock()
+				t.cancel(err)
+				return 0, unavailable(err)
+			}
+			waits = append(waits, t.commit.enqueue(op))
+			continue
+		}
 		rec := t.core.Report(now, region, reporter, u)
 		if rec == nil {
 			continue

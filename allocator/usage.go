@@ -50,6 +50,9 @@ func (c *Core) Report(now time.Time, region, reporter string, u *pb.Usage) *Usag
 	}
 	k := windowKey{u.LimitId, u.WindowIndex}
 	ws := c.windows[k]
+	if ws == nil && c.summaryOf(k) != nil {
+		return nil // the window was swept: see ReportLate
+	}
 	if ws == nil {
 		if !ok {
 			return nil // unknown limit and no window to attach to
@@ -118,4 +121,48 @@ func (c *Core) RegionUsage(limit string, window int64) map[string]UsageRecord {
 		out[rk.region] = s
 	}
 	return out
+}
+
+// summaryOf returns the stored summary of a swept window, if any.
+func (c *Core) summaryOf(k windowKey) *WindowSummary {
+	for _, s := range c.summaries[k.limit] {
+		if s.Window == k.index {
+			return s
+		}
+	}
+	return nil
+}
+
+// ReportLate merges a usage report of a window whose records were already
+// swept into its summary (counts only grow, per region) and returns the
+// summary to persist, or nil when nothing changed or the window has no
+// summary. Late reports come from agents that could not reach the
+// allocator for longer than the retention.
+func (c *Core) ReportLate(region string, u *pb.Usage) *WindowSummary {
+	k := windowKey{u.LimitId, u.WindowIndex}
+	if c.windows[k] != nil {
+		return nil
+	}
+	s := c.summaryOf(k)
+	if s == nil {
+		return nil
+	}
+	cur := s.Regions[region]
+	next := cur
+	next.Limit, next.Window, next.WindowMs, next.Region = s.Limit, s.Window, s.WindowMs, region
+	next.Admitted = max(next.Admitted, u.Admitted)
+	next.Denied = max(next.Denied, u.Denied)
+	next.FallbackAdmitted = max(next.FallbackAdmitted, u.FallbackAdmitted)
+	next.RedisRollback = max(next.RedisRollback, u.RedisRollbackTokens)
+	if fallbackRank(int32(u.Fallback)) > fallbackRank(next.Fallback) {
+		next.Fallback = int32(u.Fallback)
+	}
+	if next == cur {
+		return nil
+	}
+	if s.Regions == nil {
+		s.Regions = map[string]UsageRecord{}
+	}
+	s.Regions[region] = next
+	return s
 }
