@@ -82,6 +82,296 @@ func (Reason) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
+type ReserveRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LimitId string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	// tokens wanted (>= 1); fewer may be granted.
+	Tokens int64 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// min_tokens is the least worth taking (>= 1, <= tokens); below it
+	// nothing is taken.
+	MinTokens int64 `protobuf:"varint,3,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
+	// reservation_id names the reservation, unique per client (1-128 of
+	// [A-Za-z0-9._-]); a retry with the same id gets the same reservation.
+	ReservationId string `protobuf:"bytes,4,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveRequest) Reset() {
+	*x = ReserveRequest{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveRequest) ProtoMessage() {}
+
+func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
+func (*ReserveRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ReserveRequest) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *ReserveRequest) GetTokens() int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetMinTokens() int64 {
+	if x != nil {
+		return x.MinTokens
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+type ReserveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// granted tokens, 0 when the region has fewer than min_tokens.
+	Granted      int64                `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	ExpiresIn    *durationpb.Duration `protobuf:"bytes,2,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
+	Reason       Reason               `protobuf:"varint,3,opt,name=reason,proto3,enum=leasehold.v1.Reason" json:"reason,omitempty"`
+	RetryAfter   *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	ResetAfter   *durationpb.Duration `protobuf:"bytes,5,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
+	LimitTokens  int64                `protobuf:"varint,6,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
+	Window       *durationpb.Duration `protobuf:"bytes,7,opt,name=window,proto3" json:"window,omitempty"`
+	LimitVersion int64                `protobuf:"varint,8,opt,name=limit_version,json=limitVersion,proto3" json:"limit_version,omitempty"`
+	// remaining is the region's spendable balance after the reservation.
+	Remaining     int64 `protobuf:"varint,9,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveResponse) Reset() {
+	*x = ReserveResponse{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveResponse) ProtoMessage() {}
+
+func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
+func (*ReserveResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ReserveResponse) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
+}
+
+func (x *ReserveResponse) GetExpiresIn() *durationpb.Duration {
+	if x != nil {
+		return x.ExpiresIn
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetReason() Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return Reason_REASON_UNSPECIFIED
+}
+
+func (x *ReserveResponse) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetResetAfter() *durationpb.Duration {
+	if x != nil {
+		return x.ResetAfter
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetLimitTokens() int64 {
+	if x != nil {
+		return x.LimitTokens
+	}
+	return 0
+}
+
+func (x *ReserveResponse) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetLimitVersion() int64 {
+	if x != nil {
+		return x.LimitVersion
+	}
+	return 0
+}
+
+func (x *ReserveResponse) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+type ReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LimitId       string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	ReservationId string                 `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// unspent tokens (0 <= unspent <= granted).
+	Unspent       int64 `protobuf:"varint,3,opt,name=unspent,proto3" json:"unspent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReleaseRequest) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *ReleaseRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ReleaseRequest) GetUnspent() int64 {
+	if x != nil {
+		return x.Unspent
+	}
+	return 0
+}
+
+type ReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// returned is what went back to the region's balance (0 when the
+	// reservation had expired, or was released before).
+	Returned      int64 `protobuf:"varint,1,opt,name=returned,proto3" json:"returned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReleaseResponse) GetReturned() int64 {
+	if x != nil {
+		return x.Returned
+	}
+	return 0
+}
+
 type CheckRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// limit_id names the limit, e.g. "tenant/atlas".
@@ -96,7 +386,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -108,7 +398,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -121,7 +411,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CheckRequest) GetLimitId() string {
@@ -165,7 +455,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -177,7 +467,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -190,7 +480,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -258,7 +548,7 @@ type CheckMultiRequest struct {
 
 func (x *CheckMultiRequest) Reset() {
 	*x = CheckMultiRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +560,7 @@ func (x *CheckMultiRequest) String() string {
 func (*CheckMultiRequest) ProtoMessage() {}
 
 func (x *CheckMultiRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +573,7 @@ func (x *CheckMultiRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckMultiRequest.ProtoReflect.Descriptor instead.
 func (*CheckMultiRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CheckMultiRequest) GetChecks() []*CheckRequest {
@@ -304,7 +594,7 @@ type CheckMultiResponse struct {
 
 func (x *CheckMultiResponse) Reset() {
 	*x = CheckMultiResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +606,7 @@ func (x *CheckMultiResponse) String() string {
 func (*CheckMultiResponse) ProtoMessage() {}
 
 func (x *CheckMultiResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +619,7 @@ func (x *CheckMultiResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckMultiResponse.ProtoReflect.Descriptor instead.
 func (*CheckMultiResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CheckMultiResponse) GetAllowed() bool {
@@ -350,7 +640,32 @@ var File_leasehold_v1_agent_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x18leasehold/v1/agent.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"\\\n" +
+	"\x18leasehold/v1/agent.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"\x89\x01\n" +
+	"\x0eReserveRequest\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x16\n" +
+	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x1d\n" +
+	"\n" +
+	"min_tokens\x18\x03 \x01(\x03R\tminTokens\x12%\n" +
+	"\x0ereservation_id\x18\x04 \x01(\tR\rreservationId\"\xa4\x03\n" +
+	"\x0fReserveResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\x03R\agranted\x128\n" +
+	"\n" +
+	"expires_in\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x12,\n" +
+	"\x06reason\x18\x03 \x01(\x0e2\x14.leasehold.v1.ReasonR\x06reason\x12:\n" +
+	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\x12:\n" +
+	"\vreset_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"resetAfter\x12!\n" +
+	"\flimit_tokens\x18\x06 \x01(\x03R\vlimitTokens\x121\n" +
+	"\x06window\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06window\x12#\n" +
+	"\rlimit_version\x18\b \x01(\x03R\flimitVersion\x12\x1c\n" +
+	"\tremaining\x18\t \x01(\x03R\tremaining\"l\n" +
+	"\x0eReleaseRequest\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12\x18\n" +
+	"\aunspent\x18\x03 \x01(\x03R\aunspent\"-\n" +
+	"\x0fReleaseResponse\x12\x1a\n" +
+	"\breturned\x18\x01 \x01(\x03R\breturned\"\\\n" +
 	"\fCheckRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
 	"\x04cost\x18\x02 \x01(\x03R\x04cost\x12\x1d\n" +
@@ -377,11 +692,13 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\tREASON_OK\x10\x01\x12\x15\n" +
 	"\x11REASON_OVER_LIMIT\x10\x02\x12\x16\n" +
 	"\x12REASON_UNAVAILABLE\x10\x03\x12\x13\n" +
-	"\x0fREASON_FALLBACK\x10\x042\xa0\x01\n" +
+	"\x0fREASON_FALLBACK\x10\x042\xb0\x02\n" +
 	"\vRegionAgent\x12@\n" +
 	"\x05Check\x12\x1a.leasehold.v1.CheckRequest\x1a\x1b.leasehold.v1.CheckResponse\x12O\n" +
 	"\n" +
-	"CheckMulti\x12\x1f.leasehold.v1.CheckMultiRequest\x1a .leasehold.v1.CheckMultiResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
+	"CheckMulti\x12\x1f.leasehold.v1.CheckMultiRequest\x1a .leasehold.v1.CheckMultiResponse\x12F\n" +
+	"\aReserve\x12\x1c.leasehold.v1.ReserveRequest\x1a\x1d.leasehold.v1.ReserveResponse\x12F\n" +
+	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_agent_proto_rawDescOnce sync.Once
@@ -396,31 +713,44 @@ func file_leasehold_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_leasehold_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_leasehold_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_leasehold_v1_agent_proto_goTypes = []any{
 	(Reason)(0),                 // 0: leasehold.v1.Reason
-	(*CheckRequest)(nil),        // 1: leasehold.v1.CheckRequest
-	(*CheckResponse)(nil),       // 2: leasehold.v1.CheckResponse
-	(*CheckMultiRequest)(nil),   // 3: leasehold.v1.CheckMultiRequest
-	(*CheckMultiResponse)(nil),  // 4: leasehold.v1.CheckMultiResponse
-	(*durationpb.Duration)(nil), // 5: google.protobuf.Duration
+	(*ReserveRequest)(nil),      // 1: leasehold.v1.ReserveRequest
+	(*ReserveResponse)(nil),     // 2: leasehold.v1.ReserveResponse
+	(*ReleaseRequest)(nil),      // 3: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 4: leasehold.v1.ReleaseResponse
+	(*CheckRequest)(nil),        // 5: leasehold.v1.CheckRequest
+	(*CheckResponse)(nil),       // 6: leasehold.v1.CheckResponse
+	(*CheckMultiRequest)(nil),   // 7: leasehold.v1.CheckMultiRequest
+	(*CheckMultiResponse)(nil),  // 8: leasehold.v1.CheckMultiResponse
+	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
 }
 var file_leasehold_v1_agent_proto_depIdxs = []int32{
-	0, // 0: leasehold.v1.CheckResponse.reason:type_name -> leasehold.v1.Reason
-	5, // 1: leasehold.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
-	5, // 2: leasehold.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
-	5, // 3: leasehold.v1.CheckResponse.window:type_name -> google.protobuf.Duration
-	1, // 4: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
-	2, // 5: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
-	1, // 6: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
-	3, // 7: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
-	2, // 8: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
-	4, // 9: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
-	8, // [8:10] is the sub-list for method output_type
-	6, // [6:8] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	9,  // 0: leasehold.v1.ReserveResponse.expires_in:type_name -> google.protobuf.Duration
+	0,  // 1: leasehold.v1.ReserveResponse.reason:type_name -> leasehold.v1.Reason
+	9,  // 2: leasehold.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	9,  // 3: leasehold.v1.ReserveResponse.reset_after:type_name -> google.protobuf.Duration
+	9,  // 4: leasehold.v1.ReserveResponse.window:type_name -> google.protobuf.Duration
+	0,  // 5: leasehold.v1.CheckResponse.reason:type_name -> leasehold.v1.Reason
+	9,  // 6: leasehold.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
+	9,  // 7: leasehold.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
+	9,  // 8: leasehold.v1.CheckResponse.window:type_name -> google.protobuf.Duration
+	5,  // 9: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
+	6,  // 10: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
+	5,  // 11: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
+	7,  // 12: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
+	1,  // 13: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
+	3,  // 14: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
+	6,  // 15: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
+	8,  // 16: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
+	2,  // 17: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
+	4,  // 18: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
+	15, // [15:19] is the sub-list for method output_type
+	11, // [11:15] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_agent_proto_init() }
@@ -434,7 +764,7 @@ func file_leasehold_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_agent_proto_rawDesc), len(file_leasehold_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

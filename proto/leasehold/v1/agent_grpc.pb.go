@@ -21,6 +21,8 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	RegionAgent_Check_FullMethodName      = "/leasehold.v1.RegionAgent/Check"
 	RegionAgent_CheckMulti_FullMethodName = "/leasehold.v1.RegionAgent/CheckMulti"
+	RegionAgent_Reserve_FullMethodName    = "/leasehold.v1.RegionAgent/Reserve"
+	RegionAgent_Release_FullMethodName    = "/leasehold.v1.RegionAgent/Release"
 )
 
 // RegionAgentClient is the client API for RegionAgent service.
@@ -35,6 +37,18 @@ type RegionAgentClient interface {
 	// CheckMulti checks several limits for one request: all pass and are
 	// charged, or none is charged.
 	CheckMulti(ctx context.Context, in *CheckMultiRequest, opts ...grpc.CallOption) (*CheckMultiResponse, error)
+	// Reserve takes up to `tokens` of the region's balance for one client to
+	// spend in process (a sub-lease): nobody else can spend them. The client
+	// may spend them until expires_in, measured from when it SENT the
+	// request, and releases what is left. Taking from the region's leases
+	// earliest deadline first, expires_in never passes the deadline of a
+	// lease the tokens came from.
+	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error)
+	// Release ends a reservation: `unspent` goes back to the region's
+	// balance (until the reservation's deadline), the rest counts as
+	// admitted. Idempotent by reservation id. A reservation never released
+	// counts as fully admitted when it expires.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
 type regionAgentClient struct {
@@ -65,6 +79,26 @@ func (c *regionAgentClient) CheckMulti(ctx context.Context, in *CheckMultiReques
 	return out, nil
 }
 
+func (c *regionAgentClient) Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveResponse)
+	err := c.cc.Invoke(ctx, RegionAgent_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *regionAgentClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, RegionAgent_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegionAgentServer is the server API for RegionAgent service.
 // All implementations must embed UnimplementedRegionAgentServer
 // for forward compatibility.
@@ -77,6 +111,18 @@ type RegionAgentServer interface {
 	// CheckMulti checks several limits for one request: all pass and are
 	// charged, or none is charged.
 	CheckMulti(context.Context, *CheckMultiRequest) (*CheckMultiResponse, error)
+	// Reserve takes up to `tokens` of the region's balance for one client to
+	// spend in process (a sub-lease): nobody else can spend them. The client
+	// may spend them until expires_in, measured from when it SENT the
+	// request, and releases what is left. Taking from the region's leases
+	// earliest deadline first, expires_in never passes the deadline of a
+	// lease the tokens came from.
+	Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error)
+	// Release ends a reservation: `unspent` goes back to the region's
+	// balance (until the reservation's deadline), the rest counts as
+	// admitted. Idempotent by reservation id. A reservation never released
+	// counts as fully admitted when it expires.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedRegionAgentServer()
 }
 
@@ -92,6 +138,12 @@ func (UnimplementedRegionAgentServer) Check(context.Context, *CheckRequest) (*Ch
 }
 func (UnimplementedRegionAgentServer) CheckMulti(context.Context, *CheckMultiRequest) (*CheckMultiResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckMulti not implemented")
+}
+func (UnimplementedRegionAgentServer) Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedRegionAgentServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedRegionAgentServer) mustEmbedUnimplementedRegionAgentServer() {}
 func (UnimplementedRegionAgentServer) testEmbeddedByValue()                     {}
@@ -150,6 +202,42 @@ func _RegionAgent_CheckMulti_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegionAgent_Reserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionAgentServer).Reserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionAgent_Reserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionAgentServer).Reserve(ctx, req.(*ReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegionAgent_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionAgentServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionAgent_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionAgentServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegionAgent_ServiceDesc is the grpc.ServiceDesc for RegionAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -164,6 +252,14 @@ var RegionAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckMulti",
 			Handler:    _RegionAgent_CheckMulti_Handler,
+		},
+		{
+			MethodName: "Reserve",
+			Handler:    _RegionAgent_Reserve_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _RegionAgent_Release_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
