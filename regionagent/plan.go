@@ -2,6 +2,7 @@ package regionagent
 
 import (
 	"math"
+	"strings"
 	"time"
 
 	"leasehold/lease"
@@ -75,7 +76,8 @@ func PlanRenewal(in PlanInput) Plan {
 		for i := len(in.Bucket.Open) - 1; i >= 0; i-- {
 			o := in.Bucket.Open[i]
 			lasts := o.DeadlineMs > in.NowMs+in.Lead.Milliseconds()
-			if o.StartMs > in.NowMs || !lasts || o.Remaining == 0 || kept-o.Remaining < p.Target {
+			sub := strings.HasPrefix(o.ID, bucket.SubLeasePrefix) // not the allocator's: never returned
+			if sub || o.StartMs > in.NowMs || !lasts || o.Remaining == 0 || kept-o.Remaining < p.Target {
 				continue
 			}
 			kept -= o.Remaining

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -440,6 +441,11 @@ func (a *Agent) closeAndReturn(ctx context.Context, l *limitView, key, leaseID, 
 		return
 	}
 	a.log.Debug("renewal: closing", "limit", l.id, "lease", leaseID, "why", why, "unspent", res.Unspent)
+	if strings.HasPrefix(leaseID, bucket.SubLeasePrefix) {
+		// Released sub-lease tokens: no allocator lease to return them to;
+		// they are lost to the window (undershoot).
+		return
+	}
 	a.returnLease(ctx, l.id, leaseID, res.Unspent)
 }
 

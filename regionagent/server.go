@@ -89,3 +89,25 @@ func (s *Server) CheckMulti(ctx context.Context, req *pb.CheckMultiRequest) (*pb
 	}
 	return out, nil
 }
+
+// Reserve implements pb.RegionAgentServer.
+func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
+	r, err := s.a.Reserve(ctx, req.LimitId, req.Tokens, req.MinTokens, req.ReservationId)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.ReserveResponse{
+		Granted: r.Granted, ExpiresIn: durationpb.New(r.ExpiresIn), Reason: r.Reason,
+		RetryAfter: durationpb.New(r.RetryAfter), ResetAfter: durationpb.New(r.ResetAfter),
+		LimitTokens: r.Limit, Window: durationpb.New(r.Window), LimitVersion: r.Version, Remaining: r.Remaining,
+	}, nil
+}
+
+// Release implements pb.RegionAgentServer.
+func (s *Server) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	n, err := s.a.Release(ctx, req.LimitId, req.ReservationId, req.Unspent)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.ReleaseResponse{Returned: n}, nil
+}

@@ -43,6 +43,9 @@ var (
 	addScript     = newScript("add.lua", true)
 	unlockScript  = newScript("unlock.lua", false)
 	extendScript  = newScript("extend.lua", false)
+	reserveScript = newScript("reserve.lua", true)
+	releaseScript = newScript("release.lua", true)
 
-	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript}
+	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript,
+		reserveScript, releaseScript}
 )

@@ -14,6 +14,8 @@
 --   r:<lease>  remaining tokens         s:<lease>  start ms (Redis clock)
 --   d:<lease>  deadline ms (exclusive)  c:<lease>  closed: unspent at close
 --   admitted, denied: cost counters; other names without ':' are counters.
+--   v:<res>    a sub-lease reservation: tokens taken   w:<res> its deadline
+--   x:<res>    a released reservation: tokens it returned
 
 local function int(v, name)
   local n = tonumber(v)
@@ -61,7 +63,7 @@ local function load(key, counters)
         all[#all + 1] = l
       end
       l[string.sub(f, 1, 1)] = tonumber(flat[i + 1])
-    elseif counters then
+    elseif counters and p ~= 'v:' and p ~= 'w:' and p ~= 'x:' then
       counters[f] = tonumber(flat[i + 1])
     end
   end

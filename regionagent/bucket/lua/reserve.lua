@@ -1,0 +1,73 @@
+-- reserve.lua: take up to `want` tokens of a bucket for one client to
+-- spend in process (a sub-lease).
+-- KEYS[1]  bucket key
+-- ARGV[1]  now ms (0 = Redis TIME)
+-- ARGV[2]  reservation id (no ':')
+-- ARGV[3]  want (>= 1)
+-- ARGV[4]  min (1 <= min <= want): below it nothing is taken
+--
+-- Tokens are taken like a spend: from spendable leases, earliest deadline
+-- first. The reservation's deadline is the deadline of the first lease
+-- taken from, so it is never later than any lease its tokens came from.
+-- Taken tokens count as admitted at once (a client that never releases is
+-- counted as having spent them all); release.lua subtracts what comes
+-- back. A retried reservation id answers as the first call did.
+--
+-- Reply {granted, deadline, balance, now, status}:
+--   status 1 reserved now, 2 replay of an earlier reservation,
+--          3 the reservation was already released (nothing taken),
+--          0 fewer than min spendable tokens (nothing taken)
+local key = KEYS[1]
+local now = now_ms(ARGV[1])
+local id = ARGV[2]
+if id == nil or id == '' or string.find(id, ':', 1, true) then
+  error('bucket: bad reservation id')
+end
+local want = int(ARGV[3], 'want')
+local min = int(ARGV[4], 'min')
+if want < 1 or min < 1 or min > want then
+  error('bucket: bad reservation size')
+end
+local leases = load(key)
+local bal = spendable(leases, now)
+local prev = redis.call('HMGET', key, 'v:' .. id, 'w:' .. id, 'x:' .. id)
+if prev[3] then
+  return {0, 0, bal, now, 3}
+end
+if prev[1] then
+  return {tonumber(prev[1]), tonumber(prev[2]), bal, now, 2}
+end
+if bal < min then
+  return {0, 0, bal, now, 0}
+end
+local take = want
+if take > bal then
+  take = bal
+end
+local left, deadline = take, 0
+local set = {}
+for _, l in ipairs(leases) do
+  if left == 0 then
+    break
+  end
+  if l.s <= now and now < l.d and l.r > 0 then
+    if deadline == 0 then
+      deadline = l.d
+    end
+    local t = l.r
+    if t > left then
+      t = left
+    end
+    l.r = l.r - t
+    left = left - t
+    set[#set + 1] = 'r:' .. l.id
+    set[#set + 1] = fmt(l.r)
+  end
+end
+set[#set + 1] = 'v:' .. id
+set[#set + 1] = fmt(take)
+set[#set + 1] = 'w:' .. id
+set[#set + 1] = fmt(deadline)
+redis.call('HSET', key, unpack(set))
+redis.call('HINCRBY', key, 'admitted', fmt(take))
+return {take, deadline, bal - take, now, 1}
