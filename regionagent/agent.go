@@ -397,7 +397,7 @@ func (a *Agent) decide(ctx context.Context, now time.Time, views []*limitView, s
 	st.mu.Lock()
 	st.kickCost = max(st.kickCost, costs[failed])
 	spent := st.spentWindow == w.Index
-	failing := st.failing
+	failing := st.failing || a.alloc.br.open(time.Now())
 	coldState := st.fresh
 	st.fresh = false
 	st.mu.Unlock()

@@ -2,6 +2,7 @@ package regionagent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -29,6 +30,67 @@ type allocClient struct {
 	mu    sync.Mutex // protects conns, cur
 	conns map[string]*grpc.ClientConn
 	cur   string
+
+	br breaker
+}
+
+// errBreakerOpen fails a call at once while the allocator is known down.
+var errBreakerOpen = errors.New("regionagent: allocator unreachable (circuit open)")
+
+// breaker is a circuit breaker: after `trip` consecutive failed calls it
+// opens for a cooldown that doubles (up to max) while probes keep failing,
+// so a dead allocator costs nothing per renewal and every limit learns at
+// once. One call at a time probes a half-open breaker. Safe for concurrent
+// use.
+type breaker struct {
+	mu        sync.Mutex // protects the fields below
+	failures  int
+	openUntil time.Time
+	cooldown  time.Duration
+	probing   bool
+}
+
+const (
+	breakerTrip = 3
+	breakerMin  = 500 * time.Millisecond
+	breakerMax  = 10 * time.Second
+)
+
+// allow reports whether a call may go out now.
+func (b *breaker) allow(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failures < breakerTrip {
+		return true
+	}
+	if now.Before(b.openUntil) || b.probing {
+		return false
+	}
+	b.probing = true // half-open: this call probes
+	return true
+}
+
+// done records a call's outcome.
+func (b *breaker) done(now time.Time, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing = false
+	if ok {
+		b.failures, b.cooldown = 0, 0
+		return
+	}
+	b.failures++
+	if b.failures >= breakerTrip {
+		b.cooldown = min(breakerMax, max(breakerMin, 2*b.cooldown))
+		b.openUntil = now.Add(b.cooldown)
+	}
+}
+
+// open reports whether the breaker is open (the allocator is down).
+func (b *breaker) open(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.failures >= breakerTrip && (now.Before(b.openUntil) || b.probing)
 }
 
 func newAllocClient(addrs []string, timeout, retryFor time.Duration, opts ...grpc.DialOption) *allocClient {
@@ -126,5 +188,12 @@ func (c *allocClient) call(ctx context.Context, fn func(ctx context.Context, cl 
 		}
 		return err
 	}
-	return backoff.Retry(op, backoff.WithContext(b, ctx))
+	if !c.br.allow(time.Now()) {
+		return errBreakerOpen
+	}
+	err := backoff.Retry(op, backoff.WithContext(b, ctx))
+	if ctx.Err() == nil {
+		c.br.done(time.Now(), err == nil || !retryable(err) && !errors.Is(err, context.DeadlineExceeded))
+	}
+	return err
 }

@@ -155,11 +155,33 @@ func (a *Agent) renewLoop(ctx context.Context) {
 		case id := <-a.kicks:
 			a.evaluate(ctx, id)
 		case <-t.C:
-			for _, id := range a.activeLimits() {
-				a.evaluate(ctx, id)
-			}
+			a.evaluateAll(ctx, a.activeLimits())
 		}
 	}
+}
+
+// evalWorkers bounds how many limits are evaluated at once, so one slow
+// limit (an allocator call retrying) does not hold up the others.
+const evalWorkers = 8
+
+// evaluateAll evaluates limits on up to evalWorkers goroutines.
+func (a *Agent) evaluateAll(ctx context.Context, ids []string) {
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range min(evalWorkers, len(ids)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range work {
+				a.evaluate(ctx, id)
+			}
+		}()
+	}
+	for _, id := range ids {
+		work <- id
+	}
+	close(work)
+	wg.Wait()
 }
 
 // activeLimits lists the limits seen recently and forgets idle ones.
