@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -464,6 +465,8 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 	now := a.opt.now()
 	results := make([]*pb.LeaseResult, len(reqs))
 	grants := make([]*Grant, len(reqs))
+	empties := make([]lease.Window, len(reqs))
+	emptyPools := make([]int64, len(reqs))
 	var waits []*pendingOp
 	t.mu.Lock()
 	for i, r := range reqs {
@@ -473,6 +476,7 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 		})
 		results[i] = &pb.LeaseResult{RequestId: r.RequestId, Code: d.Code, Message: d.Message, Replayed: d.Replayed}
 		grants[i] = d.Grant
+		empties[i], emptyPools[i] = d.Window, d.PoolLeft
 		switch {
 		case d.New:
 			op, err := a.store.putGrantOp(d.Grant)
@@ -511,8 +515,15 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 	now = a.opt.now()
 	t.mu.Lock()
 	for i, g := range grants {
-		if g != nil {
+		switch {
+		case g != nil:
 			results[i].Lease = g.ToProto(now)
+		case results[i].Code == pb.ItemCode_ITEM_CODE_OK && empties[i].Length > 0:
+			// Nothing granted: a lease of 0 tokens names the window.
+			w := empties[i]
+			results[i].Lease = &pb.Lease{LimitId: reqs[i].LimitId, Region: region, WindowIndex: w.Index,
+				Window: durpb(w.Length), PoolLeft: emptyPools[i], WindowLeft: durpb(max(0, w.End().Sub(now))),
+				StartsIn: durpb(0), ExpiresIn: durpb(0), RequestId: reqs[i].RequestId}
 		}
 	}
 	t.mu.Unlock()

@@ -207,6 +207,10 @@ type Decision struct {
 	Grant    *Grant // nil when nothing was granted
 	Replayed bool   // Grant was made earlier for the same request id
 	New      bool   // Grant is new and must be persisted
+	// Window and PoolLeft name the window an empty answer (no grant, code
+	// OK) was for, so the agent marks the right window spent.
+	Window   lease.Window
+	PoolLeft int64
 }
 
 // demandTTL: a region that has not asked for this long is treated as quiet,
@@ -244,7 +248,7 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 	pool := c.pool(l, ws)
 	timing := lease.Schedule(now, w, l.TTL)
 	if pool == 0 || timing.ExpiresIn <= 0 {
-		return Decision{}
+		return Decision{Window: w, PoolLeft: pool}
 	}
 	tokens := lease.Size(lease.SizeRequest{
 		Pool:     pool,
@@ -257,7 +261,7 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 		MaxChunk: l.MaxChunk,
 	})
 	if tokens <= 0 {
-		return Decision{}
+		return Decision{Window: w, PoolLeft: pool}
 	}
 	ws = c.window(k, l.Window)
 	ws.granted += tokens

@@ -266,16 +266,24 @@ func (a *Agent) evaluate(ctx context.Context, id string) {
 		_ = a.buckets.Unlock(uctx, lockKey, a.cfg.ReplicaID)
 		ucancel()
 	}()
-	a.closeExpired(ctx, l, key, p.Close)
-	for _, o := range p.Surplus {
-		a.closeAndReturn(ctx, l, key, o.ID, "surplus")
-	}
+	// Acquire first: returns are not urgent, a dry region is. Then every
+	// lease closed in this round goes back in one call (one WAN round trip,
+	// not one per lease: after a burst a region may hold a dozen small
+	// leases that expire together).
 	if p.Acquire {
 		a.acquire(ctx, l, st, false, rate, p.Held, p.Want)
 	}
 	if p.AcquireNext {
 		a.acquire(ctx, l, st, true, rate, 0, 0)
 	}
+	ids := make([]string, 0, len(p.Close)+len(p.Surplus))
+	for _, e := range p.Close {
+		ids = append(ids, e.ID)
+	}
+	for _, o := range p.Surplus {
+		ids = append(ids, o.ID)
+	}
+	a.closeAndReturn(ctx, l, key, ids)
 }
 
 // observeDemand feeds the bucket's regional admitted + denied count into
@@ -361,9 +369,14 @@ func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next 
 		a.m.renewals.WithLabelValues("empty").Inc()
 		a.log.Debug("renewal: nothing granted", "limit", l.id, "next", next)
 		if ls != nil && ls.PoolLeft == 0 || ls == nil {
+			// The allocator names the window it answered for; without it
+			// (an older allocator) the window current at the reply.
 			w := a.windowOf(recv, l)
 			if next {
 				w = w.Next()
+			}
+			if ls != nil && ls.Window != nil {
+				w.Index = ls.WindowIndex
 			}
 			st.spentWindow, st.spentAt = max(st.spentWindow, w.Index), recv
 			if !next {
@@ -385,7 +398,7 @@ func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next 
 	a.allocOffset.Store(allocNow - recv.UnixNano())
 	if err := a.deposit(ctx, l, ls, sent, recv); err != nil {
 		a.log.Warn("deposit failed; returning the lease", "limit", l.id, "lease", ls.LeaseId, "err", err)
-		a.returnLease(ctx, l.id, ls.LeaseId, ls.Tokens)
+		a.returnLeases(ctx, l.id, []*pb.LeaseReturn{{LimitId: l.id, LeaseId: ls.LeaseId, Unspent: ls.Tokens}})
 	} else if next {
 		st.nextWindow = ls.WindowIndex
 	}
@@ -443,46 +456,45 @@ func (a *Agent) deposit(ctx context.Context, l *limitView, ls *pb.Lease, sent, r
 	return errors.New("bucket refused the deposit: " + res.Status.String())
 }
 
-// closeExpired closes leases past their deadline and returns what they
-// had left. Closing is idempotent in Redis and returns are idempotent at
-// the allocator, so a replica that crashed between the two is covered by
-// the next one that closes again.
-func (a *Agent) closeExpired(ctx context.Context, l *limitView, key string, expired []bucket.ExpiredLease) {
-	for _, e := range expired {
-		a.closeAndReturn(ctx, l, key, e.ID, "expired")
+// closeAndReturn closes leases in the bucket and returns their unspent
+// tokens to the allocator in one call. Closing is idempotent in Redis and
+// returns are idempotent at the allocator, so a replica that crashed
+// between the two is covered by the next one that closes again.
+func (a *Agent) closeAndReturn(ctx context.Context, l *limitView, key string, ids []string) {
+	var rets []*pb.LeaseReturn
+	for _, id := range ids {
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		res, err := a.buckets.Close(rctx, key, id, a.redisNowMs())
+		cancel()
+		if err != nil {
+			a.log.Debug("renewal: closing failed", "limit", l.id, "lease", id, "err", err)
+			continue
+		}
+		if strings.HasPrefix(id, bucket.SubLeasePrefix) {
+			// Released sub-lease tokens: no allocator lease to return them
+			// to; they are lost to the window (undershoot).
+			continue
+		}
+		rets = append(rets, &pb.LeaseReturn{LimitId: l.id, LeaseId: id, Unspent: res.Unspent})
+	}
+	if len(rets) > 0 {
+		a.returnLeases(ctx, l.id, rets)
 	}
 }
 
-// closeAndReturn closes one lease in the bucket and returns its unspent
-// tokens to the allocator.
-func (a *Agent) closeAndReturn(ctx context.Context, l *limitView, key, leaseID, why string) {
-	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	res, err := a.buckets.Close(rctx, key, leaseID, a.redisNowMs())
-	cancel()
-	if err != nil {
-		return
-	}
-	a.log.Debug("renewal: closing", "limit", l.id, "lease", leaseID, "why", why, "unspent", res.Unspent)
-	if strings.HasPrefix(leaseID, bucket.SubLeasePrefix) {
-		// Released sub-lease tokens: no allocator lease to return them to;
-		// they are lost to the window (undershoot).
-		return
-	}
-	a.returnLease(ctx, l.id, leaseID, res.Unspent)
-}
-
-// returnLease tells the allocator a lease is closed with unspent tokens.
-func (a *Agent) returnLease(ctx context.Context, limit, leaseID string, unspent int64) {
+// returnLeases tells the allocator leases are closed with unspent tokens.
+func (a *Agent) returnLeases(ctx context.Context, limit string, rets []*pb.LeaseReturn) {
 	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
-		_, err := cl.ReturnLeases(ctx, &pb.ReturnLeasesRequest{Region: a.cfg.Region,
-			Returns: []*pb.LeaseReturn{{LimitId: limit, LeaseId: leaseID, Unspent: unspent}}}, opts...)
+		_, err := cl.ReturnLeases(ctx, &pb.ReturnLeasesRequest{Region: a.cfg.Region, Returns: rets}, opts...)
 		return err
 	})
 	if err != nil {
-		a.log.Warn("lease return failed; the tokens stay counted as spent", "limit", limit, "lease", leaseID, "err", err)
+		a.log.Warn("lease return failed; the tokens stay counted as spent", "limit", limit, "leases", len(rets), "err", err)
 		return
 	}
-	a.m.returned.Add(float64(unspent))
+	for _, r := range rets {
+		a.m.returned.Add(float64(r.Unspent))
+	}
 }
 
 // reportLoop sends the regional usage counts of the current and previous

@@ -279,9 +279,12 @@ func (x *LeaseRequest) GetWantTokens() int64 {
 	return 0
 }
 
+// Lease is a grant. When nothing could be granted (the pool is spent, or
+// the window is about to end) the answer is a Lease of 0 tokens with no
+// lease_id, naming the window (window_index, pool_left, window_left).
 type Lease struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// lease_id identifies the lease for ReturnLeases.
+	// lease_id identifies the lease for ReturnLeases; empty when tokens is 0.
 	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	LimitId string `protobuf:"bytes,2,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
 	Region  string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
