@@ -57,3 +57,12 @@ fuzz: ## Run every fuzzer for FUZZTIME each (default 20s).
 .PHONY: ci
 ci: checkproto lint ## What CI runs: proto drift check, lint, and every test.
 	$(MAKE) test LONG=1
+
+.PHONY: sim
+sim: ## Run the simulations and write docs/simulations/ (report and plots).
+	$(GO) run ./simulations/cmd/sim -out docs/simulations -seed 1
+
+.PHONY: screenshots
+screenshots: ## Write docs/images/status.png: /status of `leasehold dev` in headless Chromium.
+	@command -v chromium >/dev/null || { echo "chromium not found: apt-get install -y chromium" >&2; exit 1; }
+	$(GO) test -count=1 -run '^TestStatusPageInChromium$$' ./cmd/leasehold -args -screenshot=$(CURDIR)/docs/images/status.png

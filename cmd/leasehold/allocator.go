@@ -14,6 +14,7 @@ import (
 
 	"leasehold/allocator"
 	"leasehold/allocator/embedded"
+	"leasehold/allocator/statuspage"
 )
 
 // allocatorConfig is everything `leasehold allocator` takes.
@@ -145,6 +146,7 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 		}
 		return true, "ok: follower; leader " + a.Leader()
 	})
+	mux.Handle("GET /status", statuspage.Handler(a))
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 
 	ctx, cancel := context.WithCancel(ctx)
