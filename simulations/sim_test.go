@@ -1,0 +1,240 @@
+package simulations
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/golden.txt")
+
+// testScenarios are the report's scenarios, with the random one small
+// enough for a test under -race.
+func testScenarios(seed uint64) []Scenario {
+	scs := Scenarios(seed)
+	for i := range scs {
+		if scs[i].Name == "random" {
+			scs[i] = RandomScenario(seed, 10, 20, 2, 20*second)
+		}
+	}
+	return scs
+}
+
+var (
+	goldenOnce sync.Once
+	goldenRes  [][]Result // per test scenario, per strategy (Strategies + batched returns)
+)
+
+var allStrategies = append(append([]Strategy{}, Strategies...), LeaseholdSerialReturns)
+
+// seed1 runs every test scenario with every strategy at seed 1, once.
+func seed1(t *testing.T) [][]Result {
+	t.Helper()
+	goldenOnce.Do(func() {
+		scs := testScenarios(1)
+		goldenRes = make([][]Result, len(scs))
+		var jobs []job
+		for i, sc := range scs {
+			goldenRes[i] = make([]Result, len(allStrategies))
+			for j, s := range allStrategies {
+				jobs = append(jobs, job{sc: sc, s: s, out: &goldenRes[i][j]})
+			}
+		}
+		runJobs(jobs, 1)
+	})
+	return goldenRes
+}
+
+func byName(t *testing.T, name string, s Strategy) Result {
+	t.Helper()
+	for i, sc := range testScenarios(1) {
+		if sc.Name == name {
+			for j, st := range allStrategies {
+				if st == s {
+					return seed1(t)[i][j]
+				}
+			}
+		}
+	}
+	t.Fatalf("no result for %s / %v", name, s)
+	return Result{}
+}
+
+// TestGolden compares every scenario's key figures at seed 1 with
+// testdata/golden.txt (go test ./simulations -run Golden -update rewrites
+// it). A change of the allocator, the sizing or the agent logic shows here
+// as a diff to review.
+func TestGolden(t *testing.T) {
+	var b bytes.Buffer
+	for i, sc := range testScenarios(1) {
+		for _, r := range seed1(t)[i] {
+			fmt.Fprintf(&b, "%-10s %-26s %s\n", sc.Name, r.Strategy, Summary(r))
+		}
+	}
+	path := filepath.Join("testdata", "golden.txt")
+	if *update {
+		if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(b.Bytes(), want) {
+		gl, wl := strings.Split(b.String(), "\n"), strings.Split(string(want), "\n")
+		for i := range max(len(gl), len(wl)) {
+			var g, w string
+			if i < len(gl) {
+				g = gl[i]
+			}
+			if i < len(wl) {
+				w = wl[i]
+			}
+			if g != w {
+				t.Errorf("line %d:\n got %s\nwant %s", i+1, g, w)
+			}
+		}
+		t.Fatal("key figures changed: review, then go test ./simulations -run Golden -update")
+	}
+}
+
+// TestSameSeedSameOutput: two runs with one seed give the same report,
+// byte for byte (markdown and PNG).
+func TestSameSeedSameOutput(t *testing.T) {
+	o := Options{Seed: 7, RandomRegions: 4, RandomLimits: 5, RandomWindows: 2}
+	render := func() map[string][]byte {
+		files, err := BuildReport(o).Render()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return files
+	}
+	a, b := render(), render()
+	if len(a) != len(b) || len(a) < 2 {
+		t.Fatalf("files: %d and %d", len(a), len(b))
+	}
+	for name, x := range a {
+		if !bytes.Equal(x, b[name]) {
+			t.Errorf("%s differs between two runs with the same seed", name)
+		}
+	}
+	sc := Scenarios(3)[1]
+	if r1, r2 := Run(sc, Leasehold, 3), Run(sc, Leasehold, 3); !reflect.DeepEqual(r1, r2) {
+		t.Errorf("same seed, different results:\n%+v\n%+v", r1, r2)
+	}
+	if r1, r2 := Run(sc, Leasehold, 3), Run(sc, Leasehold, 4); reflect.DeepEqual(r1.Series, r2.Series) && r1.Requests == r2.Requests {
+		t.Errorf("seeds 3 and 4 gave the same run: the seed is not used")
+	}
+}
+
+// strict checks what Leasehold in strict mode promises in every window.
+func strict(t *testing.T, what string, r Result) {
+	t.Helper()
+	if r.MaxOvershoot != 0 || r.OvershootWindows != 0 {
+		t.Errorf("%s: observed overshoot %d in %d windows, want 0", what, r.MaxOvershoot, r.OvershootWindows)
+	}
+	if r.BoundViolations != 0 || r.Bound != 0 || r.BoundInfinite {
+		t.Errorf("%s: bound %d (inf %v), %d violations; want 0, 0", what, r.Bound, r.BoundInfinite, r.BoundViolations)
+	}
+	if r.LateSpends != 0 {
+		t.Errorf("%s: %d tokens spent outside their lease's window", what, r.LateSpends)
+	}
+	if r.Admitted == 0 {
+		t.Errorf("%s: nothing admitted", what)
+	}
+}
+
+// TestLeaseholdStrictEveryScenario: observed overshoot 0 in every scenario.
+func TestLeaseholdStrictEveryScenario(t *testing.T) {
+	for _, sc := range testScenarios(1) {
+		strict(t, sc.Name, byName(t, sc.Name, Leasehold))
+		strict(t, sc.Name+" (serial returns)", byName(t, sc.Name, LeaseholdSerialReturns))
+	}
+}
+
+// TestLeaseholdStrictRandomSeeds: 200 seeds of the random scenario, each
+// with random faults (a partition, an allocator failover) on top of random
+// RTTs, loss, duplication, clock offsets and drift. -short runs 20.
+func TestLeaseholdStrictRandomSeeds(t *testing.T) {
+	seeds := 200
+	if testing.Short() {
+		seeds = 20
+	}
+	var jobs []job
+	results := make([]Result, seeds)
+	for i := range seeds {
+		seed := uint64(1000 + i)
+		sc := RandomScenario(seed, 4, 3, 2, 10*second)
+		rng := stream(seed, 10, 0)
+		span := int64(sc.Duration())
+		sc.Faults = []Fault{
+			{Kind: Partition, At: time.Duration(rng.Int64N(span)), Region: rng.IntN(len(sc.Regions)),
+				Duration: time.Duration(rng.Int64N(int64(8 * second)))},
+			{Kind: AllocatorFailover, At: time.Duration(rng.Int64N(span)), Duration: time.Duration(1 + rng.Int64N(int64(6*second)))},
+		}
+		jobs = append(jobs, job{sc: sc, s: Leasehold, out: &results[i]})
+	}
+	for i := range seeds {
+		runJobs(jobs[i:i+1], uint64(1000+i))
+	}
+	for i, r := range results {
+		strict(t, fmt.Sprintf("seed %d", 1000+i), r)
+	}
+}
+
+// TestStranding: under contention and in the demand shift, Leasehold
+// strands at most 1% of G in any window; the static split's figure is shown
+// beside it, and must show the shift's stranding.
+func TestStranding(t *testing.T) {
+	for _, name := range []string{"contention", "shift"} {
+		lh, st := byName(t, name, Leasehold), byName(t, name, StaticSplit)
+		t.Logf("%-10s stranded per window: leasehold max %.2f%% mean %.2f%% | static split max %.2f%% mean %.2f%%",
+			name, 100*lh.MaxStrandedG, 100*lh.MeanStrandedG, 100*st.MaxStrandedG, 100*st.MeanStrandedG)
+		if lh.MaxStrandedG > 0.01 {
+			t.Errorf("%s: leasehold strands %.2f%% of G in a window, want <= 1%%", name, 100*lh.MaxStrandedG)
+		}
+	}
+	if st := byName(t, "shift", StaticSplit); st.MaxStrandedG < 0.3 {
+		t.Errorf("shift: static split strands at most %.1f%% of G; the simulator should show ~40%%", 100*st.MaxStrandedG)
+	}
+}
+
+// TestDetection: the simulator sees the failure modes of the other
+// strategies, so a zero for Leasehold means something.
+func TestDetection(t *testing.T) {
+	if r := byName(t, "burst", Independent); r.MaxAdmittedG < 1.9 {
+		t.Errorf("burst: independent admits at most %.2f x G, want ~2x", r.MaxAdmittedG)
+	}
+	if r := byName(t, "contention", Independent); r.MeanAdmittedG < 1.4 {
+		t.Errorf("contention: independent admits %.2f x G, want ~1.5x", r.MeanAdmittedG)
+	}
+	if r := byName(t, "shift", Independent); r.MaxAdmittedG > 1.15 {
+		t.Errorf("shift: independent admits %.2f x G; demand is G, so only noise should go over", r.MaxAdmittedG)
+	}
+	if r := byName(t, "regionloss", StaticSplit); r.MeanStrandedG < 0.1 {
+		t.Errorf("regionloss: static split strands %.1f%% on average, want the lost half", 100*r.MeanStrandedG)
+	}
+	if r := byName(t, "failover", Central); r.Unavailable == 0 {
+		t.Errorf("failover: the central authority answered every request while down")
+	}
+	if r := byName(t, "partition", Leasehold); r.Unavailable == 0 {
+		t.Errorf("partition: the cut-off region never fell back")
+	}
+	lh, old := byName(t, "burst", Leasehold), byName(t, "burst", LeaseholdSerialReturns)
+	if lh.MaxStrandedG > 0.01 {
+		t.Errorf("burst: leasehold strands %.1f%%, want <= 1%%", 100*lh.MaxStrandedG)
+	}
+	if old.MaxStrandedG < 0.10 {
+		t.Errorf("burst: the agent with serial returns strands only %.1f%%: the simulator no longer shows the problem it found", 100*old.MaxStrandedG)
+	}
+	t.Logf("burst: leasehold strands up to %.1f%% of G, the old agent (serial returns) %.1f%%", 100*lh.MaxStrandedG, 100*old.MaxStrandedG)
+}
