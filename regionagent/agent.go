@@ -161,6 +161,7 @@ type limitState struct {
 	failing     bool      // the allocator could not be reached on the last try
 	kickCost    int64     // largest cost denied since the last renewal
 	fresh       bool      // no Check of this limit has waited for a first lease yet
+	fallbackOn  bool      // a fallback mode was applied since the last grant (the gauge shows it)
 	changed     chan struct{}
 }
 
@@ -485,7 +486,13 @@ func (a *Agent) fallback(ctx context.Context, now time.Time, views []*limitView,
 			out[i].Remaining = l.fallback.LocalTokens - v
 		}
 		_, _ = a.buckets.AddCounter(rctx, keys[i], mode, 0) // marks the mode in force this window
-		a.m.fallbackMode.WithLabelValues(l.id).Set(float64(l.fallback.Kind))
+		st := sts[i]
+		st.mu.Lock()
+		if !st.fallbackOn {
+			st.fallbackOn = true
+			a.m.fallbackMode.WithLabelValues(l.id).Set(float64(l.fallback.Kind))
+		}
+		st.mu.Unlock()
 	}
 	for i := range out {
 		out[i].Allowed, out[i].Reason = true, pb.Reason_REASON_FALLBACK

@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		fallbackMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "leasehold_agent_fallback_mode",
-			Help: "Fail mode last applied per limit: 0 none, 1 closed, 2 local, 3 open.",
+			Help: "Fail mode in force per limit while the agent admits under it: 2 local, 3 open (absent otherwise).",
 		}, []string{"limit"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_agent_usage_reports_total",

@@ -357,6 +357,11 @@ func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next 
 	}
 	st.failing = false
 	st.kickCost = 0
+	if st.fallbackOn {
+		// The allocator answers again: the fallback is over.
+		st.fallbackOn = false
+		a.m.fallbackMode.DeleteLabelValues(l.id)
+	}
 	res := resp.Results[0]
 	if res.Code != pb.ItemCode_ITEM_CODE_OK {
 		a.m.renewals.WithLabelValues("rejected").Inc()
