@@ -56,7 +56,8 @@ type Option func(*options)
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
 
 // WithSessionTTL sets the etcd session TTL: how long a dead leader keeps
-// leadership before a follower takes over. Default 5s.
+// leadership before a follower takes over. Default 2s (the session is
+// kept alive every third of it).
 func WithSessionTTL(d time.Duration) Option {
 	return func(o *options) { o.sessionTTL = max(1, int(d.Round(time.Second)/time.Second)) }
 }

@@ -139,8 +139,12 @@ type Agent struct {
 	mu     sync.Mutex // protects states
 	states map[string]*limitState
 
-	seq   atomic.Uint64 // request id sequence
-	kicks chan string   // limits whose renewal a Check asked for
+	seq atomic.Uint64 // request id sequence
+	// nonce makes this process's request ids new even when a replica is
+	// restarted with the same id (the allocator remembers request ids for
+	// the retention, and would replay old leases).
+	nonce string
+	kicks chan string // limits whose renewal a Check asked for
 
 	// onAcquire, if set (tests), is called around every allocator request.
 	onAcquire func(start bool)
@@ -177,9 +181,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		return nil, errors.New("regionagent: Config.Redis is required")
 	}
 	if cfg.ReplicaID == "" {
-		var b [4]byte
-		_, _ = rand.Read(b[:])
-		cfg.ReplicaID = cfg.Region + "-" + hex.EncodeToString(b[:])
+		cfg.ReplicaID = cfg.Region + "-" + randomHex(4)
 	}
 	if err := allocator.ValidateRequestID("replica id", cfg.ReplicaID); err != nil {
 		return nil, fmt.Errorf("regionagent: %w", err)
@@ -206,6 +208,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		m:       newMetrics(cfg.Registerer),
 		states:  map[string]*limitState{},
 		kicks:   make(chan string, 1024),
+		nonce:   randomHex(4),
 	}
 	a.spend = newSpender(a.buckets, o.flushers, o.maxBatch, o.redisTimeout, func(n int) { a.m.batch.Observe(float64(n)) })
 	return a, nil
@@ -430,12 +433,14 @@ func (a *Agent) decide(ctx context.Context, now time.Time, views []*limitView, s
 }
 
 // retryAfter: when the window's pool is spent, its reset (jittered up to
-// 10%); otherwise about one renewal round trip.
+// 10%); otherwise the region is only briefly dry while a renewal is in
+// flight, and the answer is short (50-100 ms), which also tells clients'
+// denial caches not to hold it.
 func (a *Agent) retryAfter(spent bool, reset time.Duration) time.Duration {
 	if spent {
 		return reset + time.Duration(mrand.Int64N(int64(reset/10)+1))
 	}
-	return 250*time.Millisecond + time.Duration(mrand.Int64N(int64(250*time.Millisecond)))
+	return 50*time.Millisecond + time.Duration(mrand.Int64N(int64(50*time.Millisecond)))
 }
 
 // fallback answers when the region cannot get tokens: per limit, CLOSED
@@ -532,4 +537,10 @@ func (a *Agent) kick(id string) {
 	case a.kicks <- id:
 	default: // the loop is busy; its next tick will see the limit
 	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

@@ -29,6 +29,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); f(ctx) }()
 	}
 	wg.Wait()
+	// A last usage report on the way out, so the region's final counts
+	// reach the allocator even if no replica of the region stays up.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	a.report(fctx)
+	cancel()
 	return ctx.Err()
 }
 
@@ -315,7 +320,7 @@ func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next 
 			choice = pb.WindowChoice_WINDOW_CHOICE_NEXT
 		}
 		req = &pb.LeaseRequest{
-			RequestId: a.cfg.ReplicaID + "-" + strconv.FormatUint(a.seq.Add(1), 10),
+			RequestId: a.cfg.ReplicaID + "-" + a.nonce + "-" + strconv.FormatUint(a.seq.Add(1), 10),
 			LimitId:   l.id, Window: choice, DemandPerSecond: rate, HeldTokens: held, WantTokens: want,
 		}
 		if next {
@@ -398,9 +403,12 @@ func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next 
 		"starts_in", ls.StartsIn.AsDuration(), "expires_in", ls.ExpiresIn.AsDuration(), "pool_left", ls.PoolLeft)
 	// The allocator's clock, seen from here: its window ends window_left
 	// after it answered, which is no earlier than when we received.
-	wl := ls.WindowLeft.AsDuration()
-	allocNow := (ls.WindowIndex+1)*ls.Window.AsDuration().Nanoseconds() - wl.Nanoseconds()
-	a.allocOffset.Store(allocNow - recv.UnixNano())
+	// A replayed lease, or one whose window is over, says nothing about
+	// the allocator's clock now.
+	if wl := ls.WindowLeft.AsDuration(); wl > 0 && !res.Replayed {
+		allocNow := (ls.WindowIndex+1)*ls.Window.AsDuration().Nanoseconds() - wl.Nanoseconds()
+		a.allocOffset.Store(allocNow - recv.UnixNano())
+	}
 	if err := a.deposit(ctx, l, ls, sent, recv); err != nil {
 		a.log.Warn("deposit failed; returning the lease", "limit", l.id, "lease", ls.LeaseId, "err", err)
 		a.returnLeases(ctx, l.id, []*pb.LeaseReturn{{LimitId: l.id, LeaseId: ls.LeaseId, Unspent: ls.Tokens}})

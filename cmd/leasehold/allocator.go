@@ -41,7 +41,7 @@ func (c *allocatorConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.etcdPeerAddr, "etcd-peer-addr", "127.0.0.1:2380", "embedded etcd's peer address")
 	fs.StringVar(&c.etcdPrefix, "etcd-prefix", "/leasehold/", "prefix of every key the allocator writes")
 	fs.StringVar(&c.regions, "regions", "eu,us", "comma-separated regions limits may name")
-	fs.DurationVar(&c.sessionTTL, "session-ttl", 5*time.Second, "etcd session TTL: how fast a follower replaces a dead leader")
+	fs.DurationVar(&c.sessionTTL, "session-ttl", 2*time.Second, "etcd session TTL: how fast a follower replaces a dead leader")
 	fs.DurationVar(&c.retention, "retention", time.Minute, "how long grant records are kept after their window ends")
 	fs.IntVar(&c.maxTxnOps, "max-txn-ops", 128, "grants per etcd transaction (group commit); at most etcd's --max-txn-ops")
 	fs.IntVar(&c.reportWindows, "report-windows", 60, "closed windows kept per limit for reports (quotactl windows, /status)")
