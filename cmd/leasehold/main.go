@@ -3,6 +3,7 @@
 //	leasehold allocator   the home-region allocator (embedded etcd by default)
 //	leasehold agent       a region agent
 //	leasehold dev         everything in one process: etcd, allocator, two agents
+//	leasehold gateway     a reverse proxy that puts a global limit in front of an HTTP service
 //
 // Run `leasehold COMMAND -h` for a command's flags. Exit codes: 0 on a clean
 // shutdown, 1 when a server fails, 2 on bad usage.
@@ -30,6 +31,7 @@ var commands = map[string]command{
 	"allocator": {"run the home-region allocator", runAllocatorCmd},
 	"agent":     {"run a region agent", runAgentCmd},
 	"dev":       {"run everything in one process on embedded defaults", runDevCmd},
+	"gateway":   {"run a reverse proxy that puts a global limit in front of an HTTP service", runGatewayCmd},
 }
 
 // usageError is bad usage: exit code 2 with a one-line reason.

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"leasehold/allocator"
+	"leasehold/regionagent/client"
+	"leasehold/regionagent/httplimit"
+)
+
+// gatewayConfig is everything `leasehold gateway` takes.
+type gatewayConfig struct {
+	listen, upstream, agent string
+	keyHeader               string
+	keyPathSegment          int
+	limitTemplate           string
+	costHeader              string
+	trustedProxies          string
+	subLeases               string
+	missingKey              string
+	unknownLimit            string
+	remainingHeader         string
+	timeout, jitter         time.Duration
+	log                     logFlags
+
+	// parsed by validate
+	upstreamURL *url.URL
+	trusted     []netip.Prefix
+}
+
+func (c *gatewayConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:7430", "HTTP listen address")
+	fs.StringVar(&c.upstream, "upstream", "", "URL of the service behind the gateway (required), e.g. http://127.0.0.1:8080")
+	fs.StringVar(&c.agent, "agent", "127.0.0.1:7410", "region agent gRPC address")
+	fs.StringVar(&c.keyHeader, "key-header", "", "take the key from this request header, e.g. X-Tenant (this or -key-path-segment)")
+	fs.IntVar(&c.keyPathSegment, "key-path-segment", 0, "take the key from this path segment, 1-based: 1 takes atlas from /atlas/orders")
+	fs.StringVar(&c.limitTemplate, "limit-template", "tenant/{key}", "limit id of a request; {key} is replaced by its key")
+	fs.StringVar(&c.costHeader, "cost-header", "", "take a request's cost from this header (an integer >= 1; absent: 1)")
+	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "comma-separated CIDRs of proxies in front of the gateway whose X-Forwarded-For is kept")
+	fs.StringVar(&c.subLeases, "sub-leases", "on", "spend hot limits from local sub-leases: on or off")
+	fs.StringVar(&c.missingKey, "missing-key", "reject", "a request without a valid key: reject (400) or pass (unlimited)")
+	fs.StringVar(&c.unknownLimit, "unknown-limit", "pass", "a key whose limit does not exist: pass (unlimited) or reject (503)")
+	fs.StringVar(&c.remainingHeader, "remaining-only-with", "", "send the RateLimit header (remaining quota) only to requests carrying this header, e.g. Authorization")
+	fs.DurationVar(&c.timeout, "timeout", 250*time.Millisecond, "deadline of each call to the agent")
+	fs.DurationVar(&c.jitter, "jitter", time.Second, "most random delay added to Retry-After before rounding up")
+	c.log.register(fs)
+}
+
+// headerNameRe is an HTTP field name (RFC 9110 token).
+var headerNameRe = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+func (c *gatewayConfig) validate() error {
+	if c.upstream == "" {
+		return usagef("-upstream is required, e.g. -upstream http://127.0.0.1:8080")
+	}
+	u, err := url.Parse(c.upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usagef("-upstream %q: want an absolute http:// or https:// URL", c.upstream)
+	}
+	c.upstreamURL = u
+	switch {
+	case c.keyHeader != "" && c.keyPathSegment != 0:
+		return usagef("-key-header and -key-path-segment: give one, not both")
+	case c.keyHeader == "" && c.keyPathSegment == 0:
+		return usagef("name where the key is: -key-header NAME or -key-path-segment N")
+	case c.keyHeader != "" && !headerNameRe.MatchString(c.keyHeader):
+		return usagef("-key-header %q: not a header name", c.keyHeader)
+	case c.keyPathSegment < 0:
+		return usagef("-key-path-segment %d: must be >= 1", c.keyPathSegment)
+	case c.costHeader != "" && !headerNameRe.MatchString(c.costHeader):
+		return usagef("-cost-header %q: not a header name", c.costHeader)
+	case c.remainingHeader != "" && !headerNameRe.MatchString(c.remainingHeader):
+		return usagef("-remaining-only-with %q: not a header name", c.remainingHeader)
+	case !strings.Contains(c.limitTemplate, "{key}"):
+		return usagef("-limit-template %q: must contain {key}", c.limitTemplate)
+	case c.agent == "":
+		return usagef("-agent is required")
+	case c.timeout <= 0 || c.jitter < 0:
+		return usagef("-timeout must be > 0 and -jitter >= 0")
+	}
+	if err := allocator.ValidateLimitID("-limit-template", strings.ReplaceAll(c.limitTemplate, "{key}", "key")); err != nil {
+		return usagef("%v", err)
+	}
+	for name, v := range map[string]*string{"sub-leases": &c.subLeases, "missing-key": &c.missingKey, "unknown-limit": &c.unknownLimit} {
+		want := map[string][]string{"sub-leases": {"on", "off"}, "missing-key": {"reject", "pass"}, "unknown-limit": {"pass", "reject"}}[name]
+		if *v != want[0] && *v != want[1] {
+			return usagef("-%s %q: want %s or %s", name, *v, want[0], want[1])
+		}
+	}
+	c.trusted, err = httplimit.ParsePrefixes(c.trustedProxies)
+	if err != nil {
+		return usagef("-trusted-proxies: %v", err)
+	}
+	return nil
+}
+
+func runGatewayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	var c gatewayConfig
+	c.register(fs)
+	pos, err := parseFlags(fs, args, stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	if err := c.validate(); err != nil {
+		return err
+	}
+	log, err := c.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	return runGateway(ctx, &c, log)
+}
+
+// runGateway serves the gateway until ctx ends.
+func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
+	l, err := listen("listen", c.listen)
+	if err != nil {
+		return err
+	}
+	opts := []client.Option{client.WithTimeout(c.timeout)}
+	if c.subLeases == "on" {
+		opts = append(opts, client.WithSubLeases(client.SubLeaseConfig{}))
+	}
+	cl, err := client.New(c.agent, opts...)
+	if err != nil {
+		l.Close()
+		return fmt.Errorf("-agent %s: %w", c.agent, err)
+	}
+	srv := &http.Server{Handler: gatewayHandler(c, cl, log), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	log.Info("gateway serving", "listen", l.Addr().String(), "upstream", c.upstreamURL.String(), "agent", c.agent,
+		"sub_leases", c.subLeases)
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if cerr := cl.Close(sctx); cerr != nil {
+		log.Warn("closing the agent client", "err", cerr)
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	return nil
+}
+
+// keyRe is what a key may be: one limit id segment.
+var keyRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
+
+// gatewayHandler is the gateway: /healthz, and everything else through
+// the limiter to the upstream.
+func gatewayHandler(c *gatewayConfig, lim httplimit.Limiter, log *slog.Logger) http.Handler {
+	key := func(r *http.Request) (string, bool) {
+		var k string
+		if c.keyHeader != "" {
+			k = r.Header.Get(c.keyHeader)
+		} else {
+			segs := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+			if c.keyPathSegment <= len(segs) {
+				k = segs[c.keyPathSegment-1]
+			}
+		}
+		if !keyRe.MatchString(k) {
+			return "", false
+		}
+		return strings.ReplaceAll(c.limitTemplate, "{key}", k), true
+	}
+	cost := func(r *http.Request) (int64, bool) {
+		if c.costHeader == "" {
+			return 1, true
+		}
+		v := r.Header.Get(c.costHeader)
+		if v == "" {
+			return 1, true
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil && n >= 1
+	}
+	opts := []httplimit.Option{
+		httplimit.Key(key),
+		httplimit.Cost(func(r *http.Request) int64 { n, _ := cost(r); return n }),
+		httplimit.Jitter(c.jitter),
+		httplimit.Observe(func(r *http.Request, o httplimit.Outcome, d client.Decision) {
+			if o != httplimit.Allowed {
+				log.Debug("limited", "outcome", o.String(), "path", r.URL.Path, "decision", d.ID.String(), "source", d.Source.String())
+			}
+		}),
+	}
+	if c.unknownLimit == "pass" {
+		opts = append(opts, httplimit.PassUnknownLimits())
+	}
+	if h := c.remainingHeader; h != "" {
+		opts = append(opts, httplimit.ShowRemaining(func(r *http.Request) bool { return r.Header.Get(h) != "" }))
+	}
+	up := c.upstreamURL
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(up)
+			// Keep the X-Forwarded-For chain only from a trusted proxy;
+			// from anyone else it is whatever the client wrote.
+			if peerIn(httplimit.ClientIP(pr.In, nil), c.trusted) { // nil: the peer itself
+				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+			}
+			pr.SetXForwarded()
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			log.Warn("upstream failed", "path", r.URL.Path, "err", err)
+			writeProblem(w, http.StatusBadGateway, "urn:leasehold:problem:upstream", "Bad Gateway", "The upstream service did not answer.")
+		},
+	}
+	limited := httplimit.Middleware(lim, opts...)(proxy)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		state := "unknown"
+		if cl, ok := lim.(*client.Client); ok {
+			state = strings.ToLower(cl.Conn().GetState().String())
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintf(w, "ok: upstream %s, agent %s (%s)\n", up.Redacted(), c.agent, state)
+	})
+	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := key(r); !ok && c.missingKey == "reject" {
+			where := "header " + c.keyHeader
+			if c.keyHeader == "" {
+				where = "path segment " + strconv.Itoa(c.keyPathSegment)
+			}
+			writeProblem(w, http.StatusBadRequest, "urn:leasehold:problem:no-key", "Bad Request",
+				"The request names no limit: "+where+" must be 1-100 of [A-Za-z0-9._-].")
+			return
+		}
+		if _, ok := cost(r); !ok {
+			writeProblem(w, http.StatusBadRequest, "urn:leasehold:problem:bad-cost", "Bad Request",
+				"Header "+c.costHeader+" must be an integer >= 1.")
+			return
+		}
+		limited.ServeHTTP(w, r)
+	}))
+	return mux
+}
+
+func peerIn(a netip.Addr, trusted []netip.Prefix) bool {
+	for _, p := range trusted {
+		if a.IsValid() && p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// writeProblem answers an RFC 9457 problem of the gateway itself.
+func writeProblem(w http.ResponseWriter, code int, typ, title, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{"type": typ, "title": title, "status": code, "detail": detail})
+}

@@ -1,0 +1,260 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"leasehold/regionagent/client/clienttest"
+)
+
+// upstream is a real HTTP service behind the gateway; it records what
+// reached it.
+type upstream struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	seen []*http.Request
+}
+
+func startUpstream(t *testing.T) *upstream {
+	u := &upstream{}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.seen = append(u.seen, r.Clone(context.Background()))
+		u.mu.Unlock()
+		w.Header().Set("X-Upstream", "yes")
+		_, _ = io.WriteString(w, "hello from "+r.URL.Path)
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *upstream) requests() []*http.Request {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]*http.Request(nil), u.seen...)
+}
+
+// startGateway runs `leasehold gateway` in the test process with args and
+// waits until it serves.
+func startGateway(t *testing.T, args ...string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	s := startCmd(t, append([]string{"gateway", "--listen", addr}, args...)...)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return "http://" + addr
+			}
+		}
+		select {
+		case <-s.done:
+			t.Fatalf("gateway exited %d: %s", s.exit, s.stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not serving: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling readiness
+	}
+}
+
+type gwResp struct {
+	code   int
+	header http.Header
+	body   string
+}
+
+func gwDo(t *testing.T, url string, hdr map[string]string) gwResp {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return gwResp{resp.StatusCode, resp.Header, string(b)}
+}
+
+var delaySeconds = regexp.MustCompile(`^[1-9][0-9]*$`)
+
+func problemOf(t *testing.T, r gwResp) map[string]any {
+	t.Helper()
+	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type %q on a %d: %s", ct, r.code, r.body)
+	}
+	var p map[string]any
+	if err := json.Unmarshal([]byte(r.body), &p); err != nil {
+		t.Fatalf("problem body %q: %v", r.body, err)
+	}
+	if int(p["status"].(float64)) != r.code {
+		t.Fatalf("problem status %v on a %d", p["status"], r.code)
+	}
+	return p
+}
+
+// TestGatewayLimitsAndProxies: a real upstream behind `leasehold gateway`
+// and a fake agent: requests pass with the rate limit headers until the
+// limit is spent, then 429 with Retry-After and a problem body; the
+// upstream sees none of the denied requests, and a spoofed X-Forwarded-For
+// from an untrusted client does not reach it.
+func TestGatewayLimitsAndProxies(t *testing.T) {
+	ag := clienttest.NewAgent(time.Now)
+	ag.SetLimit("tenant/atlas", 3, time.Hour, time.Hour)
+	ag.SetLimit("tenant/heavy", 5, time.Hour, time.Hour)
+	up := startUpstream(t)
+	gw := startGateway(t, "--upstream", up.srv.URL, "--agent", ag.ServeTCP(t), "--key-header", "X-Tenant",
+		"--cost-header", "X-Cost", "--trusted-proxies", "10.0.0.0/8", "--remaining-only-with", "Authorization")
+
+	auth := map[string]string{"X-Tenant": "atlas", "Authorization": "Bearer t", "X-Forwarded-For": "6.6.6.6"}
+	for i := range 3 {
+		r := gwDo(t, gw+"/orders/7", auth)
+		if r.code != 200 || r.body != "hello from /orders/7" || r.header.Get("X-Upstream") != "yes" {
+			t.Fatalf("request %d: %d %q", i, r.code, r.body)
+		}
+		if got := r.header.Get("RateLimit-Policy"); got != `"tenant/atlas";q=3;w=3600` {
+			t.Fatalf("RateLimit-Policy %q", got)
+		}
+		if got := r.header.Get("RateLimit"); !strings.HasPrefix(got, `"tenant/atlas";r=`) {
+			t.Fatalf("RateLimit %q for an authenticated caller", got)
+		}
+	}
+	for _, req := range up.requests() {
+		if got := req.Header.Values("X-Forwarded-For"); len(got) != 1 || got[0] != "127.0.0.1" {
+			t.Fatalf("upstream saw X-Forwarded-For %q: the client's own value must not pass", got)
+		}
+	}
+	r := gwDo(t, gw+"/orders/7", map[string]string{"X-Tenant": "atlas"})
+	if r.code != http.StatusTooManyRequests || !delaySeconds.MatchString(r.header.Get("Retry-After")) {
+		t.Fatalf("over the limit: %d Retry-After %q", r.code, r.header.Get("Retry-After"))
+	}
+	if r.header.Get("RateLimit") != "" || r.header.Get("RateLimit-Policy") == "" {
+		t.Fatalf("anonymous 429: RateLimit %q, policy %q", r.header.Get("RateLimit"), r.header.Get("RateLimit-Policy"))
+	}
+	p := problemOf(t, r)
+	if p["limit"] != "tenant/atlas" || p["reason"] != "OVER_LIMIT" || len(p["decision_id"].(string)) != 32 {
+		t.Fatalf("problem %v", p)
+	}
+	if n := len(up.requests()); n != 3 {
+		t.Fatalf("upstream saw %d requests, want the 3 admitted", n)
+	}
+
+	// Costs from a header.
+	if r := gwDo(t, gw+"/x", map[string]string{"X-Tenant": "heavy", "X-Cost": "4"}); r.code != 200 {
+		t.Fatalf("cost 4 of 5: %d", r.code)
+	}
+	if r := gwDo(t, gw+"/x", map[string]string{"X-Tenant": "heavy", "X-Cost": "2"}); r.code != 429 {
+		t.Fatalf("cost 2 of the 1 left: %d", r.code)
+	}
+	if r := gwDo(t, gw+"/x", map[string]string{"X-Tenant": "heavy", "X-Cost": "two"}); r.code != 400 {
+		t.Fatalf("bad cost: %d", r.code)
+	}
+	// No key, or a key that is not one segment: 400 (-missing-key reject).
+	for _, h := range []map[string]string{{}, {"X-Tenant": "a/b"}, {"X-Tenant": "a b"}} {
+		if r := gwDo(t, gw+"/x", h); r.code != 400 || problemOf(t, r)["type"] != "urn:leasehold:problem:no-key" {
+			t.Fatalf("key %v: %d %s", h, r.code, r.body)
+		}
+	}
+	// A tenant without a limit passes (-unknown-limit pass).
+	if r := gwDo(t, gw+"/x", map[string]string{"X-Tenant": "nobody"}); r.code != 200 {
+		t.Fatalf("unknown limit: %d", r.code)
+	}
+}
+
+// From a trusted proxy the X-Forwarded-For chain is kept and extended.
+func TestGatewayTrustedProxyKeepsForwardedFor(t *testing.T) {
+	ag := clienttest.NewAgent(time.Now)
+	ag.SetLimit("tenant/atlas", 100, time.Hour, time.Hour)
+	up := startUpstream(t)
+	gw := startGateway(t, "--upstream", up.srv.URL, "--agent", ag.ServeTCP(t), "--key-path-segment", "2",
+		"--trusted-proxies", "127.0.0.0/8")
+	r := gwDo(t, gw+"/v1/atlas/orders", map[string]string{"X-Forwarded-For": "203.0.113.9"})
+	if r.code != 200 || r.body != "hello from /v1/atlas/orders" {
+		t.Fatalf("%d %q", r.code, r.body)
+	}
+	if got := up.requests()[0].Header.Get("X-Forwarded-For"); got != "203.0.113.9, 127.0.0.1" {
+		t.Fatalf("upstream saw X-Forwarded-For %q", got)
+	}
+	if w := ag.Window("tenant/atlas", time.Now().UnixNano()/int64(time.Hour)); w.CheckAdmitted != 1 {
+		t.Fatalf("tenant/atlas admitted %d: the key comes from path segment 2", w.CheckAdmitted)
+	}
+	if r := gwDo(t, gw+"/v1", nil); r.code != 400 {
+		t.Fatalf("no segment 2: %d", r.code)
+	}
+}
+
+// When the agent cannot be reached the gateway answers 503 with
+// Retry-After, and the upstream sees nothing.
+func TestGatewayAgentDown(t *testing.T) {
+	up := startUpstream(t)
+	gw := startGateway(t, "--upstream", up.srv.URL, "--agent", freeAddr(t), "--key-header", "X-Tenant", "--timeout", "100ms")
+	r := gwDo(t, gw+"/x", map[string]string{"X-Tenant": "atlas"})
+	if r.code != http.StatusServiceUnavailable || !delaySeconds.MatchString(r.header.Get("Retry-After")) {
+		t.Fatalf("%d Retry-After %q", r.code, r.header.Get("Retry-After"))
+	}
+	if p := problemOf(t, r); p["reason"] != "UNAVAILABLE" || p["limit"] != "tenant/atlas" {
+		t.Fatalf("problem %v", p)
+	}
+	if len(up.requests()) != 0 {
+		t.Fatal("the upstream was called")
+	}
+}
+
+func TestGatewayUpstreamDown(t *testing.T) {
+	ag := clienttest.NewAgent(time.Now)
+	ag.SetLimit("tenant/atlas", 100, time.Hour, time.Hour)
+	gw := startGateway(t, "--upstream", "http://"+freeAddr(t), "--agent", ag.ServeTCP(t), "--key-header", "X-Tenant")
+	if r := gwDo(t, gw+"/x", map[string]string{"X-Tenant": "atlas"}); r.code != http.StatusBadGateway {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+}
+
+func TestGatewayUsageErrors(t *testing.T) {
+	up := "--upstream=http://127.0.0.1:1"
+	for _, args := range [][]string{
+		{"gateway"},
+		{"gateway", "--key-header", "X-Tenant"},
+		{"gateway", "--upstream", "localhost:80", "--key-header", "X-Tenant"},
+		{"gateway", "--upstream", "ftp://x", "--key-header", "X-Tenant"},
+		{"gateway", up},
+		{"gateway", up, "--key-header", "X-Tenant", "--key-path-segment", "1"},
+		{"gateway", up, "--key-header", "X Tenant"},
+		{"gateway", up, "--key-path-segment", "-1"},
+		{"gateway", up, "--key-header", "X-Tenant", "--limit-template", "tenant"},
+		{"gateway", up, "--key-header", "X-Tenant", "--limit-template", "bad id/{key}"},
+		{"gateway", up, "--key-header", "X-Tenant", "--trusted-proxies", "10.0.0.0/33"},
+		{"gateway", up, "--key-header", "X-Tenant", "--sub-leases", "maybe"},
+		{"gateway", up, "--key-header", "X-Tenant", "--missing-key", "ignore"},
+		{"gateway", up, "--key-header", "X-Tenant", "--timeout", "0s"},
+		{"gateway", up, "--key-header", "X-Tenant", "extra"},
+		{"gateway", up, "--key-header", "X-Tenant", "--no-such-flag"},
+	} {
+		var stderr bytes.Buffer
+		code := run(context.Background(), args, io.Discard, &stderr)
+		if code != 2 || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 || stderr.Len() == 0 {
+			t.Errorf("%v: exit %d, stderr %q; want 2 with one line", args, code, stderr.String())
+		}
+	}
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"gateway", "-h"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), "-upstream") {
+		t.Errorf("-h: exit %d, %q", code, out.String())
+	}
+}

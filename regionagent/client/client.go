@@ -1,0 +1,522 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// SubLeaseConfig sets how the client reserves chunks of hot limits. Zero
+// fields take their defaults.
+type SubLeaseConfig struct {
+	// HotRate: a limit is hot when this client asks it for more than this
+	// much cost per second (its own rate, not the region's). Below it every
+	// call is a plain Check. Default 50.
+	HotRate float64
+	// Horizon: a chunk covers this much of the client's own rate (capped
+	// by what is left of the window). Default 1s.
+	Horizon time.Duration
+	// MaxChunk caps a chunk (0: no cap besides the limit's G and what the
+	// region holds).
+	MaxChunk int64
+	// IdleAfter: a chunk unused this long is released. Default 2s.
+	IdleAfter time.Duration
+}
+
+func (s *SubLeaseConfig) defaults() {
+	if s.HotRate <= 0 {
+		s.HotRate = 50
+	}
+	if s.Horizon <= 0 {
+		s.Horizon = time.Second
+	}
+	if s.IdleAfter <= 0 {
+		s.IdleAfter = 2 * time.Second
+	}
+	s.MaxChunk = max(0, s.MaxChunk)
+}
+
+type options struct {
+	dial        []grpc.DialOption
+	timeout     time.Duration
+	denial      bool
+	denialFloor time.Duration
+	sub         *SubLeaseConfig // nil: no sub-leases
+	now         func() time.Time
+	retryFor    time.Duration // Reserve/Release retry budget
+	reprobe     time.Duration // how long Reserve is not tried after Unimplemented
+	sweepEvery  time.Duration // 0: no background sweeper (tests call sweep)
+	margin      time.Duration // fixed part of a chunk's safety margin
+	driftPPM    float64       // clock rate error covered, per million
+	stateTTL    time.Duration // an idle limit's state is forgotten after this
+}
+
+// Option changes an optional setting.
+type Option func(*options)
+
+// WithDialOptions adds gRPC dial options. The default is insecure
+// transport credentials (loopback or a trusted network; TLS comes later);
+// a credentials option given here replaces it.
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *options) { o.dial = append(o.dial, opts...) }
+}
+
+// WithTimeout sets the deadline of each call to the agent (a Check, or one
+// attempt of a Reserve or Release). Default 250ms.
+func WithTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.timeout = d
+		}
+	}
+}
+
+// WithDenialCache sets the denial cache's floor: after an OVER_LIMIT
+// denial, the limit is denied locally for max(retry_after, floor). Default
+// on, floor 250ms.
+func WithDenialCache(floor time.Duration) Option {
+	return func(o *options) { o.denial, o.denialFloor = true, max(0, floor) }
+}
+
+// WithoutDenialCache asks the agent on every call that has no sub-lease.
+func WithoutDenialCache() Option { return func(o *options) { o.denial = false } }
+
+// WithSubLeases turns on local sub-leases for hot limits.
+func WithSubLeases(cfg SubLeaseConfig) Option {
+	return func(o *options) {
+		cfg.defaults()
+		o.sub = &cfg
+	}
+}
+
+// WithRetry bounds how long a Reserve or Release is retried (with the
+// same reservation id, jittered exponential backoff). Default 1s.
+func WithRetry(maxElapsed time.Duration) Option {
+	return func(o *options) { o.retryFor = max(0, maxElapsed) }
+}
+
+// WithClock replaces the client's clock (tests). Chunk deadlines and the
+// denial cache are measured on it; the default is time.Now's monotonic
+// clock.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// withoutSweeper stops the background sweeper: tests call sweep with their
+// clock.
+func withoutSweeper() Option { return func(o *options) { o.sweepEvery = 0 } }
+
+// reprobeAfter is how long the client uses plain Checks after the agent
+// answered Reserve with Unimplemented.
+const reprobeAfter = time.Minute
+
+// Client asks a region agent for decisions. It is safe for concurrent use.
+// The zero value is not usable: create it with New, and Close it when done
+// (Close gives back what its sub-leases hold).
+type Client struct {
+	conn *grpc.ClientConn
+	rpc  pb.RegionAgentClient
+	opt  options
+	base time.Time // the clock's origin: times are ns since base
+
+	states sync.Map // limit id -> *limitState
+
+	// noReserveUntil: Reserve is not tried before this time (the agent
+	// answered Unimplemented).
+	noReserveUntil atomic.Int64
+
+	idPrefix string        // random per client: reservation ids
+	seq      atomic.Uint64 // reservation id sequence
+
+	bgMu   sync.RWMutex   // protects closed transitions against bg.Add
+	closed atomic.Bool    // written under bgMu
+	bg     sync.WaitGroup // refills and releases in the background
+	stop   chan struct{}  // closed by Close: the sweeper ends
+	swept  chan struct{}  // closed when the sweeper ended
+
+	// onRelease, if set (tests, before the first call), sees every
+	// Release: when it was sent, what was unspent and what the agent
+	// returned (-1: the call failed).
+	onRelease func(r *reservation, sentAt, unspent, returned int64)
+	// onRetire, if set (tests, before the first call), sees every chunk
+	// given up: what was left and when.
+	onRetire func(r *reservation, unspent, now int64)
+}
+
+// New returns a client of the agents at target (a gRPC target, e.g.
+// "127.0.0.1:7410" or "dns:///agent.eu.internal:7410"). It does not wait
+// for a connection.
+func New(target string, opts ...Option) (*Client, error) {
+	o := options{
+		timeout: 250 * time.Millisecond, denial: true, denialFloor: 250 * time.Millisecond,
+		retryFor: time.Second, reprobe: reprobeAfter, sweepEvery: 250 * time.Millisecond,
+		margin: 2 * time.Millisecond, driftPPM: 1000, stateTTL: time.Minute,
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.sub != nil && o.sweepEvery > 0 {
+		o.sweepEvery = min(o.sweepEvery, max(o.sub.IdleAfter/4, 10*time.Millisecond))
+	}
+	dial := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// A service config from the resolver could add a retry policy,
+		// and a retried Check is a second debit: only the caller's
+		// WithDialOptions may set one.
+		grpc.WithDisableServiceConfig(),
+	}, o.dial...)
+	conn, err := grpc.NewClient(target, dial...)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	c := &Client{
+		conn: conn, rpc: pb.NewRegionAgentClient(conn), opt: o,
+		idPrefix: "gw-" + hex.EncodeToString(b[:]) + "-",
+		stop:     make(chan struct{}), swept: make(chan struct{}),
+	}
+	if o.now != nil {
+		c.base = o.now()
+	} else {
+		c.base = time.Now()
+	}
+	if o.sweepEvery > 0 {
+		go c.sweeper()
+	} else {
+		close(c.swept)
+	}
+	return c, nil
+}
+
+// mono is the client's clock: ns since base. With the default clock it
+// reads only the monotonic clock.
+func (c *Client) mono() int64 {
+	if c.opt.now == nil {
+		return int64(time.Since(c.base))
+	}
+	return int64(c.opt.now().Sub(c.base))
+}
+
+// Conn returns the client's gRPC connection (its state, for health pages).
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// limitState is the client's view of one limit.
+type limitState struct {
+	id string
+
+	cur     atomic.Pointer[reservation] // the chunk being spent (nil: none)
+	deny    atomic.Pointer[denial]      // the cached denial (nil: none)
+	lastUse atomic.Int64                // last Allow, coarse (see touchEvery)
+	asked   atomic.Int64                // cost asked through Checks (rate input)
+	pending atomic.Bool                 // a Reserve is in flight or next waits
+
+	mu           sync.Mutex // protects the fields below, and changes of cur
+	next         *reservation
+	retired      int64 // cost spent from chunks no longer held (rate input)
+	rate         rateEst
+	limitTokens  int64
+	resetAt      int64 // end of the window as last answered (0: unknown)
+	reserveAfter int64 // no Reserve before this (a failed one backs off)
+	dead         bool  // removed from the client's map
+}
+
+// touchEvery: the fast path records use at most this often (one shared
+// write per millisecond instead of one per decision).
+const touchEvery = int64(time.Millisecond)
+
+func (c *Client) state(limit string) *limitState {
+	if v, ok := c.states.Load(limit); ok {
+		return v.(*limitState)
+	}
+	v, _ := c.states.LoadOrStore(limit, &limitState{id: limit})
+	return v.(*limitState)
+}
+
+// observeLocked samples the client's own rate of the limit (st.mu held):
+// Checks asked plus what chunks spent.
+func (st *limitState) observeLocked(now int64) float64 {
+	total := st.asked.Load() + st.retired
+	if r := st.cur.Load(); r != nil {
+		total += r.spent()
+	}
+	if st.next != nil {
+		total += st.next.spent()
+	}
+	return st.rate.observe(now, total)
+}
+
+// Allow decides whether a request of the given cost may pass limit. cost 0
+// means 1.
+//
+// The decision comes from a sub-lease this client holds (Source
+// SubLease), from a denial the agent gave recently (Source DenialCache,
+// always a denial), or from a Check (Source Agent). An error means no
+// decision: the agent could not be asked, or did not answer in time (the
+// returned Decision then has Reason UNAVAILABLE and an ID, for the
+// caller's report). A Check that failed is never sent again.
+func (c *Client) Allow(ctx context.Context, limit string, cost int64) (Decision, error) {
+	if cost == 0 {
+		cost = 1
+	}
+	if cost < 0 || limit == "" {
+		return Decision{}, invalid(limit, cost)
+	}
+	if c.closed.Load() {
+		return Decision{}, ErrClosed
+	}
+	st := c.state(limit)
+	now := c.mono()
+	if r := st.cur.Load(); r != nil {
+		if left, ok := r.take(now, cost); ok {
+			if now-st.lastUse.Load() > touchEvery {
+				st.lastUse.Store(now)
+			}
+			if (left < r.low || now >= r.renewAt) && r.kicked.CompareAndSwap(false, true) {
+				c.kickRefill(st)
+			}
+			return r.decision(now, left), nil
+		}
+	}
+	st.lastUse.Store(now)
+	if c.opt.denial {
+		if dn := st.deny.Load(); dn != nil && now < dn.until && cost > dn.remaining {
+			return dn.answer(now), nil
+		}
+	}
+	if c.opt.sub != nil && now >= c.noReserveUntil.Load() {
+		if d, ok := c.subSlow(ctx, st, now, cost); ok {
+			return d, nil
+		}
+	}
+	return c.check(ctx, st, cost)
+}
+
+func invalid(limit string, cost int64) error {
+	if limit == "" {
+		return fmt.Errorf("%w: limit is required", ErrInvalid)
+	}
+	return fmt.Errorf("%w: cost %d of %q: must be >= 0", ErrInvalid, cost, limit)
+}
+
+// check asks the agent once.
+func (c *Client) check(ctx context.Context, st *limitState, cost int64) (Decision, error) {
+	st.asked.Add(cost)
+	cctx, cancel := context.WithTimeout(ctx, c.opt.timeout)
+	resp, err := c.rpc.Check(cctx, &pb.CheckRequest{LimitId: st.id, Cost: cost})
+	cancel()
+	now := c.mono()
+	if err != nil {
+		// Never sent again: the agent may have charged it.
+		return Decision{Reason: pb.Reason_REASON_UNAVAILABLE, ID: newDecisionID(), Source: SourceAgent},
+			wrapRPC("check", st.id, err)
+	}
+	d := fromCheck(resp)
+	st.mu.Lock()
+	st.limitTokens = d.Limit
+	st.resetAt = now + int64(d.ResetAfter)
+	st.mu.Unlock()
+	switch {
+	case d.Reason == pb.Reason_REASON_OVER_LIMIT && c.opt.denial:
+		c.cacheDenial(st, now, d)
+	case d.Allowed && st.deny.Load() != nil:
+		st.deny.Store(nil)
+	}
+	return d, nil
+}
+
+func fromCheck(r *pb.CheckResponse) Decision {
+	return Decision{
+		Allowed: r.Allowed, Reason: r.Reason, Remaining: r.Remaining,
+		RetryAfter: dur(r.RetryAfter), ResetAfter: dur(r.ResetAfter),
+		Limit: r.LimitTokens, Window: dur(r.Window), Version: r.LimitVersion,
+		ID: newDecisionID(), Source: SourceAgent,
+	}
+}
+
+func dur(d *durationpb.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+	return max(0, d.AsDuration())
+}
+
+// Item is one limit and cost of an AllowMulti.
+type Item struct {
+	Limit string
+	Cost  int64
+}
+
+// AllowMulti decides one request against several limits (at most 16):
+// every limit admits it and is charged, or none is charged. It always asks
+// the agent (sub-leases are per limit), unless one of the limits has a
+// cached denial: then every decision is that denial. A denial is not
+// cached from here (the agent does not say which limit denied).
+func (c *Client) AllowMulti(ctx context.Context, items []Item) ([]Decision, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	if len(items) == 0 {
+		return nil, fmt.Errorf("%w: at least one item is required", ErrInvalid)
+	}
+	now := c.mono()
+	req := &pb.CheckMultiRequest{Checks: make([]*pb.CheckRequest, len(items))}
+	for i, it := range items {
+		cost := it.Cost
+		if cost == 0 {
+			cost = 1
+		}
+		if cost < 0 || it.Limit == "" {
+			return nil, invalid(it.Limit, cost)
+		}
+		st := c.state(it.Limit)
+		st.lastUse.Store(now)
+		if c.opt.denial {
+			if dn := st.deny.Load(); dn != nil && now < dn.until && cost > dn.remaining {
+				out := make([]Decision, len(items))
+				for j := range out {
+					out[j] = dn.answer(now)
+				}
+				return out, nil
+			}
+		}
+		req.Checks[i] = &pb.CheckRequest{LimitId: it.Limit, Cost: cost}
+	}
+	cctx, cancel := context.WithTimeout(ctx, c.opt.timeout)
+	resp, err := c.rpc.CheckMulti(cctx, req)
+	cancel()
+	if err != nil {
+		return nil, wrapRPC("check", items[0].Limit, err)
+	}
+	if len(resp.Results) != len(items) {
+		return nil, fmt.Errorf("%w: check: %d results for %d checks", ErrUnavailable, len(resp.Results), len(items))
+	}
+	out := make([]Decision, len(items))
+	for i, r := range resp.Results {
+		out[i] = fromCheck(r)
+		out[i].Allowed = resp.Allowed
+	}
+	return out, nil
+}
+
+// sweeper runs sweep on the real clock until Close.
+func (c *Client) sweeper() {
+	defer close(c.swept)
+	t := time.NewTicker(c.opt.sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			c.sweep(c.mono())
+		}
+	}
+}
+
+// sweep releases chunks that went idle or whose caller went quiet, drops
+// expired chunks and denials, and forgets limits idle for long.
+func (c *Client) sweep(now int64) {
+	c.states.Range(func(k, v any) bool {
+		st := v.(*limitState)
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		idleFor := now - st.lastUse.Load()
+		if c.opt.sub != nil {
+			idle := idleFor >= int64(c.opt.sub.IdleAfter)
+			// Hysteresis: held while the caller is above half the hot
+			// rate, so a caller near HotRate does not flap.
+			quiet := st.observeLocked(now) < c.opt.sub.HotRate/2
+			if r := st.cur.Load(); r != nil && (idle || quiet || now >= r.deadline) {
+				st.cur.Store(nil)
+				c.retireLocked(st, r, now)
+			}
+			if r := st.next; r != nil && (idle || quiet || now >= r.deadline) {
+				st.next = nil
+				c.retireLocked(st, r, now)
+				st.pending.Store(false)
+			}
+		}
+		if dn := st.deny.Load(); dn != nil && now >= dn.until {
+			st.deny.CompareAndSwap(dn, nil)
+		}
+		if idleFor >= int64(c.opt.stateTTL) && st.cur.Load() == nil && st.next == nil &&
+			st.deny.Load() == nil && !st.pending.Load() {
+			st.dead = true
+			c.states.CompareAndDelete(k, st)
+		}
+		return true
+	})
+}
+
+// Close releases every sub-lease (waiting for the releases, bounded by
+// ctx) and closes the connection. Allow fails with ErrClosed afterwards.
+func (c *Client) Close(ctx context.Context) error {
+	c.bgMu.Lock()
+	already := c.closed.Swap(true)
+	c.bgMu.Unlock()
+	if already {
+		return nil
+	}
+	close(c.stop)
+	<-c.swept
+	now := c.mono()
+	type rel struct {
+		r       *reservation
+		unspent int64
+	}
+	var rels []rel
+	c.states.Range(func(_, v any) bool {
+		st := v.(*limitState)
+		st.mu.Lock()
+		for _, r := range []*reservation{st.cur.Swap(nil), st.next} {
+			if r == nil {
+				continue
+			}
+			unspent := r.close()
+			if h := c.onRetire; h != nil && unspent >= 0 {
+				h(r, unspent, now)
+			}
+			if unspent > 0 && now < r.deadline {
+				rels = append(rels, rel{r, unspent})
+			}
+		}
+		st.next = nil
+		st.mu.Unlock()
+		return true
+	})
+	var wg sync.WaitGroup
+	errs := make([]error, len(rels))
+	sem := make(chan struct{}, 16)
+	for i, x := range rels {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			_, errs[i] = c.releaseRPC(ctx, x.r, x.unspent)
+		}()
+	}
+	wg.Wait()
+	done := make(chan struct{})
+	go func() { c.bg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	err = errors.Join(append(errs, err, c.conn.Close())...)
+	if err != nil {
+		return fmt.Errorf("client: close: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,279 @@
+// Package httplimit is net/http middleware that asks Leasehold before a
+// request reaches its handler.
+//
+// For every request the caller's Key function names the limit (no key:
+// the request passes, counted as such) and the Cost function its cost
+// (default 1). Then:
+//
+//   - allowed (OK, or FALLBACK under the region's fallback): the next
+//     handler runs, with the RateLimit-Policy and RateLimit headers set;
+//   - OVER_LIMIT: 429 Too Many Requests with Retry-After and the rate
+//     limit headers;
+//   - the limiter cannot decide (UNAVAILABLE, or the client failed): 503
+//     Service Unavailable with Retry-After.
+//
+// Denials carry an RFC 9457 application/problem+json body naming the
+// limit, the reason and the decision id.
+//
+// Retry-After is delta-seconds (RFC 9110, section 10.2.3): the limiter's
+// retry-after plus a uniform jitter in [0, Jitter], rounded up to whole
+// seconds, at least 1. The rate limit headers follow
+// draft-ietf-httpapi-ratelimit-headers-10 (structured fields):
+//
+//	RateLimit-Policy: "tenant/atlas";q=1000;w=60
+//	RateLimit: "tenant/atlas";r=412;t=17
+//
+// q is the limit's G, w its window in seconds, r what is left in the
+// region (an estimate: see client.Decision.Remaining), t the seconds until
+// the window resets (rounded up). With ShowRemaining, RateLimit is sent
+// only to the callers the function accepts; the policy is always sent.
+package httplimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/client"
+)
+
+// Limiter decides requests; *client.Client is one.
+type Limiter interface {
+	Allow(ctx context.Context, limit string, cost int64) (client.Decision, error)
+}
+
+// Outcome is what the middleware did with a request.
+type Outcome int
+
+const (
+	// Allowed: passed to the next handler.
+	Allowed Outcome = iota
+	// Limited: answered 429.
+	Limited
+	// Unavailable: answered 503 (the limiter could not decide).
+	Unavailable
+	// NoKey: the Key function named no limit; passed.
+	NoKey
+	// UnknownLimit: the limit does not exist and PassUnknownLimits is set;
+	// passed.
+	UnknownLimit
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Allowed:
+		return "allowed"
+	case Limited:
+		return "limited"
+	case Unavailable:
+		return "unavailable"
+	case NoKey:
+		return "no_key"
+	case UnknownLimit:
+		return "unknown_limit"
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+type options struct {
+	key          func(*http.Request) (string, bool)
+	cost         func(*http.Request) int64
+	show         func(*http.Request) bool
+	jitter       time.Duration
+	passUnknown  bool
+	observe      func(*http.Request, Outcome, client.Decision)
+	unavailRetry time.Duration
+	rnd          func(n int64) int64
+}
+
+// Option changes an optional setting; Key is required.
+type Option func(*options)
+
+// Key names the limit of a request; ok false lets the request pass
+// unlimited (counted as NoKey). Required.
+func Key(f func(r *http.Request) (limit string, ok bool)) Option {
+	return func(o *options) { o.key = f }
+}
+
+// Cost returns a request's cost in tokens (default 1; below 1 counts as
+// 1).
+func Cost(f func(r *http.Request) int64) Option { return func(o *options) { o.cost = f } }
+
+// ShowRemaining restricts the RateLimit header (what remains of the
+// quota) to the requests f accepts, e.g. authenticated callers. Default:
+// shown to everyone.
+func ShowRemaining(f func(r *http.Request) bool) Option { return func(o *options) { o.show = f } }
+
+// Jitter sets the most random delay added to Retry-After before it is
+// rounded up, so denied clients do not come back at once. Default 1s.
+func Jitter(max time.Duration) Option {
+	return func(o *options) { o.jitter = time.Duration(math.Max(0, float64(max))) }
+}
+
+// PassUnknownLimits lets requests whose limit does not exist pass
+// (counted as UnknownLimit) instead of answering 503.
+func PassUnknownLimits() Option { return func(o *options) { o.passUnknown = true } }
+
+// Observe calls f once per request with what the middleware did (metrics,
+// logs). The decision is zero for NoKey.
+func Observe(f func(r *http.Request, o Outcome, d client.Decision)) Option {
+	return func(o *options) { o.observe = f }
+}
+
+// Middleware returns middleware that asks l before every request.
+func Middleware(l Limiter, opts ...Option) func(http.Handler) http.Handler {
+	o := options{
+		cost:         func(*http.Request) int64 { return 1 },
+		show:         func(*http.Request) bool { return true },
+		jitter:       time.Second,
+		observe:      func(*http.Request, Outcome, client.Decision) {},
+		unavailRetry: time.Second,
+		rnd:          rand.Int64N,
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.key == nil {
+		panic("httplimit: the Key option is required")
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			limit, ok := o.key(r)
+			if !ok {
+				o.observe(r, NoKey, client.Decision{})
+				next.ServeHTTP(w, r)
+				return
+			}
+			d, err := l.Allow(r.Context(), limit, max(1, o.cost(r)))
+			switch {
+			case err != nil && o.passUnknown && errors.Is(err, client.ErrUnknownLimit):
+				o.observe(r, UnknownLimit, d)
+				next.ServeHTTP(w, r)
+			case err != nil:
+				o.observe(r, Unavailable, d)
+				o.deny(w, r, limit, d, http.StatusServiceUnavailable)
+			case d.Allowed:
+				o.observe(r, Allowed, d)
+				o.headers(w.Header(), r, limit, d)
+				next.ServeHTTP(w, r)
+			case d.Reason == pb.Reason_REASON_OVER_LIMIT:
+				o.observe(r, Limited, d)
+				o.deny(w, r, limit, d, http.StatusTooManyRequests)
+			default:
+				o.observe(r, Unavailable, d)
+				o.deny(w, r, limit, d, http.StatusServiceUnavailable)
+			}
+		})
+	}
+}
+
+// headers sets the rate limit headers.
+func (o *options) headers(h http.Header, r *http.Request, limit string, d client.Decision) {
+	if d.Limit <= 0 {
+		return // the limiter did not say (an error)
+	}
+	name := sfString(limit)
+	h.Set("RateLimit-Policy", name+";q="+strconv.FormatInt(d.Limit, 10)+";w="+strconv.FormatInt(ceilSeconds(d.Window), 10))
+	if o.show(r) {
+		h.Set("RateLimit", name+";r="+strconv.FormatInt(max(0, d.Remaining), 10)+";t="+strconv.FormatInt(ceilSeconds(d.ResetAfter), 10))
+	}
+}
+
+// RetryAfter returns the Retry-After value for a limiter's retry-after:
+// d plus a jitter in [0, jitter], rounded up to whole seconds, at least 1.
+// rnd(n) returns a uniform value in [0, n).
+func RetryAfter(d, jitter time.Duration, rnd func(n int64) int64) int64 {
+	d = max(0, d)
+	if jitter > 0 {
+		d += time.Duration(rnd(int64(jitter) + 1))
+	}
+	return max(1, ceilSeconds(d))
+}
+
+// Problem is the application/problem+json body of a denial (RFC 9457).
+type Problem struct {
+	Type       string `json:"type"`
+	Title      string `json:"title"`
+	Status     int    `json:"status"`
+	Detail     string `json:"detail"`
+	Limit      string `json:"limit"`
+	Reason     string `json:"reason"`
+	DecisionID string `json:"decision_id,omitempty"`
+}
+
+// Problem types.
+const (
+	TypeOverLimit   = "urn:leasehold:problem:over-limit"
+	TypeUnavailable = "urn:leasehold:problem:unavailable"
+)
+
+func (o *options) deny(w http.ResponseWriter, r *http.Request, limit string, d client.Decision, code int) {
+	h := w.Header()
+	retry := d.RetryAfter
+	p := Problem{Status: code, Limit: limit, Reason: reasonName(d.Reason)}
+	if !d.ID.IsZero() {
+		p.DecisionID = d.ID.String()
+	}
+	if code == http.StatusTooManyRequests {
+		p.Type, p.Title = TypeOverLimit, "Too Many Requests"
+		p.Detail = "The limit's budget for this window is spent."
+		o.headers(h, r, limit, d)
+	} else {
+		p.Type, p.Title = TypeUnavailable, "Service Unavailable"
+		p.Detail = "The rate limiter cannot decide now."
+		if p.Reason == "" || d.Reason == pb.Reason_REASON_UNSPECIFIED {
+			p.Reason = reasonName(pb.Reason_REASON_UNAVAILABLE)
+		}
+		if retry <= 0 {
+			retry = o.unavailRetry
+		}
+	}
+	secs := RetryAfter(retry, o.jitter, o.rnd)
+	p.Detail += " Retry after " + strconv.FormatInt(secs, 10) + " s."
+	h.Set("Retry-After", strconv.FormatInt(secs, 10))
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// reasonName is the reason without its REASON_ prefix, e.g. OVER_LIMIT.
+func reasonName(r pb.Reason) string { return strings.TrimPrefix(r.String(), "REASON_") }
+
+// ceilSeconds rounds d up to whole seconds (0 for d <= 0).
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// sfString is s as a structured-field string (RFC 9651): quoted, with
+// '"' and '\' escaped; other characters outside printable ASCII become
+// '?' (limit ids are ASCII).
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
