@@ -17,6 +17,7 @@ import (
 	"leasehold/allocator"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
+	"leasehold/regionagent/envoyrls"
 )
 
 // agentConfig is everything `leasehold agent` takes.
@@ -24,6 +25,7 @@ type agentConfig struct {
 	region, allocators, redis string
 	grpcAddr, httpAddr        string
 	replicaID                 string
+	envoyMapping              string
 	lead, renewEvery          time.Duration
 	log                       logFlags
 }
@@ -35,6 +37,7 @@ func (c *agentConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:7410", "gRPC listen address (RegionAgent service)")
 	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:7411", "HTTP listen address (/metrics, /healthz)")
 	fs.StringVar(&c.replicaID, "replica-id", "", "this replica's id, unique in the region (default: random)")
+	fs.StringVar(&c.envoyMapping, "envoy-mapping", "", "YAML `FILE` mapping Envoy rate limit descriptors to limits: serves envoy.service.ratelimit.v3 on -grpc-addr, reloaded on change (docs/envoy.md)")
 	fs.DurationVar(&c.lead, "renew-lead", 2*time.Second, "renew when the balance would last less than this at the current demand")
 	fs.DurationVar(&c.renewEvery, "renew-interval", 250*time.Millisecond, "how often active limits are checked for renewal")
 	c.log.register(fs)
@@ -87,6 +90,14 @@ func runAgentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // runAgent runs one agent replica on rdb until ctx ends. ready, if set, is
 // told the bound addresses once the agent serves.
 func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log *slog.Logger, ready func(grpcAddr, httpAddr string)) error {
+	var envoyMap *envoyrls.Mapping
+	if c.envoyMapping != "" {
+		m, err := envoyrls.Load(c.envoyMapping)
+		if err != nil {
+			return err
+		}
+		envoyMap = m
+	}
 	gl, err := listen("grpc-addr", c.grpcAddr)
 	if err != nil {
 		return err
@@ -110,6 +121,11 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 	defer a.Close()
 	gs, hs := grpcServer()
 	regionagent.NewServer(a).Register(gs)
+	var envoy *envoyrls.Server
+	if envoyMap != nil {
+		envoy = envoyrls.NewServer(a, envoyMap, envoyrls.WithRegisterer(reg), envoyrls.WithLogger(log))
+		envoy.Register(gs)
+	}
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	hs.SetServingStatus(pb.RegionAgent_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	mux := metricsMux(reg, func() (bool, string) {
@@ -125,6 +141,9 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 	defer cancel()
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = a.Run(ctx) }()
+	if envoy != nil {
+		go envoy.Watch(ctx, c.envoyMapping, time.Second)
+	}
 	go func() {
 		select {
 		case <-a.Ready():

@@ -1,0 +1,549 @@
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent"
+)
+
+// Checker decides one request against several limits, all or nothing.
+// *regionagent.Agent satisfies it.
+type Checker interface {
+	CheckMulti(ctx context.Context, items []regionagent.CheckItem) ([]regionagent.Decision, error)
+}
+
+var _ Checker = (*regionagent.Agent)(nil)
+
+// Bounds of one request.
+const (
+	maxDescriptors = 64 // descriptors of one request
+	maxLimits      = 16 // distinct limits of one request (regionagent's CheckMulti bound)
+)
+
+// Server serves envoy.service.ratelimit.v3.RateLimitService from a
+// Checker and a Mapping. Safe for concurrent use; the mapping can be
+// swapped while it serves.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	c   Checker
+	m   atomic.Pointer[Mapping]
+	log *slog.Logger
+	met *metrics
+}
+
+type options struct {
+	reg prometheus.Registerer
+	log *slog.Logger
+}
+
+// Option changes an optional setting of a Server.
+type Option func(*options)
+
+// WithRegisterer registers the server's metrics on r (default: none).
+func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { o.reg = r } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// NewServer returns the rate limit service of c with mapping m.
+func NewServer(c Checker, m *Mapping, opts ...Option) *Server {
+	if c == nil || m == nil {
+		panic("envoyrls: NewServer needs a Checker and a Mapping")
+	}
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.log == nil {
+		o.log = slog.Default()
+	}
+	s := &Server{c: c, log: o.log.With("component", "envoy-rls"), met: newMetrics(o.reg)}
+	s.m.Store(m)
+	return s
+}
+
+// Register registers the service on g.
+func (s *Server) Register(g grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServiceServer(g, s) }
+
+// SetMapping replaces the mapping; requests already being decided finish
+// with the one they started with.
+func (s *Server) SetMapping(m *Mapping) {
+	if m == nil {
+		panic("envoyrls: SetMapping(nil)")
+	}
+	s.m.Store(m)
+}
+
+// Mapping returns the mapping in force.
+func (s *Server) Mapping() *Mapping { return s.m.Load() }
+
+// plan is one request's descriptors mapped to limits.
+type plan struct {
+	items  []regionagent.CheckItem // distinct limits, in order of first use
+	names  []string                // policy name per item
+	slots  []int                   // per descriptor: index in items, or -1
+	reason []string                // per descriptor without a limit: why ("" if it has one)
+	// Backing arrays for the common small request: one allocation.
+	itemsA  [smallPlan]regionagent.CheckItem
+	namesA  [smallPlan]string
+	slotsA  [smallPlan]int
+	reasonA [smallPlan]string
+	overA   [smallPlan]bool // per item: lacked the tokens
+}
+
+// smallPlan descriptors fit a plan without further allocations.
+const smallPlan = 4
+
+func newPlan(n int) *plan {
+	p := &plan{}
+	if n <= smallPlan {
+		p.items, p.names = p.itemsA[:0], p.namesA[:0]
+		p.slots, p.reason = p.slotsA[:n], p.reasonA[:n]
+		return p
+	}
+	p.items, p.names = make([]regionagent.CheckItem, 0, n), make([]string, 0, n)
+	p.slots, p.reason = make([]int, n), make([]string, n)
+	return p
+}
+
+// ShouldRateLimit implements rlsv3.RateLimitServiceServer.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	p, err := s.plan(req)
+	if err != nil {
+		s.met.invalid.Inc()
+		return nil, err
+	}
+	var ds []regionagent.Decision
+	tooBig := -1
+	for len(p.items) > 0 {
+		ds, err = s.c.CheckMulti(ctx, p.items)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, regionagent.ErrUnknownLimit) {
+			// A template produced an id the region has no limit for: that
+			// descriptor is unmapped; decide the others without it.
+			if j := unknownItem(err, p.items); j >= 0 {
+				p.drop(j, unmappedUnknownLimit)
+				continue
+			}
+		}
+		if j := costItem(err, len(p.items)); j >= 0 {
+			tooBig = j // the cost exceeds the limit itself: it can never pass
+			break
+		}
+		return nil, s.fail(err)
+	}
+	for _, why := range p.reason {
+		if why != "" {
+			s.met.unmapped.WithLabelValues(why).Inc()
+		}
+	}
+	if tooBig >= 0 {
+		s.met.overLimit.Inc()
+		return p.costTooLarge(tooBig), nil
+	}
+	if len(ds) != len(p.items) {
+		s.met.unavailable.Inc()
+		return nil, status.Errorf(codes.Unavailable, "region agent answered %d decisions for %d limits", len(ds), len(p.items))
+	}
+	for j, d := range ds {
+		if d.Reason == pb.Reason_REASON_UNAVAILABLE {
+			// The agent cannot decide: the gateway's failure mode applies.
+			s.met.unavailable.Inc()
+			return nil, status.Errorf(codes.Unavailable, "region agent cannot decide limit %q now (no usable lease, and its fallback does not admit)", p.items[j].Limit)
+		}
+	}
+	resp := p.respond(ds)
+	if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+		s.met.ok.Inc()
+	} else {
+		s.met.overLimit.Inc()
+	}
+	return resp, nil
+}
+
+// plan validates the request and maps its descriptors.
+func (s *Server) plan(req *rlsv3.RateLimitRequest) (*plan, error) {
+	domain, descs := req.GetDomain(), req.GetDescriptors()
+	switch {
+	case domain == "":
+		return nil, status.Error(codes.InvalidArgument, "domain: required")
+	case len(descs) == 0:
+		return nil, status.Error(codes.InvalidArgument, "descriptors: at least one is required")
+	case len(descs) > maxDescriptors:
+		return nil, status.Errorf(codes.InvalidArgument, "descriptors: at most %d, got %d", maxDescriptors, len(descs))
+	}
+	m := s.m.Load() // one mapping for the whole request
+	p := newPlan(len(descs))
+	base := int64(req.GetHitsAddend())
+	for i, d := range descs {
+		p.slots[i] = -1
+		if d.GetIsNegativeHits() {
+			p.reason[i] = unmappedNegativeHits
+			continue
+		}
+		id, name, why := m.resolve(domain, d.GetEntries())
+		if why != "" {
+			p.reason[i] = why
+			continue
+		}
+		cost := base
+		if h := d.GetHitsAddend(); h != nil {
+			cost = int64(min(h.GetValue(), math.MaxInt64))
+		}
+		cost = max(cost, 1) // unset (0) means 1, as in Envoy
+		j := -1
+		for k := range p.items {
+			if p.items[k].Limit == id {
+				j = k
+				break
+			}
+		}
+		if j >= 0 {
+			// Two descriptors of one limit: charged once with both costs.
+			p.items[j].Cost = satAdd(p.items[j].Cost, cost)
+		} else {
+			j = len(p.items)
+			p.items = append(p.items, regionagent.CheckItem{Limit: id, Cost: cost})
+			p.names = append(p.names, name)
+		}
+		p.slots[i] = j
+	}
+	if len(p.items) > maxLimits {
+		return nil, status.Errorf(codes.InvalidArgument, "descriptors: at most %d distinct limits per request, got %d", maxLimits, len(p.items))
+	}
+	return p, nil
+}
+
+// drop removes item j: its descriptors become unmapped for why.
+func (p *plan) drop(j int, why string) {
+	p.items = append(p.items[:j], p.items[j+1:]...)
+	p.names = append(p.names[:j], p.names[j+1:]...)
+	for i, k := range p.slots {
+		switch {
+		case k == j:
+			p.slots[i], p.reason[i] = -1, why
+		case k > j:
+			p.slots[i]--
+		}
+	}
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// unknownItem finds the item named by an ErrUnknownLimit error (the agent
+// quotes the id), or -1.
+func unknownItem(err error, items []regionagent.CheckItem) int {
+	msg := err.Error()
+	for j, it := range items {
+		if strings.Contains(msg, strconv.Quote(it.Limit)) {
+			return j
+		}
+	}
+	return -1
+}
+
+// costItem: the index of the item whose cost the agent refused as larger
+// than the limit ("checks[i].cost"), or -1.
+func costItem(err error, n int) int {
+	var fe *regionagent.FieldError
+	if !errors.As(err, &fe) {
+		return -1
+	}
+	rest, ok := strings.CutPrefix(fe.Field, "checks[")
+	if !ok {
+		return -1
+	}
+	idx, ok := strings.CutSuffix(rest, "].cost")
+	if !ok {
+		return -1
+	}
+	j, err := strconv.Atoi(idx)
+	if err != nil || j < 0 || j >= n {
+		return -1
+	}
+	return j
+}
+
+// fail maps a Checker error to a gRPC status. Anything but bad input and
+// the caller's own deadline is UNAVAILABLE: the agent could not decide.
+func (s *Server) fail(err error) error {
+	switch {
+	case errors.Is(err, regionagent.ErrInvalid):
+		s.met.invalid.Inc()
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		s.met.unavailable.Inc()
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		s.met.unavailable.Inc()
+		return status.Error(codes.Canceled, err.Error())
+	}
+	s.met.unavailable.Inc()
+	s.log.Debug("check failed", "err", err)
+	return status.Error(codes.Unavailable, "region agent cannot decide: "+err.Error())
+}
+
+// costTooLarge answers a request one of whose costs exceeds its limit's
+// size: OVER_LIMIT, nothing charged, no Retry-After (waiting never helps).
+func (p *plan) costTooLarge(j int) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(p.slots))}
+	for i, k := range p.slots {
+		code := rlsv3.RateLimitResponse_OK
+		if k == j {
+			code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: code}
+	}
+	return resp
+}
+
+// respond shapes the answer from the agent's decisions.
+func (p *plan) respond(ds []regionagent.Decision) *rlsv3.RateLimitResponse {
+	n := len(p.items)
+	var over []bool
+	if n <= smallPlan {
+		over = p.overA[:n]
+	} else {
+		over = make([]bool, n)
+	}
+	allowed := true
+	for _, d := range ds {
+		allowed = allowed && d.Allowed
+	}
+	if !allowed {
+		// All or nothing: nothing was charged. The limits that lacked the
+		// tokens are OVER_LIMIT; the others would have admitted.
+		found := false
+		for j, d := range ds {
+			if !d.Allowed && d.Remaining < p.items[j].Cost {
+				over[j], found = true, true
+			}
+		}
+		if !found {
+			for j := range over {
+				over[j] = !ds[j].Allowed
+			}
+		}
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(p.slots))}
+	if !allowed {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	per := make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	for j, d := range ds {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{
+			Code:               rlsv3.RateLimitResponse_OK,
+			CurrentLimit:       currentLimit(p.names[j], d),
+			LimitRemaining:     clampU32(d.Remaining),
+			DurationUntilReset: durationpb.New(max(0, d.ResetAfter)),
+		}
+		if over[j] {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		per[j] = st
+	}
+	for i, j := range p.slots {
+		if j < 0 {
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		} else {
+			resp.Statuses[i] = per[j]
+		}
+	}
+	if n > 0 {
+		resp.ResponseHeadersToAdd = headers(p.names, ds, over, !allowed)
+	}
+	return resp
+}
+
+// currentLimit is the limit as Envoy states it: requests per one unit,
+// when the window is exactly one second, minute, hour, day or week.
+func currentLimit(name string, d regionagent.Decision) *rlsv3.RateLimitResponse_RateLimit {
+	var unit rlsv3.RateLimitResponse_RateLimit_Unit
+	switch d.Window {
+	case time.Second:
+		unit = rlsv3.RateLimitResponse_RateLimit_SECOND
+	case time.Minute:
+		unit = rlsv3.RateLimitResponse_RateLimit_MINUTE
+	case time.Hour:
+		unit = rlsv3.RateLimitResponse_RateLimit_HOUR
+	case 24 * time.Hour:
+		unit = rlsv3.RateLimitResponse_RateLimit_DAY
+	case 7 * 24 * time.Hour:
+		unit = rlsv3.RateLimitResponse_RateLimit_WEEK
+	default:
+		return nil
+	}
+	if d.Limit <= 0 || d.Limit > math.MaxUint32 {
+		return nil
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(d.Limit), Unit: unit}
+}
+
+func clampU32(v int64) uint32 { return uint32(min(max(v, 0), math.MaxUint32)) }
+
+// ceilSeconds rounds d up to whole seconds (0 stays 0).
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// Response header names.
+const (
+	HeaderRateLimit       = "RateLimit"
+	HeaderRateLimitPolicy = "RateLimit-Policy"
+	HeaderXLimit          = "X-RateLimit-Limit"
+	HeaderXRemaining      = "X-RateLimit-Remaining"
+	HeaderXReset          = "X-RateLimit-Reset"
+	HeaderRetryAfter      = "Retry-After"
+)
+
+// headers are the response headers: RateLimit-Policy and RateLimit list
+// every limit of the request (draft-ietf-httpapi-ratelimit-headers-09/10
+// structured form); X-RateLimit-* state the most restrictive one: on
+// OVER_LIMIT the denying limit that resets last, otherwise the one with
+// the fewest tokens left. Retry-After only on OVER_LIMIT. The values are
+// cut from one string, the headers from one array: few allocations.
+func headers(names []string, ds []regionagent.Decision, over []bool, denied bool) []*corev3.HeaderValue {
+	buf := make([]byte, 0, 64+96*len(ds))
+	var ends [6]int // end of each value in buf
+	tight := 0
+	for j, d := range ds {
+		if j > 0 {
+			buf = append(buf, ", "...)
+		}
+		buf = strconv.AppendQuote(buf, names[j])
+		buf = append(buf, ";q="...)
+		buf = strconv.AppendInt(buf, max(0, d.Limit), 10)
+		buf = append(buf, ";w="...)
+		buf = strconv.AppendInt(buf, max(1, ceilSeconds(d.Window)), 10)
+		if j > 0 && tighter(ds, over, denied, j, tight) {
+			tight = j
+		}
+	}
+	ends[0] = len(buf)
+	for j, d := range ds {
+		if j > 0 {
+			buf = append(buf, ", "...)
+		}
+		buf = strconv.AppendQuote(buf, names[j])
+		buf = append(buf, ";r="...)
+		buf = strconv.AppendInt(buf, max(0, d.Remaining), 10)
+		buf = append(buf, ";t="...)
+		buf = strconv.AppendInt(buf, ceilSeconds(d.ResetAfter), 10)
+	}
+	ends[1] = len(buf)
+	t := ds[tight]
+	buf = strconv.AppendInt(buf, max(0, t.Limit), 10)
+	ends[2] = len(buf)
+	buf = strconv.AppendInt(buf, max(0, t.Remaining), 10)
+	ends[3] = len(buf)
+	buf = strconv.AppendInt(buf, ceilSeconds(t.ResetAfter), 10)
+	ends[4] = len(buf)
+	n := 5
+	if denied {
+		var wait time.Duration
+		for j, d := range ds {
+			if over[j] {
+				wait = max(wait, d.RetryAfter)
+			}
+		}
+		buf = strconv.AppendInt(buf, max(1, ceilSeconds(wait)), 10)
+		ends[5] = len(buf)
+		n = 6
+	}
+	all := string(buf)
+	keys := [6]string{HeaderRateLimitPolicy, HeaderRateLimit, HeaderXLimit, HeaderXRemaining, HeaderXReset, HeaderRetryAfter}
+	vals := make([]corev3.HeaderValue, n)
+	out := make([]*corev3.HeaderValue, n)
+	from := 0
+	for i := range n {
+		vals[i].Key, vals[i].Value = keys[i], all[from:ends[i]]
+		out[i] = &vals[i]
+		from = ends[i]
+	}
+	return out
+}
+
+// tighter reports whether limit j is more restrictive than limit k.
+func tighter(ds []regionagent.Decision, over []bool, denied bool, j, k int) bool {
+	a, b := ds[j], ds[k]
+	if denied {
+		if over[j] != over[k] {
+			return over[j]
+		}
+		if over[j] {
+			return a.RetryAfter > b.RetryAfter
+		}
+	}
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
+	}
+	return a.Limit < b.Limit
+}
+
+// metrics of the Envoy API.
+type metrics struct {
+	ok, overLimit, unavailable, invalid prometheus.Counter
+	unmapped                            *prometheus.CounterVec
+	applied, rejected                   prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_envoy_requests_total",
+		Help: "Envoy ShouldRateLimit calls, by result: ok, over_limit, unavailable (answered with a gRPC error), invalid.",
+	}, []string{"result"})
+	unmapped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_envoy_unmapped_descriptors_total",
+		Help: "Descriptors allowed without charging a limit, by reason: no_match, unknown_domain, invalid_value, unknown_limit, negative_hits.",
+	}, []string{"reason"})
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_envoy_mapping_reloads_total",
+		Help: "Changed mapping files seen by the watcher, by result: applied, rejected (the previous mapping stays).",
+	}, []string{"result"})
+	for _, r := range []string{unmappedNoMatch, unmappedUnknownDomain, unmappedInvalidValue, unmappedUnknownLimit, unmappedNegativeHits} {
+		unmapped.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(reqs, unmapped, reloads)
+	}
+	return &metrics{
+		ok: reqs.WithLabelValues("ok"), overLimit: reqs.WithLabelValues("over_limit"),
+		unavailable: reqs.WithLabelValues("unavailable"), invalid: reqs.WithLabelValues("invalid"),
+		unmapped: unmapped,
+		applied:  reloads.WithLabelValues("applied"), rejected: reloads.WithLabelValues("rejected"),
+	}
+}
+
+// String describes the mapping (its domains and content hash).
+func (m *Mapping) String() string {
+	return fmt.Sprintf("envoy mapping %x (domains %s)", m.hash[:6], strings.Join(m.Domains(), ", "))
+}
