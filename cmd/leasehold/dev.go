@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,10 +17,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
@@ -35,6 +32,7 @@ type devConfig struct {
 	etcdClient, etcdPeer string
 	euGRPC, euHTTP       string
 	usGRPC, usHTTP       string
+	euGateway, usGateway string
 	redis                string
 	noDemo               bool
 	traffic              bool
@@ -55,9 +53,11 @@ func (c *devConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.euHTTP, "eu-http", "127.0.0.1:7411", "agent eu HTTP address")
 	fs.StringVar(&c.usGRPC, "us-grpc", "127.0.0.1:7420", "agent us gRPC address")
 	fs.StringVar(&c.usHTTP, "us-http", "127.0.0.1:7421", "agent us HTTP address")
+	fs.StringVar(&c.euGateway, "eu-gateway", "127.0.0.1:7412", "HTTP gateway of region eu (limits by the X-Tenant header: demo/{tenant})")
+	fs.StringVar(&c.usGateway, "us-gateway", "127.0.0.1:7422", "HTTP gateway of region us")
 	fs.StringVar(&c.redis, "redis", "", "real Redis per region, e.g. eu=127.0.0.1:6379,us=127.0.0.1:6380; a region not named gets an embedded stand-in")
 	fs.BoolVar(&c.noDemo, "no-demo", false, "do not create the demo limit "+demoLimit)
-	fs.BoolVar(&c.traffic, "traffic", false, "drive demand for "+demoLimit+" into both regions and print each window")
+	fs.BoolVar(&c.traffic, "traffic", false, "drive HTTP demand for "+demoLimit+" through both regions' gateways and print each window")
 	fs.Float64Var(&c.trafficEU, "traffic-eu", 900, "eu demand, requests per minute")
 	fs.Float64Var(&c.trafficUS, "traffic-us", 400, "us demand, requests per minute")
 	fs.DurationVar(&c.trafficFor, "traffic-for", 30*time.Minute, "stop the traffic after this long")
@@ -187,23 +187,51 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 			return devErr(ctx)
 		}
 	}
+	// A stand-in upstream service and a gateway per region in front of it,
+	// limiting by the X-Tenant header (tenant "tenant" is demo/tenant).
+	upstream, err := listen("upstream", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	upSrv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from the upstream: %s %s\n", r.Method, r.URL.Path)
+	})}
+	go func() { _ = upSrv.Serve(upstream) }()
+	defer upSrv.Close()
+	gateways := map[string]string{"eu": c.euGateway, "us": c.usGateway}
+	for _, region := range []string{"eu", "us"} {
+		gc := &gatewayConfig{listen: gateways[region], upstream: "http://" + upstream.Addr().String(), agent: got[region][0],
+			keyHeader: "X-Tenant", limitTemplate: "demo/{key}", subLeases: "on", missingKey: "reject", unknownLimit: "pass",
+			timeout: 250 * time.Millisecond, jitter: time.Second}
+		if err := gc.validate(); err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail("gateway "+region, runGateway(ctx, gc, log.With("component", "gateway-"+region)))
+		}()
+	}
+
 	fmt.Fprintf(stdout, "leasehold dev: serving\n")
 	fmt.Fprintf(stdout, "  allocator  gRPC %s  HTTP %s  (etcd %s, data %s)\n", ar.grpc, ar.http, ar.etcd, c.dataDir)
 	for _, r := range []string{"eu", "us"} {
 		fmt.Fprintf(stdout, "  agent %s   gRPC %s  HTTP %s  (redis %s)\n", r, got[r][0], got[r][1], redisShown[r])
 	}
+	for _, r := range []string{"eu", "us"} {
+		fmt.Fprintf(stdout, "  gateway %s HTTP %s  (in front of %s)\n", r, gateways[r], upstream.Addr())
+	}
 	if !c.noDemo {
 		fmt.Fprintf(stdout, "  demo limit %s: 1000 per minute, regions eu+us, strict\n", demoLimit)
 	}
-	fmt.Fprintf(stdout, "Try: go run ./cmd/quotactl limits list    (Ctrl-C stops)\n")
+	fmt.Fprintf(stdout, "Try: curl -i -H 'X-Tenant: tenant' http://%s/    go run ./cmd/quotactl limits list    (Ctrl-C stops)\n", gateways["eu"])
 	if c.traffic {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			tctx, tcancel := context.WithTimeout(ctx, c.trafficFor)
 			defer tcancel()
-			runTraffic(tctx, stdout, ar.a, map[string]string{"eu": got["eu"][0], "us": got["us"][0]},
-				map[string]float64{"eu": c.trafficEU, "us": c.trafficUS})
+			runTraffic(tctx, stdout, ar.a, gateways, map[string]float64{"eu": c.trafficEU, "us": c.trafficUS})
 		}()
 	}
 	<-ctx.Done()
@@ -233,9 +261,11 @@ func createDemo(ctx context.Context, a *allocator.Allocator) error {
 	return nil
 }
 
-// runTraffic drives Checks of the demo limit into each region at its rate
-// (requests per minute, cost 1) and prints each window as it closes.
-func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, agents map[string]string, perMin map[string]float64) {
+// runTraffic sends HTTP requests for the demo limit through each region's
+// gateway at its rate (requests per minute) and prints each window as it
+// closes: what each region admitted (200), what was refused (429) and the
+// pool left.
+func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, gateways map[string]string, perMin map[string]float64) {
 	type counts struct{ admitted, denied atomic.Int64 }
 	var mu sync.Mutex
 	windows := map[int64]map[string]*counts{}
@@ -247,19 +277,13 @@ func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, agen
 		}
 		return windows[w][r]
 	}
+	hc := &http.Client{Timeout: 2 * time.Second}
 	var wg sync.WaitGroup
-	for r, addr := range agents {
+	for r, addr := range gateways {
 		rate := perMin[r] / 60
 		if rate <= 0 {
 			continue
 		}
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			fmt.Fprintf(out, "traffic %s: %v\n", r, err)
-			continue
-		}
-		defer conn.Close()
-		cl := pb.NewRegionAgentClient(conn)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -271,26 +295,25 @@ func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, agen
 					return
 				case <-t.C:
 				}
-				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				resp, err := cl.Check(cctx, &pb.CheckRequest{LimitId: demoLimit, Cost: 1})
-				cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/orders", nil)
+				req.Header.Set("X-Tenant", "tenant")
+				resp, err := hc.Do(req)
+				w := lease.WindowOf(time.Now(), time.Minute).Index
 				if err != nil {
-					if status.Code(err) != codes.Canceled {
-						at(lease.WindowOf(time.Now(), time.Minute).Index, r).denied.Add(1)
-					}
 					continue
 				}
-				end := time.Now().Add(resp.ResetAfter.AsDuration())
-				w := int64(math.Round(float64(end.UnixNano())/float64(resp.Window.AsDuration().Nanoseconds()))) - 1
-				if resp.Allowed {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case http.StatusOK:
 					at(w, r).admitted.Add(1)
-				} else {
+				case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 					at(w, r).denied.Add(1)
 				}
 			}
 		}()
 	}
-	fmt.Fprintf(out, "%-8s %6s %8s %8s %8s %8s %6s\n", "window", "G", "eu", "us", "total", "denied", "pool")
+	fmt.Fprintf(out, "%-8s %6s %8s %8s %8s %8s %6s\n", "window", "G", "eu", "us", "total", "429", "pool")
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {

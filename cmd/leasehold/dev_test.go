@@ -2,10 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -15,8 +21,19 @@ func devArgs(t *testing.T, dir string) (args []string, alloc, eu, us, euHTTP str
 	alloc, eu, us, euHTTP = freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	args = []string{"dev", "--data-dir", dir, "--allocator-grpc", alloc, "--allocator-http", freeAddr(t),
 		"--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t),
-		"--eu-grpc", eu, "--eu-http", euHTTP, "--us-grpc", us, "--us-http", freeAddr(t)}
+		"--eu-grpc", eu, "--eu-http", euHTTP, "--us-grpc", us, "--us-http", freeAddr(t),
+		"--eu-gateway", freeAddr(t), "--us-gateway", freeAddr(t)}
 	return
+}
+
+// argValue returns the value of flag name in args.
+func argValue(args []string, name string) string {
+	for i, a := range args {
+		if a == name && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 func TestDevServesTheDemoLimit(t *testing.T) {
@@ -49,6 +66,46 @@ func TestDevServesTheDemoLimit(t *testing.T) {
 	if body := httpGet(t, "http://"+euHTTP+"/metrics", 200); !strings.Contains(body, `leasehold_agent_checks_total{result="ok"}`) {
 		t.Error("agent metrics lack leasehold_agent_checks_total")
 	}
+	// Through the eu gateway: a limit of 3 per minute admits three requests
+	// and then answers 429 with Retry-After.
+	if _, err := pb.NewAdminClient(dial(t, alloc)).PutLimit(ctx, &pb.PutLimitRequest{Limit: &pb.Limit{
+		Id: "demo/small", LimitTokens: 3, Window: durationpb.New(time.Minute), Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT,
+		Lease: &pb.LeaseSettings{MinChunk: 3}}}); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the eu agent knows the limit, without spending from it:
+	// a cost above G is refused as invalid once the limit is known.
+	euAgent := pb.NewRegionAgentClient(dial(t, eu))
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		_, err := euAgent.Check(ctx, &pb.CheckRequest{LimitId: "demo/small", Cost: 4})
+		if status.Code(err) == codes.InvalidArgument {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent never learned demo/small: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the agent's limit sync
+	}
+	gw := "http://" + argValue(args, "--eu-gateway") + "/orders"
+	var got []int
+	var retryAfter string
+	for range 4 {
+		req, _ := http.NewRequest(http.MethodGet, gw, nil)
+		req.Header.Set("X-Tenant", "small")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		got = append(got, resp.StatusCode)
+		if resp.StatusCode == http.StatusTooManyRequests {
+			retryAfter = resp.Header.Get("Retry-After")
+		}
+	}
+	if fmt.Sprint(got) != "[200 200 200 429]" || retryAfter == "" {
+		t.Fatalf("through the gateway: %v (Retry-After %q), want 3 x 200 then 429", got, retryAfter)
+	}
+
 	s.cancel()
 	if code := s.wait(); code != 0 {
 		t.Fatalf("dev exit %d: %s", code, s.stderr)

@@ -56,7 +56,8 @@ func TestEndToEnd(t *testing.T) {
 	dev := exec.Command(leasehold, "dev", "--data-dir", filepath.Join(t.TempDir(), "dev"), "--no-demo",
 		"--allocator-grpc", alloc, "--allocator-http", freeAddr(t),
 		"--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t),
-		"--eu-grpc", eu, "--eu-http", freeAddr(t), "--us-grpc", us, "--us-http", freeAddr(t))
+		"--eu-grpc", eu, "--eu-http", freeAddr(t), "--us-grpc", us, "--us-http", freeAddr(t),
+		"--eu-gateway", freeAddr(t), "--us-gateway", freeAddr(t))
 	var devOut, devErr syncBuffer
 	dev.Stdout, dev.Stderr = &devOut, &devErr
 	if err := dev.Start(); err != nil {
