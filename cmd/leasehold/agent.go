@@ -65,20 +65,8 @@ func (c *agentConfig) validate() error {
 }
 
 func runAgentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	var c agentConfig
-	c.register(fs)
-	pos, err := parseFlags(fs, args, stdout)
-	if err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
-	}
-	if err := c.validate(); err != nil {
-		return err
-	}
-	log, err := c.log.logger(stderr)
+	log, err := setup("agent", c.register, &c.log, c.validate, args, stdout, stderr)
 	if err != nil {
 		return err
 	}

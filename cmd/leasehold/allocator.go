@@ -74,20 +74,8 @@ func (c *allocatorConfig) validate() error {
 }
 
 func runAllocatorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allocator", flag.ContinueOnError)
 	var c allocatorConfig
-	c.register(fs)
-	pos, err := parseFlags(fs, args, stdout)
-	if err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
-	}
-	if err := c.validate(); err != nil {
-		return err
-	}
-	log, err := c.log.logger(stderr)
+	log, err := setup("allocator", c.register, &c.log, c.validate, args, stdout, stderr)
 	if err != nil {
 		return err
 	}

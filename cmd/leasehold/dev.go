@@ -80,24 +80,18 @@ func (c *devConfig) redisAddrs() (map[string]string, error) {
 }
 
 func runDevCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	var c devConfig
-	c.register(fs)
-	pos, err := parseFlags(fs, args, stdout)
-	if err != nil {
-		return err
+	var redisAddrs map[string]string
+	validate := func() (err error) {
+		if redisAddrs, err = c.redisAddrs(); err != nil {
+			return err
+		}
+		if c.trafficEU < 0 || c.trafficUS < 0 || math.IsNaN(c.trafficEU+c.trafficUS) || c.trafficFor <= 0 {
+			return usagef("-traffic-eu/-traffic-us must be >= 0 and -traffic-for > 0")
+		}
+		return nil
 	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
-	}
-	redisAddrs, err := c.redisAddrs()
-	if err != nil {
-		return err
-	}
-	if c.trafficEU < 0 || c.trafficUS < 0 || math.IsNaN(c.trafficEU+c.trafficUS) || c.trafficFor <= 0 {
-		return usagef("-traffic-eu/-traffic-us must be >= 0 and -traffic-for > 0")
-	}
-	log, err := c.log.logger(stderr)
+	log, err := setup("dev", c.register, &c.log, validate, args, stdout, stderr)
 	if err != nil {
 		return err
 	}

@@ -109,20 +109,8 @@ func (c *gatewayConfig) validate() error {
 }
 
 func runGatewayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	var c gatewayConfig
-	c.register(fs)
-	pos, err := parseFlags(fs, args, stdout)
-	if err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
-	}
-	if err := c.validate(); err != nil {
-		return err
-	}
-	log, err := c.log.logger(stderr)
+	log, err := setup("gateway", c.register, &c.log, c.validate, args, stdout, stderr)
 	if err != nil {
 		return err
 	}

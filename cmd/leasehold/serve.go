@@ -47,6 +47,25 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) ([]string, er
 	}
 }
 
+// setup parses a server command's flags (it takes no positional
+// arguments), runs validate, and returns the logger the flags ask for.
+func setup(name string, register func(*flag.FlagSet), lf *logFlags, validate func() error,
+	args []string, stdout, stderr io.Writer) (*slog.Logger, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	register(fs)
+	pos, err := parseFlags(fs, args, stdout)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) > 0 {
+		return nil, usagef("unexpected argument %q", pos[0])
+	}
+	if err := validate(); err != nil {
+		return nil, err
+	}
+	return lf.logger(stderr)
+}
+
 // logFlags are the logging flags every server command has.
 type logFlags struct {
 	level  string
