@@ -32,7 +32,8 @@ checkproto: proto ## Fail when the committed generated code differs from proto/.
 	@test -z "$$(git status --porcelain -- proto/)" || { git status --porcelain -- proto/; echo "untracked generated files: run make proto and commit" >&2; exit 1; }
 
 .PHONY: lint
-lint: ## go vet, staticcheck and gofmt.
+lint: ## go vet, staticcheck, gofmt, and go.mod kept tidy.
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GOBIN)/staticcheck ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); test -z "$$out" || { echo "gofmt needed: $$out" >&2; exit 1; }
@@ -66,3 +67,8 @@ sim: ## Run the simulations and write docs/simulations/ (report and plots).
 screenshots: ## Write docs/images/status.png: /status of `leasehold dev` in headless Chromium.
 	@command -v chromium >/dev/null || { echo "chromium not found: apt-get install -y chromium" >&2; exit 1; }
 	$(GO) test -count=1 -run '^TestStatusPageInChromium$$' ./cmd/leasehold -args -screenshot=$(CURDIR)/docs/images/status.png
+
+.PHONY: faults-report
+faults-report: ## Run the fault scenarios (real processes) and regenerate docs/faults.md.
+	rm -f docs/faults.md
+	LEASEHOLD_FAULTS_REPORT=docs/faults.md $(GO) test -count=1 -v -timeout 20m -run Scenario ./regionagent/faulttest/
