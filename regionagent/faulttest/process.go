@@ -1,0 +1,377 @@
+package faulttest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+var build struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// Binary builds the leasehold command once per test binary (go build into
+// a temporary directory) and returns its path. Main removes the directory.
+func Binary(t testing.TB) string {
+	t.Helper()
+	build.once.Do(func() {
+		build.dir, build.err = os.MkdirTemp("", "leasehold-faulttest-")
+		if build.err != nil {
+			return
+		}
+		build.bin = filepath.Join(build.dir, "leasehold")
+		cmd := exec.Command("go", "build", "-o", build.bin, "leasehold/cmd/leasehold")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			build.err = fmt.Errorf("go build leasehold/cmd/leasehold: %v\n%s", err, out)
+		}
+	})
+	if build.err != nil {
+		t.Fatalf("faulttest: %v", build.err)
+	}
+	return build.bin
+}
+
+// Main runs the tests and removes the binary Binary built. Use it from
+// TestMain: os.Exit(faulttest.Main(m)).
+func Main(m *testing.M) int {
+	code := m.Run()
+	if build.dir != "" {
+		_ = os.RemoveAll(build.dir)
+	}
+	return code
+}
+
+// FreeAddr returns a loopback address that was free a moment ago.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("faulttest: free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Process is a leasehold process (allocator or agent) that a test can
+// kill, stop and restart on the same flags (same ports, same data dir).
+type Process struct {
+	t    testing.TB
+	name string
+	bin  string
+	args []string
+	// GRPCAddr and HTTPAddr are where the process listens.
+	GRPCAddr, HTTPAddr string
+	// EtcdEndpoint is the embedded etcd's client URL (allocators without
+	// external endpoints), else "".
+	EtcdEndpoint string
+	// Advertise is the address the allocator names to callers of its
+	// followers ("" for agents).
+	Advertise string
+	service   string // the gRPC service whose health says it is up
+
+	mu     sync.Mutex // protects cmd, stderr, done, starts
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{}
+	starts int
+	logs   []string // stderr of earlier runs
+}
+
+// Name is the process's name in logs (e.g. "allocator-0", "agent eu-1").
+func (p *Process) Name() string { return p.name }
+
+// launch starts p (its addresses already set) and stops it in t.Cleanup.
+func launch(t testing.TB, p *Process) *Process {
+	p.t, p.bin = t, Binary(t)
+	p.start()
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("%s stderr (tail):\n%s", p.name, tail(p.Stderr(), 3000))
+		}
+	})
+	return p
+}
+
+func (p *Process) start() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stderr != nil {
+		p.logs = append(p.logs, p.stderr.String())
+	}
+	p.cmd = exec.Command(p.bin, p.args...)
+	p.stderr = &syncBuffer{}
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatalf("faulttest: start %s: %v", p.name, err)
+	}
+	p.starts++
+	done := make(chan struct{})
+	p.done = done
+	cmd := p.cmd
+	go func() { _ = cmd.Wait(); close(done) }()
+}
+
+// Running reports whether the process has not exited.
+func (p *Process) Running() bool {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Exited is closed when the current run of the process exits.
+func (p *Process) Exited() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done
+}
+
+// Kill stops the process with SIGKILL, as a crash would, and waits for it.
+func (p *Process) Kill() { p.signal(syscall.SIGKILL, 0) }
+
+// Stop stops the process with SIGINT and waits (SIGKILL after 15 s).
+func (p *Process) Stop() { p.signal(syscall.SIGINT, 15*time.Second) }
+
+func (p *Process) signal(sig syscall.Signal, grace time.Duration) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(sig)
+	if grace <= 0 {
+		<-done
+		return
+	}
+	select {
+	case <-done:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// Restart kills the process if it runs, starts it again on the same flags
+// and waits until it serves.
+func (p *Process) Restart() {
+	p.t.Helper()
+	p.Kill()
+	p.start()
+	p.WaitServing(60 * time.Second)
+}
+
+// Stderr is what the current run wrote to stderr.
+func (p *Process) Stderr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.logs, "\n--- restarted ---\n") + p.stderr.String()
+}
+
+// WaitServing waits until the process's gRPC health says its service
+// serves (for an agent: it has its limits from the allocator; for an
+// allocator: Admin, on every replica). It fails the test after timeout or
+// when the process exits.
+func (p *Process) WaitServing(timeout time.Duration) {
+	p.t.Helper()
+	if err := WaitHealthy(p.GRPCAddr, p.service, timeout, p.Exited()); err != nil {
+		p.t.Fatalf("faulttest: %s: %v\nstderr:\n%s", p.name, err, tail(p.Stderr(), 3000))
+	}
+}
+
+// IsLeader asks an allocator's health service whether it leads (the
+// Allocator service serves only on the leader).
+func (p *Process) IsLeader() bool {
+	return WaitHealthy(p.GRPCAddr, pb.Allocator_ServiceDesc.ServiceName, 0, nil) == nil
+}
+
+// WaitHealthy polls addr's gRPC health for service until it is SERVING, the
+// timeout passes (0: ask once), or exited is closed.
+func WaitHealthy(addr, service string, timeout time.Duration, exited <-chan struct{}) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		cancel()
+		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("%s is %v", service, resp.Status)
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("process exited: %v", err)
+		default:
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("%s not serving %s after %v: %v", addr, service, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling readiness
+	}
+}
+
+// AllocatorOptions configure StartAllocator.
+type AllocatorOptions struct {
+	// Name in logs; default "allocator".
+	Name string
+	// Regions limits may name; default eu, us.
+	Regions []string
+	// EtcdEndpoints of an external cluster (etcdtest's Endpoints()); empty
+	// runs an embedded single member on free ports.
+	EtcdEndpoints []string
+	// GRPCAddr to listen on; default a free port. Choose it beforehand to
+	// put a Proxy in front of it.
+	GRPCAddr string
+	// Advertise is what followers name as the leader (--advertise):
+	// give the leader's proxy address to keep agents behind the proxy.
+	Advertise string
+	// SessionTTL (--session-ttl); 0 keeps the allocator's default.
+	SessionTTL time.Duration
+	// Retention of grant records (--retention); 0 keeps the default.
+	Retention time.Duration
+	// Args are added to the command line.
+	Args []string
+}
+
+// StartAllocator starts `leasehold allocator` and waits until its Admin
+// service serves.
+func StartAllocator(t testing.TB, o AllocatorOptions) *Process {
+	t.Helper()
+	if o.Name == "" {
+		o.Name = "allocator"
+	}
+	if len(o.Regions) == 0 {
+		o.Regions = []string{"eu", "us"}
+	}
+	if o.GRPCAddr == "" {
+		o.GRPCAddr = FreeAddr(t)
+	}
+	p := &Process{name: o.Name, service: pb.Admin_ServiceDesc.ServiceName,
+		GRPCAddr: o.GRPCAddr, HTTPAddr: FreeAddr(t), Advertise: o.Advertise}
+	args := []string{"allocator", "--grpc-addr", p.GRPCAddr, "--http-addr", p.HTTPAddr,
+		"--regions", strings.Join(o.Regions, ","), "--log-level", "warn"}
+	if len(o.EtcdEndpoints) > 0 {
+		args = append(args, "--etcd-endpoints", strings.Join(o.EtcdEndpoints, ","))
+	} else {
+		client := FreeAddr(t)
+		p.EtcdEndpoint = "http://" + client
+		args = append(args, "--data-dir", filepath.Join(t.TempDir(), "etcd"),
+			"--etcd-client-addr", client, "--etcd-peer-addr", FreeAddr(t))
+	}
+	if o.Advertise != "" {
+		args = append(args, "--advertise", o.Advertise)
+	} else {
+		p.Advertise = p.GRPCAddr
+	}
+	if o.SessionTTL > 0 {
+		args = append(args, "--session-ttl", o.SessionTTL.String())
+	}
+	if o.Retention > 0 {
+		args = append(args, "--retention", o.Retention.String())
+	}
+	p.args = append(args, o.Args...)
+	launch(t, p)
+	p.WaitServing(90 * time.Second)
+	return p
+}
+
+// AgentOptions configure StartAgent.
+type AgentOptions struct {
+	// Region the agent serves (required).
+	Region string
+	// Allocators: every allocator replica's address (or its proxy's).
+	Allocators []string
+	// Redis is the region's Redis address (or its proxy's).
+	Redis string
+	// ReplicaID (--replica-id); default "<region>-1".
+	ReplicaID string
+	// RenewInterval (--renew-interval); 0 keeps the default.
+	RenewInterval time.Duration
+	// NoWait returns without waiting until the agent serves.
+	NoWait bool
+	// Args are added to the command line.
+	Args []string
+}
+
+// StartAgent starts `leasehold agent` and (unless NoWait) waits until it
+// serves, which needs its allocator.
+func StartAgent(t testing.TB, o AgentOptions) *Process {
+	t.Helper()
+	if o.Region == "" || len(o.Allocators) == 0 || o.Redis == "" {
+		t.Fatalf("faulttest: StartAgent needs Region, Allocators and Redis")
+	}
+	if o.ReplicaID == "" {
+		o.ReplicaID = o.Region + "-1"
+	}
+	grpcAddr, httpAddr := FreeAddr(t), FreeAddr(t)
+	args := []string{"agent", "--region", o.Region, "--allocator", strings.Join(o.Allocators, ","),
+		"--redis", o.Redis, "--grpc-addr", grpcAddr, "--http-addr", httpAddr,
+		"--replica-id", o.ReplicaID, "--log-level", "warn"}
+	if o.RenewInterval > 0 {
+		args = append(args, "--renew-interval", o.RenewInterval.String())
+	}
+	p := launch(t, &Process{name: "agent " + o.ReplicaID, service: pb.RegionAgent_ServiceDesc.ServiceName,
+		args: append(args, o.Args...), GRPCAddr: grpcAddr, HTTPAddr: httpAddr})
+	if !o.NoWait {
+		p.WaitServing(60 * time.Second)
+	}
+	return p
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
