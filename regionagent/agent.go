@@ -320,12 +320,13 @@ func (a *Agent) CheckMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 	costs := make([]int64, len(items))
 	wins := make([]lease.Window, len(items))
 	for i, it := range items {
-		f := fmt.Sprintf("checks[%d].", i)
+		// The field prefix is built only for an error: not on the hot path.
+		f := func(name string) string { return fmt.Sprintf("checks[%d].%s", i, name) }
 		if it.Limit == "" {
-			return nil, fieldErr(f+"limit_id", "required")
+			return nil, fieldErr(f("limit_id"), "required")
 		}
 		if len(it.Limit) > 200 {
-			return nil, fieldErr(f+"limit_id", "longer than 200 characters")
+			return nil, fieldErr(f("limit_id"), "longer than 200 characters")
 		}
 		l := a.limits.get(it.Limit)
 		if l == nil {
@@ -336,7 +337,7 @@ func (a *Agent) CheckMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 			cost = 1
 		}
 		if cost < 0 || cost > l.tokens {
-			return nil, fieldErr(f+"cost", "must be 1..%d (the limit's G), got %d", l.tokens, it.Cost)
+			return nil, fieldErr(f("cost"), "must be 1..%d (the limit's G), got %d", l.tokens, it.Cost)
 		}
 		views[i], costs[i] = l, cost
 		sts[i] = a.state(l, now)
