@@ -14,7 +14,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -465,9 +464,7 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 	}
 	now := a.opt.now()
 	results := make([]*pb.LeaseResult, len(reqs))
-	grants := make([]*Grant, len(reqs))
-	empties := make([]lease.Window, len(reqs))
-	emptyPools := make([]int64, len(reqs))
+	decs := make([]Decision, len(reqs))
 	var waits []*pendingOp
 	t.mu.Lock()
 	for i, r := range reqs {
@@ -476,8 +473,7 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 			Demand: r.DemandPerSecond, Held: r.HeldTokens, Want: r.WantTokens,
 		})
 		results[i] = &pb.LeaseResult{RequestId: r.RequestId, Code: d.Code, Message: d.Message, Replayed: d.Replayed}
-		grants[i] = d.Grant
-		empties[i], emptyPools[i] = d.Window, d.PoolLeft
+		decs[i] = d
 		switch {
 		case d.New:
 			op, err := a.store.putGrantOp(d.Grant)
@@ -515,15 +511,15 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 	// from its send, earlier, so its deadline stays before ours.
 	now = a.opt.now()
 	t.mu.Lock()
-	for i, g := range grants {
+	for i, d := range decs {
 		switch {
-		case g != nil:
-			results[i].Lease = g.ToProto(now)
-		case results[i].Code == pb.ItemCode_ITEM_CODE_OK && empties[i].Length > 0:
+		case d.Grant != nil:
+			results[i].Lease = d.Grant.ToProto(now)
+		case d.Code == pb.ItemCode_ITEM_CODE_OK && d.Window.Length > 0:
 			// Nothing granted: a lease of 0 tokens names the window.
-			w := empties[i]
+			w := d.Window
 			results[i].Lease = &pb.Lease{LimitId: reqs[i].LimitId, Region: region, WindowIndex: w.Index,
-				Window: durpb(w.Length), PoolLeft: emptyPools[i], WindowLeft: durpb(max(0, w.End().Sub(now))),
+				Window: durpb(w.Length), PoolLeft: d.PoolLeft, WindowLeft: durpb(max(0, w.End().Sub(now))),
 				StartsIn: durpb(0), ExpiresIn: durpb(0), RequestId: reqs[i].RequestId}
 		}
 	}

@@ -97,12 +97,7 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 	if _, live := c.windows[windowKey{limit, index}]; live {
 		s = c.summarize(windowKey{limit, index})
 	} else {
-		for _, x := range c.summaries[limit] {
-			if x.Window == index {
-				s = x
-				break
-			}
-		}
+		s = c.summaryOf(windowKey{limit, index})
 	}
 	if s == nil {
 		return WindowReport{}, false

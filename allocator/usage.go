@@ -70,25 +70,33 @@ func (c *Core) Report(now time.Time, region, reporter string, u *pb.Usage) *Usag
 	if cur != nil {
 		next = *cur
 	}
-	changed := cur == nil
-	grow := func(dst *int64, v int64) {
-		if v > *dst {
-			*dst, changed = v, true
-		}
-	}
-	grow(&next.Admitted, u.Admitted)
-	grow(&next.Denied, u.Denied)
-	grow(&next.FallbackAdmitted, u.FallbackAdmitted)
-	grow(&next.RedisRollback, u.RedisRollbackTokens)
-	if fallbackRank(int32(u.Fallback)) > fallbackRank(next.Fallback) {
-		next.Fallback, changed = int32(u.Fallback), true
-	}
+	changed := next.merge(u) || cur == nil
 	if !changed {
 		return nil
 	}
 	next.At = now.UnixNano()
 	ws.usage[rk] = &next
 	return &next
+}
+
+// merge raises r's counts to u's where u's are higher (counts only grow,
+// so a retried or reordered report changes nothing) and reports whether
+// anything changed.
+func (r *UsageRecord) merge(u *pb.Usage) bool {
+	changed := false
+	grow := func(dst *int64, v int64) {
+		if v > *dst {
+			*dst, changed = v, true
+		}
+	}
+	grow(&r.Admitted, u.Admitted)
+	grow(&r.Denied, u.Denied)
+	grow(&r.FallbackAdmitted, u.FallbackAdmitted)
+	grow(&r.RedisRollback, u.RedisRollbackTokens)
+	if fallbackRank(int32(u.Fallback)) > fallbackRank(r.Fallback) {
+		r.Fallback, changed = int32(u.Fallback), true
+	}
+	return changed
 }
 
 // RestoreUsage adds a committed usage record while rebuilding from etcd.
@@ -150,13 +158,7 @@ func (c *Core) ReportLate(region string, u *pb.Usage) *WindowSummary {
 	cur := s.Regions[region]
 	next := cur
 	next.Limit, next.Window, next.WindowMs, next.Region = s.Limit, s.Window, s.WindowMs, region
-	next.Admitted = max(next.Admitted, u.Admitted)
-	next.Denied = max(next.Denied, u.Denied)
-	next.FallbackAdmitted = max(next.FallbackAdmitted, u.FallbackAdmitted)
-	next.RedisRollback = max(next.RedisRollback, u.RedisRollbackTokens)
-	if fallbackRank(int32(u.Fallback)) > fallbackRank(next.Fallback) {
-		next.Fallback = int32(u.Fallback)
-	}
+	next.merge(u)
 	if next == cur {
 		return nil
 	}

@@ -135,10 +135,8 @@ func (c *Core) windowUsage(limit string, index int64) map[string]UsageRecord {
 	if _, live := c.windows[windowKey{limit, index}]; live {
 		return c.RegionUsage(limit, index)
 	}
-	for _, s := range c.summaries[limit] {
-		if s.Window == index {
-			return s.Regions
-		}
+	if s := c.summaryOf(windowKey{limit, index}); s != nil {
+		return s.Regions
 	}
 	return nil
 }

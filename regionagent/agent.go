@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -521,15 +520,12 @@ const (
 	counterPoolSpent = "pool_spent"
 )
 
-// lowWater is the balance below which the limit is renewed: demand x lead
-// time, capped by what the rest of the window can use (renewing for
-// demand past the window's end would ask for crumbs), at least 1.
+// lowWater is the limit's low-water mark at now (see lowWater in plan.go).
 func (a *Agent) lowWater(st *limitState, l *limitView, w lease.Window, now time.Time) int64 {
 	st.mu.Lock()
 	rate := st.demand.Rate(now)
 	st.mu.Unlock()
-	left := a.windowEnd(w).Sub(now)
-	return max(1, min(lease.LowWater(rate, a.opt.lead), int64(math.Ceil(rate*left.Seconds()))))
+	return lowWater(rate, a.opt.lead, a.windowEnd(w).Sub(now))
 }
 
 // kick asks the renewal loop to look at a limit now.

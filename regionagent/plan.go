@@ -64,7 +64,7 @@ func PlanRenewal(in PlanInput) Plan {
 	if math.IsNaN(rate) || rate < 0 {
 		rate = 0
 	}
-	p.Low = max(1, min(lease.LowWater(rate, in.Lead), ceilTokens(rate*in.Left.Seconds())))
+	p.Low = lowWater(rate, in.Lead, in.Left)
 	p.Held = in.Bucket.Lasting(in.NowMs, in.Lead.Milliseconds())
 	p.Target = ceilTokens(rate * min(in.TTL, in.Left).Seconds())
 	p.Acquire = !in.Spent && (in.Pending || p.Held < p.Low || in.KickCost > p.Held)
@@ -86,6 +86,14 @@ func PlanRenewal(in PlanInput) Plan {
 	}
 	p.AcquireNext = !in.NextDone && rate > 0 && in.Left < in.Lead+in.Every
 	return p
+}
+
+// lowWater is the balance below which a limit is renewed: demand x lead
+// time, capped by what the rest of the window can use (renewing for
+// demand past the window's end would ask for crumbs), at least 1. The
+// Check path and PlanRenewal both use it.
+func lowWater(rate float64, lead, left time.Duration) int64 {
+	return max(1, min(lease.LowWater(rate, lead), ceilTokens(rate*left.Seconds())))
 }
 
 func ceilTokens(x float64) int64 {

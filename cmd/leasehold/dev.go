@@ -321,7 +321,7 @@ func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, gate
 		mu.Lock()
 		var done []int64
 		for w := range windows {
-			if w < cur-0 && time.Now().After(lease.Window{Index: w, Length: time.Minute}.End().Add(2*time.Second)) {
+			if w < cur && time.Now().After(lease.Window{Index: w, Length: time.Minute}.End().Add(2*time.Second)) {
 				done = append(done, w)
 			}
 		}
