@@ -443,31 +443,7 @@ func TestCheckErrors(t *testing.T) {
 // prints no summary.
 func TestCheckFailures(t *testing.T) {
 	refused := closedAddr(t)
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var held []net.Conn
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		silent.Close()
-		mu.Lock()
-		for _, c := range held {
-			c.Close()
-		}
-		mu.Unlock()
-	})
+	silent := silentAddr(t)
 	f := &fakeAgent{budget: 5}
 	agent := startFake(t, f)
 
@@ -478,7 +454,7 @@ func TestCheckFailures(t *testing.T) {
 	}{
 		{"refused", refused, fakeLimit, nil, []string{"agent " + refused + " unavailable"}},
 		{"refused long run", refused, fakeLimit, []string{"--duration", "1h", "--concurrency", "16"}, []string{"agent " + refused + " unavailable", "calls failed"}},
-		{"silent", silent.Addr().String(), fakeLimit, []string{"--duration", "1m", "--concurrency", "4"}, []string{"agent " + silent.Addr().String(), "no answer within --timeout 500ms"}},
+		{"silent", silent, fakeLimit, []string{"--duration", "1m", "--concurrency", "4"}, []string{"agent " + silent, "no answer within --timeout 500ms"}},
 		{"unknown limit", agent, "tenant/missing", []string{"--count", "50", "--concurrency", "4"}, []string{`limit "tenant/missing" is unknown to agent ` + agent, "NOT_FOUND"}},
 		{"unknown limit json", agent, "tenant/missing", []string{"--json", "--duration", "1m"}, []string{`limit "tenant/missing" is unknown`}},
 	} {

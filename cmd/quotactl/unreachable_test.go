@@ -1,9 +1,7 @@
 package main
 
 import (
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -16,35 +14,11 @@ func TestUnreachable(t *testing.T) {
 
 	// A port that accepts TCP and never speaks: only the deadline ends the
 	// wait, so this checks that --timeout covers connecting.
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var held []net.Conn
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		silent.Close()
-		mu.Lock()
-		for _, c := range held {
-			c.Close()
-		}
-		mu.Unlock()
-	})
+	silent := silentAddr(t)
 
 	for _, tc := range []struct{ name, addr, want string }{
 		{"refused", refused, "unavailable"},
-		{"silent", silent.Addr().String(), "--timeout 500ms"},
+		{"silent", silent, "--timeout 500ms"},
 	} {
 		for _, args := range [][]string{
 			{"limits", "get", "tenant/atlas"},
