@@ -22,12 +22,133 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Effective says when a change to an existing limit starts to govern.
+// Creating a limit always takes effect at once.
+type Effective int32
+
+const (
+	// EFFECTIVE_UNSPECIFIED means EFFECTIVE_NEXT_WINDOW.
+	Effective_EFFECTIVE_UNSPECIFIED Effective = 0
+	// EFFECTIVE_NEXT_WINDOW: the current window finishes under the old
+	// version; the change governs from the next window boundary.
+	Effective_EFFECTIVE_NEXT_WINDOW Effective = 1
+	// EFFECTIVE_NOW: the change governs the current window too (a lower G
+	// empties the pool at once; it never goes negative).
+	Effective_EFFECTIVE_NOW Effective = 2
+)
+
+// Enum value maps for Effective.
+var (
+	Effective_name = map[int32]string{
+		0: "EFFECTIVE_UNSPECIFIED",
+		1: "EFFECTIVE_NEXT_WINDOW",
+		2: "EFFECTIVE_NOW",
+	}
+	Effective_value = map[string]int32{
+		"EFFECTIVE_UNSPECIFIED": 0,
+		"EFFECTIVE_NEXT_WINDOW": 1,
+		"EFFECTIVE_NOW":         2,
+	}
+)
+
+func (x Effective) Enum() *Effective {
+	p := new(Effective)
+	*p = x
+	return p
+}
+
+func (x Effective) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Effective) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (Effective) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_admin_proto_enumTypes[0]
+}
+
+func (x Effective) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Effective.Descriptor instead.
+func (Effective) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+// AuditOutcome is what became of an attempted change.
+type AuditOutcome int32
+
+const (
+	AuditOutcome_AUDIT_OUTCOME_UNSPECIFIED AuditOutcome = 0
+	// APPLIED: the change was stored.
+	AuditOutcome_AUDIT_OUTCOME_APPLIED AuditOutcome = 1
+	// DENIED: the caller was not allowed.
+	AuditOutcome_AUDIT_OUTCOME_DENIED AuditOutcome = 2
+	// CONFLICT: the limit was not at the expected version.
+	AuditOutcome_AUDIT_OUTCOME_CONFLICT AuditOutcome = 3
+	// INVALID: the request failed validation.
+	AuditOutcome_AUDIT_OUTCOME_INVALID AuditOutcome = 4
+)
+
+// Enum value maps for AuditOutcome.
+var (
+	AuditOutcome_name = map[int32]string{
+		0: "AUDIT_OUTCOME_UNSPECIFIED",
+		1: "AUDIT_OUTCOME_APPLIED",
+		2: "AUDIT_OUTCOME_DENIED",
+		3: "AUDIT_OUTCOME_CONFLICT",
+		4: "AUDIT_OUTCOME_INVALID",
+	}
+	AuditOutcome_value = map[string]int32{
+		"AUDIT_OUTCOME_UNSPECIFIED": 0,
+		"AUDIT_OUTCOME_APPLIED":     1,
+		"AUDIT_OUTCOME_DENIED":      2,
+		"AUDIT_OUTCOME_CONFLICT":    3,
+		"AUDIT_OUTCOME_INVALID":     4,
+	}
+)
+
+func (x AuditOutcome) Enum() *AuditOutcome {
+	p := new(AuditOutcome)
+	*p = x
+	return p
+}
+
+func (x AuditOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AuditOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_admin_proto_enumTypes[1].Descriptor()
+}
+
+func (AuditOutcome) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_admin_proto_enumTypes[1]
+}
+
+func (x AuditOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AuditOutcome.Descriptor instead.
+func (AuditOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
 type PutLimitRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Limit           *Limit                 `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
 	ExpectedVersion *int64                 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// reason is required: it is recorded in the limit's history.
+	Reason    string    `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Effective Effective `protobuf:"varint,4,opt,name=effective,proto3,enum=leasehold.v1.Effective" json:"effective,omitempty"`
+	// dry_run validates, authorizes and computes the effect, changing nothing.
+	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutLimitRequest) Reset() {
@@ -74,9 +195,32 @@ func (x *PutLimitRequest) GetExpectedVersion() int64 {
 	return 0
 }
 
+func (x *PutLimitRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PutLimitRequest) GetEffective() Effective {
+	if x != nil {
+		return x.Effective
+	}
+	return Effective_EFFECTIVE_UNSPECIFIED
+}
+
+func (x *PutLimitRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
 type PutLimitResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Limit         *Limit                 `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// limit is what is (or, on a dry run, would be) stored.
+	Limit         *Limit        `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	Effect        *ChangeEffect `protobuf:"bytes,2,opt,name=effect,proto3" json:"effect,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -114,6 +258,13 @@ func (*PutLimitResponse) Descriptor() ([]byte, []int) {
 func (x *PutLimitResponse) GetLimit() *Limit {
 	if x != nil {
 		return x.Limit
+	}
+	return nil
+}
+
+func (x *PutLimitResponse) GetEffect() *ChangeEffect {
+	if x != nil {
+		return x.Effect
 	}
 	return nil
 }
@@ -324,8 +475,11 @@ type DeleteLimitRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	ExpectedVersion *int64                 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// reason is required: it is recorded in the limit's history.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	DryRun        bool   `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteLimitRequest) Reset() {
@@ -372,8 +526,23 @@ func (x *DeleteLimitRequest) GetExpectedVersion() int64 {
 	return 0
 }
 
+func (x *DeleteLimitRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DeleteLimitRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
 type DeleteLimitResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Effect        *ChangeEffect          `protobuf:"bytes,1,opt,name=effect,proto3" json:"effect,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -408,6 +577,976 @@ func (*DeleteLimitResponse) Descriptor() ([]byte, []int) {
 	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
+func (x *DeleteLimitResponse) GetEffect() *ChangeEffect {
+	if x != nil {
+		return x.Effect
+	}
+	return nil
+}
+
+// LimitChange is one change of an ApplyLimits call.
+type LimitChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Change:
+	//
+	//	*LimitChange_Put
+	//	*LimitChange_Delete
+	Change isLimitChange_Change `protobuf_oneof:"change"`
+	// expected_version is the version the change was planned against; 0 means
+	// the limit must not exist.
+	ExpectedVersion int64 `protobuf:"varint,3,opt,name=expected_version,json=expectedVersion,proto3" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *LimitChange) Reset() {
+	*x = LimitChange{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LimitChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LimitChange) ProtoMessage() {}
+
+func (x *LimitChange) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LimitChange.ProtoReflect.Descriptor instead.
+func (*LimitChange) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *LimitChange) GetChange() isLimitChange_Change {
+	if x != nil {
+		return x.Change
+	}
+	return nil
+}
+
+func (x *LimitChange) GetPut() *Limit {
+	if x != nil {
+		if x, ok := x.Change.(*LimitChange_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *LimitChange) GetDelete() string {
+	if x != nil {
+		if x, ok := x.Change.(*LimitChange_Delete); ok {
+			return x.Delete
+		}
+	}
+	return ""
+}
+
+func (x *LimitChange) GetExpectedVersion() int64 {
+	if x != nil {
+		return x.ExpectedVersion
+	}
+	return 0
+}
+
+type isLimitChange_Change interface {
+	isLimitChange_Change()
+}
+
+type LimitChange_Put struct {
+	// put creates or replaces the limit put.id.
+	Put *Limit `protobuf:"bytes,1,opt,name=put,proto3,oneof"`
+}
+
+type LimitChange_Delete struct {
+	// delete names a limit to delete.
+	Delete string `protobuf:"bytes,2,opt,name=delete,proto3,oneof"`
+}
+
+func (*LimitChange_Put) isLimitChange_Change() {}
+
+func (*LimitChange_Delete) isLimitChange_Change() {}
+
+type ApplyLimitsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Changes []*LimitChange         `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	// reason is required: it is recorded in each limit's history.
+	Reason        string    `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Effective     Effective `protobuf:"varint,3,opt,name=effective,proto3,enum=leasehold.v1.Effective" json:"effective,omitempty"`
+	DryRun        bool      `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyLimitsRequest) Reset() {
+	*x = ApplyLimitsRequest{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyLimitsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyLimitsRequest) ProtoMessage() {}
+
+func (x *ApplyLimitsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyLimitsRequest.ProtoReflect.Descriptor instead.
+func (*ApplyLimitsRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ApplyLimitsRequest) GetChanges() []*LimitChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *ApplyLimitsRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ApplyLimitsRequest) GetEffective() Effective {
+	if x != nil {
+		return x.Effective
+	}
+	return Effective_EFFECTIVE_UNSPECIFIED
+}
+
+func (x *ApplyLimitsRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type ApplyLimitsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// limits are the stored results of the puts, in request order.
+	Limits []*Limit `protobuf:"bytes,1,rep,name=limits,proto3" json:"limits,omitempty"`
+	// effects, one per change, in request order.
+	Effects []*ChangeEffect `protobuf:"bytes,2,rep,name=effects,proto3" json:"effects,omitempty"`
+	// change_id names the apply in the audit log (empty on a dry run).
+	ChangeId      string `protobuf:"bytes,3,opt,name=change_id,json=changeId,proto3" json:"change_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyLimitsResponse) Reset() {
+	*x = ApplyLimitsResponse{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyLimitsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyLimitsResponse) ProtoMessage() {}
+
+func (x *ApplyLimitsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyLimitsResponse.ProtoReflect.Descriptor instead.
+func (*ApplyLimitsResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ApplyLimitsResponse) GetLimits() []*Limit {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *ApplyLimitsResponse) GetEffects() []*ChangeEffect {
+	if x != nil {
+		return x.Effects
+	}
+	return nil
+}
+
+func (x *ApplyLimitsResponse) GetChangeId() string {
+	if x != nil {
+		return x.ChangeId
+	}
+	return ""
+}
+
+// FieldChange is one field that a change sets to another value.
+type FieldChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// field is the limit field's name, e.g. "limit_tokens", "fallback.eu".
+	Field         string `protobuf:"bytes,1,opt,name=field,proto3" json:"field,omitempty"`
+	Old           string `protobuf:"bytes,2,opt,name=old,proto3" json:"old,omitempty"`
+	New           string `protobuf:"bytes,3,opt,name=new,proto3" json:"new,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FieldChange) Reset() {
+	*x = FieldChange{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FieldChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FieldChange) ProtoMessage() {}
+
+func (x *FieldChange) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FieldChange.ProtoReflect.Descriptor instead.
+func (*FieldChange) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *FieldChange) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *FieldChange) GetOld() string {
+	if x != nil {
+		return x.Old
+	}
+	return ""
+}
+
+func (x *FieldChange) GetNew() string {
+	if x != nil {
+		return x.New
+	}
+	return ""
+}
+
+// ChangeEffect is what a change does, computed against the live state.
+type ChangeEffect struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LimitId string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	// action is "create", "update", "delete" or "unchanged".
+	Action        string                 `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	Changes       []*FieldChange         `protobuf:"bytes,3,rep,name=changes,proto3" json:"changes,omitempty"`
+	EffectiveFrom *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=effective_from,json=effectiveFrom,proto3" json:"effective_from,omitempty"`
+	// The current window of the live limit (unset when the limit is new):
+	WindowStart        *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	CurrentLimitTokens int64                  `protobuf:"varint,6,opt,name=current_limit_tokens,json=currentLimitTokens,proto3" json:"current_limit_tokens,omitempty"`
+	// new_limit_tokens is G in the first window the change governs.
+	NewLimitTokens int64 `protobuf:"varint,7,opt,name=new_limit_tokens,json=newLimitTokens,proto3" json:"new_limit_tokens,omitempty"`
+	// granted is granted minus returned so far in the current window.
+	Granted int64 `protobuf:"varint,8,opt,name=granted,proto3" json:"granted,omitempty"`
+	// admitted is what the regions have reported admitted so far.
+	Admitted int64 `protobuf:"varint,9,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	// pool_after is the current window's pool once the change applies to it
+	// (equal to the pool now when the change waits for the next window).
+	PoolAfter int64 `protobuf:"varint,10,opt,name=pool_after,json=poolAfter,proto3" json:"pool_after,omitempty"`
+	// regions_denying are regions that would start denying in the current
+	// window: their demand for the rest of it exceeds what they hold and
+	// the pool left.
+	RegionsDenying []string `protobuf:"bytes,11,rep,name=regions_denying,json=regionsDenying,proto3" json:"regions_denying,omitempty"`
+	// bound is the overshoot bound of a window under the new version (with
+	// no faults): 0 for STRICT, the sum of LOCAL allowances, or infinite.
+	Bound         int64 `protobuf:"varint,12,opt,name=bound,proto3" json:"bound,omitempty"`
+	BoundInfinite bool  `protobuf:"varint,13,opt,name=bound_infinite,json=boundInfinite,proto3" json:"bound_infinite,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeEffect) Reset() {
+	*x = ChangeEffect{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeEffect) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeEffect) ProtoMessage() {}
+
+func (x *ChangeEffect) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeEffect.ProtoReflect.Descriptor instead.
+func (*ChangeEffect) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ChangeEffect) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *ChangeEffect) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *ChangeEffect) GetChanges() []*FieldChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *ChangeEffect) GetEffectiveFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EffectiveFrom
+	}
+	return nil
+}
+
+func (x *ChangeEffect) GetWindowStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WindowStart
+	}
+	return nil
+}
+
+func (x *ChangeEffect) GetCurrentLimitTokens() int64 {
+	if x != nil {
+		return x.CurrentLimitTokens
+	}
+	return 0
+}
+
+func (x *ChangeEffect) GetNewLimitTokens() int64 {
+	if x != nil {
+		return x.NewLimitTokens
+	}
+	return 0
+}
+
+func (x *ChangeEffect) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
+}
+
+func (x *ChangeEffect) GetAdmitted() int64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return 0
+}
+
+func (x *ChangeEffect) GetPoolAfter() int64 {
+	if x != nil {
+		return x.PoolAfter
+	}
+	return 0
+}
+
+func (x *ChangeEffect) GetRegionsDenying() []string {
+	if x != nil {
+		return x.RegionsDenying
+	}
+	return nil
+}
+
+func (x *ChangeEffect) GetBound() int64 {
+	if x != nil {
+		return x.Bound
+	}
+	return 0
+}
+
+func (x *ChangeEffect) GetBoundInfinite() bool {
+	if x != nil {
+		return x.BoundInfinite
+	}
+	return false
+}
+
+type LimitHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// page_size 0 means 100; at most 1000.
+	PageSize      int32  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LimitHistoryRequest) Reset() {
+	*x = LimitHistoryRequest{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LimitHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LimitHistoryRequest) ProtoMessage() {}
+
+func (x *LimitHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LimitHistoryRequest.ProtoReflect.Descriptor instead.
+func (*LimitHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *LimitHistoryRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *LimitHistoryRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *LimitHistoryRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type LimitHistoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*AuditEvent          `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LimitHistoryResponse) Reset() {
+	*x = LimitHistoryResponse{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LimitHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LimitHistoryResponse) ProtoMessage() {}
+
+func (x *LimitHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LimitHistoryResponse.ProtoReflect.Descriptor instead.
+func (*LimitHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LimitHistoryResponse) GetEvents() []*AuditEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *LimitHistoryResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type ListAuditRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// since: only events at or after it (unset: from the first).
+	Since *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=since,proto3" json:"since,omitempty"`
+	// page_size 0 means 100; at most 1000.
+	PageSize  int32  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// limit_prefix filters events by limit id.
+	LimitPrefix   string `protobuf:"bytes,4,opt,name=limit_prefix,json=limitPrefix,proto3" json:"limit_prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditRequest) Reset() {
+	*x = ListAuditRequest{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditRequest) ProtoMessage() {}
+
+func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
+func (*ListAuditRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListAuditRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *ListAuditRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAuditRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetLimitPrefix() string {
+	if x != nil {
+		return x.LimitPrefix
+	}
+	return ""
+}
+
+type ListAuditResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*AuditEvent          `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditResponse) Reset() {
+	*x = ListAuditResponse{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditResponse) ProtoMessage() {}
+
+func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
+func (*ListAuditResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListAuditResponse) GetEvents() []*AuditEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListAuditResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// AuditEvent is one recorded change or refused attempt.
+type AuditEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id orders events: later events have greater ids.
+	Id   string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	// principal is the authenticated caller; role its role.
+	Principal string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	Role      string `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
+	// action is "put", "delete", "apply", or for refused reads the RPC.
+	Action  string       `protobuf:"bytes,5,opt,name=action,proto3" json:"action,omitempty"`
+	LimitId string       `protobuf:"bytes,6,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	Reason  string       `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	Outcome AuditOutcome `protobuf:"varint,8,opt,name=outcome,proto3,enum=leasehold.v1.AuditOutcome" json:"outcome,omitempty"`
+	// error is why the attempt was refused.
+	Error      string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	Old        *Limit `protobuf:"bytes,10,opt,name=old,proto3" json:"old,omitempty"`
+	New        *Limit `protobuf:"bytes,11,opt,name=new,proto3" json:"new,omitempty"`
+	OldVersion int64  `protobuf:"varint,12,opt,name=old_version,json=oldVersion,proto3" json:"old_version,omitempty"`
+	NewVersion int64  `protobuf:"varint,13,opt,name=new_version,json=newVersion,proto3" json:"new_version,omitempty"`
+	// change_id is shared by the events of one ApplyLimits call.
+	ChangeId string `protobuf:"bytes,14,opt,name=change_id,json=changeId,proto3" json:"change_id,omitempty"`
+	// transport is "grpc" or "http".
+	Transport     string                 `protobuf:"bytes,15,opt,name=transport,proto3" json:"transport,omitempty"`
+	EffectiveFrom *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=effective_from,json=effectiveFrom,proto3" json:"effective_from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEvent) Reset() {
+	*x = AuditEvent{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEvent) ProtoMessage() {}
+
+func (x *AuditEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
+func (*AuditEvent) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *AuditEvent) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *AuditEvent) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetOutcome() AuditOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return AuditOutcome_AUDIT_OUTCOME_UNSPECIFIED
+}
+
+func (x *AuditEvent) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetOld() *Limit {
+	if x != nil {
+		return x.Old
+	}
+	return nil
+}
+
+func (x *AuditEvent) GetNew() *Limit {
+	if x != nil {
+		return x.New
+	}
+	return nil
+}
+
+func (x *AuditEvent) GetOldVersion() int64 {
+	if x != nil {
+		return x.OldVersion
+	}
+	return 0
+}
+
+func (x *AuditEvent) GetNewVersion() int64 {
+	if x != nil {
+		return x.NewVersion
+	}
+	return 0
+}
+
+func (x *AuditEvent) GetChangeId() string {
+	if x != nil {
+		return x.ChangeId
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetEffectiveFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EffectiveFrom
+	}
+	return nil
+}
+
+type WhoAmIRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIRequest) Reset() {
+	*x = WhoAmIRequest{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIRequest) ProtoMessage() {}
+
+func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
+func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+type WhoAmIResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Principal string                 `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Role      string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	Scopes    []string               `protobuf:"bytes,3,rep,name=scopes,proto3" json:"scopes,omitempty"`
+	// via is "certificate", "token" or "none" (authentication off).
+	Via string `protobuf:"bytes,4,opt,name=via,proto3" json:"via,omitempty"`
+	// region is set for agent certificates.
+	Region        string `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIResponse) Reset() {
+	*x = WhoAmIResponse{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIResponse) ProtoMessage() {}
+
+func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
+func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *WhoAmIResponse) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetScopes() []string {
+	if x != nil {
+		return x.Scopes
+	}
+	return nil
+}
+
+func (x *WhoAmIResponse) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
 type ListWindowsRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	LimitId string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
@@ -420,7 +1559,7 @@ type ListWindowsRequest struct {
 
 func (x *ListWindowsRequest) Reset() {
 	*x = ListWindowsRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +1571,7 @@ func (x *ListWindowsRequest) String() string {
 func (*ListWindowsRequest) ProtoMessage() {}
 
 func (x *ListWindowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +1584,7 @@ func (x *ListWindowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWindowsRequest.ProtoReflect.Descriptor instead.
 func (*ListWindowsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListWindowsRequest) GetLimitId() string {
@@ -471,7 +1610,7 @@ type ListWindowsResponse struct {
 
 func (x *ListWindowsResponse) Reset() {
 	*x = ListWindowsResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +1622,7 @@ func (x *ListWindowsResponse) String() string {
 func (*ListWindowsResponse) ProtoMessage() {}
 
 func (x *ListWindowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +1635,7 @@ func (x *ListWindowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWindowsResponse.ProtoReflect.Descriptor instead.
 func (*ListWindowsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListWindowsResponse) GetWindows() []*WindowReport {
@@ -539,7 +1678,7 @@ type WindowReport struct {
 
 func (x *WindowReport) Reset() {
 	*x = WindowReport{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -551,7 +1690,7 @@ func (x *WindowReport) String() string {
 func (*WindowReport) ProtoMessage() {}
 
 func (x *WindowReport) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -564,7 +1703,7 @@ func (x *WindowReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowReport.ProtoReflect.Descriptor instead.
 func (*WindowReport) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WindowReport) GetLimitId() string {
@@ -692,7 +1831,7 @@ type BoundTerms struct {
 
 func (x *BoundTerms) Reset() {
 	*x = BoundTerms{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +1843,7 @@ func (x *BoundTerms) String() string {
 func (*BoundTerms) ProtoMessage() {}
 
 func (x *BoundTerms) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +1856,7 @@ func (x *BoundTerms) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BoundTerms.ProtoReflect.Descriptor instead.
 func (*BoundTerms) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BoundTerms) GetCarryOver() int64 {
@@ -759,13 +1898,17 @@ var File_leasehold_v1_admin_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19leasehold/v1/limits.proto\"\x81\x01\n" +
+	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19leasehold/v1/limits.proto\"\xe9\x01\n" +
 	"\x0fPutLimitRequest\x12)\n" +
 	"\x05limit\x18\x01 \x01(\v2\x13.leasehold.v1.LimitR\x05limit\x12.\n" +
-	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
-	"\x11_expected_version\"=\n" +
+	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x125\n" +
+	"\teffective\x18\x04 \x01(\x0e2\x17.leasehold.v1.EffectiveR\teffective\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRunB\x13\n" +
+	"\x11_expected_version\"q\n" +
 	"\x10PutLimitResponse\x12)\n" +
-	"\x05limit\x18\x01 \x01(\v2\x13.leasehold.v1.LimitR\x05limit\"!\n" +
+	"\x05limit\x18\x01 \x01(\v2\x13.leasehold.v1.LimitR\x05limit\x122\n" +
+	"\x06effect\x18\x02 \x01(\v2\x1a.leasehold.v1.ChangeEffectR\x06effect\"!\n" +
 	"\x0fGetLimitRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"=\n" +
 	"\x10GetLimitResponse\x12)\n" +
@@ -777,12 +1920,94 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"i\n" +
 	"\x12ListLimitsResponse\x12+\n" +
 	"\x06limits\x18\x01 \x03(\v2\x13.leasehold.v1.LimitR\x06limits\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"i\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9a\x01\n" +
 	"\x12DeleteLimitRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
-	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
-	"\x11_expected_version\"\x15\n" +
-	"\x13DeleteLimitResponse\"C\n" +
+	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRunB\x13\n" +
+	"\x11_expected_version\"I\n" +
+	"\x13DeleteLimitResponse\x122\n" +
+	"\x06effect\x18\x01 \x01(\v2\x1a.leasehold.v1.ChangeEffectR\x06effect\"\x85\x01\n" +
+	"\vLimitChange\x12'\n" +
+	"\x03put\x18\x01 \x01(\v2\x13.leasehold.v1.LimitH\x00R\x03put\x12\x18\n" +
+	"\x06delete\x18\x02 \x01(\tH\x00R\x06delete\x12)\n" +
+	"\x10expected_version\x18\x03 \x01(\x03R\x0fexpectedVersionB\b\n" +
+	"\x06change\"\xb1\x01\n" +
+	"\x12ApplyLimitsRequest\x123\n" +
+	"\achanges\x18\x01 \x03(\v2\x19.leasehold.v1.LimitChangeR\achanges\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x125\n" +
+	"\teffective\x18\x03 \x01(\x0e2\x17.leasehold.v1.EffectiveR\teffective\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"\x95\x01\n" +
+	"\x13ApplyLimitsResponse\x12+\n" +
+	"\x06limits\x18\x01 \x03(\v2\x13.leasehold.v1.LimitR\x06limits\x124\n" +
+	"\aeffects\x18\x02 \x03(\v2\x1a.leasehold.v1.ChangeEffectR\aeffects\x12\x1b\n" +
+	"\tchange_id\x18\x03 \x01(\tR\bchangeId\"G\n" +
+	"\vFieldChange\x12\x14\n" +
+	"\x05field\x18\x01 \x01(\tR\x05field\x12\x10\n" +
+	"\x03old\x18\x02 \x01(\tR\x03old\x12\x10\n" +
+	"\x03new\x18\x03 \x01(\tR\x03new\"\x8f\x04\n" +
+	"\fChangeEffect\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x16\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\x123\n" +
+	"\achanges\x18\x03 \x03(\v2\x19.leasehold.v1.FieldChangeR\achanges\x12A\n" +
+	"\x0eeffective_from\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\reffectiveFrom\x12=\n" +
+	"\fwindow_start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x120\n" +
+	"\x14current_limit_tokens\x18\x06 \x01(\x03R\x12currentLimitTokens\x12(\n" +
+	"\x10new_limit_tokens\x18\a \x01(\x03R\x0enewLimitTokens\x12\x18\n" +
+	"\agranted\x18\b \x01(\x03R\agranted\x12\x1a\n" +
+	"\badmitted\x18\t \x01(\x03R\badmitted\x12\x1d\n" +
+	"\n" +
+	"pool_after\x18\n" +
+	" \x01(\x03R\tpoolAfter\x12'\n" +
+	"\x0fregions_denying\x18\v \x03(\tR\x0eregionsDenying\x12\x14\n" +
+	"\x05bound\x18\f \x01(\x03R\x05bound\x12%\n" +
+	"\x0ebound_infinite\x18\r \x01(\bR\rboundInfinite\"a\n" +
+	"\x13LimitHistoryRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"p\n" +
+	"\x14LimitHistoryResponse\x120\n" +
+	"\x06events\x18\x01 \x03(\v2\x18.leasehold.v1.AuditEventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa3\x01\n" +
+	"\x10ListAuditRequest\x120\n" +
+	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12!\n" +
+	"\flimit_prefix\x18\x04 \x01(\tR\vlimitPrefix\"m\n" +
+	"\x11ListAuditResponse\x120\n" +
+	"\x06events\x18\x01 \x03(\v2\x18.leasehold.v1.AuditEventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa3\x04\n" +
+	"\n" +
+	"AuditEvent\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12\x12\n" +
+	"\x04role\x18\x04 \x01(\tR\x04role\x12\x16\n" +
+	"\x06action\x18\x05 \x01(\tR\x06action\x12\x19\n" +
+	"\blimit_id\x18\x06 \x01(\tR\alimitId\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x124\n" +
+	"\aoutcome\x18\b \x01(\x0e2\x1a.leasehold.v1.AuditOutcomeR\aoutcome\x12\x14\n" +
+	"\x05error\x18\t \x01(\tR\x05error\x12%\n" +
+	"\x03old\x18\n" +
+	" \x01(\v2\x13.leasehold.v1.LimitR\x03old\x12%\n" +
+	"\x03new\x18\v \x01(\v2\x13.leasehold.v1.LimitR\x03new\x12\x1f\n" +
+	"\vold_version\x18\f \x01(\x03R\n" +
+	"oldVersion\x12\x1f\n" +
+	"\vnew_version\x18\r \x01(\x03R\n" +
+	"newVersion\x12\x1b\n" +
+	"\tchange_id\x18\x0e \x01(\tR\bchangeId\x12\x1c\n" +
+	"\ttransport\x18\x0f \x01(\tR\ttransport\x12A\n" +
+	"\x0eeffective_from\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\reffectiveFrom\"\x0f\n" +
+	"\rWhoAmIRequest\"\x84\x01\n" +
+	"\x0eWhoAmIResponse\x12\x1c\n" +
+	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x16\n" +
+	"\x06scopes\x18\x03 \x03(\tR\x06scopes\x12\x10\n" +
+	"\x03via\x18\x04 \x01(\tR\x03via\x12\x16\n" +
+	"\x06region\x18\x05 \x01(\tR\x06region\"C\n" +
 	"\x12ListWindowsRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\x05R\x04last\"K\n" +
@@ -821,14 +2046,28 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\vlost_grants\x18\x03 \x01(\x03R\n" +
 	"lostGrants\x12%\n" +
 	"\x0eredis_rollback\x18\x04 \x01(\x03R\rredisRollback\x12#\n" +
-	"\rlimit_lowered\x18\x05 \x01(\x03R\flimitLowered2\x96\x03\n" +
+	"\rlimit_lowered\x18\x05 \x01(\x03R\flimitLowered*T\n" +
+	"\tEffective\x12\x19\n" +
+	"\x15EFFECTIVE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15EFFECTIVE_NEXT_WINDOW\x10\x01\x12\x11\n" +
+	"\rEFFECTIVE_NOW\x10\x02*\x99\x01\n" +
+	"\fAuditOutcome\x12\x1d\n" +
+	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15AUDIT_OUTCOME_APPLIED\x10\x01\x12\x18\n" +
+	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x1a\n" +
+	"\x16AUDIT_OUTCOME_CONFLICT\x10\x03\x12\x19\n" +
+	"\x15AUDIT_OUTCOME_INVALID\x10\x042\xd4\x05\n" +
 	"\x05Admin\x12I\n" +
 	"\bPutLimit\x12\x1d.leasehold.v1.PutLimitRequest\x1a\x1e.leasehold.v1.PutLimitResponse\x12I\n" +
 	"\bGetLimit\x12\x1d.leasehold.v1.GetLimitRequest\x1a\x1e.leasehold.v1.GetLimitResponse\x12O\n" +
 	"\n" +
 	"ListLimits\x12\x1f.leasehold.v1.ListLimitsRequest\x1a .leasehold.v1.ListLimitsResponse\x12R\n" +
 	"\vDeleteLimit\x12 .leasehold.v1.DeleteLimitRequest\x1a!.leasehold.v1.DeleteLimitResponse\x12R\n" +
-	"\vListWindows\x12 .leasehold.v1.ListWindowsRequest\x1a!.leasehold.v1.ListWindowsResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
+	"\vListWindows\x12 .leasehold.v1.ListWindowsRequest\x1a!.leasehold.v1.ListWindowsResponse\x12R\n" +
+	"\vApplyLimits\x12 .leasehold.v1.ApplyLimitsRequest\x1a!.leasehold.v1.ApplyLimitsResponse\x12U\n" +
+	"\fLimitHistory\x12!.leasehold.v1.LimitHistoryRequest\x1a\".leasehold.v1.LimitHistoryResponse\x12L\n" +
+	"\tListAudit\x12\x1e.leasehold.v1.ListAuditRequest\x1a\x1f.leasehold.v1.ListAuditResponse\x12C\n" +
+	"\x06WhoAmI\x12\x1b.leasehold.v1.WhoAmIRequest\x1a\x1c.leasehold.v1.WhoAmIResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_admin_proto_rawDescOnce sync.Once
@@ -842,53 +2081,95 @@ func file_leasehold_v1_admin_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_admin_proto_rawDescData
 }
 
-var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_leasehold_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_leasehold_v1_admin_proto_goTypes = []any{
-	(*PutLimitRequest)(nil),       // 0: leasehold.v1.PutLimitRequest
-	(*PutLimitResponse)(nil),      // 1: leasehold.v1.PutLimitResponse
-	(*GetLimitRequest)(nil),       // 2: leasehold.v1.GetLimitRequest
-	(*GetLimitResponse)(nil),      // 3: leasehold.v1.GetLimitResponse
-	(*ListLimitsRequest)(nil),     // 4: leasehold.v1.ListLimitsRequest
-	(*ListLimitsResponse)(nil),    // 5: leasehold.v1.ListLimitsResponse
-	(*DeleteLimitRequest)(nil),    // 6: leasehold.v1.DeleteLimitRequest
-	(*DeleteLimitResponse)(nil),   // 7: leasehold.v1.DeleteLimitResponse
-	(*ListWindowsRequest)(nil),    // 8: leasehold.v1.ListWindowsRequest
-	(*ListWindowsResponse)(nil),   // 9: leasehold.v1.ListWindowsResponse
-	(*WindowReport)(nil),          // 10: leasehold.v1.WindowReport
-	(*BoundTerms)(nil),            // 11: leasehold.v1.BoundTerms
-	nil,                           // 12: leasehold.v1.WindowReport.AdmittedEntry
-	nil,                           // 13: leasehold.v1.WindowReport.FallbackEntry
-	(*Limit)(nil),                 // 14: leasehold.v1.Limit
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(FallbackKind)(0),             // 16: leasehold.v1.FallbackKind
+	(Effective)(0),                // 0: leasehold.v1.Effective
+	(AuditOutcome)(0),             // 1: leasehold.v1.AuditOutcome
+	(*PutLimitRequest)(nil),       // 2: leasehold.v1.PutLimitRequest
+	(*PutLimitResponse)(nil),      // 3: leasehold.v1.PutLimitResponse
+	(*GetLimitRequest)(nil),       // 4: leasehold.v1.GetLimitRequest
+	(*GetLimitResponse)(nil),      // 5: leasehold.v1.GetLimitResponse
+	(*ListLimitsRequest)(nil),     // 6: leasehold.v1.ListLimitsRequest
+	(*ListLimitsResponse)(nil),    // 7: leasehold.v1.ListLimitsResponse
+	(*DeleteLimitRequest)(nil),    // 8: leasehold.v1.DeleteLimitRequest
+	(*DeleteLimitResponse)(nil),   // 9: leasehold.v1.DeleteLimitResponse
+	(*LimitChange)(nil),           // 10: leasehold.v1.LimitChange
+	(*ApplyLimitsRequest)(nil),    // 11: leasehold.v1.ApplyLimitsRequest
+	(*ApplyLimitsResponse)(nil),   // 12: leasehold.v1.ApplyLimitsResponse
+	(*FieldChange)(nil),           // 13: leasehold.v1.FieldChange
+	(*ChangeEffect)(nil),          // 14: leasehold.v1.ChangeEffect
+	(*LimitHistoryRequest)(nil),   // 15: leasehold.v1.LimitHistoryRequest
+	(*LimitHistoryResponse)(nil),  // 16: leasehold.v1.LimitHistoryResponse
+	(*ListAuditRequest)(nil),      // 17: leasehold.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),     // 18: leasehold.v1.ListAuditResponse
+	(*AuditEvent)(nil),            // 19: leasehold.v1.AuditEvent
+	(*WhoAmIRequest)(nil),         // 20: leasehold.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),        // 21: leasehold.v1.WhoAmIResponse
+	(*ListWindowsRequest)(nil),    // 22: leasehold.v1.ListWindowsRequest
+	(*ListWindowsResponse)(nil),   // 23: leasehold.v1.ListWindowsResponse
+	(*WindowReport)(nil),          // 24: leasehold.v1.WindowReport
+	(*BoundTerms)(nil),            // 25: leasehold.v1.BoundTerms
+	nil,                           // 26: leasehold.v1.WindowReport.AdmittedEntry
+	nil,                           // 27: leasehold.v1.WindowReport.FallbackEntry
+	(*Limit)(nil),                 // 28: leasehold.v1.Limit
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(FallbackKind)(0),             // 30: leasehold.v1.FallbackKind
 }
 var file_leasehold_v1_admin_proto_depIdxs = []int32{
-	14, // 0: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
-	14, // 1: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
-	14, // 2: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
-	14, // 3: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	10, // 4: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
-	15, // 5: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
-	15, // 6: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
-	12, // 7: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
-	11, // 8: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
-	13, // 9: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
-	16, // 10: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	0,  // 11: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	2,  // 12: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	4,  // 13: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	6,  // 14: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	8,  // 15: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	1,  // 16: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	3,  // 17: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	5,  // 18: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	7,  // 19: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	9,  // 20: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	28, // 0: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
+	0,  // 1: leasehold.v1.PutLimitRequest.effective:type_name -> leasehold.v1.Effective
+	28, // 2: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
+	14, // 3: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
+	28, // 4: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
+	28, // 5: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	14, // 6: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
+	28, // 7: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
+	10, // 8: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
+	0,  // 9: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
+	28, // 10: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	14, // 11: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
+	13, // 12: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
+	29, // 13: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
+	29, // 14: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
+	19, // 15: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
+	29, // 16: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	19, // 17: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
+	29, // 18: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	1,  // 19: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
+	28, // 20: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
+	28, // 21: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
+	29, // 22: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
+	24, // 23: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
+	29, // 24: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	29, // 25: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	26, // 26: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
+	25, // 27: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
+	27, // 28: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
+	30, // 29: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	2,  // 30: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	4,  // 31: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	6,  // 32: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	8,  // 33: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	22, // 34: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	11, // 35: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	15, // 36: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	17, // 37: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	20, // 38: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	3,  // 39: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	5,  // 40: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	7,  // 41: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	9,  // 42: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	23, // 43: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	12, // 44: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	16, // 45: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	18, // 46: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	21, // 47: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	39, // [39:48] is the sub-list for method output_type
+	30, // [30:39] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
@@ -899,18 +2180,23 @@ func file_leasehold_v1_admin_proto_init() {
 	file_leasehold_v1_limits_proto_init()
 	file_leasehold_v1_admin_proto_msgTypes[0].OneofWrappers = []any{}
 	file_leasehold_v1_admin_proto_msgTypes[6].OneofWrappers = []any{}
+	file_leasehold_v1_admin_proto_msgTypes[8].OneofWrappers = []any{
+		(*LimitChange_Put)(nil),
+		(*LimitChange_Delete)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_admin_proto_rawDesc), len(file_leasehold_v1_admin_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   14,
+			NumEnums:      2,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_leasehold_v1_admin_proto_goTypes,
 		DependencyIndexes: file_leasehold_v1_admin_proto_depIdxs,
+		EnumInfos:         file_leasehold_v1_admin_proto_enumTypes,
 		MessageInfos:      file_leasehold_v1_admin_proto_msgTypes,
 	}.Build()
 	File_leasehold_v1_admin_proto = out.File

@@ -19,11 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_PutLimit_FullMethodName    = "/leasehold.v1.Admin/PutLimit"
-	Admin_GetLimit_FullMethodName    = "/leasehold.v1.Admin/GetLimit"
-	Admin_ListLimits_FullMethodName  = "/leasehold.v1.Admin/ListLimits"
-	Admin_DeleteLimit_FullMethodName = "/leasehold.v1.Admin/DeleteLimit"
-	Admin_ListWindows_FullMethodName = "/leasehold.v1.Admin/ListWindows"
+	Admin_PutLimit_FullMethodName     = "/leasehold.v1.Admin/PutLimit"
+	Admin_GetLimit_FullMethodName     = "/leasehold.v1.Admin/GetLimit"
+	Admin_ListLimits_FullMethodName   = "/leasehold.v1.Admin/ListLimits"
+	Admin_DeleteLimit_FullMethodName  = "/leasehold.v1.Admin/DeleteLimit"
+	Admin_ListWindows_FullMethodName  = "/leasehold.v1.Admin/ListWindows"
+	Admin_ApplyLimits_FullMethodName  = "/leasehold.v1.Admin/ApplyLimits"
+	Admin_LimitHistory_FullMethodName = "/leasehold.v1.Admin/LimitHistory"
+	Admin_ListAudit_FullMethodName    = "/leasehold.v1.Admin/ListAudit"
+	Admin_WhoAmI_FullMethodName       = "/leasehold.v1.Admin/WhoAmI"
 )
 
 // AdminClient is the client API for Admin service.
@@ -43,6 +47,16 @@ type AdminClient interface {
 	// granted, returned and admitted per region, the overshoot bound, the
 	// observed overshoot and stranded tokens. Served by the leader.
 	ListWindows(ctx context.Context, in *ListWindowsRequest, opts ...grpc.CallOption) (*ListWindowsResponse, error)
+	// ApplyLimits applies many changes all or nothing: every change names the
+	// version it expects (0: the limit must not exist), and if any limit moved
+	// since, or any change is invalid or not allowed, nothing changes.
+	ApplyLimits(ctx context.Context, in *ApplyLimitsRequest, opts ...grpc.CallOption) (*ApplyLimitsResponse, error)
+	// LimitHistory lists the applied changes of one limit, oldest first.
+	LimitHistory(ctx context.Context, in *LimitHistoryRequest, opts ...grpc.CallOption) (*LimitHistoryResponse, error)
+	// ListAudit lists every recorded change and refused attempt, oldest first.
+	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
+	// WhoAmI names the caller as the allocator authenticated it.
+	WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error)
 }
 
 type adminClient struct {
@@ -103,6 +117,46 @@ func (c *adminClient) ListWindows(ctx context.Context, in *ListWindowsRequest, o
 	return out, nil
 }
 
+func (c *adminClient) ApplyLimits(ctx context.Context, in *ApplyLimitsRequest, opts ...grpc.CallOption) (*ApplyLimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyLimitsResponse)
+	err := c.cc.Invoke(ctx, Admin_ApplyLimits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) LimitHistory(ctx context.Context, in *LimitHistoryRequest, opts ...grpc.CallOption) (*LimitHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LimitHistoryResponse)
+	err := c.cc.Invoke(ctx, Admin_LimitHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAuditResponse)
+	err := c.cc.Invoke(ctx, Admin_ListAudit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WhoAmIResponse)
+	err := c.cc.Invoke(ctx, Admin_WhoAmI_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -120,6 +174,16 @@ type AdminServer interface {
 	// granted, returned and admitted per region, the overshoot bound, the
 	// observed overshoot and stranded tokens. Served by the leader.
 	ListWindows(context.Context, *ListWindowsRequest) (*ListWindowsResponse, error)
+	// ApplyLimits applies many changes all or nothing: every change names the
+	// version it expects (0: the limit must not exist), and if any limit moved
+	// since, or any change is invalid or not allowed, nothing changes.
+	ApplyLimits(context.Context, *ApplyLimitsRequest) (*ApplyLimitsResponse, error)
+	// LimitHistory lists the applied changes of one limit, oldest first.
+	LimitHistory(context.Context, *LimitHistoryRequest) (*LimitHistoryResponse, error)
+	// ListAudit lists every recorded change and refused attempt, oldest first.
+	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
+	// WhoAmI names the caller as the allocator authenticated it.
+	WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -144,6 +208,18 @@ func (UnimplementedAdminServer) DeleteLimit(context.Context, *DeleteLimitRequest
 }
 func (UnimplementedAdminServer) ListWindows(context.Context, *ListWindowsRequest) (*ListWindowsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListWindows not implemented")
+}
+func (UnimplementedAdminServer) ApplyLimits(context.Context, *ApplyLimitsRequest) (*ApplyLimitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApplyLimits not implemented")
+}
+func (UnimplementedAdminServer) LimitHistory(context.Context, *LimitHistoryRequest) (*LimitHistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LimitHistory not implemented")
+}
+func (UnimplementedAdminServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAudit not implemented")
+}
+func (UnimplementedAdminServer) WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WhoAmI not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -256,6 +332,78 @@ func _Admin_ListWindows_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ApplyLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ApplyLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ApplyLimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ApplyLimits(ctx, req.(*ApplyLimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_LimitHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LimitHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).LimitHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_LimitHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).LimitHistory(ctx, req.(*LimitHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAuditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListAudit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListAudit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListAudit(ctx, req.(*ListAuditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_WhoAmI_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WhoAmIRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).WhoAmI(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_WhoAmI_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).WhoAmI(ctx, req.(*WhoAmIRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -282,6 +430,22 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListWindows",
 			Handler:    _Admin_ListWindows_Handler,
+		},
+		{
+			MethodName: "ApplyLimits",
+			Handler:    _Admin_ApplyLimits_Handler,
+		},
+		{
+			MethodName: "LimitHistory",
+			Handler:    _Admin_LimitHistory_Handler,
+		},
+		{
+			MethodName: "ListAudit",
+			Handler:    _Admin_ListAudit_Handler,
+		},
+		{
+			MethodName: "WhoAmI",
+			Handler:    _Admin_WhoAmI_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

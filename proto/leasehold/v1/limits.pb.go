@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -271,7 +272,15 @@ type Limit struct {
 	Description string               `protobuf:"bytes,9,opt,name=description,proto3" json:"description,omitempty"`
 	Tags        map[string]string    `protobuf:"bytes,10,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// version increases by one on every change; set by the allocator.
-	Version       int64 `protobuf:"varint,11,opt,name=version,proto3" json:"version,omitempty"`
+	Version int64 `protobuf:"varint,11,opt,name=version,proto3" json:"version,omitempty"`
+	// effective_from is when this version starts to govern: windows that
+	// start at or after it use it, earlier windows use previous. Set by the
+	// allocator (the change's time, or the next window boundary).
+	EffectiveFrom *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=effective_from,json=effectiveFrom,proto3" json:"effective_from,omitempty"`
+	// previous is the version still in force until effective_from, while
+	// that time is in the future (a change scheduled for the next window
+	// boundary); unset otherwise. Set by the allocator.
+	Previous      *Limit `protobuf:"bytes,13,opt,name=previous,proto3" json:"previous,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -383,18 +392,32 @@ func (x *Limit) GetVersion() int64 {
 	return 0
 }
 
+func (x *Limit) GetEffectiveFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EffectiveFrom
+	}
+	return nil
+}
+
+func (x *Limit) GetPrevious() *Limit {
+	if x != nil {
+		return x.Previous
+	}
+	return nil
+}
+
 var File_leasehold_v1_limits_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\n" +
-	"\x19leasehold/v1/limits.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"]\n" +
+	"\x19leasehold/v1/limits.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"]\n" +
 	"\bFallback\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\x04kind\x12!\n" +
 	"\flocal_tokens\x18\x02 \x01(\x03R\vlocalTokens\"v\n" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xb4\x04\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xa8\x05\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -407,7 +430,9 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\vdescription\x18\t \x01(\tR\vdescription\x121\n" +
 	"\x04tags\x18\n" +
 	" \x03(\v2\x1d.leasehold.v1.Limit.TagsEntryR\x04tags\x12\x18\n" +
-	"\aversion\x18\v \x01(\x03R\aversion\x1aS\n" +
+	"\aversion\x18\v \x01(\x03R\aversion\x12A\n" +
+	"\x0eeffective_from\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\reffectiveFrom\x12/\n" +
+	"\bprevious\x18\r \x01(\v2\x13.leasehold.v1.LimitR\bprevious\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +
@@ -439,29 +464,32 @@ func file_leasehold_v1_limits_proto_rawDescGZIP() []byte {
 var file_leasehold_v1_limits_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_leasehold_v1_limits_proto_goTypes = []any{
-	(Mode)(0),                   // 0: leasehold.v1.Mode
-	(FallbackKind)(0),           // 1: leasehold.v1.FallbackKind
-	(*Fallback)(nil),            // 2: leasehold.v1.Fallback
-	(*LeaseSettings)(nil),       // 3: leasehold.v1.LeaseSettings
-	(*Limit)(nil),               // 4: leasehold.v1.Limit
-	nil,                         // 5: leasehold.v1.Limit.FallbackEntry
-	nil,                         // 6: leasehold.v1.Limit.TagsEntry
-	(*durationpb.Duration)(nil), // 7: google.protobuf.Duration
+	(Mode)(0),                     // 0: leasehold.v1.Mode
+	(FallbackKind)(0),             // 1: leasehold.v1.FallbackKind
+	(*Fallback)(nil),              // 2: leasehold.v1.Fallback
+	(*LeaseSettings)(nil),         // 3: leasehold.v1.LeaseSettings
+	(*Limit)(nil),                 // 4: leasehold.v1.Limit
+	nil,                           // 5: leasehold.v1.Limit.FallbackEntry
+	nil,                           // 6: leasehold.v1.Limit.TagsEntry
+	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
 }
 var file_leasehold_v1_limits_proto_depIdxs = []int32{
-	1, // 0: leasehold.v1.Fallback.kind:type_name -> leasehold.v1.FallbackKind
-	7, // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
-	7, // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
-	0, // 3: leasehold.v1.Limit.mode:type_name -> leasehold.v1.Mode
-	5, // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
-	3, // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
-	6, // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
-	2, // 7: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	1,  // 0: leasehold.v1.Fallback.kind:type_name -> leasehold.v1.FallbackKind
+	7,  // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	7,  // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
+	0,  // 3: leasehold.v1.Limit.mode:type_name -> leasehold.v1.Mode
+	5,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
+	3,  // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
+	6,  // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
+	8,  // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
+	4,  // 8: leasehold.v1.Limit.previous:type_name -> leasehold.v1.Limit
+	2,  // 9: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_limits_proto_init() }
