@@ -127,6 +127,16 @@ type Agent struct {
 	alloc   *allocClient
 	limits  *limitCache
 	m       *metrics
+	// failover watches Redis for failovers that lost writes (failover.go).
+	failover *failoverWatcher
+
+	// rh is Redis's health; while it is down, Checks are decided from
+	// the leases this replica holds in process (local).
+	rh    *redisHealth
+	local *localStore
+	lm    *localMetrics
+	// localRep is the reporter name of this process's in-process counts.
+	localRep string
 
 	// allocOffset is the allocator's clock minus the agent's, in ns, as
 	// last estimated; it only names windows (lease timing never uses it).
@@ -166,6 +176,11 @@ type limitState struct {
 	fresh       bool      // no Check of this limit has waited for a first lease yet
 	fallbackOn  bool      // a fallback mode was applied since the last grant (the gauge shows it)
 	changed     chan struct{}
+
+	// While Redis is down (see localhealth.go):
+	localDemand  *Demand // this replica's own demand, from its in-process counters
+	localNext    int64   // window for which a next-window lease is held in process
+	localEpisode uint64  // the Redis-down episode in which a Check waited for a first in-process lease
 }
 
 // New returns an agent; call Run to start its background work.
@@ -208,8 +223,16 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		states:  map[string]*limitState{},
 		kicks:   make(chan string, 1024),
 		nonce:   randomHex(4),
+		rh:      newRedisHealth(),
+		local:   newLocalStore(o.now()),
+		lm:      newLocalMetrics(cfg.Registerer),
 	}
-	a.spend = newSpender(a.buckets, o.flushers, o.maxBatch, o.redisTimeout, func(n int) { a.m.batch.Observe(float64(n)) })
+	a.localRep = localReporter(cfg.ReplicaID, a.nonce)
+	a.spend = newSpender(a.buckets, o.flushers, o.maxBatch, o.redisTimeout, func(n int, err error) {
+		a.m.batch.Observe(float64(n))
+		a.observeRedis(err)
+	})
+	a.failover = newFailoverWatcher(a) // failover.go
 	return a, nil
 }
 
@@ -253,7 +276,7 @@ func (a *Agent) state(l *limitView, now time.Time) *limitState {
 	st := a.states[id]
 	if st == nil {
 		st = &limitState{id: id, demand: NewDemand(l.prior()), spentWindow: -1, nextWindow: -1,
-			fresh: true, changed: make(chan struct{})}
+			fresh: true, changed: make(chan struct{}), localDemand: NewDemand(l.prior()), localNext: -1}
 		a.states[id] = st
 	}
 	st.mu.Lock()
@@ -361,11 +384,10 @@ func (a *Agent) decide(ctx context.Context, now time.Time, views []*limitView, s
 			st.mu.Unlock()
 		}
 	}
-	r, err := a.spend.spend(ctx, keys, costs, a.redisNowMs())
+	res, local, serr, err := a.spendAny(ctx, now, views, keys, costs, wins)
 	if err != nil {
 		return nil, err
 	}
-	res, serr := r.res, r.err
 	out := make([]Decision, len(views))
 	for i, l := range views {
 		out[i] = Decision{Limit: l.tokens, Window: l.window, Version: l.version,
@@ -375,19 +397,22 @@ func (a *Agent) decide(ctx context.Context, now time.Time, views []*limitView, s
 		}
 	}
 	if serr != nil {
-		release(r)
-		// Redis cannot answer: the region cannot decide from its bucket.
+		// Redis cannot answer: the region cannot decide from its bucket
+		// (after a few such failures the breaker serves from in-process
+		// leases instead).
 		a.m.checks.WithLabelValues("redis_error").Inc()
 		a.log.Debug("spend failed", "err", serr)
-		return a.fallback(ctx, now, views, sts, keys, costs, out)
+		return a.fallback(ctx, now, views, sts, keys, costs, wins, out)
 	}
 	allowed, failed := res.Allowed, res.Failed
-	release(r)
 	if allowed {
 		for i, st := range sts {
 			out[i].Allowed, out[i].Reason = true, pb.Reason_REASON_OK
-			if out[i].Remaining < a.lowWater(st, views[i], wins[i], now) {
+			if out[i].Remaining < a.lowWaterOf(st, views[i], wins[i], now, local) {
 				a.kick(st.id)
+			}
+			if local {
+				a.lm.admitted.Add(float64(costs[i]))
 			}
 		}
 		a.m.checks.WithLabelValues("ok").Inc()
@@ -404,6 +429,13 @@ func (a *Agent) decide(ctx context.Context, now time.Time, views []*limitView, s
 	failing := st.failing || a.alloc.br.open(time.Now())
 	coldState := st.fresh
 	st.fresh = false
+	if local {
+		// The first Check of an outage waits, like a cold one, for the
+		// replica's first in-process lease.
+		ep := a.rh.episode.Load()
+		coldState = st.localEpisode != ep
+		st.localEpisode = ep
+	}
 	st.mu.Unlock()
 	if !spent && !failing {
 		a.kick(st.id)
@@ -422,7 +454,7 @@ func (a *Agent) decide(ctx context.Context, now time.Time, views []*limitView, s
 		}
 	}
 	if failing && !spent {
-		return a.fallback(ctx, now, views, sts, keys, costs, out)
+		return a.fallback(ctx, now, views, sts, keys, costs, wins, out)
 	}
 	for i := range out {
 		out[i].Reason = pb.Reason_REASON_OVER_LIMIT
@@ -430,6 +462,29 @@ func (a *Agent) decide(ctx context.Context, now time.Time, views []*limitView, s
 	}
 	a.m.checks.WithLabelValues("over_limit").Inc()
 	return out, nil
+}
+
+// spendAny spends from the region's shared bucket, or from the leases
+// this replica holds in process while Redis is down (then without any
+// Redis call). err is the caller's context ending; serr a spend that was
+// not decided.
+func (a *Agent) spendAny(ctx context.Context, now time.Time, views []*limitView, keys []string, costs []int64,
+	wins []lease.Window) (res bucket.SpendResult, local bool, serr, err error) {
+	if !a.rh.isDown() {
+		r, err := a.spend.spend(ctx, keys, costs, a.redisNowMs())
+		if err != nil {
+			return res, false, nil, err
+		}
+		res, serr = r.res, r.err
+		release(r) // res.Keys is the batch's, not the pooled request's
+		return res, false, serr, nil
+	}
+	limits := make([]string, len(views))
+	windows := make([]int64, len(views))
+	for i, l := range views {
+		limits[i], windows[i] = l.id, wins[i].Index
+	}
+	return a.local.spend(limits, windows, costs, now), true, nil, nil
 }
 
 // retryAfter: when the window's pool is spent, its reset (jittered up to
@@ -445,9 +500,10 @@ func (a *Agent) retryAfter(spent bool, reset time.Duration) time.Duration {
 
 // fallback answers when the region cannot get tokens: per limit, CLOSED
 // denies with UNAVAILABLE, LOCAL admits up to A per window (counted in the
-// bucket), OPEN admits (counted). Every limit of the request must admit.
+// bucket; while Redis is down as well it denies like CLOSED), OPEN admits
+// (counted). Every limit of the request must admit.
 func (a *Agent) fallback(ctx context.Context, now time.Time, views []*limitView, sts []*limitState, keys []string,
-	costs []int64, out []Decision) ([]Decision, error) {
+	costs []int64, wins []lease.Window, out []Decision) ([]Decision, error) {
 	unavailable := func() ([]Decision, error) {
 		for i := range out {
 			out[i].Allowed, out[i].Reason = false, pb.Reason_REASON_UNAVAILABLE
@@ -461,16 +517,36 @@ func (a *Agent) fallback(ctx context.Context, now time.Time, views []*limitView,
 			return unavailable()
 		}
 	}
+	// Fallback admits are counted in the shared bucket, or in process
+	// while Redis is down too (and reported as this replica's). LOCAL's
+	// "at most A per window in the region" needs the shared count: without
+	// Redis every replica would admit A, so it denies, as CLOSED does.
+	local := a.rh.isDown()
+	if local {
+		for _, l := range views {
+			if l.fallback.Kind == pb.FallbackKind_FALLBACK_KIND_LOCAL {
+				return unavailable()
+			}
+		}
+	}
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 	defer cancel()
+	add := func(i int, name string, delta int64) (int64, error) {
+		if local {
+			return a.local.add(views[i].id, wins[i].Index, name, delta, now), nil
+		}
+		v, err := a.buckets.AddCounter(rctx, keys[i], name, delta)
+		a.observeRedis(err)
+		return v, err
+	}
 	var taken []int
 	undo := func() {
 		for _, j := range taken {
-			_, _ = a.buckets.AddCounter(rctx, keys[j], counterFallback, -costs[j])
+			_, _ = add(j, counterFallback, -costs[j])
 		}
 	}
 	for i, l := range views {
-		v, err := a.buckets.AddCounter(rctx, keys[i], counterFallback, costs[i])
+		v, err := add(i, counterFallback, costs[i])
 		if err != nil {
 			undo()
 			return unavailable()
@@ -490,7 +566,7 @@ func (a *Agent) fallback(ctx context.Context, now time.Time, views []*limitView,
 			}
 			out[i].Remaining = l.fallback.LocalTokens - v
 		}
-		_, _ = a.buckets.AddCounter(rctx, keys[i], mode, 0) // marks the mode in force this window
+		_, _ = add(i, mode, 0) // marks the mode in force this window
 		st := sts[i]
 		st.mu.Lock()
 		if !st.fallbackOn {
@@ -522,8 +598,18 @@ const (
 
 // lowWater is the limit's low-water mark at now (see lowWater in plan.go).
 func (a *Agent) lowWater(st *limitState, l *limitView, w lease.Window, now time.Time) int64 {
+	return a.lowWaterOf(st, l, w, now, false)
+}
+
+// lowWaterOf is lowWater from the region's demand, or (local) from this
+// replica's own while it serves from in-process leases.
+func (a *Agent) lowWaterOf(st *limitState, l *limitView, w lease.Window, now time.Time, local bool) int64 {
 	st.mu.Lock()
-	rate := st.demand.Rate(now)
+	d := st.demand
+	if local {
+		d = st.localDemand
+	}
+	rate := d.Rate(now)
 	st.mu.Unlock()
 	return lowWater(rate, a.opt.lead, a.windowEnd(w).Sub(now))
 }

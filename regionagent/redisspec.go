@@ -1,6 +1,7 @@
 package regionagent
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"strings"
@@ -14,7 +15,17 @@ import (
 //	redis://[user:pass@]HOST:PORT/DB  a standalone server, by URL
 //	sentinel://MASTER@H1:P1,H2:P2     Sentinel: the named master's primary
 //	cluster://H1:P1,H2:P2             Redis Cluster (keys are hash-tagged by limit)
-func ParseRedis(spec string) (redis.UniversalClient, error) {
+//
+// Every client respects its calls' context deadlines on the socket too
+// (ContextTimeoutEnabled): the agent's short per-call timeout then bounds a
+// call to a Redis that accepts connections and never answers, instead of
+// go-redis's 3 s read timeout per attempt.
+func ParseRedis(spec string) (redis.UniversalClient, error) { return ParseRedisTLS(spec, nil) }
+
+// ParseRedisTLS is ParseRedis with the TLS configuration of rediss://
+// URLs: cfg's RootCAs (and client certificate, if any) with the URL's host
+// as the server name. A nil cfg trusts the system's roots.
+func ParseRedisTLS(spec string, cfg *tls.Config) (redis.UniversalClient, error) {
 	switch {
 	case spec == "":
 		return nil, fmt.Errorf("redis: empty address")
@@ -23,6 +34,12 @@ func ParseRedis(spec string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redis: %w", err)
 		}
+		if o.TLSConfig != nil && cfg != nil {
+			c := cfg.Clone()
+			c.ServerName = o.TLSConfig.ServerName
+			o.TLSConfig = c
+		}
+		o.ContextTimeoutEnabled = true
 		return redis.NewClient(o), nil
 	case strings.HasPrefix(spec, "sentinel://"):
 		rest := strings.TrimPrefix(spec, "sentinel://")
@@ -34,13 +51,14 @@ func ParseRedis(spec string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, err
 		}
-		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: addrs}), nil
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: addrs,
+			ContextTimeoutEnabled: true}), nil
 	case strings.HasPrefix(spec, "cluster://"):
 		addrs, err := hostPorts(strings.TrimPrefix(spec, "cluster://"))
 		if err != nil {
 			return nil, err
 		}
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}), nil
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true}), nil
 	case strings.Contains(spec, "://"):
 		return nil, fmt.Errorf("redis: %q: unknown scheme (use HOST:PORT, redis://, sentinel:// or cluster://)", spec)
 	}
@@ -51,7 +69,7 @@ func ParseRedis(spec string) (redis.UniversalClient, error) {
 	if len(addrs) != 1 {
 		return nil, fmt.Errorf("redis: %q: several addresses need sentinel:// or cluster://", spec)
 	}
-	return redis.NewClient(&redis.Options{Addr: addrs[0]}), nil
+	return redis.NewClient(&redis.Options{Addr: addrs[0], ContextTimeoutEnabled: true}), nil
 }
 
 func hostPorts(s string) ([]string, error) {

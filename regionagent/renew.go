@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"leasehold/allocator"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
@@ -23,7 +24,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Warn("loading Redis scripts failed; they load on first use", "err", err)
 	}
 	var wg sync.WaitGroup
-	loops := []func(context.Context){a.syncLoop, a.clockLoop, a.renewLoop, a.reportLoop}
+	loops := []func(context.Context){a.syncLoop, a.clockLoop, a.renewLoop, a.reportLoop, a.redisProbeLoop,
+		a.failover.run} // failover.go
 	for _, f := range loops {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(ctx) }()
@@ -87,6 +89,9 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 // clockLoop keeps the Redis clock estimate fresh.
 func (a *Agent) clockLoop(ctx context.Context) {
 	every(ctx, 30*time.Second, func() {
+		if a.rh.isDown() {
+			return // the prober syncs the clock when Redis answers again
+		}
 		if err := a.syncClock(ctx); err != nil && ctx.Err() == nil {
 			a.log.Warn("Redis clock sync failed", "err", err)
 		}
@@ -212,7 +217,9 @@ func (a *Agent) activeLimits() []string {
 // evaluate looks at one limit: learns the regional demand from the bucket,
 // closes and returns expired leases, and renews (this window, and the next
 // one near the boundary) when the balance runs low. Only the replica that
-// holds the limit's renewal lock in Redis renews.
+// holds the limit's renewal lock in Redis renews. While Redis is down each
+// replica renews its in-process leases for itself (evaluateLocal); once it
+// answers again, they are returned first (drainLocal).
 func (a *Agent) evaluate(ctx context.Context, id string) {
 	l := a.limits.get(id)
 	if l == nil {
@@ -224,17 +231,24 @@ func (a *Agent) evaluate(ctx context.Context, id string) {
 	if st == nil {
 		return
 	}
+	if a.rh.isDown() {
+		a.evaluateLocal(ctx, l, st)
+		return
+	}
+	a.drainLocal(ctx, l, st)
 	now := a.opt.now()
 	w := a.windowOf(now, l)
 	key := bucket.Key(id, w.Index)
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 	bal, err := a.buckets.Balance(rctx, key, a.redisNowMs())
 	cancel()
+	a.observeRedis(err)
 	if err != nil {
 		a.log.Debug("renewal: reading the bucket failed", "limit", id, "err", err)
-		return // Redis down: nothing to renew into (see the fault handling)
+		return // Redis down: after a few failures, in-process leases (evaluateLocal)
 	}
 	rate := a.observeDemand(st, w.Index, bal, now)
+	a.failover.sawAdmitted(l, w.Index, bal.Admitted, now) // failover.go
 	st.mu.Lock()
 	for _, c := range bal.Counters {
 		if c.Name == counterPoolSpent && c.Value > 0 && st.spentWindow != w.Index {
@@ -276,10 +290,10 @@ func (a *Agent) evaluate(ctx context.Context, id string) {
 	// not one per lease: after a burst a region may hold a dozen small
 	// leases that expire together).
 	if p.Acquire {
-		a.acquire(ctx, l, st, false, rate, p.Held, p.Want)
+		a.acquire(ctx, l, st, false, rate, p.Held, p.Want, false)
 	}
 	if p.AcquireNext {
-		a.acquire(ctx, l, st, true, rate, 0, 0)
+		a.acquire(ctx, l, st, true, rate, 0, 0, false)
 	}
 	ids := make([]string, 0, len(p.Close)+len(p.Surplus))
 	for _, e := range p.Close {
@@ -307,8 +321,8 @@ func (a *Agent) observeDemand(st *limitState, window int64, bal bucket.BalanceRe
 }
 
 // acquire asks the allocator for one lease (or replays the unanswered
-// request) and deposits it.
-func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next bool, rate float64, held, want int64) {
+// request) and deposits it in the region's bucket, or (local) in process.
+func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next bool, rate float64, held, want int64, local bool) {
 	st.mu.Lock()
 	req := st.pending
 	if next {
@@ -389,7 +403,7 @@ func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next 
 				w.Index = ls.WindowIndex
 			}
 			st.spentWindow, st.spentAt = max(st.spentWindow, w.Index), recv
-			if !next {
+			if !next && !local {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opt.redisTimeout)
 				_, _ = a.buckets.AddCounter(rctx, bucket.Key(l.id, w.Index), counterPoolSpent, 1)
 				cancel()
@@ -409,10 +423,26 @@ func (a *Agent) acquire(ctx context.Context, l *limitView, st *limitState, next 
 		allocNow := (ls.WindowIndex+1)*ls.Window.AsDuration().Nanoseconds() - wl.Nanoseconds()
 		a.allocOffset.Store(allocNow - recv.UnixNano())
 	}
-	if err := a.deposit(ctx, l, ls, sent, recv); err != nil {
-		a.log.Warn("deposit failed; returning the lease", "limit", l.id, "lease", ls.LeaseId, "err", err)
+	var derr error
+	if local {
+		derr = a.depositLocal(l, ls, sent, recv)
+	} else {
+		derr = a.deposit(ctx, l, ls, sent, recv)
+		a.observeRedis(derr)
+	}
+	switch {
+	case derr != nil && !local && redisUnavailable(derr):
+		// Redis did not answer: the deposit may have landed (a timeout
+		// after the write), so returning the lease could let its tokens
+		// be spent twice. It stays stranded (undershoot); if it did land,
+		// the renewal round that finds it expired closes and returns it.
+		a.log.Warn("deposit unanswered; the lease stays stranded", "limit", l.id, "lease", ls.LeaseId, "err", derr)
+	case derr != nil:
+		a.log.Warn("deposit failed; returning the lease", "limit", l.id, "lease", ls.LeaseId, "in_process", local, "err", derr)
 		a.returnLeases(ctx, l.id, []*pb.LeaseReturn{{LimitId: l.id, LeaseId: ls.LeaseId, Unspent: ls.Tokens}})
-	} else if next {
+	case next && local:
+		st.localNext = ls.WindowIndex
+	case next:
 		st.nextWindow = ls.WindowIndex
 	}
 	st.notify()
@@ -511,9 +541,11 @@ func (a *Agent) returnLeases(ctx context.Context, limit string, rets []*pb.Lease
 }
 
 // reportLoop sends the regional usage counts of the current and previous
-// window of every active limit. The counts come from the shared buckets,
-// so every replica reports the same numbers under one reporter name and
-// the allocator's max-merge keeps them once.
+// windows of every active limit: the shared bucket's counts, which every
+// replica reports alike under the bucket's reporter name (the allocator's
+// max-merge keeps them once), and this replica's in-process counts from
+// while Redis was down, under its own reporter name (the allocator sums
+// reporters).
 func (a *Agent) reportLoop(ctx context.Context) {
 	every(ctx, a.opt.reportEvery, func() { a.report(ctx) })
 }
@@ -523,7 +555,7 @@ const maxReportBack = 30
 
 func (a *Agent) report(ctx context.Context) {
 	now := a.opt.now()
-	var usage []*pb.Usage
+	byReporter := map[string][]*pb.Usage{}
 	for _, id := range a.activeLimits() {
 		l := a.limits.get(id)
 		if l == nil {
@@ -534,39 +566,71 @@ func (a *Agent) report(ctx context.Context) {
 		// that closed while the allocator was unreachable are reported
 		// once it is back (reports are cumulative; repeats are no-ops).
 		back := min(int64(maxReportBack), int64(a.opt.keyGrace/l.window)+1)
-		for idx := w.Index - back; idx <= w.Index; idx++ {
-			rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-			bal, err := a.buckets.Balance(rctx, bucket.Key(id, idx), a.redisNowMs())
-			cancel()
-			if err != nil {
-				continue
-			}
-			u := &pb.Usage{LimitId: id, WindowIndex: idx, Admitted: bal.Admitted, Denied: bal.Denied}
-			for _, c := range bal.Counters {
-				switch c.Name {
-				case counterFallback:
-					u.FallbackAdmitted = c.Value
-				case counterModeLocal:
-					u.Fallback = max(u.Fallback, pb.FallbackKind_FALLBACK_KIND_LOCAL)
-				case counterModeOpen:
-					u.Fallback = pb.FallbackKind_FALLBACK_KIND_OPEN
-				}
-			}
-			if u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
-				usage = append(usage, u)
+		if !a.rh.isDown() {
+			if rep, u := a.bucketUsage(ctx, id, w.Index-back, w.Index); len(u) > 0 {
+				byReporter[rep] = append(byReporter[rep], u...)
 			}
 		}
+		if u := a.localUsage(id, w.Index-back, w.Index, now); len(u) > 0 {
+			byReporter[a.localRep] = append(byReporter[a.localRep], u...)
+		}
 	}
-	if len(usage) == 0 {
-		return
+	a.local.sweep(now)
+	if u := a.failover.usage(); len(u) > 0 { // failover.go: redis_rollback_tokens
+		byReporter[failoverReporter] = u
 	}
-	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
-		_, err := cl.ReportUsage(ctx, &pb.ReportUsageRequest{Region: a.cfg.Region, Reporter: "bucket", Usage: usage}, opts...)
-		return err
-	})
+	for rep, usage := range byReporter {
+		err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+			_, err := cl.ReportUsage(ctx, &pb.ReportUsageRequest{Region: a.cfg.Region, Reporter: rep, Usage: usage}, opts...)
+			return err
+		})
+		if err != nil {
+			a.m.reports.WithLabelValues("failed").Inc()
+			continue
+		}
+		a.m.reports.WithLabelValues("ok").Inc()
+	}
+}
+
+// bucketUsage reads the shared bucket's counts of windows from..to of a
+// limit and names their reporter by the buckets' epoch. Redis restarted
+// empty starts its counters again from zero; the allocator merges a
+// reporter's cumulative counts with max, so the new counts are reported
+// under the new epoch's name and add to the old ones instead of hiding
+// below them. The epoch is read before and after the counts: if it
+// changed in between (a restart), nothing is reported this round.
+func (a *Agent) bucketUsage(ctx context.Context, id string, from, to int64) (string, []*pb.Usage) {
+	epoch := func() (string, error) {
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		defer cancel()
+		e, err := a.buckets.Epoch(rctx, id)
+		a.observeRedis(err)
+		return e, err
+	}
+	before, err := epoch()
 	if err != nil {
-		a.m.reports.WithLabelValues("failed").Inc()
-		return
+		return "", nil
 	}
-	a.m.reports.WithLabelValues("ok").Inc()
+	var usage []*pb.Usage
+	for idx := from; idx <= to; idx++ {
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		bal, err := a.buckets.Balance(rctx, bucket.Key(id, idx), a.redisNowMs())
+		cancel()
+		if err != nil {
+			continue
+		}
+		if u := usageOf(id, idx, bal); u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
+			usage = append(usage, u)
+		}
+	}
+	after, err := epoch()
+	if err != nil || after != before {
+		return "", nil
+	}
+	rep := bucketReporter(before)
+	if allocator.ValidateRequestID("reporter", rep) != nil {
+		a.log.Warn("unusable bucket epoch; not reporting the bucket's counts", "limit", id, "epoch", before)
+		return "", nil
+	}
+	return rep, usage
 }

@@ -43,6 +43,12 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 	w := a.windowOf(now, l)
 	out := Reservation{Decision: Decision{Limit: l.tokens, Window: l.window, Version: l.version,
 		ResetAfter: max(0, a.windowEnd(w).Sub(now))}}
+	if a.rh.isDown() {
+		// Sub-leases live in the shared bucket only: while Redis is down the
+		// client falls back to per-request Checks, served in process.
+		out.Reason, out.RetryAfter = pb.Reason_REASON_UNAVAILABLE, time.Second
+		return out, nil
+	}
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 	r, err := a.buckets.Reserve(rctx, bucket.Key(l.id, w.Index), id, tokens, minTokens, a.redisNowMs())
 	cancel()

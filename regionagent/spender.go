@@ -31,10 +31,12 @@ type spender struct {
 	timeout  time.Duration
 	wg       sync.WaitGroup
 	stop     chan struct{}
-	onBatch  func(n int)
+	// onBatch sees each batch's size and error (non-nil only when no
+	// spend of the batch was decided: Redis did not answer).
+	onBatch func(n int, err error)
 }
 
-func newSpender(b *bucket.Buckets, flushers, maxBatch int, timeout time.Duration, onBatch func(int)) *spender {
+func newSpender(b *bucket.Buckets, flushers, maxBatch int, timeout time.Duration, onBatch func(int, error)) *spender {
 	s := &spender{b: b, queue: make(chan *spendReq, 4*maxBatch*flushers), maxBatch: maxBatch,
 		timeout: timeout, stop: make(chan struct{}), onBatch: onBatch}
 	for range flushers {
@@ -102,7 +104,7 @@ func (s *spender) flusher() {
 		res, err := s.b.SpendBatch(ctx, ops)
 		cancel()
 		if s.onBatch != nil {
-			s.onBatch(len(batch))
+			s.onBatch(len(batch), err)
 		}
 		for i, r := range batch {
 			if err != nil {

@@ -1,0 +1,74 @@
+package bucket
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// EpochKey returns the key that names the incarnation of a limit's buckets
+// in one Redis deployment: lh:{<limitID>}:epoch. It shares the limit's hash
+// slot with its buckets, so on Redis Cluster it lives and dies with them.
+func EpochKey(limitID string) string {
+	return "lh:{" + limitID + "}:epoch"
+}
+
+// epochTries bounds how often Epoch retries when the key vanishes between
+// its SET NX and its GET (a restart in between).
+const epochTries = 3
+
+// Epoch returns the epoch of limitID's buckets: an id that stays the same
+// while Redis keeps its data and changes when the data is lost. It is the
+// key EpochKey, set when missing (a new Redis, or one restarted empty) to
+// the server's run_id (INFO server; a random id if Redis gives none).
+// Every caller sees the same epoch until the data set is lost, so the
+// epoch tells bucket counters of one incarnation from those of the next:
+// a restart that empties Redis starts the counters again from zero under a
+// new epoch, while a failover to a replica keeps the key, and the epoch,
+// with the data. Using the run_id makes every limit of one server, and
+// every agent replica, choose the same epoch. (On Redis Cluster INFO
+// answers from one node; the epoch then changes with that node's
+// restarts, which only costs an extra reporter name.)
+func (b *Buckets) Epoch(ctx context.Context, limitID string) (string, error) {
+	if limitID == "" {
+		return "", invalid("empty limit id")
+	}
+	key := EpochKey(limitID)
+	for range epochTries {
+		v, err := b.rdb.Get(ctx, key).Result()
+		if err == nil {
+			return v, nil
+		}
+		if !errors.Is(err, redis.Nil) {
+			return "", wrapRedis("epoch", err)
+		}
+		candidate := b.runID(ctx)
+		ok, err := b.rdb.SetNX(ctx, key, candidate, 0).Result()
+		if err != nil {
+			return "", wrapRedis("epoch", err)
+		}
+		if ok {
+			return candidate, nil
+		}
+		// Another caller set it first: read theirs.
+	}
+	return "", wrapRedis("epoch", errors.New("the epoch key keeps vanishing"))
+}
+
+// runID is the server's run_id (new at every start), or a random id.
+func (b *Buckets) runID(ctx context.Context) string {
+	if info, err := b.rdb.Info(ctx, "server").Result(); err == nil {
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok && v != "" {
+				return v
+			}
+		}
+	}
+	r := make([]byte, 16)
+	_, _ = rand.Read(r)
+	return hex.EncodeToString(r)
+}

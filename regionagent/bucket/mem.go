@@ -1,0 +1,372 @@
+package bucket
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// MemKey names a bucket of a [Mem]: one (limit, window), like [Key].
+type MemKey struct {
+	Limit  string
+	Window int64
+}
+
+// MemDeposit is [Deposit] for a [Mem] whose buckets are named by K.
+type MemDeposit[K comparable] struct {
+	Key        K
+	LeaseID    string
+	Tokens     int64
+	StartMs    int64
+	DeadlineMs int64
+	ExpireAtMs int64
+	NowMs      int64
+}
+
+// errMem reports an argument the Lua scripts would refuse.
+var errMem = errors.New("bucket: mem: invalid argument")
+
+// Mem is an in-memory region bucket with the semantics of the Redis
+// scripts (lua/*.lua), operation for operation. The simulator replays
+// regions on it, and an agent whose Redis is down keeps the leases it
+// acquires for itself in one:
+//
+//   - Deposit is idempotent by lease id, refused for a closed lease, and
+//     refused (nothing written) when the key's expiry is not after now;
+//     it only ever extends the key's expiry.
+//   - Spend takes each cost from the leases with start <= now < deadline
+//     (deadline exclusive), earliest deadline first (ties by id), splitting
+//     across leases, all or nothing, counting admitted and denied; later
+//     spends of one call see the earlier ones.
+//   - Close returns the unspent amount exactly once and marks the lease
+//     closed; later closes return the same amount as already closed; closing
+//     an unknown lease records it closed with 0, so a late deposit is refused.
+//   - Balance reports what balance.lua reports, open and expired leases
+//     included.
+//   - A key expires at its expiry (the deposit's expire-at, or the orphan
+//     TTL for a key that another operation created), as Redis would expire
+//     it.
+//
+// Every operation takes now in milliseconds on the bucket's clock, which the
+// caller passes explicitly (the simulator's Redis clock, or an agent's
+// monotonic clock). The zero value is not usable; call NewMem. Not safe for
+// concurrent use. K names the buckets (e.g. [MemKey]).
+type Mem[K comparable] struct {
+	keys      map[K]*memHash
+	orphanTTL int64 // ms
+}
+
+type memLease struct {
+	id      string
+	r, s, d int64
+}
+
+// memHash is one bucket key (one Redis hash).
+type memHash struct {
+	leases   []*memLease // open (not closed), sorted by (deadline, id)
+	closed   map[string]int64
+	admitted int64
+	denied   int64
+	counters map[string]int64 // other counters
+	expireAt int64            // ms; 0: no expiry
+}
+
+// NewMem returns an empty bucket whose orphan keys live orphanTTLMs.
+func NewMem[K comparable](orphanTTLMs int64) *Mem[K] {
+	return &Mem[K]{keys: map[K]*memHash{}, orphanTTL: orphanTTLMs}
+}
+
+// get returns the live hash of key at now, nil if the key does not exist.
+func (b *Mem[K]) get(key K, nowMs int64) *memHash {
+	h := b.keys[key]
+	if h != nil && h.expireAt > 0 && h.expireAt <= nowMs {
+		delete(b.keys, key)
+		return nil
+	}
+	return h
+}
+
+// create makes a key that an operation other than Deposit writes first:
+// it carries the orphan TTL.
+func (b *Mem[K]) create(key K, nowMs int64) *memHash {
+	h := &memHash{}
+	if b.orphanTTL > 0 {
+		h.expireAt = nowMs + b.orphanTTL
+	}
+	b.keys[key] = h
+	return h
+}
+
+// Keys returns how many keys the bucket holds (expired ones included until
+// touched or swept).
+func (b *Mem[K]) Keys() int { return len(b.keys) }
+
+// Sweep deletes the keys expired at now, as Redis's active expiry does.
+func (b *Mem[K]) Sweep(nowMs int64) {
+	for k, h := range b.keys {
+		if h.expireAt > 0 && h.expireAt <= nowMs {
+			delete(b.keys, k)
+		}
+	}
+}
+
+func (h *memHash) lease(id string) *memLease {
+	for _, l := range h.leases {
+		if l.id == id {
+			return l
+		}
+	}
+	return nil
+}
+
+// spendable is spendable() of common.lua: the tokens of leases with
+// start <= now < deadline and the earliest deadline among those holding
+// tokens.
+func (h *memHash) spendable(nowMs int64) (sum, earliest int64) {
+	if h == nil {
+		return 0, 0
+	}
+	for _, l := range h.leases {
+		if l.s <= nowMs && nowMs < l.d && l.r > 0 {
+			sum += l.r
+			if earliest == 0 {
+				earliest = l.d
+			}
+		}
+	}
+	return sum, earliest
+}
+
+// charge takes cost from the spendable leases, earliest deadline first.
+// The caller checked the balance.
+func (h *memHash) charge(cost, nowMs int64) {
+	left := cost
+	for _, l := range h.leases {
+		if left == 0 {
+			break
+		}
+		if l.s <= nowMs && nowMs < l.d && l.r > 0 {
+			take := min(l.r, left)
+			l.r -= take
+			left -= take
+		}
+	}
+	h.admitted += cost
+}
+
+// Deposit stores a lease (deposit.lua).
+func (b *Mem[K]) Deposit(d MemDeposit[K]) (DepositResult, error) {
+	switch {
+	case d.LeaseID == "":
+		return DepositResult{}, fmt.Errorf("%w: empty lease id", errMem)
+	case d.Tokens <= 0 || d.StartMs < 0 || d.DeadlineMs <= d.StartMs:
+		return DepositResult{}, fmt.Errorf("%w: bad lease", errMem)
+	case d.ExpireAtMs < d.DeadlineMs:
+		return DepositResult{}, fmt.Errorf("%w: key expiry before deadline", errMem)
+	}
+	h := b.get(d.Key, d.NowMs)
+	if d.ExpireAtMs <= d.NowMs {
+		bal, _ := h.spendable(d.NowMs)
+		return DepositResult{Status: RefusedKeyExpiry, Balance: bal}, nil
+	}
+	var status DepositStatus
+	if h == nil {
+		h = &memHash{}
+		b.keys[d.Key] = h
+	}
+	if _, ok := h.closed[d.LeaseID]; ok {
+		status = RefusedClosed
+	} else if h.lease(d.LeaseID) != nil {
+		status = AlreadyDeposited
+	} else {
+		status = Deposited
+		l := &memLease{id: d.LeaseID, r: d.Tokens, s: d.StartMs, d: d.DeadlineMs}
+		i, _ := slices.BinarySearchFunc(h.leases, l, cmpLease)
+		h.leases = slices.Insert(h.leases, i, l)
+	}
+	if h.expireAt == 0 || h.expireAt < d.ExpireAtMs {
+		h.expireAt = d.ExpireAtMs
+	}
+	bal, _ := h.spendable(d.NowMs)
+	return DepositResult{Status: status, Balance: bal}, nil
+}
+
+func cmpLease(a, b *memLease) int {
+	if a.d != b.d {
+		if a.d < b.d {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(a.id, b.id)
+}
+
+// Spend1 is Spend of one key and one cost, without allocating: allowed, and
+// the key's spendable balance after the spend.
+func (b *Mem[K]) Spend1(key K, cost, nowMs int64) (allowed bool, balance int64) {
+	h := b.get(key, nowMs)
+	bal, _ := h.spendable(nowMs)
+	if bal >= cost {
+		if cost > 0 {
+			h.charge(cost, nowMs)
+			bal, _ = h.spendable(nowMs)
+		}
+		return true, bal
+	}
+	if h == nil {
+		h = b.create(key, nowMs)
+	}
+	h.denied += cost
+	return false, bal
+}
+
+// Spend decides one all-or-nothing spend over keys (spend.lua with one
+// spend): each key pays its cost, or nothing is charged and the cost is
+// added to denied on each key that lacked it. A key named twice pays both
+// costs.
+func (b *Mem[K]) Spend(keys []K, costs []int64, nowMs int64) (SpendResult, error) {
+	if len(keys) == 0 || len(keys) != len(costs) {
+		return SpendResult{}, fmt.Errorf("%w: %d keys, %d costs", errMem, len(keys), len(costs))
+	}
+	for _, c := range costs {
+		if c < 0 {
+			return SpendResult{}, fmt.Errorf("%w: negative cost", errMem)
+		}
+	}
+	type state struct {
+		key      K
+		h        *memHash
+		bal      int64
+		earliest int64
+		need     int64
+	}
+	sts := make([]*state, len(keys))
+	byKey := map[K]*state{}
+	for i, k := range keys {
+		st := byKey[k]
+		if st == nil {
+			h := b.get(k, nowMs)
+			bal, e := h.spendable(nowMs)
+			st = &state{key: k, h: h, bal: bal, earliest: e}
+			byKey[k] = st
+		}
+		st.need += costs[i]
+		sts[i] = st
+	}
+	res := SpendResult{Failed: -1, Keys: make([]KeyResult, len(keys))}
+	for i, st := range sts {
+		if st.bal < st.need {
+			res.Failed = i
+			break
+		}
+	}
+	if res.Failed >= 0 {
+		for i, st := range sts {
+			ok := st.bal >= st.need
+			if !ok {
+				if st.h == nil {
+					st.h = b.create(st.key, nowMs)
+				}
+				st.h.denied += costs[i]
+			}
+			res.Keys[i] = KeyResult{Allowed: ok, Balance: st.bal, EarliestDeadlineMs: st.earliest}
+		}
+		return res, nil
+	}
+	res.Allowed = true
+	for i, st := range sts {
+		if costs[i] > 0 {
+			st.h.charge(costs[i], nowMs)
+			st.bal, st.earliest = st.h.spendable(nowMs)
+		}
+	}
+	for i, st := range sts {
+		res.Keys[i] = KeyResult{Allowed: true, Balance: st.bal, EarliestDeadlineMs: st.earliest}
+	}
+	return res, nil
+}
+
+// Close removes a lease and returns its unspent tokens, once (close.lua).
+func (b *Mem[K]) Close(key K, id string, nowMs int64) (CloseResult, error) {
+	if id == "" {
+		return CloseResult{}, fmt.Errorf("%w: empty lease id", errMem)
+	}
+	h := b.get(key, nowMs)
+	var res CloseResult
+	if h != nil {
+		if v, ok := h.closed[id]; ok {
+			res.Unspent, res.AlreadyClosed = v, true
+			res.Balance, _ = h.spendable(nowMs)
+			return res, nil
+		}
+	}
+	if l := h.leaseOrNil(id); l != nil {
+		res.Unspent = l.r
+		h.leases = slices.DeleteFunc(h.leases, func(x *memLease) bool { return x == l })
+	} else {
+		res.Unknown = true
+		if h == nil {
+			h = b.create(key, nowMs)
+		}
+	}
+	if h.closed == nil {
+		h.closed = map[string]int64{}
+	}
+	h.closed[id] = res.Unspent
+	res.Balance, _ = h.spendable(nowMs)
+	return res, nil
+}
+
+func (h *memHash) leaseOrNil(id string) *memLease {
+	if h == nil {
+		return nil
+	}
+	return h.lease(id)
+}
+
+// Balance reads a bucket without changing it (balance.lua).
+func (b *Mem[K]) Balance(key K, nowMs int64) BalanceResult {
+	h := b.get(key, nowMs)
+	var r BalanceResult
+	if h == nil {
+		return r
+	}
+	r.Spendable, r.EarliestDeadlineMs = h.spendable(nowMs)
+	r.Admitted, r.Denied = h.admitted, h.denied
+	for _, l := range h.leases {
+		switch {
+		case nowMs < l.s:
+			r.Pending += l.r
+			r.Open = append(r.Open, OpenLease{ID: l.id, Remaining: l.r, StartMs: l.s, DeadlineMs: l.d})
+		case nowMs < l.d:
+			r.Live++
+			r.Open = append(r.Open, OpenLease{ID: l.id, Remaining: l.r, StartMs: l.s, DeadlineMs: l.d})
+		default:
+			r.Expired = append(r.Expired, ExpiredLease{ID: l.id, Remaining: l.r})
+		}
+	}
+	if len(h.counters) > 0 {
+		for name, v := range h.counters {
+			r.Counters = append(r.Counters, Counter{Name: name, Value: v})
+		}
+		slices.SortFunc(r.Counters, func(a, b Counter) int { return strings.Compare(a.Name, b.Name) })
+	}
+	return r
+}
+
+// AddCounter adds delta to a named counter (add.lua) and returns its value.
+func (b *Mem[K]) AddCounter(key K, name string, delta, nowMs int64) (int64, error) {
+	if name == "" || strings.Contains(name, ":") || name == "admitted" || name == "denied" {
+		return 0, fmt.Errorf("%w: counter name %q", errMem, name)
+	}
+	h := b.get(key, nowMs)
+	if h == nil {
+		h = b.create(key, nowMs)
+	}
+	if h.counters == nil {
+		h.counters = map[string]int64{}
+	}
+	h.counters[name] += delta
+	return h.counters[name], nil
+}
