@@ -46,6 +46,9 @@ type options struct {
 	keepWindows  int
 	reportLimits int
 	retryBackoff func() backoff.BackOff
+	// audit log
+	auditRetention time.Duration
+	auditSweep     time.Duration
 }
 
 // Option changes an optional setting.
@@ -82,6 +85,16 @@ func WithReports(windows, metricLimits int) Option {
 	return func(o *options) { o.keepWindows, o.reportLimits = max(1, windows), max(0, metricLimits) }
 }
 
+// WithAuditRetention sets how long the audit log and the limits' history
+// are kept, and how often the leader removes older records. Defaults 400
+// days and 1h.
+func WithAuditRetention(keep, sweep time.Duration) Option {
+	return func(o *options) { o.auditRetention, o.auditSweep = keep, sweep }
+}
+
+// DefaultAuditRetention is how long audit records are kept by default.
+const DefaultAuditRetention = 400 * 24 * time.Hour
+
 // Allocator is one replica of the allocator service. Every replica
 // campaigns for leadership; the leader rebuilds its Core from etcd and
 // serves grants, followers refuse them with the leader's address. Safe for
@@ -92,6 +105,11 @@ type Allocator struct {
 	store *Store
 	log   *slog.Logger
 	m     *metrics
+	am    *adminMetrics
+	ids   auditIDs
+	sync  syncCache
+
+	changeMu sync.Mutex // serializes limit changes on this replica
 
 	mu         sync.Mutex // protects term, leaderAddr, sessionID
 	term       *term
@@ -148,9 +166,14 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 			b.MaxElapsedTime = 0
 			return b
 		},
+		auditRetention: DefaultAuditRetention,
+		auditSweep:     time.Hour,
 	}
 	for _, f := range opts {
 		f(&o)
+	}
+	if o.auditRetention <= 0 || o.auditSweep <= 0 {
+		return nil, errors.New("allocator: the audit retention and its sweep interval must be > 0")
 	}
 	a := &Allocator{
 		cfg:        cfg,
@@ -158,6 +181,7 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 		store:      NewStore(cfg.Client, cfg.Prefix),
 		log:        cfg.Logger,
 		m:          newMetrics(cfg.Registerer),
+		am:         newAdminMetrics(cfg.Registerer),
 		termChange: make(chan struct{}),
 	}
 	if cfg.Registerer != nil {
@@ -332,9 +356,10 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 	t.commit = newCommitter(a.store, fence, a.opt.maxOps, a.opt.committers, a.opt.commitTO, a.m,
 		func(err error) { cancel(fmt.Errorf("commit failed: %w", err)) })
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); a.watchLimits(t, st.Revision) }()
 	go func() { defer wg.Done(); a.sweep(t) }()
+	go func() { defer wg.Done(); a.sweepAuditLoop(t) }()
 
 	a.m.leaderChanges.Inc()
 	a.setTerm(t)
@@ -659,15 +684,6 @@ func (a *Allocator) View(fn func(now time.Time, c *Core)) error {
 	defer t.mu.Unlock()
 	fn(a.opt.now(), t.core)
 	return nil
-}
-
-// PutLimit validates and stores a limit (see Store.PutLimit).
-func (a *Allocator) PutLimit(ctx context.Context, l *pb.Limit, expected *int64) (*pb.Limit, error) {
-	v, err := ValidateLimit(l, a.cfg.Regions)
-	if err != nil {
-		return nil, err
-	}
-	return a.store.PutLimit(ctx, v, expected)
 }
 
 // LeadershipChanged returns a channel closed at the next start or end of a

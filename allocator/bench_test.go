@@ -43,7 +43,7 @@ func BenchmarkGrants(b *testing.B) {
 					l.Id = fmt.Sprintf("tenant/b%d", i)
 					l.LimitTokens = 1 << 50
 					l.Lease.MinChunk, l.Lease.MaxChunk = 1, 1
-					if _, err := a.PutLimit(ctx, l, nil); err != nil {
+					if _, err := a.PutLimit(ctx, l, Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}); err != nil {
 						b.Fatal(err)
 					}
 				}

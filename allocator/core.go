@@ -121,8 +121,10 @@ func NewCore() *Core {
 	}
 }
 
-// SetLimit adds or replaces a limit. A lower G applies at once: pools are
-// computed from the current G, clamped at zero.
+// SetLimit adds or replaces a limit. Each window is decided by the version
+// that governs its start (Limit.At): a change in force at once (no
+// Previous) applies to the running window, and a lower G empties its pool
+// at once (pools are computed from the G in force, clamped at zero).
 func (c *Core) SetLimit(l *Limit) { c.limits[l.ID] = l }
 
 // DeleteLimit forgets a limit; its open windows stay until they expire, so
@@ -160,13 +162,23 @@ func (c *Core) window(k windowKey, length time.Duration) *windowState {
 }
 
 // Pool returns what the pool of (limit, window) holds now: G - granted +
-// credited returns, never below zero.
+// credited returns, never below zero. G is the one of the version that
+// governs the window's start.
 func (c *Core) Pool(limit string, window int64) int64 {
 	l, ok := c.limits[limit]
 	if !ok {
 		return 0
 	}
-	return c.pool(l, c.windows[windowKey{limit, window}])
+	ws := c.windows[windowKey{limit, window}]
+	v := l
+	if l.Previous != nil {
+		length := l.Window
+		if ws != nil {
+			length = ws.length
+		}
+		v = l.At(lease.Window{Index: window, Length: length}.Start())
+	}
+	return c.pool(v, ws)
 }
 
 func (c *Core) pool(l *Limit, ws *windowState) int64 {
@@ -231,18 +243,33 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 	if !ok {
 		return Decision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
 	}
-	if !l.HasRegion(region) {
+	if !l.HasRegion(region) && (l.Previous == nil || !l.Previous.HasRegion(region)) {
 		return Decision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,
 			Message: fmt.Sprintf("limit %q is not spent in region %q", r.Limit, region)}
 	}
 	c.demand[demandKey{l.ID, region}] = demandReport{rate: r.Demand, held: r.Held, at: now}
 
-	w := lease.WindowOf(now, l.Window)
+	// The window is decided by the version that governs its start: a lease
+	// for the next window fetched early already uses a change scheduled
+	// for the boundary, the current window keeps the version it began with.
+	v := l.At(now)
+	w := lease.WindowOf(now, v.Window)
 	left := w.Left(now)
 	if r.Next {
 		w = w.Next()
-		left = l.Window
+		if nv := l.At(w.Start()); nv != v {
+			// A change comes into force at this boundary, which is a
+			// boundary of both versions' windows (see nextBoundary).
+			v = nv
+			w = lease.WindowOf(w.Start(), v.Window)
+		}
+		left = v.Window
 	}
+	if !v.HasRegion(region) {
+		return Decision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,
+			Message: fmt.Sprintf("limit %q is not spent in region %q in that window", r.Limit, region)}
+	}
+	l = v
 	k := windowKey{l.ID, w.Index}
 	ws := c.windows[k]
 	pool := c.pool(l, ws)

@@ -82,7 +82,7 @@ func putLimit(t *testing.T, a *Allocator, id string, g int64, w, ttl time.Durati
 	l, err := a.PutLimit(context.Background(), &pb.Limit{
 		Id: id, LimitTokens: g, Window: durationpb.New(w), Regions: []string{"eu", "us", "ap"},
 		Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(ttl), MaxChunk: maxChunk},
-	}, nil)
+	}, Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 	if err != nil {
 		t.Fatal(err)
 	}

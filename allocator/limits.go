@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -83,6 +84,50 @@ type Limit struct {
 	MaxChunk int64
 	Version  int64
 	Proto    *pb.Limit // as stored, for Admin and SyncLimits
+	// EffectiveFrom is when this version starts to govern; Previous is the
+	// version that governs before it (nil when none is scheduled).
+	// Windows are decided by the version that governs their start.
+	EffectiveFrom time.Time
+	Previous      *Limit
+}
+
+// At returns the version of l that governs instant t: Previous before
+// EffectiveFrom, l from then on.
+func (l *Limit) At(t time.Time) *Limit {
+	if l.Previous != nil && t.Before(l.EffectiveFrom) {
+		return l.Previous
+	}
+	return l
+}
+
+// forIndex returns the version whose window of that index this is. An
+// index means a different instant under each version's window length;
+// the version that governs the start of its reading wins, and when both
+// readings are governed by their own version (window lengths differ), the
+// reading nearest to now.
+func (l *Limit) forIndex(index int64, now time.Time) *Limit {
+	if l.Previous == nil {
+		return l
+	}
+	var best *Limit
+	var bestDist time.Duration
+	for _, v := range []*Limit{l, l.Previous} {
+		start := lease.Window{Index: index, Length: v.Window}.Start()
+		if l.At(start) != v {
+			continue
+		}
+		d := now.Sub(start)
+		if d < 0 {
+			d = -d
+		}
+		if best == nil || d < bestDist {
+			best, bestDist = v, d
+		}
+	}
+	if best == nil {
+		return l.At(now)
+	}
+	return best
 }
 
 // HasRegion reports whether region r spends this limit.
@@ -100,6 +145,8 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 		return nil, fieldErr("limit", "required")
 	}
 	l := cloneLimit(in)
+	// Set by the allocator, never by the caller.
+	l.Version, l.EffectiveFrom, l.Previous = 0, nil, nil
 	if err := ValidateLimitID("limit.id", l.Id); err != nil {
 		return nil, err
 	}
@@ -219,8 +266,18 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 	return l, nil
 }
 
-// decodeLimit turns a validated, stored limit into the core's view.
+// decodeLimit turns a validated, stored limit into the core's view, with
+// the version it replaces while that one is still in force.
 func decodeLimit(p *pb.Limit) *Limit {
+	l := decodeVersion(p)
+	if p.Previous != nil && p.EffectiveFrom != nil {
+		l.EffectiveFrom = p.EffectiveFrom.AsTime()
+		l.Previous = decodeVersion(p.Previous)
+	}
+	return l
+}
+
+func decodeVersion(p *pb.Limit) *Limit {
 	return &Limit{
 		ID:       p.Id,
 		Tokens:   p.LimitTokens,
@@ -232,4 +289,37 @@ func decodeLimit(p *pb.Limit) *Limit {
 		Version:  p.Version,
 		Proto:    p,
 	}
+}
+
+// scheduled reports whether the stored limit p still waits for a change
+// to come into force at now.
+func scheduled(p *pb.Limit, now time.Time) bool {
+	return p.GetPrevious() != nil && p.GetEffectiveFrom() != nil && now.Before(p.EffectiveFrom.AsTime())
+}
+
+// inForce returns the version of the stored limit p that governs now,
+// without a previous version: what agents enforce.
+func inForce(p *pb.Limit, now time.Time) *pb.Limit {
+	if scheduled(p, now) {
+		v := cloneLimit(p.Previous)
+		v.Previous = nil
+		return v
+	}
+	if p.GetPrevious() == nil {
+		return p
+	}
+	v := cloneLimit(p)
+	v.Previous = nil
+	return v
+}
+
+// asShown returns the stored limit p as readers see it at now: the
+// previous version is kept only while it is still in force.
+func asShown(p *pb.Limit, now time.Time) *pb.Limit {
+	if p.GetPrevious() == nil || scheduled(p, now) {
+		return p
+	}
+	v := cloneLimit(p)
+	v.Previous = nil
+	return v
 }

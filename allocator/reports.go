@@ -52,8 +52,12 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 	s := &WindowSummary{Limit: k.limit, Window: k.index, WindowMs: ws.length.Milliseconds(), G: ws.maxG, MaxG: ws.maxG,
 		Granted: ws.granted, Credited: ws.credited, Late: ws.late, Regions: c.RegionUsage(k.limit, k.index)}
 	if l, ok := c.limits[k.limit]; ok {
-		s.G = l.Tokens
-		s.Local = localAllowances(l)
+		v := l
+		if l.Previous != nil {
+			v = l.At(lease.Window{Index: k.index, Length: ws.length}.Start())
+		}
+		s.G = v.Tokens
+		s.Local = localAllowances(v)
 	}
 	return s
 }
@@ -149,7 +153,7 @@ func (a *Allocator) Reports(limit string, last int) ([]WindowReport, error) {
 func (c *Core) reports(now time.Time, limit string, last int) ([]WindowReport, error) {
 	var length time.Duration
 	if l, ok := c.limits[limit]; ok {
-		length = l.Window
+		length = l.At(now).Window
 	} else if ss := c.summaries[limit]; len(ss) > 0 {
 		length = time.Duration(ss[len(ss)-1].WindowMs) * time.Millisecond
 	} else {

@@ -75,7 +75,7 @@ func TestReportsSurviveSweepAndFailover(t *testing.T) {
 	clock := newFakeClock(t0.Add(time.Second))
 	a := startAllocator(t, c, "a", clock.opt(), WithRetention(30*time.Second, time.Hour))
 	waitLeader(t, a.Allocator)
-	l, err := a.PutLimit(context.Background(), boundedLimit(), nil)
+	l, err := a.PutLimit(context.Background(), boundedLimit(), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestWindowMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := startAllocatorReg(t, c, "a", reg, clock.opt(), WithRetention(30*time.Second, time.Hour))
 	waitLeader(t, a.Allocator)
-	l, _ := a.PutLimit(context.Background(), boundedLimit(), nil)
+	l, _ := a.PutLimit(context.Background(), boundedLimit(), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 	waitLimit(t, a.Allocator, l.Id, l.Version)
 	w := playWindow(t, a.Allocator, clock)
 	clock.Set(t0.Add(time.Minute + time.Second)) // w is the last closed window
@@ -199,7 +199,7 @@ func TestListWindowsOverGRPC(t *testing.T) {
 	clock := newFakeClock(t0.Add(time.Second))
 	a := startAllocator(t, c, "a", clock.opt())
 	waitLeader(t, a.Allocator)
-	l, _ := a.PutLimit(context.Background(), boundedLimit(), nil)
+	l, _ := a.PutLimit(context.Background(), boundedLimit(), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 	waitLimit(t, a.Allocator, l.Id, l.Version)
 	playWindow(t, a.Allocator, clock)
 	_, admin := serve(t, a.Allocator)

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"leasehold/allocator/auth"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -20,10 +21,27 @@ type Server struct {
 	pb.UnimplementedAllocatorServer
 	pb.UnimplementedAdminServer
 	a *Allocator
+	// authRequired: a call with no principal in its context is refused
+	// (authentication is on); otherwise it acts as auth.Anonymous.
+	authRequired bool
 }
 
+// ServerOption changes an optional setting of a Server.
+type ServerOption func(*Server)
+
+// WithAuthRequired says whether authentication is on: the transports then
+// put a principal in every authenticated call's context, and a call with
+// none is refused (Unauthenticated), never served as auth.Anonymous.
+func WithAuthRequired(on bool) ServerOption { return func(s *Server) { s.authRequired = on } }
+
 // NewServer returns the gRPC services of a.
-func NewServer(a *Allocator) *Server { return &Server{a: a} }
+func NewServer(a *Allocator, opts ...ServerOption) *Server {
+	s := &Server{a: a}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
 
 // Register registers both services on s.
 func (s *Server) Register(g grpc.ServiceRegistrar) {
@@ -45,6 +63,10 @@ func toStatus(ctx context.Context, err error) error {
 		code = codes.NotFound
 	case errors.Is(err, ErrVersionMismatch):
 		code = codes.Aborted
+	case errors.Is(err, auth.ErrUnauthenticated):
+		code = codes.Unauthenticated
+	case errors.Is(err, auth.ErrDenied):
+		code = codes.PermissionDenied
 	case errors.As(err, &nl):
 		code = codes.Unavailable
 		if nl.Leader != "" {
@@ -65,8 +87,27 @@ func toStatus(ctx context.Context, err error) error {
 	return status.Error(code, err.Error())
 }
 
+// allowLease authorizes a call of the Allocator service: only region's
+// own agent, whose region comes from its certificate, may lease, return,
+// report or sync limits for it. Refusals are logged, not audited (no
+// limit changes).
+func (s *Server) allowLease(ctx context.Context, rpc, region string) error {
+	p, err := s.principal(ctx, rpc)
+	if err != nil {
+		return err
+	}
+	if err := p.Allow(auth.ActionLease, "", region); err != nil {
+		s.a.log.Warn("allocator: Allocator service call refused", "rpc", rpc, "principal", p.Name, "region", region, "err", err)
+		return err
+	}
+	return nil
+}
+
 // AcquireLeases implements pb.AllocatorServer.
 func (s *Server) AcquireLeases(ctx context.Context, req *pb.AcquireLeasesRequest) (*pb.AcquireLeasesResponse, error) {
+	if err := s.allowLease(ctx, "AcquireLeases", req.GetRegion()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
 	if err := ValidateAcquire(req); err != nil {
 		return nil, toStatus(ctx, err)
 	}
@@ -79,6 +120,9 @@ func (s *Server) AcquireLeases(ctx context.Context, req *pb.AcquireLeasesRequest
 
 // ReturnLeases implements pb.AllocatorServer.
 func (s *Server) ReturnLeases(ctx context.Context, req *pb.ReturnLeasesRequest) (*pb.ReturnLeasesResponse, error) {
+	if err := s.allowLease(ctx, "ReturnLeases", req.GetRegion()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
 	if err := ValidateReturn(req); err != nil {
 		return nil, toStatus(ctx, err)
 	}
@@ -91,6 +135,9 @@ func (s *Server) ReturnLeases(ctx context.Context, req *pb.ReturnLeasesRequest) 
 
 // ReportUsage implements pb.AllocatorServer.
 func (s *Server) ReportUsage(ctx context.Context, req *pb.ReportUsageRequest) (*pb.ReportUsageResponse, error) {
+	if err := s.allowLease(ctx, "ReportUsage", req.GetRegion()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
 	if err := ValidateReport(req); err != nil {
 		return nil, toStatus(ctx, err)
 	}
@@ -102,108 +149,17 @@ func (s *Server) ReportUsage(ctx context.Context, req *pb.ReportUsageRequest) (*
 }
 
 // SyncLimits implements pb.AllocatorServer. Any replica answers it from
-// etcd.
+// etcd, with the version of each limit in force now (Allocator.SyncLimits).
 func (s *Server) SyncLimits(ctx context.Context, req *pb.SyncLimitsRequest) (*pb.SyncLimitsResponse, error) {
+	if err := s.allowLease(ctx, "SyncLimits", req.GetRegion()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
 	if err := ValidateRegion("region", req.GetRegion()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	rev, err := s.a.store.LimitsRevision(ctx)
+	out, err := s.a.SyncLimits(ctx, req.Region, req.KnownRevision)
 	if err != nil {
 		return nil, toStatus(ctx, err)
-	}
-	now := s.a.opt.now().UnixNano()
-	if rev != 0 && rev == req.KnownRevision {
-		return &pb.SyncLimitsResponse{Revision: rev, Unchanged: true, AllocatorUnixNanos: now}, nil
-	}
-	all, err := s.a.store.AllLimits(ctx)
-	if err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	out := &pb.SyncLimitsResponse{Revision: rev, AllocatorUnixNanos: now}
-	for _, l := range all {
-		for _, r := range l.Regions {
-			if r == req.Region {
-				out.Limits = append(out.Limits, l)
-				break
-			}
-		}
-	}
-	return out, nil
-}
-
-// PutLimit implements pb.AdminServer.
-func (s *Server) PutLimit(ctx context.Context, req *pb.PutLimitRequest) (*pb.PutLimitResponse, error) {
-	l, err := s.a.PutLimit(ctx, req.GetLimit(), req.ExpectedVersion)
-	if err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	return &pb.PutLimitResponse{Limit: l}, nil
-}
-
-// GetLimit implements pb.AdminServer.
-func (s *Server) GetLimit(ctx context.Context, req *pb.GetLimitRequest) (*pb.GetLimitResponse, error) {
-	if err := ValidateLimitID("id", req.GetId()); err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	l, err := s.a.store.GetLimit(ctx, req.Id)
-	if err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	return &pb.GetLimitResponse{Limit: l}, nil
-}
-
-// ListLimits implements pb.AdminServer.
-func (s *Server) ListLimits(ctx context.Context, req *pb.ListLimitsRequest) (*pb.ListLimitsResponse, error) {
-	size := int(req.GetPageSize())
-	switch {
-	case size < 0 || size > 1000:
-		return nil, toStatus(ctx, fieldErr("page_size", "must be 0-1000, got %d", size))
-	case size == 0:
-		size = 100
-	}
-	if len(req.GetPrefix()) > maxLimitIDLen {
-		return nil, toStatus(ctx, fieldErr("prefix", "longer than %d characters", maxLimitIDLen))
-	}
-	ls, next, err := s.a.store.ListLimits(ctx, req.GetPrefix(), size, req.GetPageToken())
-	if err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	return &pb.ListLimitsResponse{Limits: ls, NextPageToken: next}, nil
-}
-
-// DeleteLimit implements pb.AdminServer.
-func (s *Server) DeleteLimit(ctx context.Context, req *pb.DeleteLimitRequest) (*pb.DeleteLimitResponse, error) {
-	if err := ValidateLimitID("id", req.GetId()); err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	if err := s.a.store.DeleteLimit(ctx, req.Id, req.ExpectedVersion); err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	return &pb.DeleteLimitResponse{}, nil
-}
-
-// maxReportWindows bounds ListWindows.last.
-const maxReportWindows = 1000
-
-// ListWindows implements pb.AdminServer.
-func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*pb.ListWindowsResponse, error) {
-	if err := ValidateLimitID("limit_id", req.GetLimitId()); err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	last := int(req.GetLast())
-	switch {
-	case last < 0 || last > maxReportWindows:
-		return nil, toStatus(ctx, fieldErr("last", "must be 0-%d, got %d", maxReportWindows, last))
-	case last == 0:
-		last = 10
-	}
-	reps, err := s.a.Reports(req.LimitId, last)
-	if err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	out := &pb.ListWindowsResponse{Windows: make([]*pb.WindowReport, len(reps))}
-	for i, r := range reps {
-		out.Windows[i] = r.ToProto()
 	}
 	return out, nil
 }

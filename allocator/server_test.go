@@ -59,6 +59,7 @@ func wantInvalid(t *testing.T, err error, field string) {
 func TestAdminRejectsEachInvalidField(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
+	waitLeader(t, a.Allocator) // changes are served by the leader
 	_, admin := serve(t, a.Allocator)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -98,36 +99,38 @@ func TestAdminRejectsEachInvalidField(t *testing.T) {
 	} {
 		l := validLimit()
 		tc.edit(l)
-		_, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Limit: l})
+		_, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: l})
 		wantInvalid(t, err, tc.field)
 	}
-	if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{}); err == nil {
+	if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test"}); err == nil {
 		t.Fatal("nil limit accepted")
 	} else {
 		wantInvalid(t, err, "limit")
 	}
 	// The valid one is stored, then optimistic concurrency.
-	got, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Limit: validLimit()})
+	got, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: validLimit()})
 	if err != nil || got.Limit.Version != 1 {
 		t.Fatalf("valid put: %v %v", got, err)
 	}
 	stale := int64(0)
-	_, err = admin.PutLimit(ctx, &pb.PutLimitRequest{Limit: validLimit(), ExpectedVersion: &stale})
+	_, err = admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: validLimit(), ExpectedVersion: &stale})
 	if status.Code(err) != codes.Aborted {
 		t.Fatalf("stale expected version: %v, want Aborted", err)
 	}
 	one := int64(1)
-	got, err = admin.PutLimit(ctx, &pb.PutLimitRequest{Limit: validLimit(), ExpectedVersion: &one})
+	changed := validLimit()
+	changed.LimitTokens = 900
+	got, err = admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: changed, ExpectedVersion: &one})
 	if err != nil || got.Limit.Version != 2 {
 		t.Fatalf("put at version 1: %v %v", got, err)
 	}
 	if _, err := admin.GetLimit(ctx, &pb.GetLimitRequest{Id: "tenant/none"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("get missing: %v", err)
 	}
-	if _, err := admin.DeleteLimit(ctx, &pb.DeleteLimitRequest{Id: "tenant/atlas", ExpectedVersion: &one}); status.Code(err) != codes.Aborted {
+	if _, err := admin.DeleteLimit(ctx, &pb.DeleteLimitRequest{Reason: "test", Id: "tenant/atlas", ExpectedVersion: &one}); status.Code(err) != codes.Aborted {
 		t.Fatalf("delete at stale version: %v", err)
 	}
-	if _, err := admin.DeleteLimit(ctx, &pb.DeleteLimitRequest{Id: "tenant/atlas"}); err != nil {
+	if _, err := admin.DeleteLimit(ctx, &pb.DeleteLimitRequest{Reason: "test", Id: "tenant/atlas"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -135,12 +138,13 @@ func TestAdminRejectsEachInvalidField(t *testing.T) {
 func TestListLimitsPages(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
+	waitLeader(t, a.Allocator) // changes are served by the leader
 	_, admin := serve(t, a.Allocator)
 	ctx := context.Background()
 	for _, id := range []string{"tenant/a", "tenant/b", "tenant/c", "tenant/a/x", "plan/p"} {
 		l := validLimit()
 		l.Id = id
-		if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Limit: l}); err != nil {
+		if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: l}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -216,7 +220,7 @@ func TestAcquireRejectsEachMalformedRequest(t *testing.T) {
 	// A return of more than the lease holds names the field too.
 	l := validLimit() // spent in eu and us only
 	l.Id = "tenant/r"
-	l, err = a.PutLimit(ctx, l, nil)
+	l, err = a.PutLimit(ctx, l, Change{Reason: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

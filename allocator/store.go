@@ -19,6 +19,8 @@ import (
 //	<prefix>grants/<limit id>!<window, 20 digits>/<region>/<request id>   a Grant (JSON)
 //	<prefix>usage/<limit id>!<window, 20 digits>/<region>/<reporter>       a Usage (JSON)
 //	<prefix>windows/<limit id>!<window, 20 digits>                          a closed window's summary (JSON)
+//	<prefix>audit/<record id>                              the audit log (see audit.go)
+//	<prefix>history/<limit id>!<event id>                  each limit's applied changes
 //	<prefix>leader/                                        election keys
 //
 // "!" cannot occur in a limit id, so one limit's keys never share a prefix
@@ -214,74 +216,6 @@ func (s *Store) GetLimit(ctx context.Context, id string) (*pb.Limit, error) {
 		return nil, fmt.Errorf("allocator: decode limit %q: %w", id, err)
 	}
 	return l, nil
-}
-
-// PutLimit stores a validated limit with version = stored version + 1. With
-// expected set, it writes only if the stored version equals *expected (0:
-// the limit must not exist).
-func (s *Store) PutLimit(ctx context.Context, l *pb.Limit, expected *int64) (*pb.Limit, error) {
-	key := s.limitKey(l.Id)
-	for {
-		resp, err := s.cli.Get(ctx, key)
-		if err != nil {
-			return nil, fmt.Errorf("allocator: put limit: %w", err)
-		}
-		var cur int64
-		var modRev int64
-		if len(resp.Kvs) > 0 {
-			old := &pb.Limit{}
-			if err := proto.Unmarshal(resp.Kvs[0].Value, old); err != nil {
-				return nil, fmt.Errorf("allocator: decode limit %q: %w", l.Id, err)
-			}
-			cur, modRev = old.Version, resp.Kvs[0].ModRevision
-		}
-		if expected != nil && *expected != cur {
-			return nil, fmt.Errorf("%w: limit %q is at version %d, expected %d", ErrVersionMismatch, l.Id, cur, *expected)
-		}
-		next := cloneLimit(l)
-		next.Version = cur + 1
-		b, err := proto.Marshal(next)
-		if err != nil {
-			return nil, err
-		}
-		tr, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).
-			Then(clientv3.OpPut(key, string(b)), clientv3.OpPut(s.limitsRevKey(), "")).
-			Commit()
-		if err != nil {
-			return nil, fmt.Errorf("allocator: put limit: %w", err)
-		}
-		if tr.Succeeded {
-			return next, nil
-		}
-		// Someone else wrote in between: read again (and, with an expected
-		// version, report the mismatch).
-	}
-}
-
-// DeleteLimit removes a limit; with expected set, only at that version.
-func (s *Store) DeleteLimit(ctx context.Context, id string, expected *int64) error {
-	key := s.limitKey(id)
-	for {
-		cur, err := s.GetLimit(ctx, id)
-		if err != nil {
-			return err
-		}
-		if expected != nil && *expected != cur.Version {
-			return fmt.Errorf("%w: limit %q is at version %d, expected %d", ErrVersionMismatch, id, cur.Version, *expected)
-		}
-		b, _ := proto.Marshal(cur)
-		tr, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.Value(key), "=", string(b))).
-			Then(clientv3.OpDelete(key), clientv3.OpPut(s.limitsRevKey(), "")).
-			Commit()
-		if err != nil {
-			return fmt.Errorf("allocator: delete limit: %w", err)
-		}
-		if tr.Succeeded {
-			return nil
-		}
-	}
 }
 
 // ListLimits returns limits whose id starts with prefix, in id order, from

@@ -46,6 +46,7 @@ func (c *Core) Report(now time.Time, region, reporter string, u *pb.Usage) *Usag
 	l, ok := c.limits[u.LimitId]
 	var wms int64
 	if ok {
+		l = l.forIndex(u.WindowIndex, now)
 		wms = l.Window.Milliseconds()
 	}
 	k := windowKey{u.LimitId, u.WindowIndex}

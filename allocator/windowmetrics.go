@@ -63,7 +63,7 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 	var rows []limitRow
 	err := c.a.View(func(now time.Time, core *Core) {
 		for id, l := range core.limits {
-			cur := lease.WindowOf(now, l.Window).Index
+			cur := lease.WindowOf(now, l.At(now).Window).Index
 			rep, ok := core.report(now, id, cur-1)
 			if !ok {
 				continue

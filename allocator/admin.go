@@ -1,0 +1,250 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"leasehold/allocator/auth"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// The Admin service. Every method authorizes its caller itself
+// (Principal.Allow), so every transport shares one decision; refusals of
+// authenticated callers are audited here, once, whichever transport
+// carried them. Limit changes (PutLimit, DeleteLimit, ApplyLimits) are
+// served by the leader: they are fenced, and their effect is computed
+// from the leader's state.
+
+// principal returns the caller: the principal the transport put in ctx,
+// or auth.Anonymous while authentication is off. With authentication on,
+// a call without one is refused (never served as Anonymous); it is
+// counted and logged, not audited (a flood of them would fill the log).
+func (s *Server) principal(ctx context.Context, rpc string) (*auth.Principal, error) {
+	if p := auth.FromContext(ctx); p != nil {
+		return p, nil
+	}
+	if !s.authRequired {
+		return auth.Anonymous, nil
+	}
+	s.a.am.unauthenticated.Inc()
+	s.a.log.Warn("allocator: unauthenticated admin call refused", "rpc", rpc, "transport", transportOf(ctx))
+	return nil, auth.ErrUnauthenticated
+}
+
+// allow authorizes a read; a refusal of an authenticated caller is
+// audited.
+func (s *Server) allow(ctx context.Context, rpc string, action auth.Action, limit string) (*auth.Principal, error) {
+	p, err := s.principal(ctx, rpc)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Allow(action, limit, ""); err != nil {
+		s.a.recordRefusal(ctx, newEvent(ctx, p, rpc, limit, ""), pb.AuditOutcome_AUDIT_OUTCOME_DENIED, err)
+		return nil, err
+	}
+	return p, nil
+}
+
+// PutLimit implements pb.AdminServer.
+func (s *Server) PutLimit(ctx context.Context, req *pb.PutLimitRequest) (*pb.PutLimitResponse, error) {
+	p, err := s.principal(ctx, "PutLimit")
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	res, err := s.a.applyChanges(ctx, p, changeSet{
+		action: "put", reason: req.GetReason(), effective: req.GetEffective(), dryRun: req.GetDryRun(),
+		items: []changeItem{{put: req.GetLimit(), expected: req.ExpectedVersion, field: "limit", expField: "expected_version"}},
+	})
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	return &pb.PutLimitResponse{Limit: res.limits[0], Effect: res.effects[0]}, nil
+}
+
+// DeleteLimit implements pb.AdminServer.
+func (s *Server) DeleteLimit(ctx context.Context, req *pb.DeleteLimitRequest) (*pb.DeleteLimitResponse, error) {
+	p, err := s.principal(ctx, "DeleteLimit")
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	res, err := s.a.applyChanges(ctx, p, changeSet{
+		action: "delete", reason: req.GetReason(), dryRun: req.GetDryRun(),
+		items: []changeItem{{del: req.GetId(), deleting: true, expected: req.ExpectedVersion, field: "id", expField: "expected_version"}},
+	})
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	return &pb.DeleteLimitResponse{Effect: res.effects[0]}, nil
+}
+
+// ApplyLimits implements pb.AdminServer: every change validated,
+// authorized and compared with its expected version, then all written in
+// one etcd transaction, or none.
+func (s *Server) ApplyLimits(ctx context.Context, req *pb.ApplyLimitsRequest) (*pb.ApplyLimitsResponse, error) {
+	p, err := s.principal(ctx, "ApplyLimits")
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	items := make([]changeItem, len(req.GetChanges()))
+	for i, ch := range req.GetChanges() {
+		exp := ch.GetExpectedVersion()
+		it := changeItem{expected: &exp, expField: fmt.Sprintf("changes[%d].expected_version", i)}
+		switch c := ch.GetChange().(type) {
+		case *pb.LimitChange_Put:
+			it.put, it.field = c.Put, fmt.Sprintf("changes[%d].put", i)
+		case *pb.LimitChange_Delete:
+			it.del, it.deleting, it.field = c.Delete, true, fmt.Sprintf("changes[%d].delete", i)
+		default:
+			it.field = fmt.Sprintf("changes[%d]", i) // neither: refused as "changes[i]: required"
+		}
+		items[i] = it
+	}
+	res, err := s.a.applyChanges(ctx, p, changeSet{action: "apply", reason: req.GetReason(),
+		effective: req.GetEffective(), dryRun: req.GetDryRun(), items: items})
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	out := &pb.ApplyLimitsResponse{Effects: res.effects, ChangeId: res.changeID}
+	for i, it := range items {
+		if !it.deleting {
+			out.Limits = append(out.Limits, res.limits[i])
+		}
+	}
+	return out, nil
+}
+
+// GetLimit implements pb.AdminServer. A change scheduled for the next
+// window shows as the limit with effective_from and previous (the version
+// in force until then).
+func (s *Server) GetLimit(ctx context.Context, req *pb.GetLimitRequest) (*pb.GetLimitResponse, error) {
+	if _, err := s.allow(ctx, "GetLimit", auth.ActionRead, req.GetId()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	if err := ValidateLimitID("id", req.GetId()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	l, err := s.a.store.GetLimit(ctx, req.Id)
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	return &pb.GetLimitResponse{Limit: asShown(l, s.a.opt.now())}, nil
+}
+
+// pageSize checks a page_size: 0 means 100, at most 1000.
+func pageSize(n int32) (int, error) {
+	switch {
+	case n < 0 || n > 1000:
+		return 0, fieldErr("page_size", "must be 0-1000, got %d", n)
+	case n == 0:
+		return 100, nil
+	}
+	return int(n), nil
+}
+
+// ListLimits implements pb.AdminServer.
+func (s *Server) ListLimits(ctx context.Context, req *pb.ListLimitsRequest) (*pb.ListLimitsResponse, error) {
+	if _, err := s.allow(ctx, "ListLimits", auth.ActionRead, req.GetPrefix()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	if len(req.GetPrefix()) > maxLimitIDLen {
+		return nil, toStatus(ctx, fieldErr("prefix", "longer than %d characters", maxLimitIDLen))
+	}
+	ls, next, err := s.a.store.ListLimits(ctx, req.GetPrefix(), size, req.GetPageToken())
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	now := s.a.opt.now()
+	for i, l := range ls {
+		ls[i] = asShown(l, now)
+	}
+	return &pb.ListLimitsResponse{Limits: ls, NextPageToken: next}, nil
+}
+
+// maxReportWindows bounds ListWindows.last.
+const maxReportWindows = 1000
+
+// ListWindows implements pb.AdminServer.
+func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*pb.ListWindowsResponse, error) {
+	if _, err := s.allow(ctx, "ListWindows", auth.ActionRead, req.GetLimitId()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	if err := ValidateLimitID("limit_id", req.GetLimitId()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	last := int(req.GetLast())
+	switch {
+	case last < 0 || last > maxReportWindows:
+		return nil, toStatus(ctx, fieldErr("last", "must be 0-%d, got %d", maxReportWindows, last))
+	case last == 0:
+		last = 10
+	}
+	reps, err := s.a.Reports(req.LimitId, last)
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	out := &pb.ListWindowsResponse{Windows: make([]*pb.WindowReport, len(reps))}
+	for i, r := range reps {
+		out.Windows[i] = r.ToProto()
+	}
+	return out, nil
+}
+
+// LimitHistory implements pb.AdminServer: any replica answers from etcd.
+func (s *Server) LimitHistory(ctx context.Context, req *pb.LimitHistoryRequest) (*pb.LimitHistoryResponse, error) {
+	if _, err := s.allow(ctx, "LimitHistory", auth.ActionRead, req.GetId()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	if err := ValidateLimitID("id", req.GetId()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	page, err := s.a.store.LimitHistory(ctx, req.Id, size, req.GetPageToken())
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	return &pb.LimitHistoryResponse{Events: page.Events, NextPageToken: page.Next}, nil
+}
+
+// ListAudit implements pb.AdminServer (admins only): any replica answers
+// from etcd.
+func (s *Server) ListAudit(ctx context.Context, req *pb.ListAuditRequest) (*pb.ListAuditResponse, error) {
+	if _, err := s.allow(ctx, "ListAudit", auth.ActionAudit, req.GetLimitPrefix()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	if len(req.GetLimitPrefix()) > maxLimitIDLen {
+		return nil, toStatus(ctx, fieldErr("limit_prefix", "longer than %d characters", maxLimitIDLen))
+	}
+	var since time.Time
+	if req.Since != nil {
+		if err := req.Since.CheckValid(); err != nil {
+			return nil, toStatus(ctx, fieldErr("since", "%v", err))
+		}
+		since = req.Since.AsTime()
+	}
+	page, err := s.a.store.ListAudit(ctx, since, req.GetLimitPrefix(), size, req.GetPageToken())
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	return &pb.ListAuditResponse{Events: page.Events, NextPageToken: page.Next}, nil
+}
+
+// WhoAmI implements pb.AdminServer: it names any authenticated caller.
+func (s *Server) WhoAmI(ctx context.Context, _ *pb.WhoAmIRequest) (*pb.WhoAmIResponse, error) {
+	p, err := s.principal(ctx, "WhoAmI")
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	return &pb.WhoAmIResponse{Principal: p.Name, Role: p.Role.String(), Scopes: p.Scopes, Via: string(p.Via), Region: p.Region}, nil
+}

@@ -1,0 +1,449 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"leasehold/allocator/auth"
+	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// Limits of a change request.
+const (
+	// MaxApplyChanges caps the changes of one ApplyLimits call. Each change
+	// costs two writes (the limit and its history entry) in the one etcd
+	// transaction that also carries the audit record and the limits
+	// revision, so the cap is also (max txn ops - 2) / 2 (see
+	// WithGroupCommit): 63 with etcd's default --max-txn-ops of 128.
+	MaxApplyChanges = 100
+	maxReasonLen    = 1000
+	// changeRetries bounds how often a change is re-read and retried when
+	// its transaction lost a race it had no expected version for.
+	changeRetries = 5
+)
+
+// Change says how a limit is changed: the reason recorded in its history
+// (required), when the change governs, and the version it was planned
+// against.
+type Change struct {
+	Reason string
+	// Effective: a change to an existing limit governs from the next
+	// window boundary (EFFECTIVE_UNSPECIFIED, EFFECTIVE_NEXT_WINDOW) or at
+	// once (EFFECTIVE_NOW). Creating a limit always governs at once.
+	Effective pb.Effective
+	// Expected is the version the change expects (0: the limit must not
+	// exist); nil changes whatever version is stored.
+	Expected *int64
+}
+
+// inProcess is the principal of Go callers in the allocator's own process
+// (leasehold dev, tests) that put none in the context.
+var inProcess = &auth.Principal{Name: "in-process", Kind: auth.KindAnonymous, Role: auth.RoleAdmin, Via: auth.ViaNone}
+
+func callerOf(ctx context.Context) *auth.Principal {
+	if p := auth.FromContext(ctx); p != nil {
+		return p
+	}
+	return inProcess
+}
+
+// PutLimit validates and stores a limit, with its history and audit
+// record, as the principal in ctx (in-process callers without one are
+// trusted). It is served by the leader.
+func (a *Allocator) PutLimit(ctx context.Context, l *pb.Limit, c Change) (*pb.Limit, error) {
+	res, err := a.applyChanges(ctx, callerOf(ctx), changeSet{
+		action: "put", reason: c.Reason, effective: c.Effective,
+		items: []changeItem{{put: l, expected: c.Expected, field: "limit", expField: "expected_version"}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res.limits[0], nil
+}
+
+// DeleteLimit deletes a limit as the principal in ctx (see PutLimit).
+func (a *Allocator) DeleteLimit(ctx context.Context, id string, c Change) error {
+	_, err := a.applyChanges(ctx, callerOf(ctx), changeSet{
+		action: "delete", reason: c.Reason,
+		items: []changeItem{{del: id, deleting: true, expected: c.Expected, field: "id", expField: "expected_version"}},
+	})
+	return err
+}
+
+// changeItem is one limit change of a call.
+type changeItem struct {
+	put      *pb.Limit // a put: the limit as sent (nil: missing)
+	del      string    // a delete: the limit id
+	deleting bool      // the change is a delete
+	expected *int64
+	field    string // how errors name the put or delete: "limit", "changes[2].put", "id"
+	expField string // how errors name the expected version
+
+	valid *pb.Limit // the put, validated
+}
+
+func (it *changeItem) id() string {
+	if !it.deleting {
+		return it.put.GetId()
+	}
+	return it.del
+}
+
+// changeSet is what one PutLimit, DeleteLimit or ApplyLimits call asks.
+type changeSet struct {
+	action    string // "put", "delete", "apply"
+	items     []changeItem
+	reason    string
+	effective pb.Effective
+	dryRun    bool
+	principal *auth.Principal // set by applyChanges
+}
+
+// changeResult is what a change did (or, on a dry run, would do).
+type changeResult struct {
+	limits   []*pb.Limit // per item: the stored limit (nil for deletes)
+	effects  []*pb.ChangeEffect
+	changeID string // the audit record id; "" when nothing was written
+}
+
+// maxChanges is the most changes one call may carry with this
+// allocator's transaction size.
+func (a *Allocator) maxChanges() int {
+	return max(1, min(MaxApplyChanges, (a.opt.maxOps-2)/2))
+}
+
+// applyChanges authorizes, validates and applies (or, dry, evaluates) a
+// change set: every change or none. Refusals are audited: denied,
+// invalid, conflict.
+func (a *Allocator) applyChanges(ctx context.Context, p *auth.Principal, cs changeSet) (*changeResult, error) {
+	if p == nil {
+		return nil, auth.ErrUnauthenticated
+	}
+	cs.principal = p
+	refuse := func(it *changeItem, outcome pb.AuditOutcome, err error) error {
+		e := newEvent(ctx, p, cs.action, "", cs.reason)
+		if it != nil {
+			e.LimitId = it.id()
+			if !it.deleting && outcome != pb.AuditOutcome_AUDIT_OUTCOME_INVALID {
+				e.New = it.put
+			}
+		}
+		a.recordRefusal(ctx, e, outcome, err)
+		return err
+	}
+	for i := range cs.items {
+		it := &cs.items[i]
+		if err := p.Allow(auth.ActionWrite, it.id(), ""); err != nil {
+			return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_DENIED, err)
+		}
+	}
+	if it, err := a.validateChanges(&cs); err != nil {
+		return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, err)
+	}
+	t, err := a.currentTerm()
+	if err != nil {
+		return nil, err
+	}
+	a.changeMu.Lock()
+	defer a.changeMu.Unlock()
+	for attempt := 0; ; attempt++ {
+		plan, it, err := a.planChanges(ctx, t, &cs)
+		if err != nil {
+			if it != nil && (errors.Is(err, ErrVersionMismatch) || errors.Is(err, ErrNotFound)) {
+				return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_CONFLICT, err)
+			}
+			if it != nil && errors.Is(err, ErrInvalid) {
+				return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, err)
+			}
+			return nil, err
+		}
+		if cs.dryRun {
+			return plan.result, nil
+		}
+		done, err := a.commitChanges(ctx, t, &cs, plan)
+		if err != nil || done {
+			return plan.result, err
+		}
+		if attempt == changeRetries {
+			return nil, fmt.Errorf("%w: limits kept changing under this change; try again", ErrVersionMismatch)
+		}
+	}
+}
+
+// validateChanges checks a change set; on error it returns the change at
+// fault (nil when the error is not about one change).
+func (a *Allocator) validateChanges(cs *changeSet) (*changeItem, error) {
+	switch {
+	case strings.TrimSpace(cs.reason) == "":
+		return firstItem(cs), fieldErr("reason", "required: say why the limit changes")
+	case len(cs.reason) > maxReasonLen:
+		return firstItem(cs), fieldErr("reason", "longer than %d characters", maxReasonLen)
+	}
+	if _, ok := pb.Effective_name[int32(cs.effective)]; !ok {
+		return firstItem(cs), fieldErr("effective", "unknown value %d: NEXT_WINDOW or NOW", cs.effective)
+	}
+	if len(cs.items) == 0 {
+		return nil, fieldErr("changes", "at least one change is required")
+	}
+	if n := a.maxChanges(); len(cs.items) > n {
+		return firstItem(cs), fieldErr("changes", "at most %d changes per apply (etcd transaction of %d ops), got %d: split the file",
+			n, a.opt.maxOps, len(cs.items))
+	}
+	seen := map[string]int{}
+	for i := range cs.items {
+		it := &cs.items[i]
+		if it.expected != nil && *it.expected < 0 {
+			return it, fieldErr(it.expField, "must be >= 0, got %d", *it.expected)
+		}
+		if it.deleting {
+			if err := ValidateLimitID(it.field, it.del); err != nil {
+				return it, err
+			}
+		} else {
+			v, err := ValidateLimit(it.put, a.cfg.Regions)
+			if err != nil {
+				var fe *FieldError
+				if errors.As(err, &fe) && it.field != "limit" {
+					fe.Field = it.field + strings.TrimPrefix(fe.Field, "limit")
+				}
+				return it, err
+			}
+			it.valid = v
+		}
+		if j, dup := seen[it.id()]; dup {
+			return it, fieldErr(it.field, "limit %q is also changed by changes[%d]", it.id(), j)
+		}
+		seen[it.id()] = i
+	}
+	return nil, nil
+}
+
+func firstItem(cs *changeSet) *changeItem {
+	if len(cs.items) == 0 {
+		return nil
+	}
+	return &cs.items[0]
+}
+
+// changePlan is a change set checked against the stored limits: what to
+// write, and the result to answer.
+type changePlan struct {
+	now     time.Time
+	modRevs []int64     // per item: the mod revision read (0: absent)
+	stored  []*pb.Limit // per item: the stored limit (nil: absent)
+	next    []*pb.Limit // per item: what to store (nil: delete or unchanged)
+	result  *changeResult
+}
+
+// planChanges reads the changed limits at one revision, checks the
+// expected versions and computes the new records and their effects.
+func (a *Allocator) planChanges(ctx context.Context, t *term, cs *changeSet) (*changePlan, *changeItem, error) {
+	ops := make([]clientv3.Op, len(cs.items))
+	for i := range cs.items {
+		ops[i] = clientv3.OpGet(a.store.limitKey(cs.items[i].id()))
+	}
+	resp, err := a.cfg.Client.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, nil, fmt.Errorf("allocator: read limits: %w", err)
+	}
+	now := a.opt.now()
+	pl := &changePlan{now: now, modRevs: make([]int64, len(cs.items)), stored: make([]*pb.Limit, len(cs.items)),
+		next: make([]*pb.Limit, len(cs.items)), result: &changeResult{limits: make([]*pb.Limit, len(cs.items)),
+			effects: make([]*pb.ChangeEffect, len(cs.items))}}
+	for i := range cs.items {
+		it := &cs.items[i]
+		if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) > 0 {
+			cur := &pb.Limit{}
+			if err := proto.Unmarshal(kvs[0].Value, cur); err != nil {
+				return nil, nil, fmt.Errorf("allocator: decode limit %q: %w", it.id(), err)
+			}
+			pl.stored[i], pl.modRevs[i] = cur, kvs[0].ModRevision
+		}
+		var curVersion int64
+		if pl.stored[i] != nil {
+			curVersion = pl.stored[i].Version
+		}
+		if it.expected != nil && *it.expected != curVersion {
+			return nil, it, fmt.Errorf("%w: %s: limit %q is at version %d, expected %d", ErrVersionMismatch,
+				it.expField, it.id(), curVersion, *it.expected)
+		}
+		if it.deleting && pl.stored[i] == nil {
+			return nil, it, fmt.Errorf("%w: %s: limit %q", ErrNotFound, it.field, it.id())
+		}
+		next, err := nextRecord(now, pl.stored[i], it, cs.effective)
+		if err != nil {
+			return nil, it, err
+		}
+		pl.next[i] = next
+		switch {
+		case it.deleting:
+		case next != nil:
+			pl.result.limits[i] = next
+		default:
+			pl.result.limits[i] = asShown(pl.stored[i], now)
+		}
+	}
+	t.mu.Lock()
+	for i := range cs.items {
+		pl.result.effects[i] = t.core.effect(now, cs.items[i].id(), pl.stored[i], pl.next[i], cs.items[i].deleting)
+	}
+	t.mu.Unlock()
+	return pl, nil, nil
+}
+
+// nextRecord is the record a change stores over stored (nil: absent), or
+// nil for a delete or a put that changes nothing.
+func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effective) (*pb.Limit, error) {
+	if it.deleting {
+		return nil, nil
+	}
+	next := cloneLimit(it.valid)
+	if stored == nil {
+		// Creation governs at once.
+		next.Version, next.EffectiveFrom = 1, timestamppb.New(now)
+		return next, nil
+	}
+	if len(diffLimits(stored, next)) == 0 {
+		return nil, nil
+	}
+	next.Version = stored.Version + 1
+	cur := inForce(stored, now)
+	if eff == pb.Effective_EFFECTIVE_NOW || len(diffLimits(cur, next)) == 0 {
+		// At once; or back to the version in force, which cancels the
+		// scheduled change.
+		next.EffectiveFrom = timestamppb.New(now)
+		return next, nil
+	}
+	from, err := nextBoundary(now, cur.Window.AsDuration(), next.Window.AsDuration())
+	if err != nil {
+		return nil, fieldErr(it.field+".window", "%v", err)
+	}
+	prev := cloneLimit(cur)
+	prev.Previous = nil
+	next.EffectiveFrom, next.Previous = timestamppb.New(from), prev
+	return next, nil
+}
+
+// nextBoundary returns when a change scheduled at now for the next window
+// comes into force: the end of the current window of the version in force
+// (length cur), or, when the change also sets a new window length, the
+// first instant from then that starts a window of both lengths, so that
+// no window is ever half old, half new.
+func nextBoundary(now time.Time, cur, next time.Duration) (time.Time, error) {
+	end := lease.WindowOf(now, cur).End()
+	if next == cur {
+		return end, nil
+	}
+	a, b := cur.Milliseconds(), next.Milliseconds()
+	g := gcd(a, b)
+	span := a / g * b // both are at most MaxWindow in ms: no overflow
+	if longest := max(a, b); span > 10*longest {
+		return time.Time{}, fmt.Errorf("windows of %v and %v start together only every %v: apply this change with effective NOW, or change the window in two steps",
+			cur, next, time.Duration(span)*time.Millisecond)
+	}
+	w := time.Duration(span) * time.Millisecond
+	return lease.WindowOf(end.Add(w-1), w).Start(), nil
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// commitChanges writes a planned change set in one fenced transaction:
+// the limits, their history entries, the audit record and the limits
+// revision, only if every limit is still as read. done is false when a
+// limit moved in between (the caller plans again).
+func (a *Allocator) commitChanges(ctx context.Context, t *term, cs *changeSet, pl *changePlan) (done bool, err error) {
+	recordID := a.ids.next(pl.now)
+	var events []*pb.AuditEvent
+	var eventItems []int
+	for i := range cs.items {
+		it := &cs.items[i]
+		if !it.deleting && pl.next[i] == nil {
+			continue // unchanged
+		}
+		e := newEvent(ctx, cs.principal, cs.action, it.id(), cs.reason)
+		e.Outcome = pb.AuditOutcome_AUDIT_OUTCOME_APPLIED
+		if s := pl.stored[i]; s != nil {
+			e.Old, e.OldVersion = s, s.Version
+		}
+		if n := pl.next[i]; n != nil {
+			e.New, e.NewVersion, e.EffectiveFrom = n, n.Version, n.EffectiveFrom
+		} else {
+			e.EffectiveFrom = timestamppb.New(pl.now)
+		}
+		events = append(events, e)
+		eventItems = append(eventItems, i)
+	}
+	if len(events) == 0 {
+		return true, nil // nothing changes: nothing to write or record
+	}
+	stamp(recordID, pl.now, events)
+	if cs.action == "apply" {
+		for _, e := range events {
+			e.ChangeId = recordID
+		}
+		pl.result.changeID = recordID
+	}
+	cmps := []clientv3.Cmp{t.fence.cmp()}
+	var ops []clientv3.Op
+	for k, i := range eventItems {
+		key := a.store.limitKey(cs.items[i].id())
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", pl.modRevs[i]))
+		if n := pl.next[i]; n != nil {
+			b, err := proto.Marshal(n)
+			if err != nil {
+				return false, err
+			}
+			ops = append(ops, clientv3.OpPut(key, string(b)))
+		} else {
+			ops = append(ops, clientv3.OpDelete(key))
+		}
+		hb, err := proto.Marshal(events[k])
+		if err != nil {
+			return false, err
+		}
+		ops = append(ops, clientv3.OpPut(a.store.historyKey(events[k].LimitId, events[k].Id), string(hb)))
+	}
+	rec, err := encodeAuditRecord(events)
+	if err != nil {
+		return false, err
+	}
+	ops = append(ops, clientv3.OpPut(a.store.auditKey(recordID), string(rec)), clientv3.OpPut(a.store.limitsRevKey(), ""))
+	start := time.Now()
+	resp, err := a.cfg.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	a.am.changeDur.Observe(time.Since(start).Seconds())
+	if err != nil {
+		return false, fmt.Errorf("allocator: change limits: %w", err)
+	}
+	if !resp.Succeeded {
+		if t.ctx.Err() != nil {
+			return false, ErrFenced
+		}
+		fr, err := a.cfg.Client.Get(ctx, t.fence.Key)
+		if err != nil {
+			return false, fmt.Errorf("allocator: change limits: %w", err)
+		}
+		if len(fr.Kvs) == 0 || fr.Kvs[0].CreateRevision != t.fence.Rev {
+			return false, ErrFenced
+		}
+		return false, nil // a limit moved: plan again
+	}
+	a.am.audit.WithLabelValues("applied").Add(float64(len(events)))
+	for k, i := range eventItems {
+		a.log.Info("allocator: limit changed", "limit", cs.items[i].id(), "action", cs.action,
+			"principal", events[k].Principal, "version", events[k].NewVersion, "reason", cs.reason)
+	}
+	return true, nil
+}

@@ -1,0 +1,242 @@
+package allocator
+
+import (
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// limitFields flattens the fields of a limit that a person sets, by the
+// names a FieldChange uses: "limit_tokens", "window", "regions", "mode",
+// "fallback.<region>", "lease.ttl", "lease.min_chunk", "lease.max_chunk",
+// "owner", "description", "tags.<key>". A nil limit has none.
+func limitFields(l *pb.Limit) map[string]string {
+	if l == nil {
+		return map[string]string{}
+	}
+	m := map[string]string{
+		"limit_tokens":    strconv.FormatInt(l.LimitTokens, 10),
+		"window":          l.GetWindow().AsDuration().String(),
+		"regions":         strings.Join(slices.Sorted(slices.Values(l.Regions)), ","),
+		"mode":            modeName(l.Mode),
+		"lease.ttl":       l.GetLease().GetTtl().AsDuration().String(),
+		"lease.min_chunk": strconv.FormatInt(l.GetLease().GetMinChunk(), 10),
+		"lease.max_chunk": strconv.FormatInt(l.GetLease().GetMaxChunk(), 10),
+		"owner":           l.Owner,
+		"description":     l.Description,
+	}
+	for _, r := range l.Regions {
+		m["fallback."+r] = fallbackName(l.Fallback[r])
+	}
+	for k, v := range l.Tags {
+		m["tags."+k] = v
+	}
+	return m
+}
+
+// fieldOrder lists the fixed fields in the order a diff shows them;
+// fallback.* and tags.* follow their neighbours, by name.
+var fieldOrder = []string{"limit_tokens", "window", "regions", "mode", "fallback.", "lease.ttl",
+	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags."}
+
+func fieldRank(f string) int {
+	for i, p := range fieldOrder {
+		if f == p || strings.HasSuffix(p, ".") && strings.HasPrefix(f, p) {
+			return i
+		}
+	}
+	return len(fieldOrder)
+}
+
+// diffLimits lists the fields that differ between two limits (either may
+// be nil), in a stable order. Versions and effective times are not
+// fields a person sets and are not compared.
+func diffLimits(old, next *pb.Limit) []*pb.FieldChange {
+	a, b := limitFields(old), limitFields(next)
+	keys := slices.Collect(maps.Keys(a))
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(x, y string) int {
+		if rx, ry := fieldRank(x), fieldRank(y); rx != ry {
+			return rx - ry
+		}
+		return strings.Compare(x, y)
+	})
+	var out []*pb.FieldChange
+	for _, k := range keys {
+		if a[k] != b[k] {
+			out = append(out, &pb.FieldChange{Field: k, Old: a[k], New: b[k]})
+		}
+	}
+	return out
+}
+
+func modeName(m pb.Mode) string {
+	switch m {
+	case pb.Mode_MODE_STRICT:
+		return "strict"
+	case pb.Mode_MODE_BOUNDED:
+		return "bounded"
+	}
+	return ""
+}
+
+func fallbackName(fb *pb.Fallback) string {
+	switch fb.GetKind() {
+	case pb.FallbackKind_FALLBACK_KIND_LOCAL:
+		return "local:" + strconv.FormatInt(fb.LocalTokens, 10)
+	case pb.FallbackKind_FALLBACK_KIND_OPEN:
+		return "open"
+	}
+	return "closed"
+}
+
+// boundOf is the overshoot bound of a window of l with no faults: 0 for a
+// strict limit, the sum of the LOCAL allowances, or infinite with a
+// region in OPEN.
+func boundOf(l *pb.Limit) (tokens int64, infinite bool) {
+	if l.Mode == pb.Mode_MODE_STRICT {
+		return 0, false
+	}
+	for _, r := range l.Regions {
+		switch fb := l.Fallback[r]; fb.GetKind() {
+		case pb.FallbackKind_FALLBACK_KIND_OPEN:
+			return 0, true
+		case pb.FallbackKind_FALLBACK_KIND_LOCAL:
+			tokens += fb.LocalTokens
+		}
+	}
+	return tokens, false
+}
+
+// effect computes what a change of limit id does to the running window
+// at now: stored is the stored limit (nil: the change creates it), next
+// the new record (nil: a delete, or a put that changes nothing, then
+// unchanged is !deleting).
+func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting bool) *pb.ChangeEffect {
+	e := &pb.ChangeEffect{LimitId: id}
+	switch {
+	case deleting:
+		e.Action = "delete"
+		e.Changes = diffLimits(stored, nil)
+		e.EffectiveFrom = timestamppb.New(now)
+	case stored == nil:
+		e.Action = "create"
+	case next == nil:
+		e.Action = "unchanged"
+		next = stored
+	default:
+		e.Action = "update"
+	}
+	if next != nil {
+		if e.Action != "unchanged" {
+			e.Changes = diffLimits(stored, next)
+		}
+		e.EffectiveFrom = next.EffectiveFrom
+		e.NewLimitTokens = next.LimitTokens
+		e.Bound, e.BoundInfinite = boundOf(next)
+	}
+	if stored == nil {
+		e.PoolAfter = next.LimitTokens
+		return e
+	}
+	cur := decodeVersion(inForce(stored, now))
+	w := lease.WindowOf(now, cur.Window)
+	e.WindowStart = timestamppb.New(w.Start())
+	e.CurrentLimitTokens = cur.Tokens
+	var net int64
+	if ws := c.windows[windowKey{id, w.Index}]; ws != nil {
+		net = ws.granted - ws.credited
+	}
+	e.Granted = net
+	for _, u := range c.RegionUsage(id, w.Index) {
+		e.Admitted += u.Admitted + u.FallbackAdmitted
+	}
+	poolNow := max(0, cur.Tokens-net)
+	var demands []lease.RegionDemand
+	if l, ok := c.limits[id]; ok {
+		demands = c.demands(now, l.At(now))
+	}
+	switch {
+	case deleting:
+		e.PoolAfter = 0
+	case e.Action == "unchanged" || !governsNow(next, now):
+		// The running window finishes under the version in force; the
+		// change is judged on the first window it governs.
+		e.PoolAfter = poolNow
+		if e.Action != "unchanged" {
+			nv := decodeVersion(next)
+			before := denying(demands, cur, cur.Tokens, cur.Window, false)
+			after := denying(demands, nv, nv.Tokens, nv.Window, false)
+			e.RegionsDenying = started(before, after)
+		}
+	default:
+		nv := decodeVersion(next)
+		nw := lease.WindowOf(now, nv.Window)
+		nnet := net
+		if nw != w {
+			nnet = 0
+			if ws := c.windows[windowKey{id, nw.Index}]; ws != nil {
+				nnet = ws.granted - ws.credited
+			}
+		}
+		e.PoolAfter = max(0, nv.Tokens-nnet)
+		before := denying(demands, cur, poolNow, w.Left(now), true)
+		after := denying(demands, nv, e.PoolAfter, nw.Left(now), true)
+		e.RegionsDenying = started(before, after)
+	}
+	return e
+}
+
+// governsNow reports whether the record governs the running window.
+func governsNow(next *pb.Limit, now time.Time) bool {
+	return !scheduled(next, now)
+}
+
+// denying returns the regions of v whose demand over left exceeds what
+// they would have: what they hold (when held) plus their demand-weighted
+// share of pool.
+func denying(demands []lease.RegionDemand, v *Limit, pool int64, left time.Duration, held bool) []string {
+	var sum float64
+	for _, d := range demands {
+		if v.HasRegion(d.Region) {
+			sum += d.Rate
+		}
+	}
+	var out []string
+	for _, d := range demands {
+		if !v.HasRegion(d.Region) || d.Rate <= 0 {
+			continue
+		}
+		have := float64(pool) * d.Rate / sum
+		if held {
+			have += float64(d.Held)
+		}
+		if d.Rate*left.Seconds() > have {
+			out = append(out, d.Region)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// started lists the regions in after that are not in before.
+func started(before, after []string) []string {
+	var out []string
+	for _, r := range after {
+		if !slices.Contains(before, r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
