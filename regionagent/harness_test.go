@@ -90,7 +90,7 @@ func startWorld(t testing.TB, fake bool, regions ...string) *world {
 // putLimit stores a limit and waits until the allocator's leader applies it.
 func (w *world) putLimit(l *pb.Limit) *pb.Limit {
 	w.t.Helper()
-	got, err := w.alloc.PutLimit(context.Background(), l, nil)
+	got, err := w.alloc.PutLimit(context.Background(), l, allocator.Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -2,19 +2,24 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"leasehold/allocator"
+	"leasehold/allocator/auth"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
 	"leasehold/regionagent/envoyrls"
@@ -27,6 +32,8 @@ type agentConfig struct {
 	replicaID                 string
 	envoyMapping              string
 	lead, renewEvery          time.Duration
+	tls                       tlsFlags
+	allocCert, allocKey       string
 	log                       logFlags
 }
 
@@ -40,6 +47,11 @@ func (c *agentConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.envoyMapping, "envoy-mapping", "", "YAML `FILE` mapping Envoy rate limit descriptors to limits: serves envoy.service.ratelimit.v3 on -grpc-addr, reloaded on change (docs/envoy.md)")
 	fs.DurationVar(&c.lead, "renew-lead", 2*time.Second, "renew when the balance would last less than this at the current demand")
 	fs.DurationVar(&c.renewEvery, "renew-interval", 250*time.Millisecond, "how often active limits are checked for renewal")
+	c.tls.registerServe(fs, "-grpc-addr and -http-addr")
+	c.tls.registerCA(fs, "the allocator and a rediss:// Redis")
+	c.tls.registerClientCA(fs, "callers of -grpc-addr (gateways) must present a certificate of (mutual TLS)")
+	fs.StringVar(&c.allocCert, "allocator-cert", "", "`FILE`: PEM client certificate presented to the allocator, naming leasehold://agent/REGION (needs -tls-ca)")
+	fs.StringVar(&c.allocKey, "allocator-key", "", "`FILE`: PEM private key of -allocator-cert")
 	c.log.register(fs)
 }
 
@@ -61,6 +73,15 @@ func (c *agentConfig) validate() error {
 	if _, err := regionagent.ParseRedis(c.redis); err != nil {
 		return usagef("-redis: %v", err)
 	}
+	if err := c.tls.validate(); err != nil {
+		return err
+	}
+	switch {
+	case (c.allocCert == "") != (c.allocKey == ""):
+		return usagef("-allocator-cert and -allocator-key: give both or neither")
+	case c.allocCert != "" && c.tls.ca == "":
+		return usagef("-allocator-cert needs -tls-ca (the CA that signs the allocator's certificate)")
+	}
 	return nil
 }
 
@@ -70,7 +91,14 @@ func runAgentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	rdb, _ := regionagent.ParseRedis(c.redis)
+	var redisTLS *tls.Config
+	if c.tls.ca != "" {
+		var err error
+		if redisTLS, _, err = clientTLS("tls-ca", c.tls.ca, "", "", "", ""); err != nil {
+			return err
+		}
+	}
+	rdb, _ := regionagent.ParseRedisTLS(c.redis, redisTLS)
 	defer rdb.Close()
 	return runAgent(ctx, c, rdb, log, nil)
 }
@@ -86,6 +114,10 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 		}
 		envoyMap = m
 	}
+	sec, err := agentSecurity(c, log)
+	if err != nil {
+		return err
+	}
 	gl, err := listen("grpc-addr", c.grpcAddr)
 	if err != nil {
 		return err
@@ -95,10 +127,15 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 		gl.Close()
 		return err
 	}
+	var gopts []grpc.ServerOption
+	if sec.grpc != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(sec.grpc.Config())))
+		hl = tls.NewListener(hl, sec.http.Config())
+	}
 	reg := newRegistry()
 	a, err := regionagent.New(regionagent.Config{
 		Region: c.region, Allocators: splitList(c.allocators),
-		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		DialOptions: []grpc.DialOption{dialCreds(sec.alloc)},
 		Redis:       rdb, ReplicaID: c.replicaID, Logger: log, Registerer: reg,
 	}, regionagent.WithRenewal(c.lead, c.renewEvery))
 	if err != nil {
@@ -107,7 +144,7 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 		return err
 	}
 	defer a.Close()
-	gs, hs := grpcServer()
+	gs, hs := grpcServer(gopts...)
 	regionagent.NewServer(a).Register(gs)
 	var envoy *envoyrls.Server
 	if envoyMap != nil {
@@ -124,9 +161,10 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 			return false, "starting: no limits from the allocator yet"
 		}
 	})
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: httpErrorLog(log)}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	onHangup(ctx, log, sec.reloads)
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = a.Run(ctx) }()
 	if envoy != nil {
@@ -150,6 +188,81 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 	<-runDone
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
+}
+
+// agentSec is an agent's TLS, from its flags.
+type agentSec struct {
+	grpc, http *serverTLS  // nil: plaintext listeners
+	alloc      *tls.Config // nil: plaintext to the allocator
+	reloads    map[string]func() error
+}
+
+func agentSecurity(c agentConfig, log *slog.Logger) (*agentSec, error) {
+	sec := &agentSec{reloads: map[string]func() error{}}
+	if c.tls.cert == "" {
+		log.Warn("TLS is off: the agent serves plaintext (give -tls-cert and -tls-key)")
+	} else {
+		var err error
+		if sec.grpc, err = newServerTLS(c.tls, true); err != nil {
+			return nil, err
+		}
+		// /metrics and /healthz: TLS, no client certificate asked.
+		if sec.http, err = newServerTLS(tlsFlags{cert: c.tls.cert, key: c.tls.key}, false); err != nil {
+			return nil, err
+		}
+		sec.reloads["TLS certificates"] = func() error {
+			if err := sec.grpc.Reload(); err != nil {
+				return err
+			}
+			return sec.http.Reload()
+		}
+	}
+	if c.tls.ca == "" {
+		log.Warn("TLS to the allocator is off: the agent calls it in plaintext, without a certificate (give -tls-ca, -allocator-cert and -allocator-key)")
+		return sec, nil
+	}
+	cfg, reload, err := clientTLS("tls-ca", c.tls.ca, "allocator-cert", c.allocCert, "allocator-key", c.allocKey)
+	if err != nil {
+		return nil, err
+	}
+	if c.allocCert != "" {
+		if err := checkAgentCert(c.allocCert, c.region); err != nil {
+			return nil, err
+		}
+		sec.reloads["allocator certificate"] = func() error {
+			if err := checkAgentCert(c.allocCert, c.region); err != nil {
+				return err
+			}
+			return reload()
+		}
+	}
+	sec.alloc = cfg
+	return sec, nil
+}
+
+// checkAgentCert makes sure the certificate names this agent's region:
+// the allocator would refuse every call for the region otherwise.
+func checkAgentCert(file, region string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("-allocator-cert: %w", err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "CERTIFICATE" {
+		return fmt.Errorf("-allocator-cert %s: no PEM certificate", file)
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return fmt.Errorf("-allocator-cert %s: %w", file, err)
+	}
+	id, err := auth.IdentityOf(cert)
+	if err != nil {
+		return fmt.Errorf("-allocator-cert %s: %w", file, err)
+	}
+	if id.Kind != auth.KindAgent || id.Name != region {
+		return fmt.Errorf("-allocator-cert %s names %s, not agent/%s (-region)", file, id, region)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"io"
@@ -11,8 +12,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"leasehold/allocator"
+	"leasehold/allocator/adminhttp"
+	"leasehold/allocator/auth"
 	"leasehold/allocator/embedded"
 	"leasehold/allocator/statuspage"
 )
@@ -28,6 +33,10 @@ type allocatorConfig struct {
 	sessionTTL, retention         time.Duration
 	maxTxnOps                     int
 	reportWindows, reportLimits   int
+	auditRetention                time.Duration
+	tls                           tlsFlags
+	authFile                      string
+	etcdCA, etcdCert, etcdKey     string
 	log                           logFlags
 }
 
@@ -46,6 +55,13 @@ func (c *allocatorConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.maxTxnOps, "max-txn-ops", 128, "grants per etcd transaction (group commit); at most etcd's --max-txn-ops")
 	fs.IntVar(&c.reportWindows, "report-windows", 60, "closed windows kept per limit for reports (quotactl windows, /status)")
 	fs.IntVar(&c.reportLimits, "report-limits", 1000, "most limits the per-limit window metrics cover (cardinality cap)")
+	fs.DurationVar(&c.auditRetention, "audit-retention", allocator.DefaultAuditRetention, "how long the audit log and limit history are kept (the leader sweeps hourly)")
+	c.tls.registerServe(fs, "-grpc-addr and -http-addr")
+	c.tls.registerClientCA(fs, "callers' client certificates must chain to (agents: always; users: or a token); turns authentication on")
+	fs.StringVar(&c.authFile, "auth-file", "", "`FILE`: users, roles, scopes and token hashes (leasehold certs writes one); turns authentication on; reloaded on SIGHUP")
+	fs.StringVar(&c.etcdCA, "etcd-ca", "", "`FILE`: PEM CA bundle that signs the -etcd-endpoints' certificates (turns etcd client TLS on)")
+	fs.StringVar(&c.etcdCert, "etcd-cert", "", "`FILE`: PEM client certificate presented to etcd (with -etcd-key)")
+	fs.StringVar(&c.etcdKey, "etcd-key", "", "`FILE`: PEM private key of -etcd-cert")
 	c.log.register(fs)
 }
 
@@ -67,8 +83,22 @@ func (c *allocatorConfig) validate() error {
 	if c.maxTxnOps < 1 {
 		return usagef("-max-txn-ops %d: must be >= 1", c.maxTxnOps)
 	}
+	if c.auditRetention <= 0 {
+		return usagef("-audit-retention %v: must be > 0", c.auditRetention)
+	}
 	if c.reportWindows < 1 || c.reportLimits < 0 {
 		return usagef("-report-windows must be >= 1 and -report-limits >= 0")
+	}
+	if err := c.tls.validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.authFile != "" && c.tls.cert == "":
+		return usagef("-auth-file needs -tls-cert and -tls-key: tokens never cross plaintext")
+	case (c.etcdCert == "") != (c.etcdKey == ""):
+		return usagef("-etcd-cert and -etcd-key: give both or neither")
+	case (c.etcdCA != "" || c.etcdCert != "") && c.etcdEndpoints == "":
+		return usagef("-etcd-ca, -etcd-cert and -etcd-key are for -etcd-endpoints (the embedded member listens on loopback, plaintext)")
 	}
 	return nil
 }
@@ -88,6 +118,19 @@ type allocatorReady func(a *allocator.Allocator, grpcAddr, httpAddr, etcdEndpoin
 
 // runAllocator runs one allocator replica until ctx ends.
 func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, ready allocatorReady) error {
+	sec, err := allocatorSecurity(c, log)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	onHangup(ctx, log, sec.reloads)
+	var etcdTLS *tls.Config
+	if c.etcdCA != "" || c.etcdCert != "" {
+		if etcdTLS, _, err = clientTLS("etcd-ca", c.etcdCA, "etcd-cert", c.etcdCert, "etcd-key", c.etcdKey); err != nil {
+			return err
+		}
+	}
 	endpoints := splitList(c.etcdEndpoints)
 	if len(endpoints) == 0 {
 		e, err := embedded.Start(ctx, embedded.Config{Dir: c.dataDir, ClientAddr: c.etcdClientAddr, PeerAddr: c.etcdPeerAddr})
@@ -98,7 +141,7 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 		endpoints = []string{e.Endpoint()}
 		log.Info("embedded etcd serving", "endpoint", e.Endpoint(), "data_dir", c.dataDir)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: etcdTLS})
 	if err != nil {
 		return fmt.Errorf("etcd client: %w", err)
 	}
@@ -122,23 +165,34 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 		Client: cli, Prefix: c.etcdPrefix, Regions: splitList(c.regions), Advertise: advertise,
 		Logger: log, Registerer: reg,
 	}, allocator.WithSessionTTL(c.sessionTTL), allocator.WithGroupCommit(c.maxTxnOps, 4),
-		allocator.WithRetention(c.retention, 10*time.Second), allocator.WithReports(c.reportWindows, c.reportLimits))
+		allocator.WithRetention(c.retention, 10*time.Second), allocator.WithReports(c.reportWindows, c.reportLimits),
+		allocator.WithAuditRetention(c.auditRetention, time.Hour))
 	if err != nil {
 		return err
 	}
-	gs, hs := grpcServer()
-	allocator.NewServer(a).Register(gs)
+	guard := auth.NewGuard(sec.authn, log, reg)
+	gopts := guard.ServerOptions()
+	if sec.tls != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(sec.tls.Config())))
+		hl = tls.NewListener(hl, sec.tls.Config())
+	}
+	gs, hs := grpcServer(gopts...)
+	adminSrv := allocator.NewServer(a, allocator.WithAuthRequired(sec.authn != nil))
+	adminSrv.Register(gs)
+	// The Admin API as JSON over HTTP: the same service, in process.
+	adminHTTP, err := adminhttp.New(adminhttp.Config{Admin: adminSrv, Authenticator: guard.Authenticator(), Logger: log, Registerer: reg})
+	if err != nil {
+		return err
+	}
 	mux := metricsMux(reg, func() (bool, string) {
 		if a.IsLeader() {
 			return true, "ok: leader"
 		}
 		return true, "ok: follower; leader " + a.Leader()
 	})
-	mux.Handle("GET /status", statuspage.Handler(a))
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	mux.Handle("GET /status", guard.Require(auth.ActionRead, statuspage.Handler(a)))
+	httpSrv := &http.Server{Handler: adminHTTP.Mount(mux), ReadHeaderTimeout: 5 * time.Second, ErrorLog: httpErrorLog(log)}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = a.Run(ctx) }()
 	go allocator.ServeHealth(ctx, a, hs)
@@ -151,4 +205,54 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 	cancel()
 	<-runDone
 	return err
+}
+
+// allocatorSec is the allocator's TLS and authentication.
+type allocatorSec struct {
+	tls     *serverTLS         // nil: plaintext
+	authn   auth.Authenticator // nil: authentication off
+	reloads map[string]func() error
+}
+
+// allocatorSecurity reads the allocator's TLS and auth files, as its flags
+// name them. Authentication is on when a client CA or an auth file is
+// given; every file named is reloaded on SIGHUP.
+func allocatorSecurity(c allocatorConfig, log *slog.Logger) (*allocatorSec, error) {
+	sec := &allocatorSec{reloads: map[string]func() error{}}
+	if c.tls.cert == "" {
+		log.Warn("TLS is off: the allocator serves plaintext (give -tls-cert and -tls-key)")
+	} else {
+		s, err := newServerTLS(c.tls, false)
+		if err != nil {
+			return nil, err
+		}
+		sec.tls, sec.reloads["TLS certificates"] = s, s.Reload
+	}
+	if c.tls.clientCA == "" && c.authFile == "" {
+		log.Warn("authentication is off: every caller may do everything (give -tls-client-ca and -auth-file)")
+		return sec, nil
+	}
+	cfg := &auth.Config{}
+	if c.authFile != "" {
+		var err error
+		if cfg, err = auth.LoadConfig(c.authFile); err != nil {
+			return nil, err
+		}
+	}
+	users, err := auth.NewUsers(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sec.authn = users
+	if c.authFile != "" {
+		sec.reloads["auth file"] = func() error {
+			cfg, err := auth.LoadConfig(c.authFile)
+			if err != nil {
+				return err
+			}
+			return users.Reload(cfg)
+		}
+	}
+	log.Info("authentication on", "users", len(cfg.Users), "client_ca", c.tls.clientCA != "")
+	return sec, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -38,6 +39,7 @@ type devConfig struct {
 	traffic              bool
 	trafficEU, trafficUS float64
 	trafficFor           time.Duration
+	tls                  bool
 	log                  logFlags
 }
 
@@ -61,6 +63,7 @@ func (c *devConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.trafficEU, "traffic-eu", 900, "eu demand, requests per minute")
 	fs.Float64Var(&c.trafficUS, "traffic-us", 400, "us demand, requests per minute")
 	fs.DurationVar(&c.trafficFor, "traffic-for", 30*time.Minute, "stop the traffic after this long")
+	fs.BoolVar(&c.tls, "tls", false, "TLS and mutual TLS everywhere, authentication on: a dev CA in DATA-DIR/tls (made once, reused), a new admin token each run")
 	c.log.register(fs)
 }
 
@@ -118,7 +121,31 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 	readyc := make(chan allocReady, 1)
 	ac := allocatorConfig{grpcAddr: c.allocGRPC, httpAddr: c.allocHTTP, dataDir: filepath.Join(c.dataDir, "etcd"),
 		etcdClientAddr: c.etcdClient, etcdPeerAddr: c.etcdPeer, etcdPrefix: "/leasehold/", regions: "eu,us",
-		sessionTTL: 2 * time.Second, retention: time.Minute, maxTxnOps: 128, reportWindows: 60, reportLimits: 1000}
+		sessionTTL: 2 * time.Second, retention: time.Minute, maxTxnOps: 128, reportWindows: 60, reportLimits: 1000,
+		auditRetention: allocator.DefaultAuditRetention}
+	// With -tls: the server certificate on every listener, agents calling
+	// the allocator with their region's certificate, gateways presenting
+	// the server certificate to agents, and the dev user's token.
+	tlsDir := filepath.Join(c.dataDir, "tls")
+	var token string
+	inDir := func(name string) string { return filepath.Join(tlsDir, name) }
+	serve := tlsFlags{}
+	hc := &http.Client{Timeout: 2 * time.Second}
+	scheme := "http"
+	if c.tls {
+		var err error
+		if token, err = devCerts(tlsDir); err != nil {
+			return fmt.Errorf("dev certificates: %w", err)
+		}
+		serve = tlsFlags{cert: inDir(serverCertFile), key: inDir(serverKeyFile), ca: inDir(caCertFile), clientCA: inDir(caCertFile)}
+		ac.tls, ac.authFile = serve, inDir(authFileName)
+		pool, err := readPool("tls-ca", inDir(caCertFile))
+		if err != nil {
+			return err
+		}
+		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
+		scheme = "https"
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -164,6 +191,11 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		defer rdb.Close()
 		agc := agentConfig{region: region, allocators: ar.grpc, grpcAddr: agentAddrs[region][0], httpAddr: agentAddrs[region][1],
 			replicaID: region + "-dev", lead: 2 * time.Second, renewEvery: 250 * time.Millisecond}
+		if c.tls {
+			agc.tls = serve
+			agc.allocCert, agc.allocKey = agentFiles(region)
+			agc.allocCert, agc.allocKey = inDir(agc.allocCert), inDir(agc.allocKey)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -197,6 +229,9 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		gc := &gatewayConfig{listen: gateways[region], upstream: "http://" + upstream.Addr().String(), agent: got[region][0],
 			keyHeader: "X-Tenant", limitTemplate: "demo/{key}", subLeases: "on", missingKey: "reject", unknownLimit: "pass",
 			timeout: 250 * time.Millisecond, jitter: time.Second}
+		if c.tls {
+			gc.tls = tlsFlags{cert: serve.cert, key: serve.key, ca: serve.ca}
+		}
 		if err := gc.validate(); err != nil {
 			return err
 		}
@@ -218,14 +253,23 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 	if !c.noDemo {
 		fmt.Fprintf(stdout, "  demo limit %s: 1000 per minute, regions eu+us, strict\n", demoLimit)
 	}
-	fmt.Fprintf(stdout, "Try: curl -i -H 'X-Tenant: tenant' http://%s/    go run ./cmd/quotactl limits list    (Ctrl-C stops)\n", gateways["eu"])
+	if c.tls {
+		fmt.Fprintf(stdout, "  TLS: CA %s; certificates and auth file in %s (user %q is admin)\n", inDir(caCertFile), tlsDir, devUser)
+		fmt.Fprintf(stdout, "  token of %s (new every run, shown once): %s\n", devUser, token)
+		fmt.Fprintf(stdout, "Try: curl -i --cacert %s -H 'X-Tenant: tenant' https://%s/\n", inDir(caCertFile), gateways["eu"])
+		fmt.Fprintf(stdout, "     LEASEHOLD_TOKEN=%s go run ./cmd/quotactl --allocator %s --tls-ca %s limits list\n", token, ar.grpc, inDir(caCertFile))
+		fmt.Fprintf(stdout, "     go run ./cmd/quotactl --allocator %s --tls-ca %s --tls-cert %s --tls-key %s limits list    (Ctrl-C stops)\n",
+			ar.grpc, inDir(caCertFile), inDir(devUserCert), inDir(devUserKey))
+	} else {
+		fmt.Fprintf(stdout, "Try: curl -i -H 'X-Tenant: tenant' http://%s/    go run ./cmd/quotactl limits list    (Ctrl-C stops)\n", gateways["eu"])
+	}
 	if c.traffic {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			tctx, tcancel := context.WithTimeout(ctx, c.trafficFor)
 			defer tcancel()
-			runTraffic(tctx, stdout, ar.a, gateways, map[string]float64{"eu": c.trafficEU, "us": c.trafficUS})
+			runTraffic(tctx, stdout, ar.a, hc, scheme, gateways, map[string]float64{"eu": c.trafficEU, "us": c.trafficUS})
 		}()
 	}
 	<-ctx.Done()
@@ -248,7 +292,7 @@ func createDemo(ctx context.Context, a *allocator.Allocator) error {
 		Id: demoLimit, LimitTokens: 1000, Window: durationpb.New(time.Minute), Regions: []string{"eu", "us"},
 		Mode: pb.Mode_MODE_STRICT, Owner: "leasehold dev", Description: "demo limit created by leasehold dev",
 		Lease: &pb.LeaseSettings{Ttl: durationpb.New(15 * time.Second)},
-	}, &zero)
+	}, allocator.Change{Reason: "leasehold dev demo limit", Expected: &zero})
 	if err != nil && !errors.Is(err, allocator.ErrVersionMismatch) {
 		return fmt.Errorf("demo limit: %w", err)
 	}
@@ -259,7 +303,7 @@ func createDemo(ctx context.Context, a *allocator.Allocator) error {
 // gateway at its rate (requests per minute) and prints each window as it
 // closes: what each region admitted (200), what was refused (429) and the
 // pool left.
-func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, gateways map[string]string, perMin map[string]float64) {
+func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, hc *http.Client, scheme string, gateways map[string]string, perMin map[string]float64) {
 	type counts struct{ admitted, denied atomic.Int64 }
 	var mu sync.Mutex
 	windows := map[int64]map[string]*counts{}
@@ -271,7 +315,6 @@ func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, gate
 		}
 		return windows[w][r]
 	}
-	hc := &http.Client{Timeout: 2 * time.Second}
 	var wg sync.WaitGroup
 	for r, addr := range gateways {
 		rate := perMin[r] / 60
@@ -289,7 +332,7 @@ func runTraffic(ctx context.Context, out io.Writer, a *allocator.Allocator, gate
 					return
 				case <-t.C:
 				}
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/orders", nil)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+"/orders", nil)
 				req.Header.Set("X-Tenant", "tenant")
 				resp, err := hc.Do(req)
 				w := lease.WindowOf(time.Now(), time.Minute).Index

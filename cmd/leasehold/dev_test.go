@@ -68,7 +68,7 @@ func TestDevServesTheDemoLimit(t *testing.T) {
 	}
 	// Through the eu gateway: a limit of 3 per minute admits three requests
 	// and then answers 429 with Retry-After.
-	if _, err := pb.NewAdminClient(dial(t, alloc)).PutLimit(ctx, &pb.PutLimitRequest{Limit: &pb.Limit{
+	if _, err := pb.NewAdminClient(dial(t, alloc)).PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: &pb.Limit{
 		Id: "demo/small", LimitTokens: 3, Window: durationpb.New(time.Minute), Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT,
 		Lease: &pb.LeaseSettings{MinChunk: 3}}}); err != nil {
 		t.Fatal(err)

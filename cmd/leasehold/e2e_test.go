@@ -82,7 +82,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	set := exec.Command(quotactl, "--allocator", alloc, "limits", "set", "tenant/e2e",
-		"--limit", "600", "--window", "10s", "--regions", "eu,us", "--mode", "strict")
+		"--limit", "600", "--window", "10s", "--regions", "eu,us", "--mode", "strict", "--reason", "end-to-end test")
 	if b, err := set.CombinedOutput(); err != nil {
 		t.Fatalf("quotactl limits set: %v\n%s", err, b)
 	}

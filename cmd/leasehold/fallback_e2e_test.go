@@ -132,7 +132,7 @@ func runFallbackScenario(t *testing.T, leasehold string, fallback map[string]*pb
 	defer conn.Close()
 	admin := pb.NewAdminClient(conn)
 	ctx := context.Background()
-	if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Limit: &pb.Limit{Id: "tenant/fb", LimitTokens: 100,
+	if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: &pb.Limit{Id: "tenant/fb", LimitTokens: 100,
 		Window: durationpb.New(W), Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_BOUNDED, Fallback: fallback}}); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -35,6 +36,7 @@ type gatewayConfig struct {
 	unknownLimit            string
 	remainingHeader         string
 	timeout, jitter         time.Duration
+	tls                     tlsFlags
 	log                     logFlags
 
 	// parsed by validate
@@ -57,6 +59,8 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.remainingHeader, "remaining-only-with", "", "send the RateLimit header (remaining quota) only to requests carrying this header, e.g. Authorization")
 	fs.DurationVar(&c.timeout, "timeout", 250*time.Millisecond, "deadline of each call to the agent")
 	fs.DurationVar(&c.jitter, "jitter", time.Second, "most random delay added to Retry-After before rounding up")
+	c.tls.registerServe(fs, "-listen (HTTPS), also presented to an agent that asks for a client certificate")
+	c.tls.registerCA(fs, "the agent (-agent)")
 	c.log.register(fs)
 }
 
@@ -105,7 +109,7 @@ func (c *gatewayConfig) validate() error {
 	if err != nil {
 		return usagef("-trusted-proxies: %v", err)
 	}
-	return nil
+	return c.tls.validate()
 }
 
 func runGatewayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -124,6 +128,29 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 		return err
 	}
 	opts := []client.Option{client.WithTimeout(c.timeout)}
+	reloads := map[string]func() error{}
+	if c.tls.ca != "" {
+		cfg, reload, err := clientTLS("tls-ca", c.tls.ca, "tls-cert", c.tls.cert, "tls-key", c.tls.key)
+		if err != nil {
+			l.Close()
+			return err
+		}
+		opts = append(opts, client.WithTLS(cfg))
+		reloads["client certificate"] = reload
+	} else {
+		log.Warn("TLS to the agent is off: the gateway calls it in plaintext (give -tls-ca)")
+	}
+	if c.tls.cert != "" {
+		st, err := newServerTLS(tlsFlags{cert: c.tls.cert, key: c.tls.key}, false)
+		if err != nil {
+			l.Close()
+			return err
+		}
+		l = tls.NewListener(l, st.Config())
+		reloads["TLS certificates"] = st.Reload
+	} else {
+		log.Warn("TLS is off: the gateway serves plaintext HTTP (give -tls-cert and -tls-key)")
+	}
 	if c.subLeases == "on" {
 		opts = append(opts, client.WithSubLeases(client.SubLeaseConfig{}))
 	}
@@ -132,7 +159,10 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 		l.Close()
 		return fmt.Errorf("-agent %s: %w", c.agent, err)
 	}
-	srv := &http.Server{Handler: gatewayHandler(c, cl, log), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: gatewayHandler(c, cl, log), ReadHeaderTimeout: 10 * time.Second, ErrorLog: httpErrorLog(log)}
+	hctx, hcancel := context.WithCancel(ctx)
+	defer hcancel()
+	onHangup(hctx, log, reloads)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.Info("gateway serving", "listen", l.Addr().String(), "upstream", c.upstreamURL.String(), "agent", c.agent,

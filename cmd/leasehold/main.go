@@ -4,6 +4,7 @@
 //	leasehold agent       a region agent
 //	leasehold dev         everything in one process: etcd, allocator, two agents
 //	leasehold gateway     a reverse proxy that puts a global limit in front of an HTTP service
+//	leasehold certs       a development CA, certificates and an auth file (docs/security.md)
 //
 // Run `leasehold COMMAND -h` for a command's flags. Exit codes: 0 on a clean
 // shutdown, 1 when a server fails, 2 on bad usage.
@@ -30,6 +31,7 @@ type command struct {
 var commands = map[string]command{
 	"allocator": {"run the home-region allocator", runAllocatorCmd},
 	"agent":     {"run a region agent", runAgentCmd},
+	"certs":     {"write a development CA, certificates and an auth file", runCertsCmd},
 	"dev":       {"run everything in one process on embedded defaults", runDevCmd},
 	"gateway":   {"run a reverse proxy that puts a global limit in front of an HTTP service", runGatewayCmd},
 }

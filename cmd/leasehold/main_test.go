@@ -125,7 +125,7 @@ func TestAllocatorCommandServes(t *testing.T) {
 
 	ctx := context.Background()
 	admin := pb.NewAdminClient(conn)
-	if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Limit: &pb.Limit{
+	if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: &pb.Limit{
 		Id: "demo/tenant", LimitTokens: 1000, Window: durationpb.New(time.Minute), Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT,
 	}}); err != nil {
 		t.Fatal(err)

@@ -144,7 +144,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	admin := pb.NewAdminClient(conn)
 	for _, l := range limits {
 		l.limit.Window = durationpb.New(2 * time.Second)
-		if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Limit: l.limit}); err != nil {
+		if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: l.limit}); err != nil {
 			t.Fatalf("put %s: %v", l.limit.Id, err)
 		}
 	}

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -66,10 +68,17 @@ type options struct {
 type Option func(*options)
 
 // WithDialOptions adds gRPC dial options. The default is insecure
-// transport credentials (loopback or a trusted network; TLS comes later);
+// transport credentials (loopback or a trusted network; see WithTLS);
 // a credentials option given here replaces it.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dial = append(o.dial, opts...) }
+}
+
+// WithTLS calls the agent over TLS with cfg: RootCAs to verify the
+// agent's certificate (nil: the system's roots) and, when the agent asks
+// for one, a client certificate (Certificates or GetClientCertificate).
+func WithTLS(cfg *tls.Config) Option {
+	return WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 }
 
 // WithTimeout sets the deadline of each call to the agent (a Check, or one

@@ -230,7 +230,7 @@ func TestSubLeaseProcesses(t *testing.T) {
 	}
 	defer conn.Close()
 	ctx := context.Background()
-	if _, err := pb.NewAdminClient(conn).PutLimit(ctx, &pb.PutLimitRequest{Limit: &pb.Limit{Id: limit, LimitTokens: G,
+	if _, err := pb.NewAdminClient(conn).PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: &pb.Limit{Id: limit, LimitTokens: G,
 		Window: durationpb.New(W), Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT}}); err != nil {
 		t.Fatal(err)
 	}

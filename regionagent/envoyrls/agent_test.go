@@ -58,7 +58,7 @@ func startRealAgent(t testing.TB, limits ...*pb.Limit) *realAgent {
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	for _, l := range limits {
-		got, err := al.PutLimit(ctx, l, nil)
+		got, err := al.PutLimit(ctx, l, allocator.Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -59,7 +59,7 @@ func (s *scenario) putLimit(ttl time.Duration) {
 		l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(ttl)}
 	}
 	s.admin(func(ctx context.Context, a pb.AdminClient) error {
-		_, err := a.PutLimit(ctx, &pb.PutLimitRequest{Limit: l})
+		_, err := a.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: l})
 		return err
 	})
 }
