@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	pb "leasehold/proto/leasehold/v1"
@@ -164,7 +163,12 @@ type checkRun struct {
 }
 
 func (e *env) check(ctx context.Context, o checkOpts) error {
-	conn, err := grpc.NewClient(o.agent, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The agent gets the TLS settings, never the admin token.
+	opts, err := e.sec.dialOptions(false)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(o.agent, opts...)
 	if err != nil {
 		return fmt.Errorf("agent address %q: %v", o.agent, err)
 	}

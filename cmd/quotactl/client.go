@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -24,6 +23,7 @@ type globals struct {
 	addr    string        // --allocator
 	timeout time.Duration // --timeout: each RPC, connecting included
 	json    bool          // --json
+	sec     security      // --tls-*, --token, --token-file
 }
 
 func defaultGlobals() globals {
@@ -49,6 +49,7 @@ func (g *globals) register(f *flagSet) {
 		return nil
 	})
 	f.boolVar(&g.json, "json", "print machine-readable JSON on stdout")
+	g.sec.register(f)
 }
 
 // checkAddr rejects addresses that cannot name an allocator.
@@ -70,6 +71,7 @@ type env struct {
 	path   string // the command path for messages, e.g. "limits set"
 	stdout io.Writer
 	conns  map[string]*grpc.ClientConn // by address; closed by close
+	dial   []grpc.DialOption           // built from globals.sec on first use
 }
 
 func newEnv(stdout io.Writer) *env {
@@ -88,8 +90,14 @@ func (e *env) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := e.conns[addr]; ok {
 		return c, nil
 	}
-	// TLS comes later; until then the Admin API is plaintext.
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if e.dial == nil {
+		opts, err := e.sec.dialOptions(true)
+		if err != nil {
+			return nil, err
+		}
+		e.dial = opts
+	}
+	c, err := grpc.NewClient(addr, e.dial...)
 	if err != nil {
 		return nil, fmt.Errorf("allocator address %q: %v", addr, err)
 	}
@@ -165,11 +173,21 @@ func (e *env) describe(ctx context.Context, err error, addr, via string) error {
 		codes.FailedPrecondition, codes.OutOfRange:
 		return errors.New(msg)
 	case codes.Unavailable:
+		if !e.sec.on() && strings.Contains(msg, "server preface") {
+			msg += " (does it serve TLS? give --tls-ca)"
+		}
 		return fmt.Errorf("%s unavailable: %s", where, msg)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("%s: no answer within --timeout %v: %s", where, e.timeout, msg)
 	case codes.Unimplemented:
 		return fmt.Errorf("%s does not serve this request (older allocator?): %s", where, msg)
+	case codes.Unauthenticated:
+		return fmt.Errorf("%s: not authenticated (give --token, --token-file, LEASEHOLD_TOKEN or --tls-cert): %s", where, msg)
+	case codes.PermissionDenied:
+		if !strings.HasPrefix(msg, "permission denied") {
+			msg = "permission denied: " + msg
+		}
+		return fmt.Errorf("%s: %s", where, msg)
 	}
 	return fmt.Errorf("%s: %s: %s", where, st.Code(), msg)
 }

@@ -27,12 +27,11 @@ type command struct {
 // action runs a leaf command with its positional arguments, flags parsed.
 type action func(ctx context.Context, e *env, args []string) error
 
-// root is the top of the dispatch table. Future commands (limits history,
-// limits plan/apply) are added here or under limitsCmd.
+// root is the top of the dispatch table.
 var root = &command{
 	name:    "quotactl",
 	summary: "manage Leasehold's global quota limits",
-	sub:     []*command{limitsCmd, checkCmd, windowsCmd},
+	sub:     []*command{limitsCmd, checkCmd, windowsCmd, auditCmd, whoamiCmd},
 }
 
 // usageError is bad usage: exit code 2.

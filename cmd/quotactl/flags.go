@@ -46,7 +46,7 @@ func (f *flagSet) value(name, usage string, set func(string) error) {
 				if errors.As(err, &ue) {
 					f.err = err
 				} else {
-					f.err = usagef("--%s %q: %v", name, s, err)
+					f.err = usagef("%s %q: %v", dashed(name), s, err)
 				}
 			}
 			return err
@@ -100,6 +100,15 @@ func (f *flagSet) listVar(p *[]string, name, usage string) {
 	})
 }
 
+// dashed is how a flag is written: "-f" for a one-letter name, "--name"
+// otherwise.
+func dashed(name string) string {
+	if len(name) == 1 {
+		return "-" + name
+	}
+	return "--" + name
+}
+
 // isSet reports whether the flag was given on the command line.
 func (f *flagSet) isSet(name string) bool { return f.given[name] }
 
@@ -107,7 +116,7 @@ func (f *flagSet) isSet(name string) bool { return f.given[name] }
 func (f *flagSet) require(names ...string) error {
 	for _, n := range names {
 		if !f.isSet(n) {
-			return usagef("--%s is required", n)
+			return usagef("%s is required", dashed(n))
 		}
 	}
 	return nil
@@ -176,7 +185,7 @@ func (f *flagSet) wrap(err error) error {
 		return usagef("unknown flag --%s", strings.TrimPrefix(n, "-"))
 	}
 	if n, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
-		return usagef("--%s needs a value", strings.TrimPrefix(n, "-"))
+		return usagef("%s needs a value", dashed(strings.TrimPrefix(n, "-")))
 	}
 	if v, ok := strings.CutPrefix(msg, "invalid boolean value "); ok {
 		// invalid boolean value "x" for -json: parse error
@@ -198,7 +207,7 @@ func (f *flagSet) printFlags(w io.Writer) {
 			ph = ""
 		}
 		usage = strings.TrimPrefix(usage, ph+": ")
-		head := "  --" + n
+		head := "  " + dashed(n)
 		if ph != "" {
 			head += " " + ph
 		}

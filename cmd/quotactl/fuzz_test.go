@@ -36,6 +36,15 @@ func FuzzArgs(f *testing.F) {
 		{"check", "--limit", "x", "--concurrency", "1025", "--rate", "-1"},
 		{"windows", "tenant/atlas", "--last", "3", "--json"},
 		{"windows", "--last", "0"},
+		{"limits", "set", "x", "--limit", "5", "--window", "1m", "--regions", "eu", "--mode", "strict", "--reason", "r", "--effective", "now", "--dry-run"},
+		{"limits", "delete", "x", "--reason", "r", "--dry-run", "--json"},
+		{"limits", "history", "tenant/atlas", "--json"},
+		{"limits", "plan", "-f", "/nonexistent", "-o", "/nonexistent"},
+		{"limits", "apply", "--plan", "/nonexistent", "--reason", "r", "-f", "x"},
+		{"limits", "export", "--prefix", "tenant/"},
+		{"audit", "--since", "2026-11-29T19:00:00Z", "--prefix", "tenant/"},
+		{"whoami", "--tls", "--token", "t", "--tls-server-name", "x"},
+		{"limits", "list", "--tls-ca", "/nonexistent", "--tls-cert", "a", "--tls-key", "b", "--token-file", "/nonexistent"},
 	} {
 		f.Add(strings.Join(args, "\x00"))
 	}

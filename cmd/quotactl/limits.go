@@ -5,12 +5,12 @@ import (
 	"unicode/utf8"
 )
 
-// limitsCmd groups the commands on global limits. limits history and
-// limits plan/apply will join it.
+// limitsCmd groups the commands on global limits.
 var limitsCmd = &command{
 	name:    "limits",
-	summary: "create, read, list and delete global limits",
-	sub:     []*command{limitsSetCmd, limitsGetCmd, limitsListCmd, limitsDeleteCmd},
+	summary: "create, read, list and delete global limits, see their history, apply limits files",
+	sub: []*command{limitsSetCmd, limitsGetCmd, limitsListCmd, limitsDeleteCmd, limitsHistoryCmd,
+		limitsPlanCmd, limitsApplyCmd, limitsExportCmd},
 }
 
 // oneID returns the single positional ID argument.

@@ -11,26 +11,36 @@ import (
 
 var limitsDeleteCmd = &command{
 	name:    "delete",
-	args:    "ID [--expect-version V]",
+	args:    "ID --reason TEXT [--expect-version V] [--dry-run]",
 	summary: "delete a limit",
+	detail: `--reason is required and recorded in the limit's history. --dry-run prints
+what the deletion would do and deletes nothing.`,
 	flags: func(f *flagSet) action {
 		var expect int64
 		f.int64Var(&expect, "expect-version", "`V`: delete only if the stored version is V")
+		ch := registerChangeFlags(f, false)
 		return func(ctx context.Context, e *env, args []string) error {
 			id, err := oneID(args)
 			if err != nil {
 				return err
 			}
-			req := &pb.DeleteLimitRequest{Id: id}
+			if err := f.require("reason"); err != nil {
+				return err
+			}
+			req := &pb.DeleteLimitRequest{Id: id, Reason: ch.reason, DryRun: ch.dryRun}
 			if f.isSet("expect-version") {
 				req.ExpectedVersion = &expect
 			}
-			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) error {
-				_, err := c.DeleteLimit(ctx, req, opt)
+			var resp *pb.DeleteLimitResponse
+			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+				resp, err = c.DeleteLimit(ctx, req, opt)
 				return err
 			})
 			if err != nil {
 				return err
+			}
+			if ch.dryRun {
+				return e.printDryRun(resp, resp.GetEffect())
 			}
 			if e.json {
 				_, err = fmt.Fprintf(e.stdout, "{\n  \"id\": %s,\n  \"deleted\": true\n}\n", jsonString(id))

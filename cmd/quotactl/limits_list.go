@@ -4,10 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-
-	"google.golang.org/grpc"
-
-	pb "leasehold/proto/leasehold/v1"
 )
 
 // maxListPages bounds how many pages limits list follows (10 million
@@ -35,30 +31,9 @@ var limitsListCmd = &command{
 			if err := noArgs(args); err != nil {
 				return err
 			}
-			var all []*pb.Limit
-			token := ""
-			for page := 0; ; page++ {
-				if page == maxListPages {
-					return errors.New("more than " + strconv.Itoa(maxListPages) + " pages; narrow the list with --prefix")
-				}
-				req := &pb.ListLimitsRequest{Prefix: prefix, PageSize: pageSize, PageToken: token}
-				var resp *pb.ListLimitsResponse
-				err := e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
-					resp, err = c.ListLimits(ctx, req, opt)
-					return err
-				})
-				if err != nil {
-					return err
-				}
-				all = append(all, resp.GetLimits()...)
-				next := resp.GetNextPageToken()
-				if next == "" {
-					break
-				}
-				if next == token {
-					return errors.New("allocator returned the same page token twice")
-				}
-				token = next
+			all, err := e.listLimits(ctx, prefix, pageSize)
+			if err != nil {
+				return err
 			}
 			return e.printLimits(all)
 		}

@@ -17,7 +17,10 @@ var limitsSetCmd = &command{
 	detail: `set writes the whole limit: settings not given take their defaults, they
 are not kept from the stored version. Use --expect-version to make sure you
 replace the version you read (0: create only). The allocator checks every
-field; its message names the field it refused.`,
+field; its message names the field it refused. --reason is required and
+recorded in the limit's history. A change to an existing limit governs from
+the next window boundary unless --effective now. --dry-run prints what would
+change and its effect on the current window, and writes nothing.`,
 	flags: func(f *flagSet) action {
 		l := &pb.Limit{Lease: &pb.LeaseSettings{}}
 		var window, ttl time.Duration
@@ -42,13 +45,14 @@ field; its message names the field it refused.`,
 		l.Tags = map[string]string{}
 		f.value("tag", "`KEY=VALUE`: a tag; repeatable", func(s string) error { return parseTag(s, l.Tags) })
 		f.int64Var(&expect, "expect-version", "`V`: write only if the stored version is V (0: only if the limit does not exist)")
+		ch := registerChangeFlags(f, true)
 
 		return func(ctx context.Context, e *env, args []string) error {
 			id, err := oneID(args)
 			if err != nil {
 				return err
 			}
-			if err := f.require("limit", "window", "regions", "mode"); err != nil {
+			if err := f.require("limit", "window", "regions", "mode", "reason"); err != nil {
 				return err
 			}
 			l.Id = id
@@ -56,7 +60,7 @@ field; its message names the field it refused.`,
 			if f.isSet("ttl") {
 				l.Lease.Ttl = durationpb.New(ttl)
 			}
-			req := &pb.PutLimitRequest{Limit: l}
+			req := &pb.PutLimitRequest{Limit: l, Reason: ch.reason, Effective: ch.effective, DryRun: ch.dryRun}
 			if f.isSet("expect-version") {
 				req.ExpectedVersion = &expect
 			}
@@ -67,6 +71,9 @@ field; its message names the field it refused.`,
 			})
 			if err != nil {
 				return err
+			}
+			if ch.dryRun {
+				return e.printDryRun(resp, resp.GetEffect())
 			}
 			return e.printLimit(resp.GetLimit())
 		}

@@ -22,7 +22,7 @@ func TestLimitsLifecycle(t *testing.T) {
 	q := func(args ...string) result { return quotactl(append(append([]string{}, at...), args...)...) }
 
 	// Flags after the ID, fallback both repeated and comma separated.
-	r := q("limits", "set", "tenant/atlas", "--limit", "1000", "--window", "1m", "--regions", "eu,us",
+	r := q("limits", "set", "--reason", "test", "tenant/atlas", "--limit", "1000", "--window", "1m", "--regions", "eu,us",
 		"--mode", "bounded", "--fallback", "us=local:100", "--fallback", "eu=closed",
 		"--ttl", "15s", "--min-chunk", "5", "--max-chunk", "100", "--owner", "finance",
 		"--description", "Atlas contract, 2026", "--tag", "tier=gold", "--tag", "team=payments").want(t, 0)
@@ -35,7 +35,7 @@ func TestLimitsLifecycle(t *testing.T) {
 	checkKV(t, kv(t, r.stdout), want)
 
 	// Flags before the ID; global flags after the command; defaults filled in.
-	r = quotactl("limits", "set", "--limit", "50", "--window", "1s", "--regions", "us", "--mode", "strict",
+	r = quotactl("limits", "set", "--reason", "test", "--limit", "50", "--window", "1s", "--regions", "us", "--mode", "strict",
 		"--expect-version", "0", "tenant/beta", "--allocator", ta.addr).want(t, 0)
 	checkKV(t, kv(t, r.stdout), map[string]string{
 		"id": "tenant/beta", "window": "1s", "mode": "strict", "fallback": "us=closed",
@@ -45,15 +45,15 @@ func TestLimitsLifecycle(t *testing.T) {
 	checkKV(t, kv(t, q("limits", "get", "tenant/atlas").want(t, 0).stdout), want)
 
 	// A new version with --expect-version; then the same version again is stale.
-	r = q("limits", "set", "tenant/atlas", "--limit", "2000", "--window", "1m", "--regions", "eu,us",
+	r = q("limits", "set", "--reason", "test", "tenant/atlas", "--limit", "2000", "--window", "1m", "--regions", "eu,us",
 		"--mode", "bounded", "--fallback", "eu=closed,us=local:100", "--expect-version", "1").want(t, 0)
 	checkKV(t, kv(t, r.stdout), map[string]string{"limit": "2000", "version": "2", "owner": ""})
-	r = q("limits", "set", "tenant/atlas", "--limit", "3000", "--window", "1m", "--regions", "eu,us",
+	r = q("limits", "set", "--reason", "test", "tenant/atlas", "--limit", "3000", "--window", "1m", "--regions", "eu,us",
 		"--mode", "bounded", "--expect-version", "1").want(t, 1)
 	if !strings.Contains(r.stderr, "version") || r.stdout != "" {
 		t.Fatalf("stale set: stdout %q stderr %q, want the version conflict", r.stdout, r.stderr)
 	}
-	r = q("limits", "set", "tenant/beta", "--limit", "5", "--window", "1s", "--regions", "us",
+	r = q("limits", "set", "--reason", "test", "tenant/beta", "--limit", "5", "--window", "1s", "--regions", "us",
 		"--mode", "strict", "--expect-version", "0").want(t, 1)
 	if !strings.Contains(r.stderr, "version") {
 		t.Fatalf("create-only set of an existing limit: %q", r.stderr)
@@ -84,11 +84,11 @@ func TestLimitsLifecycle(t *testing.T) {
 	}
 
 	// Delete: a stale version is refused, the right one deletes.
-	r = q("limits", "delete", "tenant/atlas", "--expect-version", "1").want(t, 1)
+	r = q("limits", "delete", "--reason", "test", "tenant/atlas", "--expect-version", "1").want(t, 1)
 	if !strings.Contains(r.stderr, "version") {
 		t.Fatalf("stale delete: %q", r.stderr)
 	}
-	r = q("limits", "delete", "tenant/atlas", "--expect-version", "2").want(t, 0)
+	r = q("limits", "delete", "--reason", "test", "tenant/atlas", "--expect-version", "2").want(t, 0)
 	if r.stdout != "deleted tenant/atlas\n" {
 		t.Fatalf("delete printed %q", r.stdout)
 	}
@@ -96,8 +96,8 @@ func TestLimitsLifecycle(t *testing.T) {
 	if !strings.Contains(r.stderr, "not found") || !strings.Contains(r.stderr, "tenant/atlas") {
 		t.Fatalf("get after delete: %q", r.stderr)
 	}
-	q("limits", "delete", "tenant/atlas").want(t, 1)
-	q("limits", "delete", "tenant/beta").want(t, 0)
+	q("limits", "delete", "--reason", "test", "tenant/atlas").want(t, 1)
+	q("limits", "delete", "--reason", "test", "tenant/beta").want(t, 0)
 	if r := q("limits", "list").want(t, 0); r.stdout != "ID  G  WINDOW  REGIONS  MODE  FALLBACK  VERSION  OWNER\n" {
 		t.Fatalf("empty list printed %q", r.stdout)
 	}
@@ -123,7 +123,7 @@ func TestJSONOutput(t *testing.T) {
 	q := func(args ...string) result {
 		return quotactl(append([]string{"--allocator", ta.addr, "--json"}, args...)...)
 	}
-	r := q("limits", "set", "tenant/atlas", "--limit", "1000", "--window", "1m", "--regions", "us,eu",
+	r := q("limits", "set", "--reason", "test", "tenant/atlas", "--limit", "1000", "--window", "1m", "--regions", "us,eu",
 		"--mode", "bounded", "--fallback", "us=local:100,eu=open", "--tag", "team=payments").want(t, 0)
 	set := &pb.Limit{}
 	if err := protojson.Unmarshal([]byte(r.stdout), set); err != nil {
@@ -149,7 +149,7 @@ func TestJSONOutput(t *testing.T) {
 	}
 
 	for i := range 3 {
-		q("limits", "set", fmt.Sprintf("tenant/t%d", i), "--limit", "10", "--window", "1s",
+		q("limits", "set", "--reason", "test", fmt.Sprintf("tenant/t%d", i), "--limit", "10", "--window", "1s",
 			"--regions", "eu", "--mode", "strict").want(t, 0)
 	}
 	r = q("limits", "list", "--page-size", "2").want(t, 0)
@@ -169,7 +169,7 @@ func TestJSONOutput(t *testing.T) {
 		t.Fatalf("list --json across pages of 2: %v", ids)
 	}
 
-	r = q("limits", "delete", "tenant/t0").want(t, 0)
+	r = q("limits", "delete", "--reason", "test", "tenant/t0").want(t, 0)
 	var del struct {
 		ID      string `json:"id"`
 		Deleted bool   `json:"deleted"`
@@ -188,10 +188,10 @@ func TestListFollowsPages(t *testing.T) {
 	ta := startAllocator(t, etcdtest.Start(t, 1))
 	waitLeader(t, ta)
 	for i := range 7 {
-		quotactl("--allocator", ta.addr, "limits", "set", fmt.Sprintf("tenant/p%02d", i), "--limit", "10",
+		quotactl("--allocator", ta.addr, "limits", "set", "--reason", "test", fmt.Sprintf("tenant/p%02d", i), "--limit", "10",
 			"--window", "1s", "--regions", "eu", "--mode", "strict").want(t, 0)
 	}
-	quotactl("--allocator", ta.addr, "limits", "set", "other/x", "--limit", "10",
+	quotactl("--allocator", ta.addr, "limits", "set", "--reason", "test", "other/x", "--limit", "10",
 		"--window", "1s", "--regions", "eu", "--mode", "strict").want(t, 0)
 	for _, size := range []string{"1", "2", "3", "7", "1000"} {
 		before := ta.gate.served.Load()
@@ -211,7 +211,7 @@ func TestServerValidation(t *testing.T) {
 	ta := startAllocator(t, etcdtest.Start(t, 1))
 	waitLeader(t, ta)
 	base := func(extra ...string) []string {
-		args := []string{"--allocator", ta.addr, "limits", "set", "tenant/atlas", "--limit", "100",
+		args := []string{"--allocator", ta.addr, "limits", "set", "--reason", "test", "tenant/atlas", "--limit", "100",
 			"--window", "1m", "--regions", "eu,us", "--mode", "bounded"}
 		return append(args, extra...)
 	}
@@ -219,7 +219,7 @@ func TestServerValidation(t *testing.T) {
 		args  []string
 		field string
 	}{
-		{[]string{"--allocator", ta.addr, "limits", "set", "tenant/atlas", "--limit", "100",
+		{[]string{"--allocator", ta.addr, "limits", "set", "--reason", "test", "tenant/atlas", "--limit", "100",
 			"--window", "1m", "--regions", "mars", "--mode", "strict"}, "limit.regions[0]"},
 		{base("--regions", "mars"), "limit.regions[2]"},
 		{base("--limit", "0"), "limit.limit_tokens"},
@@ -232,10 +232,10 @@ func TestServerValidation(t *testing.T) {
 		{base("--mode", "strict", "--fallback", "us=open"), "limit.fallback[us]"},
 		{base("--min-chunk", "500"), "limit.lease.min_chunk"},
 		{base("--max-chunk", "-1"), "limit.lease.max_chunk"},
-		{[]string{"--allocator", ta.addr, "limits", "set", "tenant//atlas", "--limit", "1",
+		{[]string{"--allocator", ta.addr, "limits", "set", "--reason", "test", "tenant//atlas", "--limit", "1",
 			"--window", "1m", "--regions", "eu", "--mode", "strict"}, "limit.id"},
 		{[]string{"--allocator", ta.addr, "limits", "get", "bad id!"}, "id"},
-		{[]string{"--allocator", ta.addr, "limits", "delete", "/x"}, "id"},
+		{[]string{"--allocator", ta.addr, "limits", "delete", "--reason", "test", "/x"}, "id"},
 	} {
 		t.Run(strings.Join(tc.args[2:], " "), func(t *testing.T) {
 			r := quotactl(tc.args...).want(t, 1)

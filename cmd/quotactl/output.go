@@ -75,9 +75,15 @@ func (e *env) printLimit(l *pb.Limit) error {
 		{"tags", formatTags(l.GetTags())},
 		{"version", strconv.FormatInt(l.GetVersion(), 10)},
 	}
+	if ts := formatTS(l.GetEffectiveFrom()); ts != "" {
+		rows = append(rows, [2]string{"effective-from", ts})
+	}
+	if p := l.GetPrevious(); p != nil {
+		rows = append(rows, [2]string{"previous", fmt.Sprintf("version %d (limit %d) governs until effective-from", p.GetVersion(), p.GetLimitTokens())})
+	}
 	var b strings.Builder
 	for _, r := range rows {
-		line := fmt.Sprintf("%-12s %s", r[0]+":", cell(r[1], ""))
+		line := fmt.Sprintf("%-15s %s", r[0]+":", cell(r[1], ""))
 		b.WriteString(strings.TrimRight(line, " "))
 		b.WriteByte('\n')
 	}

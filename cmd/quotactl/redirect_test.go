@@ -26,7 +26,7 @@ func TestFollowerRedirect(t *testing.T) {
 		}
 	}
 	setArgs := func(addr, id string) []string {
-		return []string{"--allocator", addr, "limits", "set", id, "--limit", "100",
+		return []string{"--allocator", addr, "limits", "set", "--reason", "test", id, "--limit", "100",
 			"--window", "1m", "--regions", "eu", "--mode", "strict"}
 	}
 

@@ -24,8 +24,8 @@ func TestUnreachable(t *testing.T) {
 			{"limits", "get", "tenant/atlas"},
 			{"limits", "list"},
 			{"windows", "tenant/atlas", "--last", "5"},
-			{"--json", "limits", "delete", "tenant/atlas"},
-			{"limits", "set", "tenant/atlas", "--limit", "5", "--window", "1m", "--regions", "eu", "--mode", "strict"},
+			{"--json", "limits", "delete", "--reason", "test", "tenant/atlas"},
+			{"limits", "set", "--reason", "test", "tenant/atlas", "--limit", "5", "--window", "1m", "--regions", "eu", "--mode", "strict"},
 		} {
 			t.Run(tc.name+" "+strings.Join(args, " "), func(t *testing.T) {
 				start := time.Now()

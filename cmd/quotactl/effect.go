@@ -1,0 +1,116 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// maxReason bounds --reason; the allocator records it with every change.
+const maxReason = 1000
+
+// changeFlags are the flags of every command that changes limits.
+type changeFlags struct {
+	reason    string
+	effective pb.Effective
+	dryRun    bool
+}
+
+// registerChangeFlags declares --reason and --dry-run on f, and
+// --effective when withEffective (a deletion has no effective time).
+func registerChangeFlags(f *flagSet, withEffective bool) *changeFlags {
+	c := &changeFlags{}
+	f.value("reason", "`TEXT`: why, recorded in the limit's history and the audit log (required)", func(s string) error {
+		s = strings.TrimSpace(s)
+		switch {
+		case s == "":
+			return errors.New("want a non-empty reason")
+		case len(s) > maxReason:
+			return fmt.Errorf("want at most %d bytes", maxReason)
+		}
+		c.reason = s
+		return nil
+	})
+	if withEffective {
+		f.value("effective", "`now|next-window`: when a change to an existing limit governs (default next-window; creating is always immediate)", func(s string) error {
+			switch s {
+			case "now":
+				c.effective = pb.Effective_EFFECTIVE_NOW
+			case "next-window":
+				c.effective = pb.Effective_EFFECTIVE_NEXT_WINDOW
+			default:
+				return errors.New("want now or next-window")
+			}
+			return nil
+		})
+	}
+	f.boolVar(&c.dryRun, "dry-run", "show what would change and its effect on the current window; write nothing")
+	return c
+}
+
+// printDryRun prints a dry run's answer: resp as JSON, or the effect for
+// people.
+func (e *env) printDryRun(resp proto.Message, eff *pb.ChangeEffect) error {
+	if e.json {
+		return writeJSON(e.stdout, false, resp)
+	}
+	var b strings.Builder
+	b.WriteString("dry run: nothing was written\n")
+	writeEffect(&b, eff)
+	_, err := io.WriteString(e.stdout, b.String())
+	return err
+}
+
+// writeEffect writes one change's effect as "key: value" lines: what
+// changes, from when, and what it does to the current window.
+func writeEffect(w io.Writer, eff *pb.ChangeEffect) {
+	kv := func(k, v string) { fmt.Fprintf(w, "%-15s %s\n", k+":", v) }
+	kv("limit", cell(eff.GetLimitId(), "-"))
+	kv("action", cell(eff.GetAction(), "-"))
+	if len(eff.GetChanges()) == 0 {
+		kv("changes", "none")
+	} else {
+		io.WriteString(w, "changes:\n")
+		ds := make([]fieldDiff, len(eff.GetChanges()))
+		for i, c := range eff.GetChanges() {
+			ds[i] = fieldDiff{c.GetField(), c.GetOld(), c.GetNew()}
+		}
+		writeFieldDiffs(w, "  ", false, ds)
+	}
+	if eff.GetAction() == "delete" {
+		kv("effective-from", "now (a deleted limit grants nothing more)")
+	} else {
+		kv("effective-from", cell(formatTS(eff.GetEffectiveFrom()), "-"))
+	}
+	if eff.GetWindowStart() == nil {
+		kv("window", "none yet (a new limit)")
+	} else {
+		kv("window", fmt.Sprintf("%s (running), G %d", formatTS(eff.GetWindowStart()), eff.GetCurrentLimitTokens()))
+		kv("granted", strconv.FormatInt(eff.GetGranted(), 10))
+		kv("admitted", strconv.FormatInt(eff.GetAdmitted(), 10))
+	}
+	if eff.GetAction() != "delete" {
+		kv("new-g", strconv.FormatInt(eff.GetNewLimitTokens(), 10))
+	}
+	if eff.GetWindowStart() != nil {
+		kv("pool-after", strconv.FormatInt(eff.GetPoolAfter(), 10))
+		denying := "none"
+		if len(eff.GetRegionsDenying()) > 0 {
+			denying = oneLine(strings.Join(eff.GetRegionsDenying(), ","))
+		}
+		kv("denying", denying)
+	}
+	if eff.GetAction() != "delete" {
+		bound := strconv.FormatInt(eff.GetBound(), 10)
+		if eff.GetBoundInfinite() {
+			bound = "+Inf"
+		}
+		kv("bound", bound)
+	}
+}

@@ -1,0 +1,706 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	yaml "go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"leasehold/allocator"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// A limits file declares limits (docs/quotactl.md, "Limits files"):
+//
+//	manage: [tenant/]          # scope: limits under it absent below are deleted
+//	limits:
+//	  - id: tenant/atlas
+//	    limit: 1000            # G
+//	    window: 1m
+//	    regions: [eu, us]
+//	    mode: bounded
+//	    fallback: {eu: closed, us: "local:100"}
+//	    lease: {ttl: 15s, min_chunk: 1, max_chunk: 0}
+//	    owner: finance
+//	    description: Atlas contract
+//	    tags: {plan: gold}
+//
+// Decoding is strict: unknown keys, duplicate keys, aliases, a second
+// document and values of the wrong shape are refused with the file, the
+// line and the key. Each limit is then validated as the allocator would
+// (except that its regions are not checked against the allocator's).
+
+// Bounds on a limits file.
+const (
+	maxLimitsFile   = 4 << 20 // bytes
+	maxFileLimits   = 10000
+	maxManageScopes = 100
+)
+
+// Scope "*" in manage: every limit.
+const manageAll = "*"
+
+// limitsFile is a decoded, validated limits file.
+type limitsFile struct {
+	path   string
+	manage []string // nil: no "manage" key, so nothing is deleted
+	limits []*fileLimit
+}
+
+// fileLimit is one limit of a file: normalized as the allocator stores it
+// (defaults filled in, regions sorted), and where it was written.
+type fileLimit struct {
+	limit *pb.Limit
+	line  int
+}
+
+// fileError is a limits file refused at a line (0: the whole file).
+type fileError struct {
+	path string
+	line int
+	msg  string
+}
+
+func (e *fileError) Error() string {
+	if e.line > 0 {
+		return fmt.Sprintf("%s:%d: %s", e.path, e.line, e.msg)
+	}
+	return fmt.Sprintf("%s: %s", e.path, e.msg)
+}
+
+// at is an error at node n, made a fileError by decodeLimitsFile.
+type at struct {
+	line int
+	msg  string
+}
+
+func (a *at) Error() string { return a.msg }
+
+func errAt(n *yaml.Node, format string, args ...any) error {
+	return &at{line: n.Line, msg: fmt.Sprintf(format, args...)}
+}
+
+var yamlLineRe = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
+
+// decodeLimitsFile decodes and validates a limits file. Every error is a
+// *fileError naming path and, whenever the input has one, the line.
+func decodeLimitsFile(path string, data []byte) (lf *limitsFile, err error) {
+	defer func() {
+		// The YAML parser is third-party code fed user input: a panic
+		// in it refuses the file, it does not crash quotactl.
+		if r := recover(); r != nil {
+			lf, err = nil, &fileError{path: path, line: 1, msg: fmt.Sprintf("cannot parse: %v", r)}
+		}
+	}()
+	if len(data) > maxLimitsFile {
+		return nil, &fileError{path: path, line: 1, msg: fmt.Sprintf("larger than %d bytes", maxLimitsFile)}
+	}
+	if !utf8.Valid(data) {
+		return nil, &fileError{path: path, line: invalidUTF8Line(data), msg: "not UTF-8 text"}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &fileError{path: path, line: 1, msg: `empty file: want a mapping with "limits"`}
+		}
+		return nil, yamlFileError(path, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, &fileError{path: path, line: max(extra.Line, 1), msg: "more than one YAML document"}
+	} else if !errors.Is(err, io.EOF) {
+		return nil, yamlFileError(path, err)
+	}
+	lf = &limitsFile{path: path}
+	if err := lf.build(&doc); err != nil {
+		var a *at
+		if errors.As(err, &a) {
+			return nil, &fileError{path: path, line: max(a.line, 1), msg: a.msg}
+		}
+		return nil, &fileError{path: path, line: 1, msg: err.Error()}
+	}
+	return lf, nil
+}
+
+// invalidUTF8Line is the line of the first invalid UTF-8 byte.
+func invalidUTF8Line(data []byte) int {
+	line := 1
+	for len(data) > 0 {
+		r, n := utf8.DecodeRune(data)
+		if r == utf8.RuneError && n <= 1 {
+			return line
+		}
+		if r == '\n' {
+			line++
+		}
+		data = data[n:]
+	}
+	return line
+}
+
+// yamlFileError restates a parser error ("yaml: line 3: ...").
+func yamlFileError(path string, err error) error {
+	msg := oneLine(err.Error())
+	if sm := yamlLineRe.FindStringSubmatch(msg); sm != nil {
+		line, _ := strconv.Atoi(sm[1])
+		return &fileError{path: path, line: max(line, 1), msg: "invalid YAML: " + sm[2]}
+	}
+	return &fileError{path: path, line: 1, msg: "invalid YAML: " + msg}
+}
+
+func (lf *limitsFile) build(doc *yaml.Node) error {
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 {
+		return errAt(doc, `want a mapping with "limits"`)
+	}
+	root := doc.Content[0]
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return errAt(root, `empty file: want a mapping with "limits"`)
+	}
+	fields, err := mappingOf(root, "the file", "manage", "limits")
+	if err != nil {
+		return err
+	}
+	if m, ok := fields["manage"]; ok {
+		if lf.manage, err = decodeManage(m.val); err != nil {
+			return err
+		}
+	}
+	ln, ok := fields["limits"]
+	if !ok {
+		return errAt(root, `"limits" is required (an empty list is "limits: []")`)
+	}
+	if ln.val.Kind == yaml.ScalarNode && ln.val.Tag == "!!null" {
+		return nil // "limits:" with nothing: no limits
+	}
+	if err := wantKind(ln.val, yaml.SequenceNode, "limits", "a list of limits"); err != nil {
+		return err
+	}
+	if len(ln.val.Content) > maxFileLimits {
+		return errAt(ln.val, "limits: more than %d limits", maxFileLimits)
+	}
+	first := map[string]int{}
+	for i, n := range ln.val.Content {
+		if err := wantKind(n, yaml.MappingNode, fmt.Sprintf("limits[%d]", i), "a limit (a mapping)"); err != nil {
+			return err
+		}
+		fl, err := decodeFileLimit(n, fmt.Sprintf("limits[%d]", i))
+		if err != nil {
+			return err
+		}
+		id := fl.limit.Id
+		if line, dup := first[id]; dup {
+			return errAt(n, "limits[%d]: %s: declared twice (first at line %d)", i, id, line)
+		}
+		first[id] = fl.line
+		if lf.manage != nil && !lf.inManage(id) {
+			return errAt(n, "limits[%d]: %s: outside the file's scope (manage: %s)", i, id, strings.Join(lf.manage, ", "))
+		}
+		lf.limits = append(lf.limits, fl)
+	}
+	return nil
+}
+
+// inManage reports whether id falls under one of the manage prefixes.
+func (lf *limitsFile) inManage(id string) bool { return inScopes(lf.manage, id) }
+
+func inScopes(scopes []string, id string) bool {
+	for _, p := range scopes {
+		if p == manageAll || strings.HasPrefix(id, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func decodeManage(n *yaml.Node) ([]string, error) {
+	var items []*yaml.Node
+	switch n.Kind {
+	case yaml.ScalarNode:
+		items = []*yaml.Node{n}
+	case yaml.SequenceNode:
+		items = n.Content
+	default:
+		return nil, errAt(n, `manage: want a list of id prefixes, e.g. [tenant/], or "*" for every limit`)
+	}
+	if len(items) == 0 {
+		return nil, errAt(n, `manage: empty: give id prefixes (e.g. [tenant/]) or "*", or leave "manage" out to delete nothing`)
+	}
+	if len(items) > maxManageScopes {
+		return nil, errAt(n, "manage: more than %d prefixes", maxManageScopes)
+	}
+	out := make([]string, 0, len(items))
+	for i, it := range items {
+		s, err := scalarString(it, fmt.Sprintf("manage[%d]", i))
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case s == "":
+			return nil, errAt(it, `manage[%d]: empty prefix: write "*" to manage every limit`, i)
+		case s != manageAll && strings.Contains(s, "*"):
+			return nil, errAt(it, `manage[%d]: %q: a prefix is plain text ("tenant/"); "*" alone means every limit`, i, s)
+		case len(s) > 200:
+			return nil, errAt(it, "manage[%d]: longer than 200 characters", i)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// field is one key of a mapping and its value.
+type field struct {
+	key, val *yaml.Node
+}
+
+// mappingOf checks that n is a mapping whose keys are all among allowed,
+// none twice, and returns them by key.
+func mappingOf(n *yaml.Node, what string, allowed ...string) (map[string]field, error) {
+	if err := wantKind(n, yaml.MappingNode, what, "a mapping"); err != nil {
+		return nil, err
+	}
+	out := map[string]field{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			return nil, errAt(k, "%s: keys must be plain words", what)
+		}
+		if v.Kind == yaml.AliasNode {
+			return nil, errAt(v, "%s.%s: aliases (*name) are not supported", what, k.Value)
+		}
+		if !slices.Contains(allowed, k.Value) {
+			return nil, errAt(k, "%s: unknown key %q (want %s)", what, k.Value, strings.Join(allowed, ", "))
+		}
+		if prev, dup := out[k.Value]; dup {
+			return nil, errAt(k, "%s: key %q given twice (first at line %d)", what, k.Value, prev.key.Line)
+		}
+		out[k.Value] = field{k, v}
+	}
+	return out, nil
+}
+
+// kindNames names node kinds in errors.
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "nothing"
+		}
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "a document"
+}
+
+func wantKind(n *yaml.Node, kind yaml.Kind, what, want string) error {
+	if n.Kind == yaml.AliasNode {
+		return errAt(n, "%s: aliases (*name) are not supported", what)
+	}
+	if n.Kind != kind {
+		return errAt(n, "%s: want %s, got %s", what, want, kindName(n))
+	}
+	return nil
+}
+
+// scalarString returns a scalar's text; null is "".
+func scalarString(n *yaml.Node, what string) (string, error) {
+	if err := wantKind(n, yaml.ScalarNode, what, "a text value"); err != nil {
+		return "", err
+	}
+	if n.Tag == "!!null" {
+		return "", nil
+	}
+	return n.Value, nil
+}
+
+func scalarInt(n *yaml.Node, what string) (int64, error) {
+	s, err := scalarString(n, what)
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, errAt(n, "%s: %q: want a whole number", what, s)
+	}
+	return v, nil
+}
+
+func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
+	s, err := scalarString(n, what)
+	if err != nil {
+		return nil, err
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return nil, errAt(n, "%s: %q: want a duration with a unit, such as 30s, 1m or 1h30m", what, s)
+	}
+	return durationpb.New(d), nil
+}
+
+// limitKeys are the keys of one limit, in the order export writes them.
+var limitKeys = []string{"id", "limit", "window", "regions", "mode", "fallback", "lease", "owner", "description", "tags"}
+
+// decodeFileLimit decodes one limit and validates it. lines maps the
+// allocator's field names (limit_tokens, lease.ttl, ...) to lines, so a
+// validation error points at the value it refuses.
+func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
+	f, err := mappingOf(n, what, limitKeys...)
+	if err != nil {
+		return nil, err
+	}
+	l := &pb.Limit{}
+	lines := map[string]int{}
+	req := func(key string) (*yaml.Node, error) {
+		fv, ok := f[key]
+		if !ok || (fv.val.Kind == yaml.ScalarNode && fv.val.Tag == "!!null") {
+			return nil, errAt(n, "%s: %q is required", what, key)
+		}
+		return fv.val, nil
+	}
+	idn, err := req("id")
+	if err != nil {
+		return nil, err
+	}
+	if l.Id, err = scalarString(idn, what+".id"); err != nil {
+		return nil, err
+	}
+	if err := allocator.ValidateLimitID("id", l.Id); err != nil {
+		return nil, errAt(idn, "%s: %v", what, err)
+	}
+	what = l.Id // later messages name the limit
+	lines["id"] = idn.Line
+	for _, key := range []string{"limit", "window", "regions", "mode"} {
+		v, err := req(key)
+		if err != nil {
+			return nil, errAt(n, "%s: %q is required", l.Id, key)
+		}
+		w := what + ": " + key
+		switch key {
+		case "limit":
+			l.LimitTokens, err = scalarInt(v, w)
+			lines["limit_tokens"] = v.Line
+		case "window":
+			l.Window, err = scalarDuration(v, w)
+			lines["window"] = v.Line
+		case "regions":
+			l.Regions, err = decodeRegions(v, w)
+			lines["regions"] = v.Line
+			for i, r := range v.Content {
+				lines[fmt.Sprintf("regions[%d]", i)] = r.Line
+			}
+		case "mode":
+			var s string
+			if s, err = scalarString(v, w); err == nil {
+				if l.Mode, err = parseMode(s); err != nil {
+					err = errAt(v, "%s: %q: want strict or bounded", w, s)
+				}
+			}
+			lines["mode"] = v.Line
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if fv, ok := f["fallback"]; ok {
+		lines["fallback"] = fv.val.Line
+		if l.Fallback, err = decodeFallback(fv.val, what+": fallback", lines); err != nil {
+			return nil, err
+		}
+	}
+	l.Lease = &pb.LeaseSettings{}
+	if fv, ok := f["lease"]; ok {
+		lines["lease"] = fv.val.Line
+		if err := decodeLease(fv.val, what+": lease", l.Lease, lines); err != nil {
+			return nil, err
+		}
+	}
+	for _, key := range []string{"owner", "description"} {
+		fv, ok := f[key]
+		if !ok {
+			continue
+		}
+		s, err := scalarString(fv.val, what+": "+key)
+		if err != nil {
+			return nil, err
+		}
+		lines[key] = fv.val.Line
+		if key == "owner" {
+			l.Owner = s
+		} else {
+			l.Description = s
+		}
+	}
+	if fv, ok := f["tags"]; ok {
+		lines["tags"] = fv.val.Line
+		if l.Tags, err = decodeTags(fv.val, what+": tags", lines); err != nil {
+			return nil, err
+		}
+	}
+	norm, err := normalizeLimit(l)
+	if err != nil {
+		var fe *allocator.FieldError
+		if errors.As(err, &fe) {
+			name := strings.TrimPrefix(fe.Field, "limit.")
+			return nil, &at{line: lineOf(lines, name, n.Line), msg: fmt.Sprintf("%s: %s: %s", l.Id, fileFieldName(name), fe.Reason)}
+		}
+		return nil, errAt(n, "%s: %v", l.Id, err)
+	}
+	return &fileLimit{limit: norm, line: n.Line}, nil
+}
+
+// normalizeLimit validates l as the allocator does, except for knowing the
+// allocator's regions, and returns it as it would be stored: defaults
+// filled in, regions sorted, explicit fallback for every region.
+func normalizeLimit(l *pb.Limit) (*pb.Limit, error) {
+	norm, err := allocator.ValidateLimit(l, l.GetRegions())
+	if err != nil {
+		return nil, err
+	}
+	norm.Version, norm.EffectiveFrom, norm.Previous = 0, nil, nil
+	return norm, nil
+}
+
+// lineOf is the line of the most specific recorded field that name
+// starts with ("fallback[eu].local_tokens" -> "fallback[eu]").
+func lineOf(lines map[string]int, name string, def int) int {
+	for name != "" {
+		if l, ok := lines[name]; ok {
+			return l
+		}
+		i := strings.LastIndexAny(name, ".[")
+		if i < 0 {
+			break
+		}
+		name = name[:i]
+	}
+	return def
+}
+
+// fileFieldName turns the allocator's field name into the file's:
+// limit_tokens -> limit, fallback[eu] -> fallback.eu.
+func fileFieldName(name string) string {
+	name = strings.Replace(name, "limit_tokens", "limit", 1)
+	if rest, ok := strings.CutPrefix(name, "fallback["); ok {
+		if region, tail, ok := strings.Cut(rest, "]"); ok {
+			name = "fallback." + region + tail
+		}
+	}
+	if rest, ok := strings.CutPrefix(name, "tags["); ok {
+		if key, tail, ok := strings.Cut(rest, "]"); ok {
+			name = "tags." + key + tail
+		}
+	}
+	return name
+}
+
+func decodeRegions(n *yaml.Node, what string) ([]string, error) {
+	if err := wantKind(n, yaml.SequenceNode, what, "a list, e.g. [eu, us]"); err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(n.Content))
+	for i, r := range n.Content {
+		s, err := scalarString(r, fmt.Sprintf("%s[%d]", what, i))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func decodeFallback(n *yaml.Node, what string, lines map[string]int) (map[string]*pb.Fallback, error) {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil, nil
+	}
+	if err := wantKind(n, yaml.MappingNode, what, `a mapping of region to closed, open or "local:A", e.g. {eu: closed, us: "local:100"}`); err != nil {
+		return nil, err
+	}
+	out := map[string]*pb.Fallback{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		region, err := scalarString(k, what+" key")
+		if err != nil {
+			return nil, err
+		}
+		w := what + "." + region
+		if _, dup := out[region]; dup {
+			return nil, errAt(k, "%s: given twice", w)
+		}
+		s, err := scalarString(v, w)
+		if err != nil {
+			return nil, err
+		}
+		fb, err := parseFallbackKind(s)
+		if err != nil {
+			return nil, errAt(v, "%s: %q: want closed, open or local:A (A a whole number)", w, s)
+		}
+		out[region] = fb
+		lines["fallback["+region+"]"] = v.Line
+	}
+	return out, nil
+}
+
+func decodeLease(n *yaml.Node, what string, ls *pb.LeaseSettings, lines map[string]int) error {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	f, err := mappingOf(n, what, "ttl", "min_chunk", "max_chunk")
+	if err != nil {
+		return err
+	}
+	if fv, ok := f["ttl"]; ok {
+		if ls.Ttl, err = scalarDuration(fv.val, what+".ttl"); err != nil {
+			return err
+		}
+		lines["lease.ttl"] = fv.val.Line
+	}
+	if fv, ok := f["min_chunk"]; ok {
+		if ls.MinChunk, err = scalarInt(fv.val, what+".min_chunk"); err != nil {
+			return err
+		}
+		lines["lease.min_chunk"] = fv.val.Line
+	}
+	if fv, ok := f["max_chunk"]; ok {
+		if ls.MaxChunk, err = scalarInt(fv.val, what+".max_chunk"); err != nil {
+			return err
+		}
+		lines["lease.max_chunk"] = fv.val.Line
+	}
+	return nil
+}
+
+func decodeTags(n *yaml.Node, what string, lines map[string]int) (map[string]string, error) {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil, nil
+	}
+	if err := wantKind(n, yaml.MappingNode, what, "a mapping of key to value, e.g. {plan: gold}"); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		key, err := scalarString(k, what+" key")
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := out[key]; dup {
+			return nil, errAt(k, "%s.%s: given twice", what, key)
+		}
+		val, err := scalarString(v, what+"."+key)
+		if err != nil {
+			return nil, err
+		}
+		out[key] = val
+		lines["tags["+key+"]"] = v.Line
+	}
+	return out, nil
+}
+
+// encodeLimitsFile writes limits (sorted by id) as a limits file that
+// decodes back to the same limits. manage is written when not nil.
+func encodeLimitsFile(w io.Writer, manage []string, limits []*pb.Limit) error {
+	root := &yaml.Node{Kind: yaml.MappingNode}
+	if manage != nil {
+		seq := &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
+		for _, m := range manage {
+			seq.Content = append(seq.Content, str(m))
+		}
+		root.Content = append(root.Content, str("manage"), seq)
+	}
+	ls := &yaml.Node{Kind: yaml.SequenceNode}
+	sorted := slices.Clone(limits)
+	slices.SortFunc(sorted, func(a, b *pb.Limit) int { return strings.Compare(a.GetId(), b.GetId()) })
+	for _, l := range sorted {
+		ls.Content = append(ls.Content, limitNode(l))
+	}
+	root.Content = append(root.Content, str("limits"), ls)
+	root.HeadComment = "Leasehold limits, as written by quotactl limits export.\n" +
+		"Review changes with: quotactl limits plan -f FILE -o plan.json"
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(root); err != nil {
+		return fmt.Errorf("encode YAML: %v", err)
+	}
+	if err := enc.Close(); err != nil {
+		return fmt.Errorf("encode YAML: %v", err)
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// str is a string scalar, quoted when YAML would read it as anything else.
+func str(s string) *yaml.Node {
+	n := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s}
+	if strings.Contains(s, ":") {
+		n.Style = yaml.DoubleQuotedStyle
+	}
+	return n
+}
+
+func intNode(v int64) *yaml.Node {
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.FormatInt(v, 10)}
+}
+
+func flowMap(kv ...*yaml.Node) *yaml.Node {
+	return &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle, Content: kv}
+}
+
+// limitNode is one limit as export writes it: every setting explicit
+// (fallback for every region, lease settings), empty texts and tags left
+// out.
+func limitNode(l *pb.Limit) *yaml.Node {
+	n := &yaml.Node{Kind: yaml.MappingNode}
+	add := func(k string, v *yaml.Node) { n.Content = append(n.Content, str(k), v) }
+	add("id", str(l.GetId()))
+	add("limit", intNode(l.GetLimitTokens()))
+	add("window", str(formatDuration(l.GetWindow())))
+	regions := &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
+	for _, r := range slices.Sorted(slices.Values(l.GetRegions())) {
+		regions.Content = append(regions.Content, str(r))
+	}
+	add("regions", regions)
+	add("mode", str(modeName(l.GetMode())))
+	fb := flowMap()
+	for _, r := range slices.Sorted(slices.Values(l.GetRegions())) {
+		kind := "closed"
+		if f, ok := l.GetFallback()[r]; ok {
+			kind = formatFallbackKind(f)
+		}
+		fb.Content = append(fb.Content, str(r), str(kind))
+	}
+	add("fallback", fb)
+	add("lease", flowMap(
+		str("ttl"), str(formatDuration(l.GetLease().GetTtl())),
+		str("min_chunk"), intNode(l.GetLease().GetMinChunk()),
+		str("max_chunk"), intNode(l.GetLease().GetMaxChunk())))
+	if l.GetOwner() != "" {
+		add("owner", str(l.GetOwner()))
+	}
+	if l.GetDescription() != "" {
+		add("description", str(l.GetDescription()))
+	}
+	if len(l.GetTags()) > 0 {
+		tags := flowMap()
+		for _, k := range slices.Sorted(maps.Keys(l.GetTags())) {
+			tags.Content = append(tags.Content, str(k), str(l.GetTags()[k]))
+		}
+		add("tags", tags)
+	}
+	return n
+}
