@@ -148,6 +148,11 @@ type Agent struct {
 	mu     sync.Mutex // protects states
 	states map[string]*limitState
 
+	retMu sync.Mutex // protects unreturned
+	// unreturned are returns of closed leases the allocator has not
+	// acknowledged (it was unreachable), by limit: sent again until it does.
+	unreturned map[string][]*pb.LeaseReturn
+
 	seq atomic.Uint64 // request id sequence
 	// nonce makes this process's request ids new even when a replica is
 	// restarted with the same id (the allocator remembers request ids for
@@ -505,6 +510,17 @@ func (a *Agent) retryAfter(spent bool, reset time.Duration) time.Duration {
 func (a *Agent) fallback(ctx context.Context, now time.Time, views []*limitView, sts []*limitState, keys []string,
 	costs []int64, wins []lease.Window, out []Decision) ([]Decision, error) {
 	unavailable := func() ([]Decision, error) {
+		for i, l := range views {
+			if l.fallback.Kind == pb.FallbackKind_FALLBACK_KIND_CLOSED {
+				st := sts[i]
+				st.mu.Lock()
+				if !st.fallbackOn {
+					st.fallbackOn = true
+					a.m.fallbackMode.WithLabelValues(l.id).Set(float64(l.fallback.Kind))
+				}
+				st.mu.Unlock()
+			}
+		}
 		for i := range out {
 			out[i].Allowed, out[i].Reason = false, pb.Reason_REASON_UNAVAILABLE
 			out[i].RetryAfter = time.Second + time.Duration(mrand.Int64N(int64(time.Second)))

@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		fallbackMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "leasehold_agent_fallback_mode",
-			Help: "Fail mode in force per limit while the agent admits under it: 2 local, 3 open (absent otherwise).",
+			Help: "Fail mode in force per limit while the agent cannot get leases: 1 closed (denying), 2 local, 3 open (absent otherwise).",
 		}, []string{"limit"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_agent_usage_reports_total",

@@ -269,6 +269,12 @@ func (a *Agent) evaluate(ctx context.Context, id string) {
 	a.log.Debug("renewal: evaluated", "limit", id, "window", w.Index, "spendable", bal.Spendable, "held", p.Held,
 		"pending", bal.Pending, "rate", rate, "low", p.Low, "acquire", p.Acquire, "next", p.AcquireNext,
 		"surplus", len(p.Surplus), "expired", len(p.Close))
+	a.retMu.Lock()
+	unreturned := len(a.unreturned[id]) > 0
+	a.retMu.Unlock()
+	if unreturned {
+		a.returnLeases(ctx, id, nil)
+	}
 	if p.Idle() {
 		return
 	}
@@ -527,18 +533,47 @@ func (a *Agent) closeAndReturn(ctx context.Context, l *limitView, key string, id
 
 // returnLeases tells the allocator leases are closed with unspent tokens.
 func (a *Agent) returnLeases(ctx context.Context, limit string, rets []*pb.LeaseReturn) {
+	a.retMu.Lock()
+	if old := a.unreturned[limit]; len(old) > 0 {
+		seen := map[string]bool{}
+		for _, r := range rets {
+			seen[r.LeaseId] = true
+		}
+		for _, r := range old {
+			if !seen[r.LeaseId] {
+				rets = append(rets, r)
+			}
+		}
+		delete(a.unreturned, limit)
+	}
+	a.retMu.Unlock()
+	if len(rets) == 0 {
+		return
+	}
 	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
 		_, err := cl.ReturnLeases(ctx, &pb.ReturnLeasesRequest{Region: a.cfg.Region, Returns: rets}, opts...)
 		return err
 	})
 	if err != nil {
-		a.log.Warn("lease return failed; the tokens stay counted as spent", "limit", limit, "leases", len(rets), "err", err)
+		a.log.Warn("lease return failed; sent again when the allocator answers", "limit", limit, "leases", len(rets), "err", err)
+		a.retMu.Lock()
+		if a.unreturned == nil {
+			a.unreturned = map[string][]*pb.LeaseReturn{}
+		}
+		a.unreturned[limit] = append(a.unreturned[limit], rets...)
+		if n := len(a.unreturned[limit]); n > maxUnreturned {
+			a.unreturned[limit] = a.unreturned[limit][n-maxUnreturned:]
+		}
+		a.retMu.Unlock()
 		return
 	}
 	for _, r := range rets {
 		a.m.returned.Add(float64(r.Unspent))
 	}
 }
+
+// maxUnreturned bounds the unacknowledged returns kept per limit.
+const maxUnreturned = 1024
 
 // reportLoop sends the regional usage counts of the current and previous
 // windows of every active limit: the shared bucket's counts, which every

@@ -23,12 +23,12 @@ const ReportEnv = "LEASEHOLD_FAULTS_REPORT"
 const ReportHeader = `# Fault scenarios: measured figures
 
 This page is produced by the fault scenarios themselves
-(` + "`regionagent/faulttest/scenarios_test.go`" + `): real ` + "`leasehold`" + ` binaries,
+(` + "`regionagent/faulttest/scenario*_test.go`" + `): real ` + "`leasehold`" + ` binaries,
 real redis-server, real etcd, faults injected by the harness's TCP proxy
 and by SIGKILL / etcd hard stops. Each scenario counts the tokens admitted
 per window from the Check answers it received and holds them against G and
 against the bound the allocator reports. Regenerate it from the
-repository's root with (about 6 minutes on a 2-core machine)
+repository's root with (about 8 minutes on a 2-core machine)
 
 ` + "```" + `
 LEASEHOLD_FAULTS_REPORT=docs/faults.md go test ./regionagent/faulttest/ -run Scenario -count=1 -v -timeout 20m
@@ -36,9 +36,7 @@ LEASEHOLD_FAULTS_REPORT=docs/faults.md go test ./regionagent/faulttest/ -run Sce
 
 The scenarios run in CI (` + "`make test LONG=1`" + `; ` + "`-short`" + ` skips them) with the same
 assertions; the figures below are from one run, so timings vary a little
-between runs. Scenarios 2 (partition with fail modes) and 5 (Redis down:
-in-process leases) are not here yet: they need agent features still being
-written.
+between runs.
 
 Columns of the window tables: **G** the limit; **admitted (test)** tokens
 admitted in the window per region, counted by the test from the answers
@@ -57,10 +55,11 @@ scenario's load.
 `
 
 var report struct {
-	once sync.Once
-	mu   sync.Mutex
-	path string
-	err  error
+	once     sync.Once
+	mu       sync.Mutex
+	path     string
+	err      error
+	sections map[string]string // by title: the file lists them in title order
 }
 
 // reportPath resolves $LEASEHOLD_FAULTS_REPORT ("" when unset).
@@ -203,8 +202,9 @@ func modeNames() []string {
 }
 
 // WriteReport logs the report and, when $LEASEHOLD_FAULTS_REPORT is set,
-// appends it to that file (the first report of the test binary truncates
-// the file and writes ReportHeader first). origin is the scenario's time 0.
+// writes it to that file: ReportHeader, then every report of the test
+// binary so far in title order ("1. ...", "2. ...": tests run in file
+// order, not in scenario order). origin is the scenario's time 0.
 func WriteReport(t testing.TB, r Report, origin time.Time) {
 	t.Helper()
 	md := r.Markdown(origin)
@@ -225,13 +225,21 @@ func WriteReport(t testing.TB, r Report, origin time.Time) {
 	}
 	report.mu.Lock()
 	defer report.mu.Unlock()
-	f, err := os.OpenFile(report.path, os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Errorf("faulttest: report: %v", err)
-		return
+	if report.sections == nil {
+		report.sections = map[string]string{}
 	}
-	defer f.Close()
-	if _, err := f.WriteString(md); err != nil {
+	report.sections[r.Title] = md
+	titles := make([]string, 0, len(report.sections))
+	for title := range report.sections {
+		titles = append(titles, title)
+	}
+	sort.Strings(titles)
+	var b strings.Builder
+	b.WriteString(ReportHeader)
+	for _, title := range titles {
+		b.WriteString(report.sections[title])
+	}
+	if err := os.WriteFile(report.path, []byte(b.String()), 0o644); err != nil {
 		t.Errorf("faulttest: report: %v", err)
 	}
 }

@@ -26,25 +26,8 @@ const redisUpMetric = "leasehold_agent_redis_up"
 // restarted from zero.
 func TestScenario5RedisKilled(t *testing.T) {
 	skipShort(t)
-	s := &scenario{t: t, G: 300}
-	s.allocs = []*faulttest.Process{faulttest.StartAllocator(t, faulttest.AllocatorOptions{Retention: 10 * time.Minute})}
-	s.grants = faulttest.WatchGrants(t, []string{s.allocs[0].EtcdEndpoint})
-	rs := redisOf(t)
-	alloc := []string{s.allocs[0].GRPCAddr}
-	eu1 := faulttest.StartAgent(t, faulttest.AgentOptions{Region: "eu", ReplicaID: "eu-1", Allocators: alloc, Redis: rs["eu"].Addr()})
-	eu2 := faulttest.StartAgent(t, faulttest.AgentOptions{Region: "eu", ReplicaID: "eu-2", Allocators: alloc, Redis: rs["eu"].Addr()})
-	us1 := faulttest.StartAgent(t, faulttest.AgentOptions{Region: "us", ReplicaID: "us-1", Allocators: alloc, Redis: rs["us"].Addr()})
-	s.putLimit(0)
-	s.waitKnown(eu1, eu2, us1)
-
-	start := time.Now()
-	s.origin = nextWindowStart(start, 0)
-	killAt := s.origin.Add(W + W/2)
-	restartAt := killAt.Add(2 * W)
-	end := restartAt.Add(W + W/2)
-	load := faulttest.StartLoad(t, faulttest.LoadConfig{Limit: limitID, Window: W, Rate: 20, Duration: end.Sub(start),
-		Targets: []faulttest.Target{{Name: "eu-1", Region: "eu", Addr: eu1.GRPCAddr}, {Name: "eu-2", Region: "eu", Addr: eu2.GRPCAddr},
-			{Name: "us-1", Region: "us", Addr: us1.GRPCAddr}}})
+	s, rs, eu1, eu2, us1 := startReplicas(t)
+	start, killAt, restartAt, end, load := s.outageLoad(eu1, eu2, us1)
 	eus := []*faulttest.Process{eu1, eu2}
 
 	sleepUntil(killAt)

@@ -125,6 +125,39 @@ func redisOf(t *testing.T) map[string]*redistest.Server {
 	return map[string]*redistest.Server{"eu": redistest.Start(t), "us": redistest.Start(t)}
 }
 
+// startReplicas starts one allocator, a Redis per region, two eu agent
+// replicas sharing eu's Redis and one us agent, and stores the limit
+// (G = 300) once they all know it.
+func startReplicas(t *testing.T) (s *scenario, rs map[string]*redistest.Server, eu1, eu2, us1 *faulttest.Process) {
+	s = &scenario{t: t, G: 300}
+	s.allocs = []*faulttest.Process{faulttest.StartAllocator(t, faulttest.AllocatorOptions{Retention: 10 * time.Minute})}
+	s.grants = faulttest.WatchGrants(t, []string{s.allocs[0].EtcdEndpoint})
+	rs = redisOf(t)
+	alloc := []string{s.allocs[0].GRPCAddr}
+	eu1 = faulttest.StartAgent(t, faulttest.AgentOptions{Region: "eu", ReplicaID: "eu-1", Allocators: alloc, Redis: rs["eu"].Addr()})
+	eu2 = faulttest.StartAgent(t, faulttest.AgentOptions{Region: "eu", ReplicaID: "eu-2", Allocators: alloc, Redis: rs["eu"].Addr()})
+	us1 = faulttest.StartAgent(t, faulttest.AgentOptions{Region: "us", ReplicaID: "us-1", Allocators: alloc, Redis: rs["us"].Addr()})
+	s.putLimit(0)
+	s.waitKnown(eu1, eu2, us1)
+	return s, rs, eu1, eu2, us1
+}
+
+// outageLoad drives the three agents at 20 Checks/s each from now: the
+// fault starts one and a half windows after the next boundary (killAt),
+// ends two windows later (restartAt), and the load stops a window and a
+// half after that (end).
+func (s *scenario) outageLoad(eu1, eu2, us1 *faulttest.Process) (start, killAt, restartAt, end time.Time, load *faulttest.Load) {
+	start = time.Now()
+	s.origin = nextWindowStart(start, 0)
+	killAt = s.origin.Add(W + W/2)
+	restartAt = killAt.Add(2 * W)
+	end = restartAt.Add(W + W/2)
+	load = faulttest.StartLoad(s.t, faulttest.LoadConfig{Limit: limitID, Window: W, Rate: 20, Duration: end.Sub(start),
+		Targets: []faulttest.Target{{Name: "eu-1", Region: "eu", Addr: eu1.GRPCAddr}, {Name: "eu-2", Region: "eu", Addr: eu2.GRPCAddr},
+			{Name: "us-1", Region: "us", Addr: us1.GRPCAddr}}})
+	return start, killAt, restartAt, end, load
+}
+
 // fullWindows lists the windows that lie entirely in [from, to).
 func fullWindows(from, to time.Time) []int64 {
 	var out []int64
@@ -642,25 +675,8 @@ func TestScenario4EtcdQuorum(t *testing.T) {
 // (same replica id) and serves again.
 func TestScenario6AgentReplicaKilled(t *testing.T) {
 	skipShort(t)
-	s := &scenario{t: t, G: 300}
-	s.allocs = []*faulttest.Process{faulttest.StartAllocator(t, faulttest.AllocatorOptions{Retention: 10 * time.Minute})}
-	s.grants = faulttest.WatchGrants(t, []string{s.allocs[0].EtcdEndpoint})
-	rs := redisOf(t)
-	alloc := []string{s.allocs[0].GRPCAddr}
-	eu1 := faulttest.StartAgent(t, faulttest.AgentOptions{Region: "eu", ReplicaID: "eu-1", Allocators: alloc, Redis: rs["eu"].Addr()})
-	eu2 := faulttest.StartAgent(t, faulttest.AgentOptions{Region: "eu", ReplicaID: "eu-2", Allocators: alloc, Redis: rs["eu"].Addr()})
-	us1 := faulttest.StartAgent(t, faulttest.AgentOptions{Region: "us", ReplicaID: "us-1", Allocators: alloc, Redis: rs["us"].Addr()})
-	s.putLimit(0)
-	s.waitKnown(eu1, eu2, us1)
-
-	start := time.Now()
-	s.origin = nextWindowStart(start, 0)
-	killAt := s.origin.Add(W + W/2)
-	restartAt := killAt.Add(2 * W)
-	end := restartAt.Add(W + W/2)
-	load := faulttest.StartLoad(t, faulttest.LoadConfig{Limit: limitID, Window: W, Rate: 20, Duration: end.Sub(start),
-		Targets: []faulttest.Target{{Name: "eu-1", Region: "eu", Addr: eu1.GRPCAddr}, {Name: "eu-2", Region: "eu", Addr: eu2.GRPCAddr},
-			{Name: "us-1", Region: "us", Addr: us1.GRPCAddr}}})
+	s, _, eu1, eu2, us1 := startReplicas(t)
+	start, killAt, restartAt, end, load := s.outageLoad(eu1, eu2, us1)
 	sleepUntil(killAt)
 	eu1.Kill()
 	killed := time.Now()
