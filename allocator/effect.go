@@ -25,7 +25,7 @@ func limitFields(l *pb.Limit) map[string]string {
 		"limit_tokens":    strconv.FormatInt(l.LimitTokens, 10),
 		"window":          l.GetWindow().AsDuration().String(),
 		"regions":         strings.Join(slices.Sorted(slices.Values(l.Regions)), ","),
-		"mode":            modeName(l.Mode),
+		"mode":            ModeName(l.Mode),
 		"lease.ttl":       l.GetLease().GetTtl().AsDuration().String(),
 		"lease.min_chunk": strconv.FormatInt(l.GetLease().GetMinChunk(), 10),
 		"lease.max_chunk": strconv.FormatInt(l.GetLease().GetMaxChunk(), 10),
@@ -33,7 +33,7 @@ func limitFields(l *pb.Limit) map[string]string {
 		"description":     l.Description,
 	}
 	for _, r := range l.Regions {
-		m["fallback."+r] = fallbackName(l.Fallback[r])
+		m["fallback."+r] = FallbackName(l.Fallback[r])
 	}
 	for k, v := range l.Tags {
 		m["tags."+k] = v
@@ -79,26 +79,6 @@ func diffLimits(old, next *pb.Limit) []*pb.FieldChange {
 		}
 	}
 	return out
-}
-
-func modeName(m pb.Mode) string {
-	switch m {
-	case pb.Mode_MODE_STRICT:
-		return "strict"
-	case pb.Mode_MODE_BOUNDED:
-		return "bounded"
-	}
-	return ""
-}
-
-func fallbackName(fb *pb.Fallback) string {
-	switch fb.GetKind() {
-	case pb.FallbackKind_FALLBACK_KIND_LOCAL:
-		return "local:" + strconv.FormatInt(fb.LocalTokens, 10)
-	case pb.FallbackKind_FALLBACK_KIND_OPEN:
-		return "open"
-	}
-	return "closed"
 }
 
 // boundOf is the overshoot bound of a window of l with no faults: 0 for a

@@ -452,7 +452,7 @@ func (h *worstFirst) Pop() any {
 func newRow(v view, l *pb.Limit, reps []allocator.WindowReport) *row {
 	rw := &row{
 		ID: l.GetId(), Owner: l.GetOwner(), Description: l.GetDescription(), G: l.GetLimitTokens(),
-		Window: fmtDuration(l.GetWindow().AsDuration()), Regions: l.GetRegions(), Mode: modeName(l.GetMode()),
+		Window: fmtDuration(l.GetWindow().AsDuration()), Regions: l.GetRegions(), Mode: allocator.ModeName(l.GetMode()),
 		Version: l.GetVersion(),
 	}
 	// The last final window, and the fail modes in force in it and in the
@@ -575,16 +575,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-func modeName(m pb.Mode) string {
-	switch m {
-	case pb.Mode_MODE_STRICT:
-		return "strict"
-	case pb.Mode_MODE_BOUNDED:
-		return "bounded"
-	}
-	return "unspecified"
 }
 
 func kindName(k pb.FallbackKind) string {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"leasehold/allocator"
 	"leasehold/allocator/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -32,6 +33,24 @@ func (ta *testAllocator) set(t *testing.T, id string, g int, extra ...string) {
 }
 
 // version reads a limit's version and G; version 0 when it does not exist.
+// waitApplied waits until the leader's state has the limit at version (it
+// learns limits from its etcd watch, just after the write returns).
+func (ta *testAllocator) waitApplied(t *testing.T, id string, version int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		var ok bool
+		_ = ta.a.View(func(_ time.Time, c *allocator.Core) {
+			l, found := c.Limit(id)
+			ok = found && l.Version == version
+		})
+		if ok {
+			return
+		}
+		time.Sleep(2 * time.Millisecond) // polling the watch's effect
+	}
+	t.Fatalf("the leader never applied %s version %d", id, version)
+}
+
 func (ta *testAllocator) version(t *testing.T, id string) (version, g int64) {
 	t.Helper()
 	r := ta.q("--json", "limits", "get", id)
@@ -351,6 +370,7 @@ func TestDryRun(t *testing.T) {
 	ta := startAllocator(t, etcdtest.Start(t, 1))
 	waitLeader(t, ta)
 	ta.set(t, "tenant/atlas", 1000, "--fallback", "us=local:100")
+	ta.waitApplied(t, "tenant/atlas", 1)
 
 	// Spend some of the current window: eu takes 700 tokens.
 	conn, err := grpc.NewClient(ta.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))

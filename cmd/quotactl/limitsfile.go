@@ -675,12 +675,12 @@ func limitNode(l *pb.Limit) *yaml.Node {
 		regions.Content = append(regions.Content, str(r))
 	}
 	add("regions", regions)
-	add("mode", str(modeName(l.GetMode())))
+	add("mode", str(allocator.ModeName(l.GetMode())))
 	fb := flowMap()
 	for _, r := range slices.Sorted(slices.Values(l.GetRegions())) {
 		kind := "closed"
 		if f, ok := l.GetFallback()[r]; ok {
-			kind = formatFallbackKind(f)
+			kind = allocator.FallbackName(f)
 		}
 		fb.Content = append(fb.Content, str(r), str(kind))
 	}

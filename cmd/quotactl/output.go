@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/allocator"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -65,7 +66,7 @@ func (e *env) printLimit(l *pb.Limit) error {
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
 		{"regions", strings.Join(l.GetRegions(), ",")},
-		{"mode", modeName(l.GetMode())},
+		{"mode", allocator.ModeName(l.GetMode())},
 		{"fallback", effectiveFallback(l)},
 		{"ttl", formatDuration(l.GetLease().GetTtl())},
 		{"min-chunk", strconv.FormatInt(l.GetLease().GetMinChunk(), 10)},
@@ -105,7 +106,7 @@ func (e *env) printLimits(ls []*pb.Limit) error {
 	for _, l := range ls {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n",
 			cell(l.GetId(), "-"), l.GetLimitTokens(), cell(formatDuration(l.GetWindow()), "-"),
-			cell(strings.Join(l.GetRegions(), ","), "-"), modeName(l.GetMode()),
+			cell(strings.Join(l.GetRegions(), ","), "-"), allocator.ModeName(l.GetMode()),
 			cell(effectiveFallback(l), "-"), l.GetVersion(), cell(l.GetOwner(), "-"))
 	}
 	return tw.Flush()
@@ -118,18 +119,6 @@ func cell(s, empty string) string {
 		return empty
 	}
 	return oneLine(s)
-}
-
-func modeName(m pb.Mode) string {
-	switch m {
-	case pb.Mode_MODE_STRICT:
-		return "strict"
-	case pb.Mode_MODE_BOUNDED:
-		return "bounded"
-	case pb.Mode_MODE_UNSPECIFIED:
-		return "unspecified"
-	}
-	return fmt.Sprintf("mode(%d)", int32(m))
 }
 
 func parseMode(s string) (pb.Mode, error) {
@@ -201,20 +190,6 @@ func parseFallbackKind(s string) (*pb.Fallback, error) {
 	return &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: n}, nil
 }
 
-func formatFallbackKind(fb *pb.Fallback) string {
-	switch fb.GetKind() {
-	case pb.FallbackKind_FALLBACK_KIND_CLOSED:
-		return "closed"
-	case pb.FallbackKind_FALLBACK_KIND_OPEN:
-		return "open"
-	case pb.FallbackKind_FALLBACK_KIND_LOCAL:
-		return "local:" + strconv.FormatInt(fb.GetLocalTokens(), 10)
-	case pb.FallbackKind_FALLBACK_KIND_UNSPECIFIED:
-		return "unspecified"
-	}
-	return fmt.Sprintf("kind(%d)", int32(fb.GetKind()))
-}
-
 // formatFallbacks prints m as "eu=closed,us=local:100", regions sorted:
 // the syntax parseFallbacks reads.
 func formatFallbacks(m map[string]*pb.Fallback) string {
@@ -225,7 +200,7 @@ func formatFallbacks(m map[string]*pb.Fallback) string {
 	slices.Sort(regions)
 	parts := make([]string, len(regions))
 	for i, r := range regions {
-		parts[i] = r + "=" + formatFallbackKind(m[r])
+		parts[i] = r + "=" + allocator.FallbackName(m[r])
 	}
 	return strings.Join(parts, ",")
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"leasehold/allocator"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -45,14 +46,14 @@ func flatten(l *pb.Limit) []setting {
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
 		{"regions", strings.Join(regions, ",")},
-		{"mode", modeName(l.GetMode())},
+		{"mode", allocator.ModeName(l.GetMode())},
 	}
 	fb := map[string]string{}
 	for _, r := range regions {
 		fb[r] = "closed"
 	}
 	for r, f := range l.GetFallback() {
-		fb[r] = formatFallbackKind(f)
+		fb[r] = allocator.FallbackName(f)
 	}
 	for _, r := range slices.Sorted(maps.Keys(fb)) {
 		out = append(out, setting{"fallback." + r, fb[r]})
