@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -33,7 +34,8 @@ var (
 )
 
 // ValidateLimitID checks a limit id: 1-200 characters of [A-Za-z0-9._-] in
-// "/"-separated segments.
+// "/"-separated segments, none of them "." or ".." (so every id is a clean
+// URL path and names itself in the HTTP API).
 func ValidateLimitID(field, id string) error {
 	switch {
 	case id == "":
@@ -42,6 +44,11 @@ func ValidateLimitID(field, id string) error {
 		return fieldErr(field, "longer than %d characters", maxLimitIDLen)
 	case !limitIDRe.MatchString(id):
 		return fieldErr(field, "%q: use [A-Za-z0-9._-] in segments separated by single '/'", id)
+	}
+	for seg := range strings.SplitSeq(id, "/") {
+		if seg == "." || seg == ".." {
+			return fieldErr(field, "%q: a segment may not be %q", id, seg)
+		}
 	}
 	return nil
 }

@@ -69,6 +69,8 @@ func TestAdminRejectsEachInvalidField(t *testing.T) {
 		{"limit.id", func(l *pb.Limit) { l.Id = "" }},
 		{"limit.id", func(l *pb.Limit) { l.Id = "tenant//x" }},
 		{"limit.id", func(l *pb.Limit) { l.Id = "tenant!x" }},
+		{"limit.id", func(l *pb.Limit) { l.Id = "tenant/../x" }},
+		{"limit.id", func(l *pb.Limit) { l.Id = "./x" }},
 		{"limit.id", func(l *pb.Limit) { l.Id = strings.Repeat("a", 201) }},
 		{"limit.limit_tokens", func(l *pb.Limit) { l.LimitTokens = 0 }},
 		{"limit.limit_tokens", func(l *pb.Limit) { l.LimitTokens = -5 }},
