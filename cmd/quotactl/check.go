@@ -150,6 +150,9 @@ type checkRun struct {
 	cancel   context.CancelFunc
 	start    time.Time
 	idPrefix string
+	// noClientCert: TLS without a client certificate (an agent that
+	// verifies callers drops such connections).
+	noClientCert bool
 
 	next     atomic.Int64 // index of the next call to claim
 	started  atomic.Int64 // calls made
@@ -175,10 +178,11 @@ func (e *env) check(ctx context.Context, o checkOpts) error {
 	defer conn.Close()
 
 	r := &checkRun{
-		checkOpts: o,
-		client:    pb.NewRegionAgentClient(conn),
-		parent:    ctx,
-		start:     time.Now(),
+		checkOpts:    o,
+		client:       pb.NewRegionAgentClient(conn),
+		parent:       ctx,
+		start:        time.Now(),
+		noClientCert: e.sec.on() && e.sec.cert == "",
 		// Unique per call: a random run id and the call's index.
 		idPrefix: "quotactl-check-" + rand.Text() + "-",
 		tally:    newTally(),
@@ -352,6 +356,9 @@ func (r *checkRun) describe(err error) error {
 	case codes.InvalidArgument:
 		return fmt.Errorf("%s refused the check (INVALID_ARGUMENT): %s", where, msg)
 	case codes.Unavailable:
+		if r.noClientCert {
+			return fmt.Errorf("%s unavailable: %s (an agent with a client CA requires a client certificate: --tls-cert, --tls-key)", where, msg)
+		}
 		return fmt.Errorf("%s unavailable: %s", where, msg)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("%s: no answer within --timeout %v: %s", where, r.timeout, msg)

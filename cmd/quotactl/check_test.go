@@ -96,7 +96,7 @@ func (f *fakeAgent) stats() (calls int64, ids int, admitted map[int64]int64) {
 }
 
 // startFake serves f on a loopback port until the test ends.
-func startFake(t *testing.T, f *fakeAgent) string {
+func startFake(t *testing.T, f *fakeAgent, opts ...grpc.ServerOption) string {
 	t.Helper()
 	if f.w == 0 {
 		f.w = 200 * time.Millisecond
@@ -106,7 +106,7 @@ func startFake(t *testing.T, f *fakeAgent) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(opts...)
 	pb.RegisterRegionAgentServer(gs, f)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
