@@ -503,6 +503,17 @@ func (a *Agent) retryAfter(spent bool, reset time.Duration) time.Duration {
 	return 50*time.Millisecond + time.Duration(mrand.Int64N(int64(50*time.Millisecond)))
 }
 
+// markFallback exports the limit's fail mode as in force, once per
+// episode (leases coming back remove it).
+func (a *Agent) markFallback(st *limitState, l *limitView) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.fallbackOn {
+		st.fallbackOn = true
+		a.m.fallbackMode.WithLabelValues(l.id).Set(float64(l.fallback.Kind))
+	}
+}
+
 // fallback answers when the region cannot get tokens: per limit, CLOSED
 // denies with UNAVAILABLE, LOCAL admits up to A per window (counted in the
 // bucket; while Redis is down as well it denies like CLOSED), OPEN admits
@@ -512,13 +523,7 @@ func (a *Agent) fallback(ctx context.Context, now time.Time, views []*limitView,
 	unavailable := func() ([]Decision, error) {
 		for i, l := range views {
 			if l.fallback.Kind == pb.FallbackKind_FALLBACK_KIND_CLOSED {
-				st := sts[i]
-				st.mu.Lock()
-				if !st.fallbackOn {
-					st.fallbackOn = true
-					a.m.fallbackMode.WithLabelValues(l.id).Set(float64(l.fallback.Kind))
-				}
-				st.mu.Unlock()
+				a.markFallback(sts[i], l)
 			}
 		}
 		for i := range out {
@@ -583,13 +588,7 @@ func (a *Agent) fallback(ctx context.Context, now time.Time, views []*limitView,
 			out[i].Remaining = l.fallback.LocalTokens - v
 		}
 		_, _ = add(i, mode, 0) // marks the mode in force this window
-		st := sts[i]
-		st.mu.Lock()
-		if !st.fallbackOn {
-			st.fallbackOn = true
-			a.m.fallbackMode.WithLabelValues(l.id).Set(float64(l.fallback.Kind))
-		}
-		st.mu.Unlock()
+		a.markFallback(sts[i], l)
 	}
 	for i := range out {
 		out[i].Allowed, out[i].Reason = true, pb.Reason_REASON_FALLBACK

@@ -62,18 +62,8 @@ func TestReturnSentAgainAfterPartition(t *testing.T) {
 	w := newWorld(t, "eu")
 	l := limit("tenant/ret", 100, time.Minute, 10*time.Second, "eu")
 	l.Lease.MinChunk = 60
-	l = w.putLimit(l)
-	w.clock.Add(time.Second)
-	cut := &cutDialer{}
-	a := w.cutAgent(cut)
+	a, cut := w.leasedCutAgent(l, 8)
 	ctx := context.Background()
-	a.Check(ctx, l.Id, 1) // cold: asks for the first lease
-	a.evaluate(ctx, l.Id)
-	for range 8 {
-		if d, _ := a.Check(ctx, l.Id, 1); !d.Allowed {
-			t.Fatal("denied with a lease")
-		}
-	}
 	win := lease.WindowOf(w.clock.Now(), time.Minute).Index
 	granted := w.stats(l.Id, win).Granted
 	if granted < 8 {
@@ -161,16 +151,8 @@ func TestFallbackModesWhilePartitioned(t *testing.T) {
 			l := limit("tenant/fb", 10, time.Minute, 10*time.Second, "eu")
 			l.Mode, l.Fallback = tc.mode, map[string]*pb.Fallback{"eu": tc.fb}
 			l.Lease.MaxChunk = 3
-			l = w.putLimit(l)
-			w.clock.Add(time.Second)
-			cut := &cutDialer{}
-			a := w.cutAgent(cut)
+			a, cut := w.leasedCutAgent(l, 1)
 			ctx := context.Background()
-			a.Check(ctx, l.Id, 1) // cold: asks for the first lease
-			a.evaluate(ctx, l.Id)
-			if d, _ := a.Check(ctx, l.Id, 1); !d.Allowed {
-				t.Fatal("denied with a lease")
-			}
 			cut.set(true)
 			// Spend what the held lease has left (chunks of 3): over the
 			// limit until a renewal finds the allocator unreachable.
@@ -217,6 +199,25 @@ func TestFallbackModesWhilePartitioned(t *testing.T) {
 			}
 		})
 	}
+}
+
+// leasedCutAgent stores l, starts a cutAgent one second into the window,
+// has it lease and admits n Checks of cost 1 from the lease.
+func (w *world) leasedCutAgent(l *pb.Limit, n int) (*Agent, *cutDialer) {
+	w.t.Helper()
+	l = w.putLimit(l)
+	w.clock.Add(time.Second)
+	cut := &cutDialer{}
+	a := w.cutAgent(cut)
+	ctx := context.Background()
+	a.Check(ctx, l.Id, 1) // cold: asks for the first lease
+	a.evaluate(ctx, l.Id)
+	for range n {
+		if d, _ := a.Check(ctx, l.Id, 1); !d.Allowed {
+			w.t.Fatal("denied with a lease")
+		}
+	}
+	return a, cut
 }
 
 // cutAgent is an agent replica of eu that reaches the allocator through

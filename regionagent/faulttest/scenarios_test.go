@@ -97,27 +97,7 @@ func (s *scenario) admin(fn func(ctx context.Context, a pb.AdminClient) error) {
 // not cover from its start, so they are never counted.
 func (s *scenario) waitKnown(agents ...*faulttest.Process) {
 	s.t.Helper()
-	for _, a := range agents {
-		conn, err := grpc.NewClient(a.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			s.t.Fatal(err)
-		}
-		cl := pb.NewRegionAgentClient(conn)
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err := cl.Check(ctx, &pb.CheckRequest{LimitId: limitID, Cost: 1})
-			cancel()
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				s.t.Fatalf("%s never learned the limit: %v", a.Name(), err)
-			}
-			time.Sleep(100 * time.Millisecond) // polling the agents' limit sync
-		}
-		conn.Close()
-	}
+	waitLimitKnown(s.t, limitID, agents...)
 }
 
 // redisOf starts one redis-server per region.
