@@ -55,17 +55,10 @@ for "limits apply --plan PLAN". The file is validated before any request.`,
 			if err := f.require("f"); err != nil {
 				return err
 			}
-			lf, data, err := readLimitsFile(file)
+			p, err := e.planFile(ctx, file)
 			if err != nil {
 				return err
 			}
-			live, err := e.listScope(ctx, lf.manage)
-			if err != nil {
-				return err
-			}
-			p := makePlan(lf, live)
-			p.Allocator, p.Created = e.addr, time.Now().UTC().Truncate(time.Millisecond)
-			p.Source, p.SourceSHA256 = file, sha256Hex(data)
 			b, err := p.marshal()
 			if err != nil {
 				return err
@@ -91,6 +84,22 @@ for "limits apply --plan PLAN". The file is validated before any request.`,
 			return err
 		}
 	},
+}
+
+// planFile plans the limits file against the live limits in its scope.
+func (e *env) planFile(ctx context.Context, file string) (*plan, error) {
+	lf, data, err := readLimitsFile(file)
+	if err != nil {
+		return nil, err
+	}
+	live, err := e.listScope(ctx, lf.manage)
+	if err != nil {
+		return nil, err
+	}
+	p := makePlan(lf, live)
+	p.Allocator, p.Created = e.addr, time.Now().UTC().Truncate(time.Millisecond)
+	p.Source, p.SourceSHA256 = file, sha256Hex(data)
+	return p, nil
 }
 
 // writeFileAtomic writes b to path through a temporary file in the same
@@ -161,17 +170,10 @@ write, nothing is applied. Plan again after a refusal.`,
 			case f.isSet("f"):
 				// One step: plan now, print it, apply it pinned to the
 				// versions just read.
-				lf, data, err := readLimitsFile(file)
-				if err != nil {
+				var err error
+				if p, err = e.planFile(ctx, file); err != nil {
 					return err
 				}
-				live, err := e.listScope(ctx, lf.manage)
-				if err != nil {
-					return err
-				}
-				p = makePlan(lf, live)
-				p.Allocator, p.Created = e.addr, time.Now().UTC().Truncate(time.Millisecond)
-				p.Source, p.SourceSHA256 = file, sha256Hex(data)
 				if !e.json {
 					if err := printPlan(e.stdout, p); err != nil {
 						return err
