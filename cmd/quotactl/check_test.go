@@ -453,7 +453,9 @@ func TestCheckFailures(t *testing.T) {
 		want              []string
 	}{
 		{"refused", refused, fakeLimit, nil, []string{"agent " + refused + " unavailable"}},
-		{"refused long run", refused, fakeLimit, []string{"--duration", "1h", "--concurrency", "16"}, []string{"agent " + refused + " unavailable", "calls failed"}},
+		// The first failure stops the run: how many of the 16 workers had a
+		// call in flight by then varies (TestFailureCountsCalls words it).
+		{"refused long run", refused, fakeLimit, []string{"--duration", "1h", "--concurrency", "16"}, []string{"agent " + refused + " unavailable"}},
 		{"silent", silent, fakeLimit, []string{"--duration", "1m", "--concurrency", "4"}, []string{"agent " + silent, "no answer within --timeout 500ms"}},
 		{"unknown limit", agent, "tenant/missing", []string{"--count", "50", "--concurrency", "4"}, []string{`limit "tenant/missing" is unknown to agent ` + agent, "NOT_FOUND"}},
 		{"unknown limit json", agent, "tenant/missing", []string{"--json", "--duration", "1m"}, []string{`limit "tenant/missing" is unknown`}},
@@ -639,4 +641,22 @@ func TestLatencies(t *testing.T) {
 		}
 	}
 	l.add(-time.Second) // a clock step: counted as 0, no panic
+}
+
+// TestFailureCountsCalls: a run in which no call was answered names the
+// first error, and how many calls failed when there were several.
+func TestFailureCountsCalls(t *testing.T) {
+	r := &checkRun{checkOpts: checkOpts{agent: "127.0.0.1:1"}, parent: context.Background(),
+		firstErr: status.Error(codes.Unavailable, "connection refused")}
+	for _, tc := range []struct {
+		calls int64
+		want  string
+	}{
+		{1, "agent 127.0.0.1:1 unavailable: connection refused"},
+		{7, "agent 127.0.0.1:1 unavailable: connection refused (all 7 calls failed)"},
+	} {
+		if got := r.failure(&tally{calls: tc.calls}).Error(); got != tc.want {
+			t.Errorf("%d calls: %q, want %q", tc.calls, got, tc.want)
+		}
+	}
 }
