@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"leasehold/allocator"
@@ -89,13 +90,10 @@ func TestReturnSentAgainAfterPartition(t *testing.T) {
 	// evaluations lease again and return surpluses of their own: the
 	// first lease's grant record is what must show the return.)
 	var g allocator.Grant
-	for range 4 {
-		w.clock.Add(5 * time.Second)
-		a.evaluate(ctx, l.Id)
-		if g = w.grant(kept[0].LeaseId); g.Returned {
-			break
-		}
-	}
+	w.untilHealed(a, l.Id, func() bool {
+		g = w.grant(kept[0].LeaseId)
+		return g.Returned
+	})
 	if !g.Returned || g.Unspent != granted-8 || g.Credited != granted-8 {
 		t.Fatalf("the lease after the heal: returned %v, unspent %d, credited %d; want %d unspent and credited",
 			g.Returned, g.Unspent, g.Credited, granted-8)
@@ -184,13 +182,10 @@ func TestFallbackModesWhilePartitioned(t *testing.T) {
 			}
 
 			cut.set(false)
-			for range 4 {
-				w.clock.Add(5 * time.Second)
-				a.evaluate(ctx, l.Id)
-				if d, _ := a.Check(ctx, l.Id, 1); d.Allowed && d.Reason == pb.Reason_REASON_OK {
-					break
-				}
-			}
+			w.untilHealed(a, l.Id, func() bool {
+				d, _ := a.Check(ctx, l.Id, 1)
+				return d.Allowed && d.Reason == pb.Reason_REASON_OK
+			})
 			if d, _ := a.Check(ctx, l.Id, 1); d.Reason != pb.Reason_REASON_OK && d.Reason != pb.Reason_REASON_OVER_LIMIT {
 				t.Fatalf("healed: reason %v, want leases again", d.Reason)
 			}
@@ -220,6 +215,23 @@ func (w *world) leasedCutAgent(l *pb.Limit, n int) (*Agent, *cutDialer) {
 	return a, cut
 }
 
+// untilHealed runs renewal rounds of a after its link came back, until
+// done reports true: the agent's clock moves 1 s a round (the circuit
+// breaker's cooldown runs on it; at most 40 s, so the window stays open),
+// and the rounds are bounded in real time too (gRPC's reconnection).
+func (w *world) untilHealed(a *Agent, limit string, done func() bool) {
+	w.t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; i < 40 && time.Now().Before(deadline); i++ {
+		w.clock.Add(time.Second)
+		a.evaluate(ctx, limit)
+		if done() {
+			return
+		}
+	}
+}
+
 // cutAgent is an agent replica of eu that reaches the allocator through
 // cut, stepped by hand like world.agent's, with short allocator timeouts.
 func (w *world) cutAgent(cut *cutDialer) *Agent {
@@ -227,7 +239,10 @@ func (w *world) cutAgent(cut *cutDialer) *Agent {
 	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr()})
 	w.t.Cleanup(func() { rdb.Close() })
 	a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: "r1", Logger: testLogger(),
-		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(cut.dial)}},
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(cut.dial),
+			// Reconnect quickly once healed (gRPC's backoff is real time).
+			grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
+				Backoff: grpcbackoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, MaxDelay: 200 * time.Millisecond}})}},
 		WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0),
 		WithTimeouts(200*time.Millisecond, 500*time.Millisecond, 2*time.Second))
 	if err != nil {

@@ -10,7 +10,6 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -21,6 +20,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"leasehold/regionagent/redistest"
 )
 
 // Cluster is a set of embedded etcd members. Safe for concurrent use.
@@ -87,14 +88,15 @@ func Start(t testing.TB, n int, opts ...Option) *Cluster {
 	return c
 }
 
+// freeURL is a free loopback port below the ephemeral range, so that a
+// hard-stopped member finds it free again when restarted.
 func freeURL(t testing.TB) url.URL {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := redistest.FreeAddr()
 	if err != nil {
 		t.Fatalf("etcdtest: free port: %v", err)
 	}
-	defer l.Close()
-	return url.URL{Scheme: "http", Host: l.Addr().String()}
+	return url.URL{Scheme: "http", Host: addr}
 }
 
 func (c *Cluster) initialCluster() string {

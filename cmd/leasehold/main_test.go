@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -19,17 +18,18 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/redistest"
 )
 
-// freeAddr returns a loopback address with a port free right now.
+// freeAddr returns a loopback address with a port free right now, below
+// the ephemeral range: it stays free while its process is restarted.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := redistest.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // syncBuffer is a bytes.Buffer safe for a server's concurrent writes.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/redistest"
 )
 
 var build struct {
@@ -59,15 +59,16 @@ func Main(m *testing.M) int {
 	return code
 }
 
-// FreeAddr returns a loopback address that was free a moment ago.
+// FreeAddr returns a loopback address that was free a moment ago, below
+// the kernel's ephemeral range so that it stays free while a process that
+// owns it is killed and restarted (redistest.FreePort).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := redistest.FreeAddr()
 	if err != nil {
 		t.Fatalf("faulttest: free port: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // syncBuffer is a bytes.Buffer safe for a process's concurrent writes.

@@ -70,7 +70,7 @@ func Start(t testing.TB) *Server {
 
 	var lastErr error
 	for range startTries {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			t.Fatalf("redistest: no free port: %v", err)
 			return nil
@@ -216,17 +216,6 @@ func binary() (string, error) {
 		return fallback, nil
 	}
 	return "", errors.New("redis-server not found on PATH or at /usr/bin/redis-server")
-}
-
-// freePort asks the kernel for a free loopback port. Another process may
-// take it before redis-server binds; Start retries in that case.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // tail returns the last lines of a log file, for failure messages.

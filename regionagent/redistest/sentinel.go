@@ -118,7 +118,7 @@ func (s *Sentinels) start(bin string, try int) error {
 	}
 	s.procs = make([]*sentinelProc, s.opt.Count)
 	for i := range s.procs {
-		p, err := freePort()
+		p, err := FreePort()
 		if err != nil {
 			return err
 		}
