@@ -78,23 +78,10 @@ func testFailoverLostWrites(t *testing.T, debit bool) {
 	key := bucket.Key(l.Id, win)
 
 	var admitted int64 // counted from the Check answers
-	// spend makes Checks of cost 1 at rate per second for d, in 100 ms
-	// steps, with the renewal loop's evaluation after each step.
+	// spend makes Checks at rate per second for d (spendAt).
 	spend := func(rate int, d time.Duration) {
 		t.Helper()
-		for range int(d / (100 * time.Millisecond)) {
-			for range rate / 10 {
-				dec, err := a.Check(ctx, l.Id, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if dec.Allowed {
-					admitted++
-				}
-			}
-			a.evaluate(ctx, l.Id)
-			w.clock.Add(100 * time.Millisecond)
-		}
+		admitted += w.spendAt(a, l.Id, rate, d)
 	}
 	a.Check(ctx, l.Id, 1) // no lease yet: denied, and the limit is active
 	a.evaluate(ctx, l.Id) // the first lease
@@ -218,4 +205,27 @@ func admittedOn(t *testing.T, s *redistest.Server, key string, now time.Time) in
 		t.Fatal(err)
 	}
 	return b.Admitted
+}
+
+// spendAt makes Checks of cost 1 at rate per second for d on the world's
+// clock, in 100 ms steps, with the renewal loop's evaluation after each
+// step, and returns how many were admitted.
+func (w *world) spendAt(a *Agent, limit string, rate int, d time.Duration) int64 {
+	w.t.Helper()
+	ctx := context.Background()
+	var admitted int64
+	for range int(d / (100 * time.Millisecond)) {
+		for range rate / 10 {
+			dec, err := a.Check(ctx, limit, 1)
+			if err != nil {
+				w.t.Fatal(err)
+			}
+			if dec.Allowed {
+				admitted++
+			}
+		}
+		a.evaluate(ctx, limit)
+		w.clock.Add(100 * time.Millisecond)
+	}
+	return admitted
 }

@@ -74,23 +74,10 @@ func TestFailoverSentinel(t *testing.T) {
 	key := bucket.Key(l.Id, win)
 
 	var admitted int64 // counted from the Check answers
-	// spend makes Checks of cost 1 at rate per second for d (agent clock),
-	// in 100 ms steps, with the renewal loop's evaluation after each step.
+	// spend makes Checks at rate per second for d (spendAt).
 	spend := func(rate int, d time.Duration) {
 		t.Helper()
-		for range int(d / (100 * time.Millisecond)) {
-			for range rate / 10 {
-				dec, err := a.Check(ctx, l.Id, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if dec.Allowed {
-					admitted++
-				}
-			}
-			a.evaluate(ctx, l.Id)
-			w.clock.Add(100 * time.Millisecond)
-		}
+		admitted += w.spendAt(a, l.Id, rate, d)
 	}
 	a.Check(ctx, l.Id, 1) // no lease yet: denied, and the limit is active
 	a.evaluate(ctx, l.Id) // the first lease

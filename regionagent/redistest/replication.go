@@ -7,7 +7,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // Replication helpers: a test builds a primary and a replica from two
@@ -25,21 +24,7 @@ import (
 // an integer or a bulk string as is, a nil bulk as "", an array as its
 // elements joined by newlines. A Redis error reply is an error.
 func (s *Server) Do(args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", s.Addr(), 2*time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
-	}
-	if _, err := io.WriteString(c, b.String()); err != nil {
-		return "", err
-	}
-	return readReply(bufio.NewReader(c))
+	return command(s.Addr(), args...)
 }
 
 // MustDo is Do that fails the test on an error.
