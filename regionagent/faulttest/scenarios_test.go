@@ -425,9 +425,11 @@ func TestScenario3RepliesDropped(t *testing.T) {
 
 	start := time.Now()
 	s.origin = nextWindowStart(start, 0)
-	// Early in a window, while the regions renew (the pool lasts ~6 s at
-	// this demand), so grants are in flight when replies start to vanish.
-	dropAt := s.origin.Add(W + 2*time.Second)
+	// Half a second before the agents fetch the next window's lease (the
+	// renewal lead, 2 s, before its start): that request is sent before
+	// any timed-out call can open an agent's circuit breaker, and the
+	// allocator commits it from a full pool. Its reply is lost.
+	dropAt := s.origin.Add(2*W - 2500*time.Millisecond)
 	healAt := dropAt.Add(30 * time.Second)
 	end := healAt.Add(2*W + W/2)
 	load := faulttest.StartLoad(t, faulttest.LoadConfig{Limit: limitID, Window: W, Rate: 25, Duration: end.Sub(start),
