@@ -63,8 +63,9 @@ func bal(key string, now int64, want BalanceResult) step {
 	return step{op: "balance", key: key, now: now, want: want}
 }
 
+// add's now is only for the in-memory bucket (add.lua takes no time).
 func add(key, counter string, delta, want int64) step {
-	return step{op: "add", key: key, counter: counter, tokens: delta, want: want}
+	return step{op: "add", key: key, counter: counter, tokens: delta, now: T0, want: want}
 }
 
 func (s step) run(ctx context.Context, b *Buckets, keyOf func(string) string) (any, error) {
@@ -94,7 +95,8 @@ func (s step) run(ctx context.Context, b *Buckets, keyOf func(string) string) (a
 
 // scriptCases are the behaviours of the scripts, as step tables at fixed
 // instants. Each runs on redis-server and on miniredis and must give the
-// same, expected, results on both.
+// same, expected, results on both; TestMemScripts replays them on the
+// in-memory bucket.
 var scriptCases = []struct {
 	name  string
 	steps []step

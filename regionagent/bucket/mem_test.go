@@ -1,0 +1,118 @@
+package bucket
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+)
+
+// memKey names the in-memory buckets of the tests, as keyOf does the Redis
+// keys of TestScripts.
+type memKey struct {
+	limit  string
+	window int64
+}
+
+func memKeyOf(name string) memKey { return memKey{"case", int64(name[0]-'a') + 1} }
+
+// runMem runs a step of scriptCases on an in-memory bucket.
+func (s step) runMem(b *Mem[memKey]) (any, error) {
+	switch s.op {
+	case "deposit":
+		return b.Deposit(MemDeposit[memKey]{Key: memKeyOf(s.key), LeaseID: s.id, Tokens: s.tokens,
+			StartMs: s.start, DeadlineMs: s.dl, ExpireAtMs: farExpiry(), NowMs: s.now})
+	case "spend":
+		keys := make([]memKey, len(s.keys))
+		for i, k := range s.keys {
+			keys[i] = memKeyOf(k)
+		}
+		return b.Spend(keys, s.costs, s.now)
+	case "close":
+		return b.Close(memKeyOf(s.key), s.id, s.now)
+	case "balance":
+		r := b.Balance(memKeyOf(s.key), s.now)
+		r.Open = nil
+		return r, nil
+	case "add":
+		return b.AddCounter(memKeyOf(s.key), s.counter, s.tokens, s.now)
+	}
+	return nil, fmt.Errorf("unknown op %q", s.op)
+}
+
+// TestMemScripts replays the scripts' step tables (scriptCases, which
+// TestScripts runs on redis-server and miniredis) on the in-memory bucket:
+// the agent's in-process store and the simulator's bucket have the Lua
+// scripts' semantics.
+func TestMemScripts(t *testing.T) {
+	for _, c := range scriptCases {
+		t.Run(c.name, func(t *testing.T) {
+			b := NewMem[memKey](24 * 3600 * 1000)
+			for i, s := range c.steps {
+				got, err := s.runMem(b)
+				if err != nil {
+					t.Fatalf("step %d (%s %s): %v", i, s.op, s.id, err)
+				}
+				if !reflect.DeepEqual(got, s.want) {
+					t.Fatalf("step %d (%s %s at T0%+d):\n got %+v\nwant %+v", i, s.op, s.id, s.now-T0, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// TestMemSpend1 checks the fast single-key spend against Spend on the same
+// sequence of operations.
+func TestMemSpend1(t *testing.T) {
+	a, b := NewMem[memKey](0), NewMem[memKey](0)
+	k := memKey{"l", 1}
+	for _, x := range []*Mem[memKey]{a, b} {
+		for _, d := range []MemDeposit[memKey]{
+			{Key: k, LeaseID: "L1", Tokens: 3, StartMs: T0, DeadlineMs: T0 + 100, ExpireAtMs: farExpiry(), NowMs: T0},
+			{Key: k, LeaseID: "L2", Tokens: 4, StartMs: T0 + 50, DeadlineMs: T0 + 200, ExpireAtMs: farExpiry(), NowMs: T0},
+		} {
+			if _, err := x.Deposit(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i, s := range []struct{ now, cost int64 }{{T0, 2}, {T0, 2}, {T0 + 50, 2}, {T0 + 99, 3}, {T0 + 100, 1}, {T0 + 150, 3}, {T0 + 200, 1}, {T0 + 300, 0}} {
+		ok, balance := a.Spend1(k, s.cost, s.now)
+		r, err := b.Spend([]memKey{k}, []int64{s.cost}, s.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != r.Allowed || balance != r.Keys[0].Balance {
+			t.Fatalf("spend %d: Spend1 = %v, %d; Spend = %+v", i, ok, balance, r)
+		}
+		if ga, gb := a.Balance(k, s.now), b.Balance(k, s.now); !reflect.DeepEqual(ga, gb) {
+			t.Fatalf("spend %d: balances differ:\n%+v\n%+v", i, ga, gb)
+		}
+	}
+}
+
+// TestMemExpiry: a key disappears at its expiry, counters and closed
+// markers with it, as a Redis key would.
+func TestMemExpiry(t *testing.T) {
+	b := NewMem[memKey](1000)
+	k := memKey{"l", 1}
+	if r, _ := b.Deposit(MemDeposit[memKey]{Key: k, LeaseID: "L1", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 10, ExpireAtMs: T0 + 20, NowMs: T0}); r.Status != Deposited {
+		t.Fatalf("deposit: %+v", r)
+	}
+	if r, _ := b.Deposit(MemDeposit[memKey]{Key: k, LeaseID: "L2", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 10, ExpireAtMs: T0 + 10, NowMs: T0 + 10}); r.Status != RefusedKeyExpiry {
+		t.Fatalf("deposit past expiry: %+v", r)
+	}
+	if r := b.Balance(k, T0+19); len(r.Expired) != 1 {
+		t.Fatalf("before expiry: %+v", r)
+	}
+	if r := b.Balance(k, T0+20); !reflect.DeepEqual(r, BalanceResult{}) {
+		t.Fatalf("after expiry: %+v", r)
+	}
+	b.Spend1(memKey{"l", 2}, 1, T0) // orphan key: TTL 1000 ms
+	if r := b.Balance(memKey{"l", 2}, T0+999); r.Denied != 1 {
+		t.Fatalf("orphan before TTL: %+v", r)
+	}
+	b.Sweep(T0 + 1000)
+	if b.Keys() != 0 {
+		t.Fatalf("keys after sweep: %d", b.Keys())
+	}
+}
