@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"leasehold/allocator"
 	"leasehold/lease"
 	"leasehold/regionagent/bucket"
 	"leasehold/regionagent/faulttest"
@@ -142,37 +143,44 @@ func testFailoverLostWrites(t *testing.T, debit bool) {
 	spend(200, 20*time.Second)
 	a.report(ctx)
 
-	reps, err := w.alloc.Reports(l.Id, 3)
-	if err != nil {
-		t.Fatal(err)
+	r := w.rollbackReport(l.Id, win, admitted, est)
+	switch {
+	case debit && admitted > r.LimitTokens:
+		// The debit takes back the forgotten spends: strict still holds
+		// when the estimate covers the loss.
+		t.Errorf("admitted %d > G %d although %v tokens were debited for %d lost", admitted, r.LimitTokens, debited, lost)
+	case !debit && admitted != r.LimitTokens+lost:
+		t.Errorf("without the debit admitted %d, want G %d + the %d lost spends again", admitted, r.LimitTokens, lost)
 	}
-	var found bool
+}
+
+// rollbackReport returns the allocator's report of a window that saw a
+// Redis failover, once it has checked what every such window must show:
+// the bound's redis_rollback term covers the agent's estimate, and the
+// admitted tokens (counted from the Check answers) are within G + bound.
+func (w *world) rollbackReport(limit string, win, admitted, est int64) allocator.WindowReport {
+	w.t.Helper()
+	reps, err := w.alloc.Reports(limit, 3)
+	if err != nil {
+		w.t.Fatal(err)
+	}
 	start := lease.Window{Index: win, Length: time.Minute}.Start()
 	for _, r := range reps {
 		if !r.WindowStart.Equal(start) {
 			continue
 		}
-		found = true
-		t.Logf("window %d: G %d, admitted (Checks) %d, reported %d, bound %s", win, r.LimitTokens, admitted,
+		w.t.Logf("window %d: G %d, admitted (Checks) %d, reported %d, bound %s", win, r.LimitTokens, admitted,
 			r.AdmittedTotal, r.Terms)
 		if r.Terms.RedisRollback < est {
-			t.Errorf("bound's redis_rollback %d, want >= the agent's estimate %d", r.Terms.RedisRollback, est)
+			w.t.Errorf("bound's redis_rollback %d, want >= the agent's estimate %d", r.Terms.RedisRollback, est)
 		}
 		if r.Bound.Infinite || admitted > r.LimitTokens+r.Bound.Tokens {
-			t.Errorf("admitted %d > G %d + bound %v", admitted, r.LimitTokens, r.Bound)
+			w.t.Errorf("admitted %d > G %d + bound %v", admitted, r.LimitTokens, r.Bound)
 		}
-		switch {
-		case debit && admitted > r.LimitTokens:
-			// The debit takes back the forgotten spends: strict still holds
-			// when the estimate covers the loss.
-			t.Errorf("admitted %d > G %d although %v tokens were debited for %d lost", admitted, r.LimitTokens, debited, lost)
-		case !debit && admitted != r.LimitTokens+lost:
-			t.Errorf("without the debit admitted %d, want G %d + the %d lost spends again", admitted, r.LimitTokens, lost)
-		}
+		return r
 	}
-	if !found {
-		t.Fatalf("no report of window %d in %+v", win, reps)
-	}
+	w.t.Fatalf("no report of window %d in %+v", win, reps)
+	return allocator.WindowReport{}
 }
 
 // waitReplicated waits until the primary lists an online replica that
