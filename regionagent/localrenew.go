@@ -41,14 +41,7 @@ func (a *Agent) evaluateLocal(ctx context.Context, l *limitView, st *limitState)
 	if p.AcquireNext {
 		a.acquire(ctx, l, st, true, rate, 0, 0, true)
 	}
-	ids := make([]string, 0, len(p.Close)+len(p.Surplus))
-	for _, e := range p.Close {
-		ids = append(ids, e.ID)
-	}
-	for _, o := range p.Surplus {
-		ids = append(ids, o.ID)
-	}
-	a.closeAndReturnLocal(ctx, l, w.Index, ids)
+	a.closeAndReturnLocal(ctx, l, w.Index, p.Closing())
 }
 
 func counterValue(bal bucket.BalanceResult, name string) int64 {

@@ -43,6 +43,18 @@ type Plan struct {
 	Surplus []bucket.OpenLease
 }
 
+// Closing lists the leases the round closes: expired ones, then surplus.
+func (p Plan) Closing() []string {
+	ids := make([]string, 0, len(p.Close)+len(p.Surplus))
+	for _, e := range p.Close {
+		ids = append(ids, e.ID)
+	}
+	for _, o := range p.Surplus {
+		ids = append(ids, o.ID)
+	}
+	return ids
+}
+
 // Idle reports whether the plan does nothing.
 func (p Plan) Idle() bool {
 	return !p.Acquire && !p.AcquireNext && len(p.Close) == 0 && len(p.Surplus) == 0

@@ -301,14 +301,7 @@ func (a *Agent) evaluate(ctx context.Context, id string) {
 	if p.AcquireNext {
 		a.acquire(ctx, l, st, true, rate, 0, 0, false)
 	}
-	ids := make([]string, 0, len(p.Close)+len(p.Surplus))
-	for _, e := range p.Close {
-		ids = append(ids, e.ID)
-	}
-	for _, o := range p.Surplus {
-		ids = append(ids, o.ID)
-	}
-	a.closeAndReturn(ctx, l, key, ids)
+	a.closeAndReturn(ctx, l, key, p.Closing())
 }
 
 // observeDemand feeds the bucket's regional admitted + denied count into
