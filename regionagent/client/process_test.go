@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,11 +18,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/faulttest"
 	"leasehold/regionagent/redistest"
 )
 
@@ -209,20 +208,23 @@ func TestSubLeaseProcesses(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "leasehold/cmd/leasehold").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	alloc := freeLoopback(t)
-	startProcess(t, bin, "allocator", "--grpc-addr", alloc, "--http-addr", freeLoopback(t),
-		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", freeLoopback(t),
-		"--etcd-peer-addr", freeLoopback(t), "--regions", "eu,us")
+	alloc := faulttest.FreeAddr(t)
+	startProcess(t, bin, "allocator", "--grpc-addr", alloc, "--http-addr", faulttest.FreeAddr(t),
+		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", faulttest.FreeAddr(t),
+		"--etcd-peer-addr", faulttest.FreeAddr(t), "--regions", "eu,us")
 	redisEU, redisUS := redistest.Start(t), redistest.Start(t)
-	agents := []string{freeLoopback(t), freeLoopback(t), freeLoopback(t)}
+	agents := []string{faulttest.FreeAddr(t), faulttest.FreeAddr(t), faulttest.FreeAddr(t)}
 	for i, a := range []struct{ region, redis, id string }{
 		{"eu", redisEU.Addr(), "eu-1"}, {"eu", redisEU.Addr(), "eu-2"}, {"us", redisUS.Addr(), "us-1"},
 	} {
 		startProcess(t, bin, "agent", "--region", a.region, "--allocator", alloc, "--redis", a.redis,
-			"--grpc-addr", agents[i], "--http-addr", freeLoopback(t), "--replica-id", a.id)
+			"--grpc-addr", agents[i], "--http-addr", faulttest.FreeAddr(t), "--replica-id", a.id)
 	}
 	for _, a := range agents {
-		waitServing(t, a)
+		// SERVING: the agent has its limits from the allocator.
+		if err := faulttest.WaitHealthy(a, pb.RegionAgent_ServiceDesc.ServiceName, 90*time.Second, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	conn, err := grpc.NewClient(alloc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -351,17 +353,6 @@ func TestSubLeaseProcesses(t *testing.T) {
 	}
 }
 
-// freeLoopback returns a loopback address with a port free right now.
-func freeLoopback(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startProcess runs bin with args until the test ends (SIGINT, then
 // SIGKILL after 20 s).
 func startProcess(t *testing.T, bin string, args ...string) {
@@ -393,31 +384,6 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
-}
-
-// waitServing waits until the agent at addr says SERVING (it has its
-// limits from the allocator).
-func waitServing(t *testing.T, addr string) {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: pb.RegionAgent_ServiceDesc.ServiceName})
-		cancel()
-		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent %s not serving: %v %v", addr, resp, err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling readiness
-	}
 }
 
 // waitKnows waits until the agent at addr knows limit (its limits sync
