@@ -8,6 +8,7 @@ import (
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/store"
 )
 
 // evaluateLocal is evaluate while Redis is down: the replica renews the
@@ -60,8 +61,8 @@ func counterValue(bal bucket.BalanceResult, name string) int64 {
 func (a *Agent) depositLocal(l *limitView, ls *pb.Lease, sent, recv time.Time) error {
 	expires := ls.ExpiresIn.AsDuration()
 	deadline := lease.Deadline(sent, expires, a.opt.safetyMargin(expires))
-	d := bucket.MemDeposit[bucket.MemKey]{
-		Key:        bucket.MemKey{Limit: l.id, Window: ls.WindowIndex},
+	d := store.Deposit{
+		Key:        store.Key{Limit: l.id, Window: ls.WindowIndex},
 		LeaseID:    ls.LeaseId,
 		Tokens:     ls.Tokens,
 		DeadlineMs: a.local.ms(deadline),

@@ -5,11 +5,12 @@ import (
 	"time"
 
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/store"
 )
 
 // localStore holds the leases an agent replica acquires for itself while
 // its region's Redis is down, and spends them in process. It is a
-// [bucket.Mem] (the Redis scripts' semantics: idempotent deposits,
+// [store.Mem] (the Redis scripts' semantics: idempotent deposits,
 // all-or-nothing spends from the earliest deadline, closes counted once)
 // on the agent's own monotonic clock: milliseconds since the store was
 // made. Deadlines round down and starts round up to the millisecond, so a
@@ -24,7 +25,7 @@ type localStore struct {
 	epoch time.Time // the instant of ms 0 on the agent's clock
 
 	mu   sync.Mutex // protects mem, held
-	mem  *bucket.Mem[bucket.MemKey]
+	mem  *store.Mem
 	held map[string]int // per limit: leases deposited and not closed
 }
 
@@ -33,7 +34,7 @@ type localStore struct {
 const localOrphanTTL = bucket.DefaultOrphanTTL
 
 func newLocalStore(now time.Time) *localStore {
-	return &localStore{epoch: now, mem: bucket.NewMem[bucket.MemKey](localOrphanTTL.Milliseconds()), held: map[string]int{}}
+	return &localStore{epoch: now, mem: store.NewMem(localOrphanTTL.Milliseconds()), held: map[string]int{}}
 }
 
 // ms is t on the store's clock, rounded down.
@@ -61,7 +62,7 @@ func (s *localStore) spend(limits []string, windows, costs []int64, now time.Tim
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(limits) == 1 {
-		k := bucket.MemKey{Limit: limits[0], Window: windows[0]}
+		k := store.Key{Limit: limits[0], Window: windows[0]}
 		ok, bal := s.mem.Spend1(k, costs[0], nowMs)
 		r := bucket.SpendResult{Allowed: ok, Failed: -1, Keys: []bucket.KeyResult{{Allowed: ok, Balance: bal}}}
 		if !ok {
@@ -69,9 +70,9 @@ func (s *localStore) spend(limits []string, windows, costs []int64, now time.Tim
 		}
 		return r
 	}
-	keys := make([]bucket.MemKey, len(limits))
+	keys := make([]store.Key, len(limits))
 	for i := range limits {
-		keys[i] = bucket.MemKey{Limit: limits[i], Window: windows[i]}
+		keys[i] = store.Key{Limit: limits[i], Window: windows[i]}
 	}
 	r, err := s.mem.Spend(keys, costs, nowMs)
 	if err != nil { // costs were validated by CheckMulti
@@ -81,7 +82,7 @@ func (s *localStore) spend(limits []string, windows, costs []int64, now time.Tim
 }
 
 // deposit stores a lease.
-func (s *localStore) deposit(d bucket.MemDeposit[bucket.MemKey]) (bucket.DepositResult, error) {
+func (s *localStore) deposit(d store.Deposit) (bucket.DepositResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, err := s.mem.Deposit(d)
@@ -95,7 +96,7 @@ func (s *localStore) deposit(d bucket.MemDeposit[bucket.MemKey]) (bucket.Deposit
 func (s *localStore) close(limit string, window int64, id string, now time.Time) bucket.CloseResult {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, _ := s.mem.Close(bucket.MemKey{Limit: limit, Window: window}, id, s.ms(now)) // id is never empty
+	r, _ := s.mem.Close(store.Key{Limit: limit, Window: window}, id, s.ms(now)) // id is never empty
 	if !r.AlreadyClosed && !r.Unknown {
 		if s.held[limit]--; s.held[limit] <= 0 {
 			delete(s.held, limit)
@@ -108,14 +109,14 @@ func (s *localStore) close(limit string, window int64, id string, now time.Time)
 func (s *localStore) balance(limit string, window int64, now time.Time) bucket.BalanceResult {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mem.Balance(bucket.MemKey{Limit: limit, Window: window}, s.ms(now))
+	return s.mem.Balance(store.Key{Limit: limit, Window: window}, s.ms(now))
 }
 
 // add adds delta to a named counter of a local bucket and returns its value.
 func (s *localStore) add(limit string, window int64, name string, delta int64, now time.Time) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, _ := s.mem.AddCounter(bucket.MemKey{Limit: limit, Window: window}, name, delta, s.ms(now)) // names are constants
+	v, _ := s.mem.AddCounter(store.Key{Limit: limit, Window: window}, name, delta, s.ms(now)) // names are constants
 	return v
 }
 

@@ -90,7 +90,7 @@ func (lh *leasehold) fault(f Fault, begin bool) {
 		if a := lh.agents[f.Region]; begin && a.heldAtCut < 0 {
 			if st := a.states[lh.w.sc.Series]; st != nil {
 				now := a.now()
-				a.heldAtCut = a.bucket.Balance(BKey{st.l.ID, a.windowOf(now, st.l).Index}, a.redisMs()).Spendable
+				a.heldAtCut = a.bucket.Balance(BKey{Limit: st.l.ID, Window: a.windowOf(now, st.l).Index}, a.redisMs()).Spendable
 			}
 		}
 	}
@@ -480,7 +480,7 @@ func (a *agent) check(li int, start time.Duration, done func(outcome, time.Durat
 	now := a.now()
 	st := a.state(li, now)
 	w := a.windowOf(now, st.l)
-	key := BKey{st.l.ID, w.Index}
+	key := BKey{Limit: st.l.ID, Window: w.Index}
 	a.decide(st, key, w, start, done, true)
 }
 
@@ -601,7 +601,7 @@ func (a *agent) evaluate(st *limState) {
 	now := a.now()
 	l := st.l
 	w := a.windowOf(now, l)
-	key := BKey{l.ID, w.Index}
+	key := BKey{Limit: l.ID, Window: w.Index}
 	bal := a.bucket.Balance(key, a.redisMs())
 	st.demand.Observe(now, w.Index, bal.Admitted+bal.Denied)
 	rate := st.demand.Rate(now)
@@ -782,7 +782,7 @@ func (a *agent) acquire(st *limState, next bool, rate float64, held, want int64,
 				}
 				st.spentWindow, st.spentAt = max(st.spentWindow, w.Index), recv
 				if !next {
-					_, _ = a.bucket.AddCounter(BKey{st.l.ID, w.Index}, counterPoolSpent, 1, a.redisMs())
+					_, _ = a.bucket.AddCounter(BKey{Limit: st.l.ID, Window: w.Index}, counterPoolSpent, 1, a.redisMs())
 				}
 			}
 			a.notify(st)
@@ -813,7 +813,7 @@ func (a *agent) deposit(st *limState, ls *pb.Lease, sent, recv time.Time) error 
 	margin := marginFixed + time.Duration(float64(expiresIn)*marginPPM/1e6)
 	deadline := lease.Deadline(sent, expiresIn, margin)
 	start := lease.StartAt(recv, ls.StartsIn.AsDuration())
-	d := Deposit{Key: BKey{st.l.ID, ls.WindowIndex}, LeaseID: ls.LeaseId, Tokens: ls.Tokens,
+	d := Deposit{Key: BKey{Limit: st.l.ID, Window: ls.WindowIndex}, LeaseID: ls.LeaseId, Tokens: ls.Tokens,
 		StartMs: a.cs.ToRedisStart(start), DeadlineMs: a.cs.ToRedis(deadline), NowMs: a.redisMs()}
 	if ls.StartsIn.AsDuration() <= 0 {
 		d.StartMs = 0

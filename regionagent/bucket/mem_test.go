@@ -4,25 +4,22 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+
+	"leasehold/regionagent/store"
 )
 
-// memKey names the in-memory buckets of the tests, as keyOf does the Redis
-// keys of TestScripts.
-type memKey struct {
-	limit  string
-	window int64
-}
-
-func memKeyOf(name string) memKey { return memKey{"case", int64(name[0]-'a') + 1} }
+// memKeyOf names the in-memory buckets of the tests, as keyOf does the
+// Redis keys of TestScripts.
+func memKeyOf(name string) store.Key { return store.Key{Limit: "case", Window: int64(name[0]-'a') + 1} }
 
 // runMem runs a step of scriptCases on an in-memory bucket.
-func (s step) runMem(b *Mem[memKey]) (any, error) {
+func (s step) runMem(b *store.Mem) (any, error) {
 	switch s.op {
 	case "deposit":
-		return b.Deposit(MemDeposit[memKey]{Key: memKeyOf(s.key), LeaseID: s.id, Tokens: s.tokens,
+		return b.Deposit(store.Deposit{Key: memKeyOf(s.key), LeaseID: s.id, Tokens: s.tokens,
 			StartMs: s.start, DeadlineMs: s.dl, ExpireAtMs: farExpiry(), NowMs: s.now})
 	case "spend":
-		keys := make([]memKey, len(s.keys))
+		keys := make([]store.Key, len(s.keys))
 		for i, k := range s.keys {
 			keys[i] = memKeyOf(k)
 		}
@@ -46,7 +43,7 @@ func (s step) runMem(b *Mem[memKey]) (any, error) {
 func TestMemScripts(t *testing.T) {
 	for _, c := range scriptCases {
 		t.Run(c.name, func(t *testing.T) {
-			b := NewMem[memKey](24 * 3600 * 1000)
+			b := store.NewMem(24 * 3600 * 1000)
 			for i, s := range c.steps {
 				got, err := s.runMem(b)
 				if err != nil {
@@ -63,10 +60,10 @@ func TestMemScripts(t *testing.T) {
 // TestMemSpend1 checks the fast single-key spend against Spend on the same
 // sequence of operations.
 func TestMemSpend1(t *testing.T) {
-	a, b := NewMem[memKey](0), NewMem[memKey](0)
-	k := memKey{"l", 1}
-	for _, x := range []*Mem[memKey]{a, b} {
-		for _, d := range []MemDeposit[memKey]{
+	a, b := store.NewMem(0), store.NewMem(0)
+	k := store.Key{Limit: "l", Window: 1}
+	for _, x := range []*store.Mem{a, b} {
+		for _, d := range []store.Deposit{
 			{Key: k, LeaseID: "L1", Tokens: 3, StartMs: T0, DeadlineMs: T0 + 100, ExpireAtMs: farExpiry(), NowMs: T0},
 			{Key: k, LeaseID: "L2", Tokens: 4, StartMs: T0 + 50, DeadlineMs: T0 + 200, ExpireAtMs: farExpiry(), NowMs: T0},
 		} {
@@ -77,7 +74,7 @@ func TestMemSpend1(t *testing.T) {
 	}
 	for i, s := range []struct{ now, cost int64 }{{T0, 2}, {T0, 2}, {T0 + 50, 2}, {T0 + 99, 3}, {T0 + 100, 1}, {T0 + 150, 3}, {T0 + 200, 1}, {T0 + 300, 0}} {
 		ok, balance := a.Spend1(k, s.cost, s.now)
-		r, err := b.Spend([]memKey{k}, []int64{s.cost}, s.now)
+		r, err := b.Spend([]store.Key{k}, []int64{s.cost}, s.now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,12 +90,12 @@ func TestMemSpend1(t *testing.T) {
 // TestMemExpiry: a key disappears at its expiry, counters and closed
 // markers with it, as a Redis key would.
 func TestMemExpiry(t *testing.T) {
-	b := NewMem[memKey](1000)
-	k := memKey{"l", 1}
-	if r, _ := b.Deposit(MemDeposit[memKey]{Key: k, LeaseID: "L1", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 10, ExpireAtMs: T0 + 20, NowMs: T0}); r.Status != Deposited {
+	b := store.NewMem(1000)
+	k := store.Key{Limit: "l", Window: 1}
+	if r, _ := b.Deposit(store.Deposit{Key: k, LeaseID: "L1", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 10, ExpireAtMs: T0 + 20, NowMs: T0}); r.Status != Deposited {
 		t.Fatalf("deposit: %+v", r)
 	}
-	if r, _ := b.Deposit(MemDeposit[memKey]{Key: k, LeaseID: "L2", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 10, ExpireAtMs: T0 + 10, NowMs: T0 + 10}); r.Status != RefusedKeyExpiry {
+	if r, _ := b.Deposit(store.Deposit{Key: k, LeaseID: "L2", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 10, ExpireAtMs: T0 + 10, NowMs: T0 + 10}); r.Status != RefusedKeyExpiry {
 		t.Fatalf("deposit past expiry: %+v", r)
 	}
 	if r := b.Balance(k, T0+19); len(r.Expired) != 1 {
@@ -107,8 +104,8 @@ func TestMemExpiry(t *testing.T) {
 	if r := b.Balance(k, T0+20); !reflect.DeepEqual(r, BalanceResult{}) {
 		t.Fatalf("after expiry: %+v", r)
 	}
-	b.Spend1(memKey{"l", 2}, 1, T0) // orphan key: TTL 1000 ms
-	if r := b.Balance(memKey{"l", 2}, T0+999); r.Denied != 1 {
+	b.Spend1(store.Key{Limit: "l", Window: 2}, 1, T0) // orphan key: TTL 1000 ms
+	if r := b.Balance(store.Key{Limit: "l", Window: 2}, T0+999); r.Denied != 1 {
 		t.Fatalf("orphan before TTL: %+v", r)
 	}
 	b.Sweep(T0 + 1000)

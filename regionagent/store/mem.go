@@ -1,4 +1,4 @@
-package bucket
+package store
 
 import (
 	"errors"
@@ -7,15 +7,10 @@ import (
 	"strings"
 )
 
-// MemKey names a bucket of a [Mem]: one (limit, window), like [Key].
-type MemKey struct {
-	Limit  string
-	Window int64
-}
-
-// MemDeposit is [Deposit] for a [Mem] whose buckets are named by K.
-type MemDeposit[K comparable] struct {
-	Key        K
+// Deposit describes one lease to store in a [Mem]: the arguments of
+// deposit.lua. Times are milliseconds on the store's clock.
+type Deposit struct {
+	Key        Key
 	LeaseID    string
 	Tokens     int64
 	StartMs    int64
@@ -25,10 +20,10 @@ type MemDeposit[K comparable] struct {
 }
 
 // errMem reports an argument the Lua scripts would refuse.
-var errMem = errors.New("bucket: mem: invalid argument")
+var errMem = errors.New("store: mem: invalid argument")
 
 // Mem is an in-memory region bucket with the semantics of the Redis
-// scripts (lua/*.lua), operation for operation. The simulator replays
+// scripts (package bucket, lua/*.lua), operation for operation. The simulator replays
 // regions on it, and an agent whose Redis is down keeps the leases it
 // acquires for itself in one:
 //
@@ -51,9 +46,9 @@ var errMem = errors.New("bucket: mem: invalid argument")
 // Every operation takes now in milliseconds on the bucket's clock, which the
 // caller passes explicitly (the simulator's Redis clock, or an agent's
 // monotonic clock). The zero value is not usable; call NewMem. Not safe for
-// concurrent use. K names the buckets (e.g. [MemKey]).
-type Mem[K comparable] struct {
-	keys      map[K]*memHash
+// concurrent use.
+type Mem struct {
+	keys      map[Key]*memHash
 	orphanTTL int64 // ms
 }
 
@@ -73,12 +68,12 @@ type memHash struct {
 }
 
 // NewMem returns an empty bucket whose orphan keys live orphanTTLMs.
-func NewMem[K comparable](orphanTTLMs int64) *Mem[K] {
-	return &Mem[K]{keys: map[K]*memHash{}, orphanTTL: orphanTTLMs}
+func NewMem(orphanTTLMs int64) *Mem {
+	return &Mem{keys: map[Key]*memHash{}, orphanTTL: orphanTTLMs}
 }
 
 // get returns the live hash of key at now, nil if the key does not exist.
-func (b *Mem[K]) get(key K, nowMs int64) *memHash {
+func (b *Mem) get(key Key, nowMs int64) *memHash {
 	h := b.keys[key]
 	if h != nil && h.expireAt > 0 && h.expireAt <= nowMs {
 		delete(b.keys, key)
@@ -89,7 +84,7 @@ func (b *Mem[K]) get(key K, nowMs int64) *memHash {
 
 // create makes a key that an operation other than Deposit writes first:
 // it carries the orphan TTL.
-func (b *Mem[K]) create(key K, nowMs int64) *memHash {
+func (b *Mem) create(key Key, nowMs int64) *memHash {
 	h := &memHash{}
 	if b.orphanTTL > 0 {
 		h.expireAt = nowMs + b.orphanTTL
@@ -100,10 +95,10 @@ func (b *Mem[K]) create(key K, nowMs int64) *memHash {
 
 // Keys returns how many keys the bucket holds (expired ones included until
 // touched or swept).
-func (b *Mem[K]) Keys() int { return len(b.keys) }
+func (b *Mem) Keys() int { return len(b.keys) }
 
 // Sweep deletes the keys expired at now, as Redis's active expiry does.
-func (b *Mem[K]) Sweep(nowMs int64) {
+func (b *Mem) Sweep(nowMs int64) {
 	for k, h := range b.keys {
 		if h.expireAt > 0 && h.expireAt <= nowMs {
 			delete(b.keys, k)
@@ -156,7 +151,7 @@ func (h *memHash) charge(cost, nowMs int64) {
 }
 
 // Deposit stores a lease (deposit.lua).
-func (b *Mem[K]) Deposit(d MemDeposit[K]) (DepositResult, error) {
+func (b *Mem) Deposit(d Deposit) (DepositResult, error) {
 	switch {
 	case d.LeaseID == "":
 		return DepositResult{}, fmt.Errorf("%w: empty lease id", errMem)
@@ -204,7 +199,7 @@ func cmpLease(a, b *memLease) int {
 
 // Spend1 is Spend of one key and one cost, without allocating: allowed, and
 // the key's spendable balance after the spend.
-func (b *Mem[K]) Spend1(key K, cost, nowMs int64) (allowed bool, balance int64) {
+func (b *Mem) Spend1(key Key, cost, nowMs int64) (allowed bool, balance int64) {
 	h := b.get(key, nowMs)
 	bal, _ := h.spendable(nowMs)
 	if bal >= cost {
@@ -225,7 +220,7 @@ func (b *Mem[K]) Spend1(key K, cost, nowMs int64) (allowed bool, balance int64) 
 // spend): each key pays its cost, or nothing is charged and the cost is
 // added to denied on each key that lacked it. A key named twice pays both
 // costs.
-func (b *Mem[K]) Spend(keys []K, costs []int64, nowMs int64) (SpendResult, error) {
+func (b *Mem) Spend(keys []Key, costs []int64, nowMs int64) (SpendResult, error) {
 	if len(keys) == 0 || len(keys) != len(costs) {
 		return SpendResult{}, fmt.Errorf("%w: %d keys, %d costs", errMem, len(keys), len(costs))
 	}
@@ -235,14 +230,14 @@ func (b *Mem[K]) Spend(keys []K, costs []int64, nowMs int64) (SpendResult, error
 		}
 	}
 	type state struct {
-		key      K
+		key      Key
 		h        *memHash
 		bal      int64
 		earliest int64
 		need     int64
 	}
 	sts := make([]*state, len(keys))
-	byKey := map[K]*state{}
+	byKey := map[Key]*state{}
 	for i, k := range keys {
 		st := byKey[k]
 		if st == nil {
@@ -288,7 +283,7 @@ func (b *Mem[K]) Spend(keys []K, costs []int64, nowMs int64) (SpendResult, error
 }
 
 // Close removes a lease and returns its unspent tokens, once (close.lua).
-func (b *Mem[K]) Close(key K, id string, nowMs int64) (CloseResult, error) {
+func (b *Mem) Close(key Key, id string, nowMs int64) (CloseResult, error) {
 	if id == "" {
 		return CloseResult{}, fmt.Errorf("%w: empty lease id", errMem)
 	}
@@ -326,7 +321,7 @@ func (h *memHash) leaseOrNil(id string) *memLease {
 }
 
 // Balance reads a bucket without changing it (balance.lua).
-func (b *Mem[K]) Balance(key K, nowMs int64) BalanceResult {
+func (b *Mem) Balance(key Key, nowMs int64) BalanceResult {
 	h := b.get(key, nowMs)
 	var r BalanceResult
 	if h == nil {
@@ -356,7 +351,7 @@ func (b *Mem[K]) Balance(key K, nowMs int64) BalanceResult {
 }
 
 // AddCounter adds delta to a named counter (add.lua) and returns its value.
-func (b *Mem[K]) AddCounter(key K, name string, delta, nowMs int64) (int64, error) {
+func (b *Mem) AddCounter(key Key, name string, delta, nowMs int64) (int64, error) {
 	if name == "" || strings.Contains(name, ":") || name == "admitted" || name == "denied" {
 		return 0, fmt.Errorf("%w: counter name %q", errMem, name)
 	}

@@ -1,0 +1,153 @@
+// Package store is the vocabulary of a region's lease store, and an
+// in-memory store with the Redis scripts' semantics.
+//
+// A store keeps, per (limit, window) — a [Key] —, the leases deposited for
+// it (remaining tokens, start, deadline), the leases closed, and the
+// window's cost counters. Spends take tokens from the leases that are
+// spendable at now (start <= now < deadline, not closed), earliest
+// deadline first, all or nothing; a closed lease is never spent again.
+// Package bucket keeps a region's shared store in Redis (Lua scripts);
+// [Mem] is the same semantics in memory, for the agent's in-process store
+// while Redis is down and for the simulator. The agent core (package
+// regionagent/core) reads these types as the results of the actions it
+// asks for.
+//
+// Standard library only; no I/O; every operation takes now as an argument
+// (milliseconds on the store's own clock).
+package store
+
+import "strconv"
+
+// Key names one bucket: the leases and counters of one (limit, window).
+type Key struct {
+	Limit  string
+	Window int64
+}
+
+// DepositStatus says what a deposit did.
+type DepositStatus int
+
+const (
+	// Deposited: the lease was stored.
+	Deposited DepositStatus = 1
+	// AlreadyDeposited: a lease with this id was there; nothing changed.
+	AlreadyDeposited DepositStatus = 2
+	// RefusedClosed: the lease was closed before (possibly as unknown); its
+	// tokens were settled and must not become spendable.
+	RefusedClosed DepositStatus = 3
+	// RefusedKeyExpiry: ExpireAtMs is not after the store's current time
+	// (Redis: TIME, whatever NowMs says); nothing was written, since PEXPIREAT in
+	// the past would delete the bucket.
+	RefusedKeyExpiry DepositStatus = 4
+)
+
+func (s DepositStatus) String() string {
+	switch s {
+	case Deposited:
+		return "deposited"
+	case AlreadyDeposited:
+		return "already-deposited"
+	case RefusedClosed:
+		return "refused-closed"
+	case RefusedKeyExpiry:
+		return "refused-key-expiry"
+	}
+	return "DepositStatus(" + strconv.Itoa(int(s)) + ")"
+}
+
+// DepositResult is the outcome of a deposit.
+type DepositResult struct {
+	Status  DepositStatus
+	Balance int64 // spendable tokens of the bucket at now, after the deposit
+}
+
+// KeyResult is one key's part of a spend.
+type KeyResult struct {
+	// Allowed: this key had enough spendable tokens for its cost (the spend
+	// as a whole may still be denied by another key).
+	Allowed bool
+	// Balance is the key's spendable tokens after the spend.
+	Balance int64
+	// EarliestDeadlineMs is the earliest deadline (store ms) among the key's
+	// remaining spendable tokens, 0 if none: when the agent must have renewed.
+	EarliestDeadlineMs int64
+}
+
+// SpendResult is the outcome of one all-or-nothing spend.
+type SpendResult struct {
+	// Allowed: every key paid its cost. Otherwise nothing was charged.
+	Allowed bool
+	// Failed is the index of the first key that lacked tokens, -1 if none.
+	Failed int
+	// Keys has one entry per key, in order.
+	Keys []KeyResult
+	// Err is set only by a batch of spends (bucket.SpendBatch), for an op that was not decided
+	// (invalid, or its script call failed). Allowed is then false, Failed
+	// -1 and Keys nil.
+	Err error
+}
+
+// CloseResult is the outcome of closing a lease.
+type CloseResult struct {
+	// Unspent is what the lease had left when it was first closed; every
+	// retry returns the same amount.
+	Unspent int64
+	// AlreadyClosed: an earlier call closed the lease; count Unspent once,
+	// on the call where AlreadyClosed is false.
+	AlreadyClosed bool
+	// Unknown: the lease was never deposited here; it is now recorded as
+	// closed with 0, so a late deposit of it is refused.
+	Unknown bool
+	// Balance is the bucket's spendable tokens at now, after the close.
+	Balance int64
+}
+
+// Counter is a named per-window counter.
+type Counter struct {
+	Name  string
+	Value int64
+}
+
+// ExpiredLease is a lease past its deadline that nobody closed yet.
+type ExpiredLease struct {
+	ID        string
+	Remaining int64
+}
+
+// BalanceResult describes a bucket at now.
+type BalanceResult struct {
+	Spendable          int64 // tokens of leases with start <= now < deadline
+	Live               int   // number of such leases, drained ones included
+	EarliestDeadlineMs int64 // earliest deadline among spendable tokens, 0 if none
+	Pending            int64 // tokens of leases that start after now
+	Admitted           int64 // cost admitted in this window
+	Denied             int64 // cost denied in this window
+	// Counters are the other counters (AddCounter), sorted by name.
+	Counters []Counter
+	// Expired are leases with deadline <= now, not closed yet, sorted by
+	// (deadline, id): the agent closes them and returns their tokens.
+	Expired []ExpiredLease
+	// Open are the leases with now < deadline, started or pending, sorted
+	// by (deadline, id): what the region holds, lease by lease.
+	Open []OpenLease
+}
+
+// OpenLease is a lease that has not reached its deadline.
+type OpenLease struct {
+	ID         string
+	Remaining  int64
+	StartMs    int64
+	DeadlineMs int64
+}
+
+// Lasting returns the tokens spendable at nowMs that are still spendable
+// at nowMs+horizonMs: what the region can count on for that long.
+func (r BalanceResult) Lasting(nowMs, horizonMs int64) int64 {
+	var n int64
+	for _, o := range r.Open {
+		if o.StartMs <= nowMs && o.DeadlineMs > nowMs+horizonMs {
+			n += o.Remaining
+		}
+	}
+	return n
+}
