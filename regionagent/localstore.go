@@ -63,9 +63,9 @@ func (s *localStore) spend(limits []string, windows, costs []int64, now time.Tim
 	defer s.mu.Unlock()
 	if len(limits) == 1 {
 		k := store.Key{Limit: limits[0], Window: windows[0]}
-		ok, bal := s.mem.Spend1(k, costs[0], nowMs)
-		r := bucket.SpendResult{Allowed: ok, Failed: -1, Keys: []bucket.KeyResult{{Allowed: ok, Balance: bal}}}
-		if !ok {
+		kr := s.mem.Spend1(k, costs[0], nowMs)
+		r := bucket.SpendResult{Allowed: kr.Allowed, Failed: -1, Keys: []bucket.KeyResult{kr}}
+		if !kr.Allowed {
 			r.Failed = 0
 		}
 		return r

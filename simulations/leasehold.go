@@ -488,7 +488,8 @@ func (a *agent) decide(st *limState, key BKey, w lease.Window, start time.Durati
 	eng := a.eng()
 	t := eng.Now()
 	now := a.clock.At(t)
-	ok, balance := a.bucket.Spend1(key, 1, a.redis.Ms(t))
+	kr := a.bucket.Spend1(key, 1, a.redis.Ms(t))
+	ok, balance := kr.Allowed, kr.Balance
 	rtt := a.lh.w.sc.LocalRTT
 	if ok {
 		// A lease of window key.Window spent at t must lie in that window

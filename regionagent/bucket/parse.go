@@ -96,7 +96,7 @@ func parseDeposit(v any) (DepositResult, error) {
 // parseSpend parses the reply of a one-spend call into a SpendResult whose
 // Keys use dst (len(dst) is the spend's key count).
 func parseSpend(v any, dst []KeyResult) (SpendResult, error) {
-	a, err := replyArray(v, 1+3*len(dst))
+	a, err := replyArray(v, 1+keyFields*len(dst))
 	if err != nil {
 		return SpendResult{}, err
 	}
@@ -109,7 +109,7 @@ func parseSpend(v any, dst []KeyResult) (SpendResult, error) {
 func parseSpendCall(v any, idx []int, res []SpendResult) error {
 	want := 0
 	for _, i := range idx {
-		want += 1 + 3*len(res[i].Keys)
+		want += 1 + keyFields*len(res[i].Keys)
 	}
 	a, err := replyArray(v, want)
 	if err != nil {
@@ -126,11 +126,15 @@ func parseSpendCall(v any, idx []int, res []SpendResult) error {
 	return nil
 }
 
-// parseSpendAt parses one spend, {failed, (allowed, balance, earliest) x n},
-// starting at a[off], into dst (len(dst) == n). It returns the offset after it.
+// keyFields is the number of reply fields per key of a spend.
+const keyFields = 5
+
+// parseSpendAt parses one spend, {failed, (allowed, balance, earliest,
+// count, spent) x n}, starting at a[off], into dst (len(dst) == n). It
+// returns the offset after it.
 func parseSpendAt(a []any, off int, dst []KeyResult) (SpendResult, int, error) {
 	n := len(dst)
-	if off < 0 || off > len(a) || len(a)-off < 1+3*n {
+	if off < 0 || off > len(a) || len(a)-off < 1+keyFields*n {
 		return SpendResult{}, 0, fmt.Errorf("%w: spend reply too short", ErrBadReply)
 	}
 	failed, err := asInt(a[off])
@@ -141,18 +145,21 @@ func parseSpendAt(a []any, off int, dst []KeyResult) (SpendResult, int, error) {
 		return SpendResult{}, 0, fmt.Errorf("%w: failed index %d of %d keys", ErrBadReply, failed, n)
 	}
 	for i := range dst {
-		j := off + 1 + 3*i
+		j := off + 1 + keyFields*i
 		ok, err := asBool(a[j])
 		if err != nil {
 			return SpendResult{}, 0, err
 		}
 		k := KeyResult{Allowed: ok}
-		if err := ints(a[j+1:j+3], &k.Balance, &k.EarliestDeadlineMs); err != nil {
+		if err := ints(a[j+1:j+4], &k.Balance, &k.EarliestDeadlineMs, &k.Count); err != nil {
+			return SpendResult{}, 0, err
+		}
+		if k.PoolSpent, err = asBool(a[j+4]); err != nil {
 			return SpendResult{}, 0, err
 		}
 		dst[i] = k
 	}
-	return SpendResult{Allowed: failed == 0, Failed: int(failed) - 1, Keys: dst}, off + 1 + 3*n, nil
+	return SpendResult{Allowed: failed == 0, Failed: int(failed) - 1, Keys: dst}, off + 1 + keyFields*n, nil
 }
 
 // parseClose parses {unspent, already_closed, unknown, balance}.

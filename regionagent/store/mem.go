@@ -133,6 +133,17 @@ func (h *memHash) spendable(nowMs int64) (sum, earliest int64) {
 	return sum, earliest
 }
 
+// count is the window's admitted + denied cost (KeyResult.Count).
+func (h *memHash) count() int64 {
+	if h == nil {
+		return 0
+	}
+	return h.admitted + h.denied
+}
+
+// poolSpent reports whether CounterPoolSpent is set (KeyResult.PoolSpent).
+func (h *memHash) poolSpent() bool { return h != nil && h.counters[CounterPoolSpent] > 0 }
+
 // charge takes cost from the spendable leases, earliest deadline first.
 // The caller checked the balance.
 func (h *memHash) charge(cost, nowMs int64) {
@@ -197,23 +208,23 @@ func cmpLease(a, b *memLease) int {
 	return strings.Compare(a.id, b.id)
 }
 
-// Spend1 is Spend of one key and one cost, without allocating: allowed, and
-// the key's spendable balance after the spend.
-func (b *Mem) Spend1(key Key, cost, nowMs int64) (allowed bool, balance int64) {
+// Spend1 is Spend of one key and one cost, without allocating: the key's
+// result (Allowed is the spend's).
+func (b *Mem) Spend1(key Key, cost, nowMs int64) KeyResult {
 	h := b.get(key, nowMs)
-	bal, _ := h.spendable(nowMs)
+	bal, earliest := h.spendable(nowMs)
 	if bal >= cost {
 		if cost > 0 {
 			h.charge(cost, nowMs)
-			bal, _ = h.spendable(nowMs)
+			bal, earliest = h.spendable(nowMs)
 		}
-		return true, bal
+		return KeyResult{Allowed: true, Balance: bal, EarliestDeadlineMs: earliest, Count: h.count(), PoolSpent: h.poolSpent()}
 	}
 	if h == nil {
 		h = b.create(key, nowMs)
 	}
 	h.denied += cost
-	return false, bal
+	return KeyResult{Balance: bal, EarliestDeadlineMs: earliest, Count: h.count(), PoolSpent: h.poolSpent()}
 }
 
 // Spend decides one all-or-nothing spend over keys (spend.lua with one
@@ -265,7 +276,8 @@ func (b *Mem) Spend(keys []Key, costs []int64, nowMs int64) (SpendResult, error)
 				}
 				st.h.denied += costs[i]
 			}
-			res.Keys[i] = KeyResult{Allowed: ok, Balance: st.bal, EarliestDeadlineMs: st.earliest}
+			res.Keys[i] = KeyResult{Allowed: ok, Balance: st.bal, EarliestDeadlineMs: st.earliest,
+				Count: st.h.count(), PoolSpent: st.h.poolSpent()}
 		}
 		return res, nil
 	}
@@ -277,7 +289,8 @@ func (b *Mem) Spend(keys []Key, costs []int64, nowMs int64) (SpendResult, error)
 		}
 	}
 	for i, st := range sts {
-		res.Keys[i] = KeyResult{Allowed: true, Balance: st.bal, EarliestDeadlineMs: st.earliest}
+		res.Keys[i] = KeyResult{Allowed: true, Balance: st.bal, EarliestDeadlineMs: st.earliest,
+			Count: st.h.count(), PoolSpent: st.h.poolSpent()}
 	}
 	return res, nil
 }

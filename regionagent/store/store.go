@@ -24,6 +24,12 @@ type Key struct {
 	Window int64
 }
 
+// CounterPoolSpent is the counter an agent replica sets in a window's
+// bucket when the allocator answered that the window's pool is spent, so
+// that every replica's spends report it ([KeyResult.PoolSpent]) and answer
+// over-limit until the window's reset.
+const CounterPoolSpent = "pool_spent"
+
 // DepositStatus says what a deposit did.
 type DepositStatus int
 
@@ -71,6 +77,13 @@ type KeyResult struct {
 	// EarliestDeadlineMs is the earliest deadline (store ms) among the key's
 	// remaining spendable tokens, 0 if none: when the agent must have renewed.
 	EarliestDeadlineMs int64
+	// Count is the key's admitted + denied cost after the spend: the
+	// region's demand in the window so far, every replica included. The
+	// agent estimates demand from it without reading the bucket again.
+	Count int64
+	// PoolSpent: the key's CounterPoolSpent is set, i.e. some replica
+	// learned from the allocator that the window's pool is spent.
+	PoolSpent bool
 }
 
 // SpendResult is the outcome of one all-or-nothing spend.
@@ -81,8 +94,8 @@ type SpendResult struct {
 	Failed int
 	// Keys has one entry per key, in order.
 	Keys []KeyResult
-	// Err is set only by a batch of spends (bucket.SpendBatch), for an op that was not decided
-	// (invalid, or its script call failed). Allowed is then false, Failed
+	// Err is set only by a batch of spends (bucket.SpendBatch), for an op
+	// that was not decided (invalid, or its script call failed). Allowed is then false, Failed
 	// -1 and Keys nil.
 	Err error
 }

@@ -15,11 +15,14 @@
 -- exactly as if each were its own script call. All writes happen at the
 -- end, after every argument was checked: an error leaves no partial state.
 --
--- Reply, per spend: failed, then (allowed, balance, earliest) per key
+-- Reply, per spend: failed, then (allowed, balance, earliest, count, spent)
+-- per key
 --   failed     1-based position of the first key that lacked tokens, 0 if none
 --   allowed    1 if that key had enough spendable tokens for its cost
 --   balance    the key's spendable tokens after the spend
 --   earliest   earliest deadline among the key's spendable tokens, 0 if none
+--   count      the key's admitted + denied after the spend (the window's demand)
+--   spent      1 if the key's pool_spent counter is set
 local now = now_ms(ARGV[1])
 local ttl = int(ARGV[2], 'orphan_ttl_ms')
 local nops = int(ARGV[3], 'spends')
@@ -32,10 +35,16 @@ local function get(i)
   end
   local st = state[key]
   if st == nil then
-    local leases, exists = load(key)
+    local counters = {}
+    local leases, exists = load(key, counters)
     local bal, earliest = spendable(leases, now)
+    local spent = 0
+    if (counters['pool_spent'] or 0) > 0 then
+      spent = 1
+    end
     st = {key = key, leases = leases, bal = bal, earliest = earliest, exists = exists,
-          admitted = 0, denied = 0}
+          admitted = 0, denied = 0, base = (counters['admitted'] or 0) + (counters['denied'] or 0),
+          spent = spent}
     state[key] = st
   end
   return st
@@ -89,6 +98,8 @@ for _ = 1, nops do
     out[#out + 1] = ok and 1 or 0
     out[#out + 1] = st.bal
     out[#out + 1] = st.earliest
+    out[#out + 1] = st.base + st.admitted + st.denied
+    out[#out + 1] = st.spent
   elseif n > 1 then
     local sts, costs, need = {}, {}, {}
     for j = 1, n do
@@ -119,6 +130,8 @@ for _ = 1, nops do
         out[#out + 1] = ok and 1 or 0
         out[#out + 1] = st.bal
         out[#out + 1] = st.earliest
+        out[#out + 1] = st.base + st.admitted + st.denied
+        out[#out + 1] = st.spent
       end
     else
       for j = 1, n do
@@ -128,6 +141,8 @@ for _ = 1, nops do
         out[#out + 1] = 1
         out[#out + 1] = sts[j].bal
         out[#out + 1] = sts[j].earliest
+        out[#out + 1] = sts[j].base + sts[j].admitted + sts[j].denied
+        out[#out + 1] = sts[j].spent
       end
     end
   else
