@@ -42,7 +42,7 @@ func (s step) strip(got any) any {
 func stripCounts(r SpendResult) SpendResult {
 	keys := make([]KeyResult, len(r.Keys))
 	for i, k := range r.Keys {
-		k.Count, k.PoolSpent = 0, false
+		k.Admitted, k.Denied, k.PoolSpent = 0, 0, false
 		keys[i] = k
 	}
 	if r.Keys != nil {
@@ -78,16 +78,17 @@ func no(bal, earliest int64) KeyResult {
 	return KeyResult{Allowed: false, Balance: bal, EarliestDeadlineMs: earliest}
 }
 
-// counted is a spend step whose keys' results carry their counts: kr(...)
-// with count and pool-spent set.
+// counted is a spend step whose keys' results carry their counters and
+// pool-spent marks: kr(...).
 func counted(now int64, kcs []kc, allowed bool, failed int, keys ...KeyResult) step {
 	s := spend(now, kcs, allowed, failed, keys...)
 	s.counts = true
 	return s
 }
 
-func kr(allowed bool, bal, earliest, count int64, spent bool) KeyResult {
-	return KeyResult{Allowed: allowed, Balance: bal, EarliestDeadlineMs: earliest, Count: count, PoolSpent: spent}
+func kr(allowed bool, bal, earliest, admitted, denied int64, spent bool) KeyResult {
+	return KeyResult{Allowed: allowed, Balance: bal, EarliestDeadlineMs: earliest, Admitted: admitted, Denied: denied,
+		PoolSpent: spent}
 }
 
 func closeL(key, id string, now, unspent int64, already, unknown bool, bal int64) step {
@@ -254,13 +255,13 @@ var scriptCases = []struct {
 	}},
 	{"spends report the window's demand and the pool-spent mark", []step{
 		dep("a", "L1", 5, T0, T0+1000, T0, Deposited, 5),
-		counted(T0, []kc{{"a", 3}}, true, -1, kr(true, 2, T0+1000, 3, false)),
-		counted(T0, []kc{{"a", 4}}, false, 0, kr(false, 2, T0+1000, 7, false)),
+		counted(T0, []kc{{"a", 3}}, true, -1, kr(true, 2, T0+1000, 3, 0, false)),
+		counted(T0, []kc{{"a", 4}}, false, 0, kr(false, 2, T0+1000, 3, 4, false)),
 		add("a", "pool_spent", 1, 1),
-		add("a", "fallback_admitted", 9, 9), // not demand the spend counts
-		counted(T0, []kc{{"a", 2}}, true, -1, kr(true, 0, 0, 9, true)),
-		counted(T0, []kc{{"a", 1}, {"b", 1}}, false, 0, kr(false, 0, 0, 10, true), kr(false, 0, 0, 1, false)),
-		counted(T0, []kc{{"b", 0}, {"b", 2}}, false, 0, kr(false, 0, 0, 1, false), kr(false, 0, 0, 3, false)), // b named twice needs 2
+		add("a", "fallback_admitted", 9, 9), // a counter of its own
+		counted(T0, []kc{{"a", 2}}, true, -1, kr(true, 0, 0, 5, 4, true)),
+		counted(T0, []kc{{"a", 1}, {"b", 1}}, false, 0, kr(false, 0, 0, 5, 5, true), kr(false, 0, 0, 0, 1, false)),
+		counted(T0, []kc{{"b", 0}, {"b", 2}}, false, 0, kr(false, 0, 0, 0, 1, false), kr(false, 0, 0, 0, 3, false)), // b named twice needs 2
 	}},
 	{"large values stay exact", []step{
 		dep("a", "L1", 1<<52, T0, T0+1000, T0, Deposited, 1<<52),

@@ -127,10 +127,10 @@ func parseSpendCall(v any, idx []int, res []SpendResult) error {
 }
 
 // keyFields is the number of reply fields per key of a spend.
-const keyFields = 5
+const keyFields = 6
 
 // parseSpendAt parses one spend, {failed, (allowed, balance, earliest,
-// count, spent) x n}, starting at a[off], into dst (len(dst) == n). It
+// admitted, denied, spent) x n}, starting at a[off], into dst (len(dst) == n). It
 // returns the offset after it.
 func parseSpendAt(a []any, off int, dst []KeyResult) (SpendResult, int, error) {
 	n := len(dst)
@@ -151,10 +151,10 @@ func parseSpendAt(a []any, off int, dst []KeyResult) (SpendResult, int, error) {
 			return SpendResult{}, 0, err
 		}
 		k := KeyResult{Allowed: ok}
-		if err := ints(a[j+1:j+4], &k.Balance, &k.EarliestDeadlineMs, &k.Count); err != nil {
+		if err := ints(a[j+1:j+5], &k.Balance, &k.EarliestDeadlineMs, &k.Admitted, &k.Denied); err != nil {
 			return SpendResult{}, 0, err
 		}
-		if k.PoolSpent, err = asBool(a[j+4]); err != nil {
+		if k.PoolSpent, err = asBool(a[j+5]); err != nil {
 			return SpendResult{}, 0, err
 		}
 		dst[i] = k

@@ -133,12 +133,19 @@ func (h *memHash) spendable(nowMs int64) (sum, earliest int64) {
 	return sum, earliest
 }
 
-// count is the window's admitted + denied cost (KeyResult.Count).
-func (h *memHash) count() int64 {
+// counts are the window's cost counters (KeyResult.Admitted, Denied).
+func (h *memHash) counts() (admitted, denied int64) {
 	if h == nil {
-		return 0
+		return 0, 0
 	}
-	return h.admitted + h.denied
+	return h.admitted, h.denied
+}
+
+// result is one key's part of a spend.
+func (h *memHash) result(allowed bool, bal, earliest int64) KeyResult {
+	a, d := h.counts()
+	return KeyResult{Allowed: allowed, Balance: bal, EarliestDeadlineMs: earliest, Admitted: a, Denied: d,
+		PoolSpent: h.poolSpent()}
 }
 
 // poolSpent reports whether CounterPoolSpent is set (KeyResult.PoolSpent).
@@ -218,13 +225,13 @@ func (b *Mem) Spend1(key Key, cost, nowMs int64) KeyResult {
 			h.charge(cost, nowMs)
 			bal, earliest = h.spendable(nowMs)
 		}
-		return KeyResult{Allowed: true, Balance: bal, EarliestDeadlineMs: earliest, Count: h.count(), PoolSpent: h.poolSpent()}
+		return h.result(true, bal, earliest)
 	}
 	if h == nil {
 		h = b.create(key, nowMs)
 	}
 	h.denied += cost
-	return KeyResult{Balance: bal, EarliestDeadlineMs: earliest, Count: h.count(), PoolSpent: h.poolSpent()}
+	return h.result(false, bal, earliest)
 }
 
 // Spend decides one all-or-nothing spend over keys (spend.lua with one
@@ -276,8 +283,7 @@ func (b *Mem) Spend(keys []Key, costs []int64, nowMs int64) (SpendResult, error)
 				}
 				st.h.denied += costs[i]
 			}
-			res.Keys[i] = KeyResult{Allowed: ok, Balance: st.bal, EarliestDeadlineMs: st.earliest,
-				Count: st.h.count(), PoolSpent: st.h.poolSpent()}
+			res.Keys[i] = st.h.result(ok, st.bal, st.earliest)
 		}
 		return res, nil
 	}
@@ -289,8 +295,7 @@ func (b *Mem) Spend(keys []Key, costs []int64, nowMs int64) (SpendResult, error)
 		}
 	}
 	for i, st := range sts {
-		res.Keys[i] = KeyResult{Allowed: true, Balance: st.bal, EarliestDeadlineMs: st.earliest,
-			Count: st.h.count(), PoolSpent: st.h.poolSpent()}
+		res.Keys[i] = st.h.result(true, st.bal, st.earliest)
 	}
 	return res, nil
 }

@@ -77,10 +77,11 @@ type KeyResult struct {
 	// EarliestDeadlineMs is the earliest deadline (store ms) among the key's
 	// remaining spendable tokens, 0 if none: when the agent must have renewed.
 	EarliestDeadlineMs int64
-	// Count is the key's admitted + denied cost after the spend: the
-	// region's demand in the window so far, every replica included. The
-	// agent estimates demand from it without reading the bucket again.
-	Count int64
+	// Admitted and Denied are the key's cost counters after the spend: the
+	// region's admissions and demand in the window so far, every replica
+	// included. The agent estimates demand from them without reading the
+	// bucket again.
+	Admitted, Denied int64
 	// PoolSpent: the key's CounterPoolSpent is set, i.e. some replica
 	// learned from the allocator that the window's pool is spent.
 	PoolSpent bool

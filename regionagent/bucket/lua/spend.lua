@@ -15,13 +15,14 @@
 -- exactly as if each were its own script call. All writes happen at the
 -- end, after every argument was checked: an error leaves no partial state.
 --
--- Reply, per spend: failed, then (allowed, balance, earliest, count, spent)
--- per key
+-- Reply, per spend: failed, then (allowed, balance, earliest, admitted,
+-- denied, spent) per key
 --   failed     1-based position of the first key that lacked tokens, 0 if none
 --   allowed    1 if that key had enough spendable tokens for its cost
 --   balance    the key's spendable tokens after the spend
 --   earliest   earliest deadline among the key's spendable tokens, 0 if none
---   count      the key's admitted + denied after the spend (the window's demand)
+--   admitted   the key's admitted counter after the spend
+--   denied     the key's denied counter after the spend
 --   spent      1 if the key's pool_spent counter is set
 local now = now_ms(ARGV[1])
 local ttl = int(ARGV[2], 'orphan_ttl_ms')
@@ -43,7 +44,8 @@ local function get(i)
       spent = 1
     end
     st = {key = key, leases = leases, bal = bal, earliest = earliest, exists = exists,
-          admitted = 0, denied = 0, base = (counters['admitted'] or 0) + (counters['denied'] or 0),
+          admitted = 0, denied = 0, base_admitted = counters['admitted'] or 0,
+          base_denied = counters['denied'] or 0,
           spent = spent}
     state[key] = st
   end
@@ -98,7 +100,8 @@ for _ = 1, nops do
     out[#out + 1] = ok and 1 or 0
     out[#out + 1] = st.bal
     out[#out + 1] = st.earliest
-    out[#out + 1] = st.base + st.admitted + st.denied
+    out[#out + 1] = st.base_admitted + st.admitted
+    out[#out + 1] = st.base_denied + st.denied
     out[#out + 1] = st.spent
   elseif n > 1 then
     local sts, costs, need = {}, {}, {}
@@ -130,7 +133,8 @@ for _ = 1, nops do
         out[#out + 1] = ok and 1 or 0
         out[#out + 1] = st.bal
         out[#out + 1] = st.earliest
-        out[#out + 1] = st.base + st.admitted + st.denied
+        out[#out + 1] = st.base_admitted + st.admitted
+    out[#out + 1] = st.base_denied + st.denied
         out[#out + 1] = st.spent
       end
     else
@@ -141,7 +145,8 @@ for _ = 1, nops do
         out[#out + 1] = 1
         out[#out + 1] = sts[j].bal
         out[#out + 1] = sts[j].earliest
-        out[#out + 1] = sts[j].base + sts[j].admitted + sts[j].denied
+        out[#out + 1] = sts[j].base_admitted + sts[j].admitted
+        out[#out + 1] = sts[j].base_denied + sts[j].denied
         out[#out + 1] = sts[j].spent
       end
     end
