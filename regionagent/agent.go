@@ -20,6 +20,7 @@ import (
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
 )
 
 // Config is the required wiring of an Agent.
@@ -170,7 +171,7 @@ type limitState struct {
 
 	mu          sync.Mutex // protects the fields below
 	lastActive  time.Time
-	demand      *Demand          // regional, from the bucket's counters
+	demand      *core.Demand          // regional, from the bucket's counters
 	pending     *pb.LeaseRequest // an acquire not yet answered: retried as is
 	pendingNext *pb.LeaseRequest
 	spentWindow int64     // window whose pool the allocator said is spent (-1: none)
@@ -183,7 +184,7 @@ type limitState struct {
 	changed     chan struct{}
 
 	// While Redis is down (see localhealth.go):
-	localDemand  *Demand // this replica's own demand, from its in-process counters
+	localDemand  *core.Demand // this replica's own demand, from its in-process counters
 	localNext    int64   // window for which a next-window lease is held in process
 	localEpisode uint64  // the Redis-down episode in which a Check waited for a first in-process lease
 }
@@ -280,8 +281,8 @@ func (a *Agent) state(l *limitView, now time.Time) *limitState {
 	defer a.mu.Unlock()
 	st := a.states[id]
 	if st == nil {
-		st = &limitState{id: id, demand: NewDemand(l.prior()), spentWindow: -1, nextWindow: -1,
-			fresh: true, changed: make(chan struct{}), localDemand: NewDemand(l.prior()), localNext: -1}
+		st = &limitState{id: id, demand: core.NewDemand(l.prior()), spentWindow: -1, nextWindow: -1,
+			fresh: true, changed: make(chan struct{}), localDemand: core.NewDemand(l.prior()), localNext: -1}
 		a.states[id] = st
 	}
 	st.mu.Lock()
@@ -626,7 +627,7 @@ func (a *Agent) lowWaterOf(st *limitState, l *limitView, w lease.Window, now tim
 	}
 	rate := d.Rate(now)
 	st.mu.Unlock()
-	return lowWater(rate, a.opt.lead, a.windowEnd(w).Sub(now))
+	return core.LowWater(rate, a.opt.lead, a.windowEnd(w).Sub(now))
 }
 
 // kick asks the renewal loop to look at a limit now.

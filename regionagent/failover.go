@@ -16,6 +16,7 @@ import (
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
 )
 
 // Redis failover with lost writes (ARCHITECTURE.md, failure table): spends
@@ -69,7 +70,7 @@ type failoverWatcher struct {
 	mu       sync.Mutex // protects the fields below
 	repl     replState
 	seen     map[failKey]*seenCount
-	rates    map[string]*Demand // admit rate per limit, from bucket admitted counts
+	rates    map[string]*core.Demand // admit rate per limit, from bucket admitted counts
 	rollback map[failKey]*rollbackTotal
 }
 
@@ -98,7 +99,7 @@ const failoverPoll = time.Second
 func newFailoverWatcher(a *Agent) *failoverWatcher {
 	return &failoverWatcher{
 		a: a, every: failoverPoll, timeout: a.opt.redisTimeout, m: newFailoverMetrics(a.cfg.Registerer),
-		seen: map[failKey]*seenCount{}, rates: map[string]*Demand{}, rollback: map[failKey]*rollbackTotal{},
+		seen: map[failKey]*seenCount{}, rates: map[string]*core.Demand{}, rollback: map[failKey]*rollbackTotal{},
 	}
 }
 
@@ -319,7 +320,7 @@ func (f *failoverWatcher) sawAdmitted(l *limitView, window, admitted int64, now 
 	}
 	d := f.rates[l.id]
 	if d == nil {
-		d = NewDemand(0)
+		d = core.NewDemand(0)
 		f.rates[l.id] = d
 	}
 	d.Observe(now, window, admitted)

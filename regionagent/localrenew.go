@@ -8,6 +8,7 @@ import (
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
 	"leasehold/regionagent/store"
 )
 
@@ -30,7 +31,7 @@ func (a *Agent) evaluateLocal(ctx context.Context, l *limitView, st *limitState)
 	nextDone := st.localNext == w.Index+1
 	st.mu.Unlock()
 
-	p := PlanRenewal(PlanInput{NowMs: a.local.ms(now), Left: a.windowEnd(w).Sub(now), Rate: rate, TTL: l.ttl,
+	p := core.PlanRenewal(core.PlanInput{NowMs: a.local.ms(now), Left: a.windowEnd(w).Sub(now), Rate: rate, TTL: l.ttl,
 		Lead: a.opt.lead, Every: a.opt.renewEvery, Bucket: bal, Spent: spent, Pending: havePending,
 		NextDone: nextDone, KickCost: kickCost})
 	a.log.Debug("renewal (in process): evaluated", "limit", l.id, "window", w.Index, "spendable", bal.Spendable,

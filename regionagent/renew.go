@@ -15,6 +15,7 @@ import (
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
 )
 
 // Run syncs limits, renews leases, returns expired ones and reports usage
@@ -263,7 +264,7 @@ func (a *Agent) evaluate(ctx context.Context, id string) {
 	st.mu.Unlock()
 
 	nowMs := a.redisMsAt(now)
-	p := PlanRenewal(PlanInput{NowMs: nowMs, Left: a.windowEnd(w).Sub(now), Rate: rate, TTL: l.ttl,
+	p := core.PlanRenewal(core.PlanInput{NowMs: nowMs, Left: a.windowEnd(w).Sub(now), Rate: rate, TTL: l.ttl,
 		Lead: a.opt.lead, Every: a.opt.renewEvery, Bucket: bal, Spent: spent, Pending: havePending,
 		NextDone: nextDone, KickCost: kickCost})
 	a.log.Debug("renewal: evaluated", "limit", id, "window", w.Index, "spendable", bal.Spendable, "held", p.Held,

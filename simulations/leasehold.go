@@ -11,8 +11,8 @@ import (
 	"leasehold/lease"
 	"leasehold/overshoot"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
 )
 
 // Agent settings, as regionagent's defaults.
@@ -359,7 +359,7 @@ type waiter struct {
 type limState struct {
 	li          int
 	l           *allocator.Limit
-	demand      *regionagent.Demand
+	demand      *core.Demand
 	pending     *leaseReq
 	pendingNext *leaseReq
 	spentWindow int64
@@ -462,7 +462,7 @@ func (a *agent) state(li int, now time.Time) *limState {
 	if st == nil {
 		l := a.lh.limits[li]
 		prior := float64(l.Tokens) / l.Window.Seconds() / float64(max(1, len(l.Regions)))
-		st = &limState{li: li, l: l, demand: regionagent.NewDemand(prior), spentWindow: -1, nextWindow: -1, fresh: true}
+		st = &limState{li: li, l: l, demand: core.NewDemand(prior), spentWindow: -1, nextWindow: -1, fresh: true}
 		a.states[li] = st
 		a.active = append(a.active, li)
 	}
@@ -613,7 +613,7 @@ func (a *agent) evaluate(st *limState) {
 		}
 	}
 	spent := st.spentWindow == w.Index && now.Sub(st.spentAt) < spentRetry
-	p := regionagent.PlanRenewal(regionagent.PlanInput{NowMs: a.cs.ToRedis(now), Left: a.windowEnd(w).Sub(now),
+	p := core.PlanRenewal(core.PlanInput{NowMs: a.cs.ToRedis(now), Left: a.windowEnd(w).Sub(now),
 		Rate: rate, TTL: l.TTL, Lead: renewLead, Every: renewEvery, Bucket: bal, Spent: spent,
 		Pending: st.pending != nil, NextDone: st.nextWindow == w.Index+1, KickCost: st.kickCost})
 	if p.Idle() {

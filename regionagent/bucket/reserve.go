@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"leasehold/regionagent/store"
 )
 
 // ReserveStatus says what a reservation did.
@@ -120,6 +122,5 @@ func (b *Buckets) Release(ctx context.Context, key, id string, unspent, nowMs in
 }
 
 // SubLeasePrefix marks the lease a released reservation's unspent tokens
-// return as; such a lease is no allocator lease and is never returned to
-// it.
-const SubLeasePrefix = "sub:"
+// return as (see [store.SubLeasePrefix]).
+const SubLeasePrefix = store.SubLeasePrefix

@@ -30,6 +30,22 @@ type Key struct {
 // over-limit until the window's reset.
 const CounterPoolSpent = "pool_spent"
 
+// Other counters an agent keeps per window beside admitted and denied.
+const (
+	// CounterFallback is the cost admitted under a fallback mode (local or
+	// open) while the region could not get leases.
+	CounterFallback = "fallback_admitted"
+	// CounterModeLocal and CounterModeOpen are set when the fallback mode
+	// local or open was in force during the window.
+	CounterModeLocal = "mode_local"
+	CounterModeOpen  = "mode_open"
+)
+
+// SubLeasePrefix marks the lease that a released sub-lease reservation's
+// unspent tokens go back as: it is no allocator lease, and is never
+// returned to the allocator.
+const SubLeasePrefix = "sub:"
+
 // DepositStatus says what a deposit did.
 type DepositStatus int
 

@@ -1,4 +1,4 @@
-package regionagent
+package core
 
 import (
 	"time"
@@ -17,7 +17,7 @@ const instWindow = time.Second
 // shrink the next lease). Before anything is measurable it is the prior.
 //
 // The zero value is not usable; call NewDemand. Not safe for concurrent
-// use: the agent guards it with its limit state's mutex.
+// use.
 type Demand struct {
 	prior   float64
 	ewma    *lease.RateEstimator
@@ -38,8 +38,13 @@ func NewDemand(prior float64) *Demand {
 }
 
 // Observe records the count of window seen at now (it restarts at each
-// window).
+// window). Readings may arrive out of order (spends answered concurrently):
+// a count below one already seen for the window, or a reading of an older
+// window, adds nothing.
 func (d *Demand) Observe(now time.Time, window, count int64) {
+	if window < d.window || window == d.window && count <= d.count && d.n > 0 {
+		return
+	}
 	delta := count
 	if d.window == window {
 		delta = count - d.count
@@ -47,15 +52,17 @@ func (d *Demand) Observe(now time.Time, window, count int64) {
 	if delta > 0 {
 		d.ewma.Observe(now, float64(delta))
 	}
-	if d.window != window || delta > 0 || d.n == 0 {
-		total := int64(0)
-		if d.n > 0 {
-			total = d.samples[(d.n-1)%len(d.samples)].total
-		}
-		d.add(now, total+max(0, delta))
+	total := int64(0)
+	if d.n > 0 {
+		total = d.samples[(d.n-1)%len(d.samples)].total
 	}
+	d.add(now, total+max(0, delta))
 	d.window, d.count = window, count
 }
+
+// Measured reports whether any demand was observed (the rate is more than
+// the prior).
+func (d *Demand) Measured() bool { return d.n > 1 || d.n == 1 && d.samples[0].total > 0 }
 
 func (d *Demand) add(now time.Time, total int64) {
 	if d.n > 0 {

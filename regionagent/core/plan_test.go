@@ -1,16 +1,16 @@
-package regionagent
+package core
 
 import (
 	"testing"
 	"time"
 
-	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/store"
 )
 
 func TestPlanRenewal(t *testing.T) {
 	const now = int64(1_000_000)
-	open := func(id string, rem, deadlineIn int64) bucket.OpenLease {
-		return bucket.OpenLease{ID: id, Remaining: rem, StartMs: 0, DeadlineMs: now + deadlineIn}
+	open := func(id string, rem, deadlineIn int64) store.OpenLease {
+		return store.OpenLease{ID: id, Remaining: rem, StartMs: 0, DeadlineMs: now + deadlineIn}
 	}
 	base := PlanInput{NowMs: now, Left: 30 * time.Second, Rate: 10, TTL: 15 * time.Second, Lead: 2 * time.Second, Every: 250 * time.Millisecond}
 	for _, tc := range []struct {
@@ -20,34 +20,34 @@ func TestPlanRenewal(t *testing.T) {
 	}{
 		{"empty region renews", func(in *PlanInput) {}, Plan{Low: 20, Target: 150, Acquire: true}},
 		{"enough held: idle", func(in *PlanInput) {
-			in.Bucket.Open = []bucket.OpenLease{open("a", 100, 10_000)}
+			in.Bucket.Open = []store.OpenLease{open("a", 100, 10_000)}
 		}, Plan{Held: 100, Low: 20, Target: 150}},
 		{"held about to expire does not count", func(in *PlanInput) {
-			in.Bucket.Open = []bucket.OpenLease{open("a", 100, 1_500)}
+			in.Bucket.Open = []store.OpenLease{open("a", 100, 1_500)}
 		}, Plan{Held: 0, Low: 20, Target: 150, Acquire: true}},
 		{"pool spent: no renewal", func(in *PlanInput) { in.Spent = true }, Plan{Low: 20, Target: 150}},
 		{"replay a pending request even when spent is unknown", func(in *PlanInput) {
 			in.Pending = true
-			in.Bucket.Open = []bucket.OpenLease{open("a", 100, 10_000)}
+			in.Bucket.Open = []store.OpenLease{open("a", 100, 10_000)}
 		}, Plan{Held: 100, Low: 20, Target: 150, Acquire: true}},
 		{"a big denied cost asks for itself", func(in *PlanInput) {
 			in.KickCost = 500
-			in.Bucket.Open = []bucket.OpenLease{open("a", 100, 10_000)}
+			in.Bucket.Open = []store.OpenLease{open("a", 100, 10_000)}
 		}, Plan{Held: 100, Low: 20, Target: 150, Acquire: true, Want: 500}},
 		{"low water capped by the window's end", func(in *PlanInput) {
 			in.Left = 500 * time.Millisecond
-			in.Bucket.Open = []bucket.OpenLease{open("a", 6, 10_000)}
+			in.Bucket.Open = []store.OpenLease{open("a", 6, 10_000)}
 		}, Plan{Held: 6, Low: 5, Target: 5, AcquireNext: true}},
 		{"surplus returned latest first, keeping the target", func(in *PlanInput) {
-			in.Bucket.Open = []bucket.OpenLease{open("a", 100, 5_000), open("b", 200, 9_000), open("c", 120, 12_000)}
-		}, Plan{Held: 420, Low: 20, Target: 150, Surplus: []bucket.OpenLease{open("c", 120, 12_000), open("a", 100, 5_000)}}},
+			in.Bucket.Open = []store.OpenLease{open("a", 100, 5_000), open("b", 200, 9_000), open("c", 120, 12_000)}
+		}, Plan{Held: 420, Low: 20, Target: 150, Surplus: []store.OpenLease{open("c", 120, 12_000), open("a", 100, 5_000)}}},
 		{"expired leases are closed", func(in *PlanInput) {
-			in.Bucket.Expired = []bucket.ExpiredLease{{ID: "x", Remaining: 3}}
-			in.Bucket.Open = []bucket.OpenLease{open("a", 100, 10_000)}
-		}, Plan{Held: 100, Low: 20, Target: 150, Close: []bucket.ExpiredLease{{ID: "x", Remaining: 3}}}},
+			in.Bucket.Expired = []store.ExpiredLease{{ID: "x", Remaining: 3}}
+			in.Bucket.Open = []store.OpenLease{open("a", 100, 10_000)}
+		}, Plan{Held: 100, Low: 20, Target: 150, Close: []store.ExpiredLease{{ID: "x", Remaining: 3}}}},
 		{"no demand: no next window", func(in *PlanInput) {
 			in.Rate, in.Left = 0, time.Second
-			in.Bucket.Open = []bucket.OpenLease{open("a", 1, 10_000)}
+			in.Bucket.Open = []store.OpenLease{open("a", 1, 10_000)}
 		}, Plan{Held: 1, Low: 1, Target: 0}},
 	} {
 		in := base
@@ -90,7 +90,7 @@ func TestDemandFastAttackSlowDecay(t *testing.T) {
 	}
 }
 
-func sameLeases(a, b []bucket.OpenLease) bool {
+func sameLeases(a, b []store.OpenLease) bool {
 	if len(a) != len(b) {
 		return false
 	}

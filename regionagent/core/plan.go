@@ -1,4 +1,4 @@
-package regionagent
+package core
 
 import (
 	"math"
@@ -6,19 +6,18 @@ import (
 	"time"
 
 	"leasehold/lease"
-	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/store"
 )
 
-// PlanInput is everything a renewal decision looks at. PlanRenewal does no
-// I/O, so the simulator runs the same decision as the agent.
+// PlanInput is everything a renewal decision looks at.
 type PlanInput struct {
-	NowMs    int64         // now on Redis's clock
+	NowMs    int64         // now on the store's clock
 	Left     time.Duration // time left in the current window
 	Rate     float64       // the region's demand, tokens/s
 	TTL      time.Duration // the limit's lease TTL
 	Lead     time.Duration // renewal lead time
-	Every    time.Duration // renewal interval
-	Bucket   bucket.BalanceResult
+	Every    time.Duration // slack before the window's end for the next window's lease
+	Bucket   store.BalanceResult
 	Spent    bool  // the allocator said the window's pool is spent (recently)
 	Pending  bool  // an unanswered lease request waits to be sent again
 	NextDone bool  // a lease of the next window is held
@@ -37,10 +36,10 @@ type Plan struct {
 	// AcquireNext asks for a lease of the next window.
 	AcquireNext bool
 	// Close are expired leases to close and return.
-	Close []bucket.ExpiredLease
+	Close []store.ExpiredLease
 	// Surplus are lasting leases to close and return (latest deadline
 	// first) so busier regions can have their tokens.
-	Surplus []bucket.OpenLease
+	Surplus []store.OpenLease
 }
 
 // Closing lists the leases the round closes: expired ones, then surplus.
@@ -76,7 +75,7 @@ func PlanRenewal(in PlanInput) Plan {
 	if math.IsNaN(rate) || rate < 0 {
 		rate = 0
 	}
-	p.Low = lowWater(rate, in.Lead, in.Left)
+	p.Low = LowWater(rate, in.Lead, in.Left)
 	p.Held = in.Bucket.Lasting(in.NowMs, in.Lead.Milliseconds())
 	p.Target = ceilTokens(rate * min(in.TTL, in.Left).Seconds())
 	p.Acquire = !in.Spent && (in.Pending || p.Held < p.Low || in.KickCost > p.Held)
@@ -88,7 +87,7 @@ func PlanRenewal(in PlanInput) Plan {
 		for i := len(in.Bucket.Open) - 1; i >= 0; i-- {
 			o := in.Bucket.Open[i]
 			lasts := o.DeadlineMs > in.NowMs+in.Lead.Milliseconds()
-			sub := strings.HasPrefix(o.ID, bucket.SubLeasePrefix) // not the allocator's: never returned
+			sub := strings.HasPrefix(o.ID, store.SubLeasePrefix) // not the allocator's: never returned
 			if sub || o.StartMs > in.NowMs || !lasts || o.Remaining == 0 || kept-o.Remaining < p.Target {
 				continue
 			}
@@ -100,11 +99,11 @@ func PlanRenewal(in PlanInput) Plan {
 	return p
 }
 
-// lowWater is the balance below which a limit is renewed: demand x lead
+// LowWater is the balance below which a limit is renewed: demand x lead
 // time, capped by what the rest of the window can use (renewing for
 // demand past the window's end would ask for crumbs), at least 1. The
 // Check path and PlanRenewal both use it.
-func lowWater(rate float64, lead, left time.Duration) int64 {
+func LowWater(rate float64, lead, left time.Duration) int64 {
 	return max(1, min(lease.LowWater(rate, lead), ceilTokens(rate*left.Seconds())))
 }
 

@@ -1,0 +1,426 @@
+package core
+
+import (
+	"errors"
+	"strconv"
+	"time"
+
+	"leasehold/lease"
+	"leasehold/regionagent/store"
+)
+
+// ErrUnknownLimit: the limit is not in the region's snapshot.
+var ErrUnknownLimit = errors.New("core: unknown limit")
+
+// ItemError is bad input in one item of a Check. It wraps ErrUnknownLimit
+// for an unknown limit; otherwise it is invalid input in Field.
+type ItemError struct {
+	Index  int    // the item
+	Field  string // "limit_id" or "cost"
+	Reason string
+	Err    error // ErrUnknownLimit, or nil for invalid input
+}
+
+func (e *ItemError) Error() string { return e.Field + ": " + e.Reason }
+func (e *ItemError) Unwrap() error { return e.Err }
+
+// MaxLimitID is the longest limit id a Check may name.
+const MaxLimitID = 200
+
+// Item is one limit and cost of a Check.
+type Item struct {
+	Limit string
+	Cost  int64 // 0 means 1
+}
+
+// Step is what a Check needs next.
+type Step int8
+
+// Steps.
+const (
+	// StepSpend: spend Costs from Keys in Store, all or nothing, and hand
+	// the result to Spent.
+	StepSpend Step = iota + 1
+	// StepWait: wait until one of the Keys' limits changes (a Ready's
+	// Wake names it) or Until, then call Woke.
+	StepWait
+	// StepCount: add each of Counts to its counter, in order, and hand the
+	// new values to Counted.
+	StepCount
+	// StepDone: Answers (or Err) are final; apply Undo, if any.
+	StepDone
+)
+
+// Answer is the decision for one item of a Check.
+type Answer struct {
+	Allowed    bool
+	Reason     Reason
+	Remaining  int64
+	RetryAfter time.Duration
+	ResetAfter time.Duration
+	Limit      int64
+	Window     time.Duration
+	Version    int64
+}
+
+// Check is one Check on its way through the Core. Begin makes it; the
+// caller carries out its Step and hands the result back until Step is
+// StepDone. A Check belongs to one Core and one caller at a time.
+type Check struct {
+	Step  Step
+	Store Store
+	Keys  []store.Key // StepSpend: one per item; StepWait: the limits to wait on
+	Costs []int64
+	Until time.Time   // StepWait
+	Count []CounterOp // StepCount
+	// StepDone:
+	Answers  []Answer
+	Result   Result
+	StoreErr bool        // a spend was not decided by the store
+	Undo     []CounterOp // counter writes to take back, answer-less
+	Err      error       // an *ItemError
+
+	sts      []*limitState
+	wins     []lease.Window
+	deadline time.Time
+}
+
+// Begin starts a Check of items at now; the caller must answer by
+// deadline (the Core's wait bound applies too).
+func (c *Core) Begin(now time.Time, items []Item, deadline time.Time) *Check {
+	chk := &Check{Costs: make([]int64, len(items)), Keys: make([]store.Key, len(items))}
+	if d := now.Add(c.opt.wait); deadline.IsZero() || d.Before(deadline) {
+		deadline = d
+	}
+	chk.deadline = deadline
+	for i, it := range items {
+		switch {
+		case it.Limit == "":
+			return chk.fail(&ItemError{Index: i, Field: "limit_id", Reason: "required"})
+		case len(it.Limit) > MaxLimitID:
+			return chk.fail(&ItemError{Index: i, Field: "limit_id", Reason: "longer than " + strconv.Itoa(MaxLimitID) + " characters"})
+		}
+	}
+	if !c.synced {
+		// The agent has no snapshot of its region's limits yet: it does not
+		// know whether the limit exists, let alone its budget.
+		chk.Answers = make([]Answer, len(items))
+		for i := range chk.Answers {
+			chk.Answers[i] = Answer{Reason: ReasonUnavailable, RetryAfter: c.jitter(time.Second, time.Second)}
+		}
+		chk.Step, chk.Result = StepDone, ResultNotSynced
+		return chk
+	}
+	chk.sts = make([]*limitState, len(items))
+	chk.wins = make([]lease.Window, len(items))
+	for i, it := range items {
+		l := c.limits[it.Limit]
+		if l == nil {
+			return chk.fail(&ItemError{Index: i, Field: "limit_id", Err: ErrUnknownLimit,
+				Reason: strconv.Quote(it.Limit) + " is not a limit of region " + c.cfg.Region})
+		}
+		cost := it.Cost
+		if cost == 0 {
+			cost = 1
+		}
+		if cost < 0 || cost > l.Tokens {
+			return chk.fail(&ItemError{Index: i, Field: "cost",
+				Reason: "must be 1.." + strconv.FormatInt(l.Tokens, 10) + " (the limit's G), got " + strconv.FormatInt(it.Cost, 10)})
+		}
+		st := c.state(l)
+		wasActive := c.active(st, now)
+		st.lastCheck = now
+		if !wasActive {
+			c.schedule(st, now)
+		}
+		chk.sts[i], chk.Costs[i] = st, cost
+	}
+	c.name(now, chk)
+	chk.Step, chk.Store = StepSpend, c.store()
+	return chk
+}
+
+func (chk *Check) fail(err *ItemError) *Check {
+	chk.Step, chk.Err = StepDone, err
+	return chk
+}
+
+// name sets the Check's windows and keys at now.
+func (c *Core) name(now time.Time, chk *Check) {
+	for i, st := range chk.sts {
+		chk.wins[i] = c.WindowOf(now, &st.l)
+		chk.Keys[i] = store.Key{Limit: st.id, Window: chk.wins[i].Index}
+	}
+}
+
+func (c *Core) answer(now time.Time, chk *Check, reason Reason) {
+	chk.Answers = make([]Answer, len(chk.sts))
+	for i, st := range chk.sts {
+		chk.Answers[i] = Answer{Allowed: reason == ReasonOK || reason == ReasonFallback, Reason: reason,
+			Limit: st.l.Tokens, Window: st.l.Window, Version: st.l.Version,
+			ResetAfter: max(0, c.WindowEnd(chk.wins[i]).Sub(now))}
+	}
+	chk.Step = StepDone
+}
+
+// Spent hands a Check the result of its spend (err: the store did not
+// decide it).
+func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error) {
+	if err != nil || res.Err != nil || len(res.Keys) != len(chk.sts) {
+		// The store cannot answer, so the region cannot decide from it: the
+		// fail mode applies (the caller's Redis health tracking moves
+		// Checks to the in-process store after a few such failures).
+		chk.StoreErr = true
+		c.fallback(now, chk)
+		return
+	}
+	for i, kr := range res.Keys {
+		c.observe(now, chk.sts[i], chk.Store, chk.Keys[i], kr)
+	}
+	if res.Allowed {
+		c.answer(now, chk, ReasonOK)
+		for i, kr := range res.Keys {
+			chk.Answers[i].Remaining = kr.Balance
+			st := chk.sts[i]
+			if kr.Balance < c.lowWater(st, chk.Store, chk.wins[i], now) {
+				c.kick(st, now)
+			}
+		}
+		chk.Result = ResultOK
+		return
+	}
+	f := res.Failed
+	if f < 0 || f >= len(chk.sts) {
+		f = 0
+	}
+	st, w := chk.sts[f], chk.wins[f]
+	if res.Keys[f].PoolSpent && st.spentWindow < w.Index {
+		// Another replica learned that the window's pool is spent.
+		st.spentWindow, st.spentAt, st.shareSpent = w.Index, now, false
+	}
+	st.kickCost = max(st.kickCost, chk.Costs[f])
+	if st.spentWindow == w.Index {
+		if now.Sub(st.spentAt) >= c.opt.spentRetry {
+			c.kick(st, now) // returns while the window is open may have refilled the pool
+		}
+		c.answer(now, chk, ReasonOverLimit)
+		for i := range chk.Answers {
+			if st.shareSpent {
+				chk.Answers[i].RetryAfter = c.jitter(c.opt.spentRetry, c.opt.spentRetry)
+			} else {
+				reset := chk.Answers[i].ResetAfter
+				chk.Answers[i].RetryAfter = c.jitter(reset, reset/10)
+			}
+		}
+		chk.Result = ResultOverLimit
+		return
+	}
+	if c.allocDown || st.failing && now.Sub(st.failedAt) < c.opt.spentRetry {
+		// The allocator cannot be reached: the fail mode applies. A limit
+		// whose own request failed asks again a second later (the
+		// allocator may be back before anything says so).
+		c.fallback(now, chk)
+		return
+	}
+	c.kick(st, now)
+	if now.Before(chk.deadline) {
+		chk.Step = StepWait
+		chk.Until = chk.deadline
+		if st.round == nil && st.lockedUntil.After(now) && st.lockedUntil.Before(chk.Until) {
+			chk.Until = st.lockedUntil // another replica renews: look again then
+		}
+		return
+	}
+	c.unavailable(now, chk, 50*time.Millisecond, 50*time.Millisecond)
+}
+
+// Woke resumes a waiting Check at now: it spends again (in the window of
+// now, should a boundary have passed).
+func (c *Core) Woke(now time.Time, chk *Check) {
+	c.name(now, chk)
+	chk.Step, chk.Store = StepSpend, c.store()
+}
+
+// unavailable answers UNAVAILABLE: the region cannot decide. The short
+// retry-after also tells clients' denial caches not to hold the answer.
+func (c *Core) unavailable(now time.Time, chk *Check, retry, jitter time.Duration) {
+	c.answer(now, chk, ReasonUnavailable)
+	for i := range chk.Answers {
+		chk.Answers[i].RetryAfter = c.jitter(retry, jitter)
+	}
+	chk.Result = ResultUnavailable
+}
+
+// fallback answers when the region cannot get tokens: per limit, closed
+// denies with UNAVAILABLE, local admits up to A per window (counted in the
+// shared store; while Redis is down it denies like closed, because "at
+// most A in the region" needs the shared count and replicas counting alone
+// would admit replicas x A), open admits (counted). Every limit of the
+// Check must admit.
+func (c *Core) fallback(now time.Time, chk *Check) {
+	closed := false
+	for _, st := range chk.sts {
+		switch st.l.Fallback.kind() {
+		case FallbackLocal:
+			closed = closed || chk.Store == Local
+		case FallbackOpen:
+		default:
+			closed = true
+		}
+	}
+	if closed {
+		for _, st := range chk.sts {
+			if st.l.Fallback.kind() == FallbackClosed {
+				c.markFallback(st, FallbackClosed)
+			}
+		}
+		c.unavailable(now, chk, time.Second, time.Second)
+		return
+	}
+	chk.Step = StepCount
+	chk.Count = make([]CounterOp, len(chk.sts))
+	for i := range chk.sts {
+		chk.Count[i] = CounterOp{Store: chk.Store, Key: chk.Keys[i], Name: store.CounterFallback, Delta: chk.Costs[i]}
+	}
+}
+
+// Counted hands a Check the values of its fallback counters after its
+// adds; values[i] belongs to Count[i]. err says the adds stopped after
+// len(values) of them.
+func (c *Core) Counted(now time.Time, chk *Check, values []int64, err error) {
+	undo := func(n int) {
+		for _, op := range chk.Count[:n] {
+			op.Delta = -op.Delta
+			chk.Undo = append(chk.Undo, op)
+		}
+	}
+	if err != nil || len(values) != len(chk.Count) {
+		undo(min(len(values), len(chk.Count)))
+		c.unavailable(now, chk, time.Second, time.Second)
+		return
+	}
+	for i, st := range chk.sts {
+		if f := st.l.Fallback; f.kind() == FallbackLocal && values[i] > f.LocalTokens {
+			undo(len(values))
+			c.answer(now, chk, ReasonOverLimit)
+			for j := range chk.Answers {
+				chk.Answers[j].RetryAfter = c.jitter(chk.Answers[j].ResetAfter, chk.Answers[j].ResetAfter/10)
+			}
+			chk.Result = ResultFallbackDenied
+			return
+		}
+	}
+	c.answer(now, chk, ReasonFallback)
+	for i, st := range chk.sts {
+		kind := st.l.Fallback.kind()
+		if kind == FallbackLocal {
+			chk.Answers[i].Remaining = st.l.Fallback.LocalTokens - values[i]
+		}
+		c.markFallback(st, kind)
+		u := c.use(now, st, chk.Store, chk.Keys[i].Window)
+		u.dirty = true
+		mark, name := uint8(2), store.CounterModeOpen
+		if kind == FallbackLocal {
+			mark, name = 1, store.CounterModeLocal
+		}
+		if u.modes&mark == 0 {
+			// The mode in force this window, for the usage report.
+			u.modes |= mark
+			c.ready.Counters = append(c.ready.Counters, CounterOp{Store: chk.Store, Key: chk.Keys[i], Name: name})
+		}
+	}
+	chk.Result = ResultFallback
+}
+
+// markFallback exports the limit's fail mode as in force, once per episode
+// (a grant ends it).
+func (c *Core) markFallback(st *limitState, kind FallbackKind) {
+	if !st.fallbackOn {
+		st.fallbackOn = true
+		c.ready.Fallback = append(c.ready.Fallback, FallbackMark{Limit: st.id, Kind: kind})
+	}
+}
+
+// observe learns from one key's part of a spend: the demand, the window's
+// use (for reports), the admitted count (for failover estimates).
+func (c *Core) observe(now time.Time, st *limitState, s Store, key store.Key, kr store.KeyResult) {
+	d := st.demand
+	if s == Local {
+		d = st.localDemand
+	}
+	d.Observe(now, key.Window, kr.Admitted+kr.Denied)
+	u := c.use(now, st, s, key.Window)
+	u.dirty = true
+	if kr.Admitted > u.admitted {
+		u.admitted, u.seenAt = kr.Admitted, now
+	}
+}
+
+// lowWater is the limit's low-water mark at now in window w (LowWater), from the region's demand or, in process, the replica's.
+func (c *Core) lowWater(st *limitState, s Store, w lease.Window, now time.Time) int64 {
+	d := st.demand
+	if s == Local {
+		d = st.localDemand
+	}
+	return LowWater(d.Rate(now), c.opt.lead, c.WindowEnd(w).Sub(now))
+}
+
+// jitter returns base plus up to spread, at random.
+func (c *Core) jitter(base, spread time.Duration) time.Duration {
+	if spread <= 0 {
+		return base
+	}
+	return base + time.Duration(c.rng.Int64N(int64(spread)+1))
+}
+
+// ---- sub-leases ----
+
+// Reservation names the bucket a sub-lease reservation of limit takes
+// from at now (the shared store; while Redis is down there is none: ok
+// false), and counts the limit as checked.
+func (c *Core) Reservation(now time.Time, limit string) (l Limit, key store.Key, ok bool, err error) {
+	lp := c.limits[limit]
+	if lp == nil {
+		if !c.synced {
+			return Limit{}, store.Key{}, false, nil
+		}
+		return Limit{}, store.Key{}, false, &ItemError{Field: "limit_id", Err: ErrUnknownLimit,
+			Reason: strconv.Quote(limit) + " is not a limit of region " + c.cfg.Region}
+	}
+	st := c.state(lp)
+	wasActive := c.active(st, now)
+	st.lastCheck = now
+	if !wasActive {
+		c.schedule(st, now)
+	}
+	return *lp, store.Key{Limit: limit, Window: c.WindowOf(now, lp).Index}, !c.redisDown, nil
+}
+
+// Reserved learns from a reservation's outcome (granted, and the bucket's
+// balance after it) and answers its reason and retry-after: a refused
+// reservation is OVER_LIMIT only when the pool is known spent; otherwise
+// the region is only dry while a renewal it kicks is in flight.
+func (c *Core) Reserved(now time.Time, key store.Key, granted bool, balance, minTokens int64) Answer {
+	st := c.states[key.Limit]
+	if st == nil {
+		return Answer{Reason: ReasonUnavailable, RetryAfter: c.jitter(time.Second, time.Second)}
+	}
+	w := lease.Window{Index: key.Window, Length: st.l.Window}
+	a := Answer{Limit: st.l.Tokens, Window: st.l.Window, Version: st.l.Version, Remaining: balance,
+		ResetAfter: max(0, c.WindowEnd(w).Sub(now))}
+	if granted {
+		a.Allowed, a.Reason = true, ReasonOK
+		if balance < c.lowWater(st, Shared, w, now) {
+			c.kick(st, now)
+		}
+		return a
+	}
+	st.kickCost = max(st.kickCost, minTokens)
+	c.kick(st, now)
+	if st.spentWindow == key.Window {
+		a.Reason, a.RetryAfter = ReasonOverLimit, c.jitter(a.ResetAfter, a.ResetAfter/10)
+		return a
+	}
+	a.Reason, a.RetryAfter = ReasonUnavailable, c.jitter(50*time.Millisecond, 50*time.Millisecond)
+	return a
+}

@@ -1,0 +1,632 @@
+package core
+
+import (
+	"container/heap"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"leasehold/lease"
+	"leasehold/regionagent/store"
+)
+
+// Config is the required identity of a Core.
+type Config struct {
+	// Region is the agent's region.
+	Region string
+	// RequestPrefix starts every request id this Core makes (the replica
+	// id and a process nonce, e.g. "eu-1-3fa2c9d1"): request ids must be new
+	// across restarts of a replica, since the allocator remembers them for
+	// its retention and would replay old leases.
+	RequestPrefix string
+	// Seed seeds the jitter of retry-after answers (0: random). The
+	// simulator and the explorer pass one so that runs repeat.
+	Seed uint64
+}
+
+// settings are the optional settings, with their defaults in New.
+type settings struct {
+	lead        time.Duration // renewal lead time
+	every       time.Duration // slack before a window's end for the next window's lease
+	marginFixed time.Duration
+	driftPPM    float64
+	wait        time.Duration // how long a Check may wait for a lease
+	spentRetry  time.Duration
+	lockRetry   time.Duration
+	activeFor   time.Duration
+	idleAfter   time.Duration
+	keyGrace    time.Duration
+	reportEvery time.Duration
+	retryEvery  time.Duration // unacknowledged returns are sent again this often
+	maxReturns  int           // unacknowledged returns kept per limit
+}
+
+// Option changes an optional setting.
+type Option func(*settings)
+
+// WithLead sets the renewal lead time (renew when the balance would last
+// less than this at the current demand; also how long before a lease's
+// deadline it is renewed while the limit has demand) and the slack before
+// a window's end at which the next window's lease is fetched (lead +
+// slack). Defaults 2 s and 250 ms.
+func WithLead(lead, slack time.Duration) Option {
+	return func(s *settings) { s.lead, s.every = max(lead, time.Millisecond), max(slack, 0) }
+}
+
+// WithSafetyMargin sets how much earlier than the allocator's expiry a
+// lease's deadline falls: fixed + expires_in x driftPPM / 1e6. Deadlines
+// are already measured from when the request was sent and converted to the
+// store's clock with the conservative bound, so the margin only covers
+// clock rate drift between hosts over the lease's life, plus rounding.
+// Defaults 2 ms and 1000 ppm (5x the drift of commodity clocks).
+func WithSafetyMargin(fixed time.Duration, driftPPM float64) Option {
+	return func(s *settings) { s.marginFixed, s.driftPPM = max(fixed, 0), max(driftPPM, 0) }
+}
+
+// WithWait bounds how long a Check may wait for a lease when its region's
+// store cannot pay for it and the pool is not known to be spent (a first
+// Check of a limit, or a renewal in flight). A Check not decided in time
+// is answered UNAVAILABLE with a short retry-after, never OVER_LIMIT.
+// Default 500 ms; the caller's own deadline also bounds it.
+func WithWait(d time.Duration) Option { return func(s *settings) { s.wait = max(d, 0) } }
+
+// WithIdle sets how long after its last Check a limit still counts as
+// active (its leases are renewed before they expire, its next window's
+// lease is fetched) and how long until an idle limit is forgotten.
+// Defaults 5 s and 5 min.
+func WithIdle(active, forget time.Duration) Option {
+	return func(s *settings) { s.activeFor, s.idleAfter = max(active, 0), max(forget, active) }
+}
+
+// WithReports sets how often usage is reported (only windows with spends
+// since the last report, and each window once more after its end) and how
+// long a window's bucket outlives it (reports cover that long). Defaults
+// 2 s and 2 min.
+func WithReports(every, keyGrace time.Duration) Option {
+	return func(s *settings) { s.reportEvery, s.keyGrace = max(every, time.Millisecond), max(keyGrace, 0) }
+}
+
+// Core is one agent replica's decision state machine; see the package
+// documentation. The zero value is not usable; call New. Not safe for
+// concurrent use.
+type Core struct {
+	cfg Config
+	opt settings
+	rng *rand.Rand
+
+	limits    map[string]*Limit // the snapshot
+	rev       int64
+	synced    bool
+	syncedAt  time.Time
+	offset    time.Duration // allocator clock - agent clock; only names windows
+	offsetSet bool
+
+	states    map[string]*limitState
+	byRequest map[string]*limitState // unanswered request id -> its limit
+	seq       uint64                 // request ids
+	roundSeq  uint64
+
+	redisDown bool
+	episode   uint64 // Redis-down episodes
+	allocDown bool
+
+	timers   timerHeap
+	reportAt time.Time // zero: no report scheduled
+
+	ready   Ready
+	changed map[string]bool // limits whose waiting Checks should look again
+
+	stats Stats
+}
+
+// Stats are the Core's cumulative counts, for the agent's metrics.
+type Stats struct {
+	RenewalsGranted, RenewalsEmpty, RenewalsFailed, RenewalsRejected int64
+	LeasedTokens                                                     [2]int64 // by Store
+	Rounds, RoundsLocked                                             int64
+}
+
+// New returns a Core with no limits (not synced).
+func New(cfg Config, opts ...Option) *Core {
+	o := settings{lead: 2 * time.Second, every: 250 * time.Millisecond, marginFixed: 2 * time.Millisecond, driftPPM: 1000,
+		wait: 500 * time.Millisecond, spentRetry: time.Second, lockRetry: 50 * time.Millisecond,
+		activeFor: 5 * time.Second, idleAfter: 5 * time.Minute, keyGrace: 2 * time.Minute,
+		reportEvery: 2 * time.Second, retryEvery: 5 * time.Second, maxReturns: 1024}
+	for _, f := range opts {
+		f(&o)
+	}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	return &Core{
+		cfg: cfg, opt: o, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		limits: map[string]*Limit{}, states: map[string]*limitState{}, byRequest: map[string]*limitState{},
+		changed: map[string]bool{},
+	}
+}
+
+// limitState is the Core's view of one limit it has seen a Check for.
+type limitState struct {
+	id string
+	l  Limit // the definition, kept after a delete so that holdings close
+
+	demand      *Demand // the region's, from the shared store's counters
+	localDemand *Demand // this replica's own, while Redis is down
+	lastCheck   time.Time
+
+	round       *round
+	lockedUntil time.Time // another replica holds the renewal lock: do not try before
+	pending     *Acquire  // unanswered current-window request, sent again as is
+	pendingNext *Acquire
+	spentWindow int64 // window whose pool (or this region's share) the allocator said is spent
+	spentAt     time.Time
+	shareSpent  bool // spentWindow is spent for this region only (its share)
+	nextWindow  int64
+	localNext   int64
+	prefetched  int64 // window whose end's renewal round ran
+	failing     bool  // the last acquire failed for good
+	failedAt    time.Time
+	kickCost    int64 // largest cost denied since the last grant
+	fallbackOn  bool  // a fallback mode was applied since the last grant
+
+	holdings   []holding // leases this replica deposited and has not closed
+	unreturned []Return  // returns the allocator has not acknowledged
+	windows    map[winKey]*winUse
+
+	wakeAt  time.Time // when the limit's timer is due (zero: none)
+	wakeGen uint64
+}
+
+// holding is a lease this replica deposited.
+type holding struct {
+	store    Store
+	key      store.Key
+	id       string
+	deadline time.Time
+	start    time.Time
+	renewed  bool // a renewal before its deadline was started
+}
+
+// winKey is a window of one store.
+type winKey struct {
+	store  Store
+	window int64
+}
+
+// winUse is what the Core knows of a window it spent in.
+type winUse struct {
+	end      time.Time // the window's end, agent clock
+	dirty    bool      // spends since the last report
+	final    bool      // reported once after its end
+	admitted int64     // the largest admitted count a spend returned
+	seenAt   time.Time // when that count was seen
+	modes    uint8     // fallback mode marks written (1 local, 2 open)
+}
+
+func (c *Core) state(l *Limit) *limitState {
+	st := c.states[l.ID]
+	if st == nil {
+		st = &limitState{id: l.ID, l: *l, demand: NewDemand(l.prior()), localDemand: NewDemand(l.prior()),
+			spentWindow: -1, nextWindow: -1, localNext: -1, prefetched: -1, windows: map[winKey]*winUse{}}
+		c.states[l.ID] = st
+	}
+	return st
+}
+
+// ---- limits and clocks ----
+
+// SetLimits replaces the snapshot of the region's limits (rev is the
+// allocator's revision of it). A limit that disappears keeps its state
+// until its leases are closed and returned.
+func (c *Core) SetLimits(now time.Time, rev int64, ls []Limit) {
+	m := make(map[string]*Limit, len(ls))
+	for i := range ls {
+		l := ls[i]
+		m[l.ID] = &l
+		if st := c.states[l.ID]; st != nil {
+			st.l = l
+		}
+	}
+	c.limits, c.rev = m, rev
+	c.Synced(now)
+}
+
+// Synced records a sync that found the snapshot unchanged.
+func (c *Core) Synced(now time.Time) { c.synced, c.syncedAt = true, now }
+
+// Revision is the snapshot's revision (0 before the first sync).
+func (c *Core) Revision() int64 { return c.rev }
+
+// IsSynced reports whether a snapshot was ever set.
+func (c *Core) IsSynced() bool { return c.synced }
+
+// Limit returns a limit of the snapshot.
+func (c *Core) Limit(id string) (Limit, bool) {
+	l, ok := c.limits[id]
+	if !ok {
+		return Limit{}, false
+	}
+	return *l, true
+}
+
+// SetAllocatorClock records the allocator's clock as read by a call sent
+// at sent and answered at recv (its midpoint), if no lease reply has set it
+// yet. The estimate only names windows; no lease timing depends on it.
+func (c *Core) SetAllocatorClock(sent, recv time.Time, alloc time.Time) {
+	if c.offsetSet {
+		return
+	}
+	mid := sent.Add(recv.Sub(sent) / 2)
+	c.offset, c.offsetSet = alloc.Sub(mid), true
+}
+
+// WindowOf names the window of l that contains the agent's now, on the
+// allocator's clock as estimated.
+func (c *Core) WindowOf(now time.Time, l *Limit) lease.Window {
+	return lease.WindowOf(now.Add(c.offset), l.Window)
+}
+
+// WindowEnd is the end of w on the agent's clock.
+func (c *Core) WindowEnd(w lease.Window) time.Time { return w.End().Add(-c.offset) }
+
+func (c *Core) margin(d time.Duration) time.Duration {
+	return c.opt.marginFixed + time.Duration(float64(d)*c.opt.driftPPM/1e6)
+}
+
+// ---- health ----
+
+// SetRedisHealth tells the Core whether the region's Redis answers. While
+// it does not, Checks spend from this replica's in-process store (leases
+// it acquires for itself); when it answers again, every in-process lease
+// is closed and returned, and the shared store is used again.
+func (c *Core) SetRedisHealth(now time.Time, up bool) {
+	if up == !c.redisDown {
+		return
+	}
+	c.redisDown = !up
+	if !up {
+		c.episode++
+		for _, id := range c.sortedStates() {
+			c.changed[id] = true
+		}
+		return
+	}
+	for _, id := range c.sortedStates() {
+		st := c.states[id]
+		st.nextWindow = -1 // Redis may have lost the next window's lease
+		st.lockedUntil = time.Time{}
+		st.localNext = -1
+		c.drainLocal(now, st)
+		if c.active(st, now) {
+			c.kick(st, now)
+		}
+		c.changed[id] = true
+	}
+}
+
+// RedisDown reports whether the in-process store is in use.
+func (c *Core) RedisDown() bool { return c.redisDown }
+
+// SetAllocatorHealth tells the Core whether the allocator answers. When it
+// answers again, unanswered requests are sent again and unacknowledged
+// returns too, and limits in a fallback mode renew.
+func (c *Core) SetAllocatorHealth(now time.Time, up bool) {
+	if up == !c.allocDown {
+		return
+	}
+	c.allocDown = !up
+	for _, id := range c.sortedStates() {
+		st := c.states[id]
+		c.changed[id] = true
+		if !up {
+			continue
+		}
+		st.failing = false
+		if st.pending != nil || st.pendingNext != nil || st.fallbackOn || c.active(st, now) {
+			c.kick(st, now)
+		}
+		c.queueUnreturned(st)
+	}
+}
+
+// AllocatorDown reports whether the allocator is known unreachable.
+func (c *Core) AllocatorDown() bool { return c.allocDown }
+
+func (c *Core) store() Store {
+	if c.redisDown {
+		return Local
+	}
+	return Shared
+}
+
+// active reports whether a limit had a Check recently: its leases are then
+// renewed before they expire and its next window's lease fetched ahead.
+func (c *Core) active(st *limitState, now time.Time) bool {
+	return !st.lastCheck.IsZero() && now.Sub(st.lastCheck) < c.opt.activeFor
+}
+
+func (c *Core) sortedStates() []string {
+	ids := make([]string, 0, len(c.states))
+	for id := range c.states {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// ---- actions ----
+
+// Ready is what the Core asks the caller to do. Each action's result goes
+// back as an event; actions of one Ready are independent of one another
+// and may run concurrently.
+type Ready struct {
+	Rounds   []Round
+	Acquires []Acquire
+	Deposits []Deposit
+	Closes   []Close
+	Returns  []Return
+	// Counters are counter writes that need no answer (marks).
+	Counters []CounterOp
+	// Unlocks name limits whose renewal lock this replica releases.
+	Unlocks []string
+	Reports []ReportRead
+	// Wake names limits whose waiting Checks should look again.
+	Wake []string
+	// Fallback are changes of the fail mode in force per limit (the
+	// agent's gauge): Kind 0 when a fallback ended.
+	Fallback []FallbackMark
+	Notes    []Note
+}
+
+// Empty reports whether there is nothing to do.
+func (r *Ready) Empty() bool {
+	return len(r.Rounds)+len(r.Acquires)+len(r.Deposits)+len(r.Closes)+len(r.Returns)+len(r.Counters)+
+		len(r.Unlocks)+len(r.Reports)+len(r.Wake)+len(r.Fallback)+len(r.Notes) == 0
+}
+
+// CounterOp adds Delta to the named counter of a bucket.
+type CounterOp struct {
+	Store Store
+	Key   store.Key
+	Name  string
+	Delta int64
+}
+
+// FallbackMark is a change of the fail mode in force for a limit.
+type FallbackMark struct {
+	Limit string
+	Kind  FallbackKind // 0: no fallback in force any more
+}
+
+// Note is something worth logging. The Core says what happened; the
+// caller decides how loudly (and how often) to say it.
+type Note struct {
+	Kind  NoteKind
+	Limit string
+	Lease string
+	Text  string
+}
+
+// NoteKind classifies notes.
+type NoteKind int8
+
+// Note kinds.
+const (
+	NoteRefused    NoteKind = iota + 1 // the allocator refused a request (Text: its message)
+	NoteFallback                       // a lease request failed: the limit's fallback applies until the allocator answers
+	NoteStranded                       // a deposit went unanswered: the lease stays stranded
+	NoteReturning                      // a deposit failed: the lease is returned whole
+	NoteDrained                        // in-process leases closed after Redis came back
+	NoteReturnLost                     // returns dropped: more than the limit's cap were unacknowledged
+)
+
+// Ready takes the actions accumulated since the last call.
+func (c *Core) Ready() Ready {
+	if len(c.changed) > 0 {
+		for id := range c.changed {
+			c.ready.Wake = append(c.ready.Wake, id)
+		}
+		slices.Sort(c.ready.Wake)
+		clear(c.changed)
+	}
+	rd := c.ready
+	c.ready = Ready{}
+	return rd
+}
+
+// HasReady reports whether Ready would return anything.
+func (c *Core) HasReady() bool { return len(c.changed) > 0 || !c.ready.Empty() }
+
+// Stats returns the cumulative counts.
+func (c *Core) Stats() Stats { return c.stats }
+
+// Active counts the limits the Core holds state for.
+func (c *Core) Active() int { return len(c.states) }
+
+func (c *Core) requestID() string {
+	c.seq++
+	return c.cfg.RequestPrefix + "-" + strconv.FormatUint(c.seq, 10)
+}
+
+// ---- time ----
+
+// timer is one limit's wake-up; stale entries (an older gen) are skipped.
+type timer struct {
+	at  time.Time
+	st  *limitState
+	gen uint64
+}
+
+type timerHeap []timer
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timer)) }
+func (h *timerHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}
+
+// NextWake returns when the Core next has work of its own (ok false: none
+// until an event arrives).
+func (c *Core) NextWake() (time.Time, bool) {
+	for len(c.timers) > 0 {
+		t := c.timers[0]
+		if t.gen == t.st.wakeGen && c.states[t.st.id] == t.st {
+			if !c.reportAt.IsZero() && c.reportAt.Before(t.at) {
+				return c.reportAt, true
+			}
+			return t.at, true
+		}
+		heap.Pop(&c.timers)
+	}
+	return c.reportAt, !c.reportAt.IsZero()
+}
+
+// Tick does the work due at now: closing leases at their deadline,
+// renewing active limits before their leases expire and before their
+// window ends, usage reports, and forgetting idle limits. Each limit's
+// timer fires at most once per call.
+func (c *Core) Tick(now time.Time) {
+	var due []*limitState
+	for len(c.timers) > 0 && !c.timers[0].at.After(now) {
+		t := heap.Pop(&c.timers).(timer)
+		if t.gen != t.st.wakeGen || c.states[t.st.id] != t.st {
+			continue
+		}
+		t.st.wakeAt = time.Time{}
+		due = append(due, t.st)
+	}
+	for _, st := range due {
+		c.due(st, now)
+	}
+	if !c.reportAt.IsZero() && !c.reportAt.After(now) {
+		c.reportAt = time.Time{}
+		c.report(now, false)
+	}
+}
+
+// schedule sets a limit's timer to the earliest instant it has work at.
+func (c *Core) schedule(st *limitState, now time.Time) {
+	at := c.nextDue(st, now)
+	if at.Equal(st.wakeAt) {
+		return
+	}
+	st.wakeAt = at
+	st.wakeGen++
+	if !at.IsZero() {
+		heap.Push(&c.timers, timer{at: at, st: st, gen: st.wakeGen})
+	}
+}
+
+// nextDue is the earliest instant at which the limit has timed work:
+// a lease's deadline (close it), for an active limit a lease's deadline
+// minus the lead time and its window's end minus lead and slack (renew,
+// once each, not while a round is in flight), and for a limit with
+// nothing left, its forgetting.
+func (c *Core) nextDue(st *limitState, now time.Time) time.Time {
+	var at time.Time
+	earlier := func(t time.Time) {
+		if at.IsZero() || t.Before(at) {
+			at = t
+		}
+	}
+	renewal := func(t time.Time) {
+		if st.round != nil {
+			return // its end reschedules
+		}
+		if t.Before(st.lockedUntil) {
+			t = st.lockedUntil
+		}
+		earlier(t)
+	}
+	active := c.active(st, now)
+	for _, h := range st.holdings {
+		earlier(h.deadline)
+		if active && !h.renewed {
+			renewal(h.deadline.Add(-c.opt.lead))
+		}
+	}
+	if active {
+		if l, ok := c.limits[st.id]; ok {
+			if w := c.WindowOf(now, l); st.prefetched < w.Index && !c.nextHeld(st, now, l) {
+				renewal(c.WindowEnd(w).Add(-c.opt.lead - c.opt.every))
+			}
+		}
+	}
+	if c.forgettable(st) {
+		earlier(st.lastCheck.Add(c.opt.idleAfter))
+	}
+	if !at.IsZero() && at.Before(now) {
+		at = now
+	}
+	return at
+}
+
+// nextHeld reports whether the next window's lease is held already.
+func (c *Core) nextHeld(st *limitState, now time.Time, l *Limit) bool {
+	next := c.WindowOf(now, l).Index + 1
+	if c.redisDown {
+		return st.localNext == next
+	}
+	return st.nextWindow == next
+}
+
+func (c *Core) forgettable(st *limitState) bool {
+	return st.round == nil && st.pending == nil && st.pendingNext == nil && len(st.holdings) == 0 &&
+		len(st.unreturned) == 0 && !c.hasReports(st)
+}
+
+// due does a limit's timed work at now.
+func (c *Core) due(st *limitState, now time.Time) {
+	// Leases at their deadline are closed and returned: no read needed,
+	// the Core knows their keys and ids.
+	var closing []holding
+	kept := st.holdings[:0]
+	renew := false
+	active := c.active(st, now)
+	for _, h := range st.holdings {
+		switch {
+		case !now.Before(h.deadline):
+			closing = append(closing, h)
+			continue
+		case active && !h.renewed && st.round == nil && !now.Before(h.deadline.Add(-c.opt.lead)) &&
+			!now.Before(st.lockedUntil):
+			h.renewed = true
+			renew = true
+		}
+		kept = append(kept, h)
+	}
+	st.holdings = kept
+	c.closeHoldings(st, closing)
+	if active && st.round == nil && !now.Before(st.lockedUntil) {
+		if l, ok := c.limits[st.id]; ok && !c.nextHeld(st, now, l) {
+			w := c.WindowOf(now, l)
+			if st.prefetched < w.Index && !now.Before(c.WindowEnd(w).Add(-c.opt.lead-c.opt.every)) {
+				st.prefetched = w.Index
+				renew = true
+			}
+		}
+	}
+	if renew {
+		c.kick(st, now)
+	}
+	if !active && c.forgettable(st) && now.Sub(st.lastCheck) >= c.opt.idleAfter {
+		delete(c.states, st.id)
+		return
+	}
+	c.schedule(st, now)
+}
+
+// closeHoldings closes leases this replica deposited (their returns follow
+// from Closed).
+func (c *Core) closeHoldings(st *limitState, hs []holding) {
+	for _, h := range hs {
+		c.ready.Closes = append(c.ready.Closes, Close{Limit: st.id, Store: h.store, Key: h.key, IDs: []string{h.id}})
+	}
+}

@@ -1,0 +1,427 @@
+package core
+
+import (
+	"testing"
+	"time"
+
+	"leasehold/regionagent/store"
+)
+
+func strictLimit(id string, g int64, window, ttl time.Duration) Limit {
+	return Limit{ID: id, Tokens: g, Window: window, TTL: ttl, Mode: ModeStrict, Version: 1, Regions: 2}
+}
+
+func wantAnswer(t *testing.T, what string, got Answer, allowed bool, reason Reason) {
+	t.Helper()
+	if got.Allowed != allowed || got.Reason != reason {
+		t.Fatalf("%s: got allowed %v reason %d, want %v %d (%+v)", what, got.Allowed, got.Reason, allowed, reason, got)
+	}
+}
+
+// TestFirstCheckWaitsForItsLease: the region holds nothing; the first
+// Check starts a round, the lease arrives and the Check is admitted from
+// it, with one allocator call.
+func TestFirstCheckWaitsForItsLease(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, 15*time.Second))
+	got := w.check("a", 1)
+	wantAnswer(t, "first check", got, true, ReasonOK)
+	if got.Remaining != 9 || got.Limit != 100 || got.Window != time.Minute || got.ResetAfter != time.Minute {
+		t.Fatalf("answer %+v", got)
+	}
+	if w.alloc.calls != 1 || w.rounds != 1 {
+		t.Fatalf("%d allocator calls, %d rounds; want 1, 1", w.alloc.calls, w.rounds)
+	}
+	if len(w.deposits) != 1 || w.deposits[0].Store != Shared || w.deposits[0].Tokens != 10 {
+		t.Fatalf("deposits %+v", w.deposits)
+	}
+	// The deadline is measured from the send, minus the margin (2 ms +
+	// 1000 ppm of 15 s = 17 ms), and never later than the allocator's.
+	if want := t0.Add(15*time.Second - 17*time.Millisecond); !w.deposits[0].Deadline.Equal(want) {
+		t.Fatalf("deadline %v, want %v", w.deposits[0].Deadline.Sub(t0), want.Sub(t0))
+	}
+}
+
+// TestOverLimitOnlyWhenThePoolIsSpent: denials say OVER_LIMIT only after
+// the allocator said the window's pool is spent; the retry-after then
+// points at the window's reset.
+func TestOverLimitOnlyWhenThePoolIsSpent(t *testing.T) {
+	w := newWorld(t, 5, strictLimit("a", 5, time.Minute, time.Minute))
+	for i := range 5 {
+		wantAnswer(t, "within G", w.check("a", 1), true, ReasonOK)
+		_ = i
+	}
+	got := w.check("a", 1)
+	wantAnswer(t, "past G", got, false, ReasonOverLimit)
+	if got.RetryAfter < got.ResetAfter || got.RetryAfter > got.ResetAfter+got.ResetAfter/10 {
+		t.Fatalf("retry-after %v, want the reset %v + up to 10%%", got.RetryAfter, got.ResetAfter)
+	}
+	calls := w.alloc.calls
+	// Known spent: the next denials ask nobody for a second...
+	wantAnswer(t, "still spent", w.check("a", 1), false, ReasonOverLimit)
+	if w.alloc.calls != calls {
+		t.Fatalf("asked the allocator again within spentRetry")
+	}
+	// ...then once more (returns may have refilled the pool).
+	w.advance(time.Second)
+	wantAnswer(t, "spent, asked again", w.check("a", 1), false, ReasonOverLimit)
+	if w.alloc.calls != calls+1 {
+		t.Fatalf("%d calls, want %d: a second later the pool is asked again", w.alloc.calls, calls+1)
+	}
+	// The next window starts afresh.
+	w.advance(time.Minute)
+	wantAnswer(t, "next window", w.check("a", 1), true, ReasonOK)
+}
+
+// TestNoLeaseInTimeIsUnavailable: a Check the region cannot pay for while
+// the pool is not known spent waits, and if nothing arrives in time it is
+// UNAVAILABLE with a short retry-after, never OVER_LIMIT.
+func TestNoLeaseInTimeIsUnavailable(t *testing.T) {
+	w := newWorld(t, 5, strictLimit("a", 100, time.Minute, time.Minute))
+	w.otherLock = true // another replica renews, and never deposits
+	got := w.check("a", 1)
+	wantAnswer(t, "undecided", got, false, ReasonUnavailable)
+	if got.RetryAfter < 50*time.Millisecond || got.RetryAfter > 100*time.Millisecond {
+		t.Fatalf("retry-after %v, want 50-100 ms", got.RetryAfter)
+	}
+	if w.alloc.calls != 0 {
+		t.Fatalf("%d allocator calls without the renewal lock", w.alloc.calls)
+	}
+}
+
+// TestSpendBelowLowWaterRenews: a spend that leaves the balance below
+// demand x lead starts a round before the region runs dry; no round while
+// the balance is above it.
+func TestSpendBelowLowWaterRenews(t *testing.T) {
+	// The prior demand G/W/regions is 10 tokens/s, and so is the traffic:
+	// low water 20.
+	w := newWorld(t, 100, strictLimit("a", 1200, time.Minute, time.Minute))
+	w.check("a", 1)
+	rounds := w.rounds
+	at := int64(-1)
+	for range 95 {
+		w.advance(100 * time.Millisecond)
+		got := w.check("a", 1)
+		if w.rounds > rounds && at < 0 {
+			at = got.Remaining
+		}
+	}
+	if w.rounds != rounds+1 || at < 15 || at > 21 {
+		t.Fatalf("%d rounds, the first below balance %d: want one, at the low-water mark (about 20)", w.rounds-rounds, at)
+	}
+	var held int64
+	for _, d := range w.deposits {
+		held += d.Tokens
+	}
+	if held != 200 {
+		t.Fatalf("deposited %d, want 200", held)
+	}
+}
+
+// TestLeaseClosedAtItsDeadline: this replica's lease is closed at its
+// deadline and its unspent tokens returned once, without a read; then an
+// idle limit costs nothing and is forgotten.
+func TestLeaseClosedAtItsDeadline(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, 15*time.Second))
+	w.check("a", 3)
+	at, ok := w.c.NextWake()
+	if !ok || at.After(t0.Add(15*time.Second)) {
+		t.Fatalf("next wake %v, %v: want by the lease's deadline", at.Sub(t0), ok)
+	}
+	w.advance(15 * time.Second)
+	if w.alloc.returns != 1 || w.alloc.grants["eu-1-n-1"].credit != 7 {
+		t.Fatalf("returns %d, credited %+v; want one return of 7", w.alloc.returns, w.alloc.grants["eu-1-n-1"])
+	}
+	rounds, calls := w.rounds, w.alloc.calls
+	for range 10 {
+		w.advance(time.Minute)
+	}
+	if w.rounds != rounds || w.alloc.calls != calls || w.alloc.returns != 1 {
+		t.Fatalf("an idle limit made %d rounds, %d calls, %d returns", w.rounds-rounds, w.alloc.calls-calls, w.alloc.returns-1)
+	}
+	if _, ok := w.c.NextWake(); ok || w.c.Active() != 0 {
+		t.Fatalf("idle core still has work (%v) or state for %d limits", ok, w.c.Active())
+	}
+}
+
+// TestNextWindowFetchedAheadWhileActive: near the window's end an active
+// limit fetches the next window's lease; an inactive one does not.
+func TestNextWindowFetchedAheadWhileActive(t *testing.T) {
+	w := newWorld(t, 1000, strictLimit("a", 100000, 10*time.Second, 10*time.Second),
+		strictLimit("b", 100000, 10*time.Second, 10*time.Second))
+	w.check("b", 1) // b goes quiet
+	for range 80 {  // a sees traffic for the whole window
+		w.advance(100 * time.Millisecond)
+		w.check("a", 1)
+	}
+	nextA, nextB := 0, 0
+	for _, d := range w.deposits {
+		if d.Key.Window == 180_000_001 {
+			switch d.Limit {
+			case "a":
+				nextA++
+				if !d.Start.Equal(t0.Add(10 * time.Second)) {
+					t.Fatalf("next window's lease starts at %v", d.Start.Sub(t0))
+				}
+			case "b":
+				nextB++
+			}
+		}
+	}
+	if nextA != 1 || nextB != 0 {
+		t.Fatalf("next-window leases: a %d, b %d; want 1, 0", nextA, nextB)
+	}
+	w.advance(2 * time.Second) // past the boundary: a spends at once
+	calls := w.alloc.calls
+	wantAnswer(t, "first check of the next window", w.check("a", 1), true, ReasonOK)
+	if w.alloc.calls != calls {
+		t.Fatalf("the next window's first check asked the allocator")
+	}
+}
+
+// TestFallbackModes: with the allocator unreachable and the region dry,
+// closed answers UNAVAILABLE, local:A admits A per window then OVER_LIMIT,
+// open admits; each fallback admit is counted in the shared store.
+func TestFallbackModes(t *testing.T) {
+	closed := strictLimit("closed", 100, time.Minute, time.Minute)
+	local := strictLimit("local", 100, time.Minute, time.Minute)
+	local.Fallback = Fallback{Kind: FallbackLocal, LocalTokens: 2}
+	open := strictLimit("open", 100, time.Minute, time.Minute)
+	open.Fallback = Fallback{Kind: FallbackOpen}
+	w := newWorld(t, 10, closed, local, open)
+	w.c.SetAllocatorHealth(w.now, false)
+	wantAnswer(t, "closed", w.check("closed", 1), false, ReasonUnavailable)
+	wantAnswer(t, "local 1", w.check("local", 1), true, ReasonFallback)
+	wantAnswer(t, "local 2", w.check("local", 1), true, ReasonFallback)
+	wantAnswer(t, "local 3", w.check("local", 1), false, ReasonOverLimit)
+	wantAnswer(t, "open", w.check("open", 5), true, ReasonFallback)
+	win := int64(t0.UnixNano() / int64(time.Minute))
+	if v := counter(w.shared.Balance(store.Key{Limit: "local", Window: win}, ms(w.now)), store.CounterFallback); v != 2 {
+		t.Fatalf("local fallback counted %d, want 2 (the refused one taken back)", v)
+	}
+	if v := counter(w.shared.Balance(store.Key{Limit: "open", Window: win}, ms(w.now)), store.CounterModeOpen); v != 0 ||
+		!hasCounter(w.shared.Balance(store.Key{Limit: "open", Window: win}, ms(w.now)), store.CounterModeOpen) {
+		t.Fatalf("open mode not marked")
+	}
+	// The allocator answers again: leases, and the fallback is over.
+	w.c.SetAllocatorHealth(w.now, true)
+	w.drain()
+	wantAnswer(t, "closed after", w.check("closed", 1), true, ReasonOK)
+	wantAnswer(t, "local after", w.check("local", 1), true, ReasonOK)
+}
+
+func hasCounter(b store.BalanceResult, name string) bool {
+	for _, c := range b.Counters {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRedisDownInProcess: while Redis is down the replica acquires leases
+// for itself and spends them in process; a local fallback denies (it
+// needs the shared count); when Redis is back the in-process leases are
+// closed and returned, and the shared store is used again.
+func TestRedisDownInProcess(t *testing.T) {
+	l := strictLimit("a", 100, time.Minute, time.Minute)
+	l.Fallback = Fallback{Kind: FallbackLocal, LocalTokens: 50}
+	w := newWorld(t, 10, l)
+	wantAnswer(t, "shared", w.check("a", 1), true, ReasonOK)
+	w.redisDown = true
+	w.c.SetRedisHealth(w.now, false)
+	got := w.check("a", 1)
+	wantAnswer(t, "in process", got, true, ReasonOK)
+	if n := len(w.deposits); n != 2 || w.deposits[1].Store != Local {
+		t.Fatalf("deposits %+v: want a second, in process", w.deposits)
+	}
+	w.dropAcquire = true
+	for range 9 {
+		w.check("a", 1)
+	}
+	w.c.SetAllocatorHealth(w.now, false)
+	wantAnswer(t, "local fallback without Redis", w.check("a", 1), false, ReasonUnavailable)
+	w.dropAcquire = false
+	w.c.SetAllocatorHealth(w.now, true)
+	w.redisDown = false
+	w.c.SetRedisHealth(w.now, true)
+	w.drain()
+	g := w.alloc.grants["eu-1-n-2"]
+	if !g.settled {
+		t.Fatalf("the in-process lease was not returned: %+v", g)
+	}
+	wantAnswer(t, "shared again", w.check("a", 1), true, ReasonOK)
+}
+
+// TestUnansweredRequestIsReplayed: a request whose call failed is sent
+// again with the same id, and the allocator's replay is deposited once.
+func TestUnansweredRequestIsReplayed(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute))
+	w.dropAcquire = true
+	wantAnswer(t, "allocator down", w.check("a", 1), false, ReasonUnavailable)
+	// The grant was made (the reply was lost): the allocator has it.
+	w.alloc.acquire(w.now, Acquire{Limit: "a", RequestID: "eu-1-n-1"})
+	w.dropAcquire = false
+	w.c.SetAllocatorHealth(w.now, true)
+	w.advance(time.Second)
+	wantAnswer(t, "after", w.check("a", 1), true, ReasonOK)
+	if len(w.alloc.grants) != 1 {
+		t.Fatalf("%d grants, want the one, replayed", len(w.alloc.grants))
+	}
+	if len(w.deposits) != 1 || w.deposits[0].LeaseID != "30000000/eu/eu-1-n-1" {
+		t.Fatalf("deposits %+v", w.deposits)
+	}
+}
+
+// TestDuplicateReplyIgnored: a second answer to one request changes
+// nothing.
+func TestDuplicateReplyIgnored(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute))
+	chk := w.c.Begin(w.now, []Item{{Limit: "a", Cost: 1}}, time.Time{})
+	res, _ := w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
+	w.c.Spent(w.now, chk, res, nil)
+	rd := w.c.Ready()
+	w.c.RoundRead(w.now, rd.Rounds[0], RoundResult{Locked: true, NowMs: ms(w.now)})
+	rd = w.c.Ready()
+	g := w.alloc.acquire(w.now, rd.Acquires[0])
+	w.c.Acquired(w.now, w.now, rd.Acquires, []Grant{g})
+	w.c.Acquired(w.now, w.now, rd.Acquires, []Grant{g})
+	if d := w.c.Ready().Deposits; len(d) != 1 {
+		t.Fatalf("%d deposits from a duplicated reply, want 1", len(d))
+	}
+}
+
+// TestReturnsKeptWhileUnreachable: returns that cannot be sent are kept
+// and sent when the allocator answers again, and counted once.
+func TestReturnsKeptWhileUnreachable(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, 15*time.Second))
+	w.check("a", 4)
+	w.dropAcquire = true
+	w.c.SetAllocatorHealth(w.now, false)
+	w.advance(15 * time.Second)
+	if g := w.alloc.grants["eu-1-n-1"]; g.settled {
+		t.Fatal("returned while unreachable")
+	}
+	w.dropAcquire = false
+	w.c.SetAllocatorHealth(w.now, true)
+	w.drain()
+	if g := w.alloc.grants["eu-1-n-1"]; !g.settled || g.credit != 6 {
+		t.Fatalf("after the heal: %+v, want 6 credited", g)
+	}
+	returns := w.alloc.returns
+	w.advance(10 * time.Second)
+	if w.alloc.returns != returns {
+		t.Fatalf("returned again after it was acknowledged")
+	}
+}
+
+// TestReportsFollowTraffic: a report asks for the windows spent in since
+// the last report, then each window once after its end, then nothing.
+func TestReportsFollowTraffic(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, 10*time.Second, 10*time.Second))
+	var reads []ReportRead
+	report := func() {
+		rd := w.c.Ready()
+		reads = append(reads, rd.Reports...)
+		w.run(rd)
+		w.drain()
+	}
+	w.check("a", 1)
+	w.now = w.now.Add(2 * time.Second)
+	w.c.Tick(w.now)
+	report()
+	if len(reads) != 1 || reads[0].Windows[0] != 180_000_000 {
+		t.Fatalf("reads %+v", reads)
+	}
+	w.now = w.now.Add(2 * time.Second)
+	w.c.Tick(w.now)
+	report()
+	if len(reads) != 1 {
+		t.Fatalf("a window without new spends was read again: %+v", reads)
+	}
+	w.now = t0.Add(12 * time.Second) // the window ended 2 s ago
+	w.c.Tick(w.now)
+	report()
+	if len(reads) != 2 {
+		t.Fatalf("no final read after the window's end: %+v", reads)
+	}
+	for range 5 {
+		w.now = w.now.Add(2 * time.Second)
+		w.c.Tick(w.now)
+		report()
+	}
+	if len(reads) != 2 {
+		t.Fatalf("reads after the final one: %+v", reads[2:])
+	}
+}
+
+// TestNotSyncedIsUnavailable: before its first sync the agent does not
+// know any limit and says so.
+func TestNotSyncedIsUnavailable(t *testing.T) {
+	c := New(Config{Region: "eu", RequestPrefix: "p", Seed: 1})
+	chk := c.Begin(t0, []Item{{Limit: "a"}}, time.Time{})
+	if chk.Step != StepDone || chk.Err != nil || chk.Answers[0].Reason != ReasonUnavailable || chk.Result != ResultNotSynced {
+		t.Fatalf("%+v", chk)
+	}
+	c.SetLimits(t0, 1, nil)
+	chk = c.Begin(t0, []Item{{Limit: "a"}}, time.Time{})
+	if chk.Err == nil {
+		t.Fatalf("unknown limit after a sync: %+v", chk)
+	}
+}
+
+// TestShareSpentIsOverLimitBriefly: the allocator keeps the rest of the
+// pool for other regions: OVER_LIMIT, retried after about spentRetry.
+func TestShareSpentIsOverLimitBriefly(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute))
+	chk := w.c.Begin(w.now, []Item{{Limit: "a", Cost: 1}}, time.Time{})
+	res, _ := w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
+	w.c.Spent(w.now, chk, res, nil)
+	rd := w.c.Ready()
+	w.c.RoundRead(w.now, rd.Rounds[0], RoundResult{Locked: true, NowMs: ms(w.now)})
+	rd = w.c.Ready()
+	w.c.Acquired(w.now, w.now, rd.Acquires, []Grant{{OK: true, Window: 30_000_000, WindowLen: time.Minute,
+		PoolLeft: 40, ShareSpent: true}})
+	w.drain()
+	w.c.Woke(w.now, chk)
+	res, _ = w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
+	w.c.Spent(w.now, chk, res, nil)
+	if chk.Step != StepDone || chk.Answers[0].Reason != ReasonOverLimit {
+		t.Fatalf("%+v", chk)
+	}
+	if ra := chk.Answers[0].RetryAfter; ra < time.Second || ra > 2*time.Second {
+		t.Fatalf("retry-after %v, want 1-2 s", ra)
+	}
+}
+
+// TestPoolSpentSeenFromAnotherReplica: a replica whose spend finds the
+// pool-spent mark answers OVER_LIMIT at once, without a round.
+func TestPoolSpentSeenFromAnotherReplica(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute))
+	key := store.Key{Limit: "a", Window: t0.UnixNano() / int64(time.Minute)}
+	_, _ = w.shared.AddCounter(key, store.CounterPoolSpent, 1, ms(w.now))
+	wantAnswer(t, "marked", w.check("a", 1), false, ReasonOverLimit)
+	if w.rounds != 0 {
+		t.Fatalf("%d rounds, want none", w.rounds)
+	}
+}
+
+// TestWindowsOfMultiCheck: a Check of several limits is admitted by all or
+// none, each answer naming its own limit.
+func TestWindowsOfMultiCheck(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute), strictLimit("b", 3, 10*time.Second, 10*time.Second))
+	as, _ := w.checkMulti(Item{Limit: "a", Cost: 2}, Item{Limit: "b", Cost: 3})
+	if !as[0].Allowed || !as[1].Allowed || as[0].Limit != 100 || as[1].Limit != 3 || as[1].Window != 10*time.Second {
+		t.Fatalf("%+v", as)
+	}
+	as, _ = w.checkMulti(Item{Limit: "a", Cost: 2}, Item{Limit: "b", Cost: 1})
+	if as[0].Allowed || as[1].Allowed || as[0].Reason != ReasonOverLimit {
+		t.Fatalf("b is spent: %+v", as)
+	}
+	if b := w.shared.Balance(store.Key{Limit: "a", Window: t0.UnixNano() / int64(time.Minute)}, ms(w.now)); b.Admitted != 2 {
+		t.Fatalf("a admitted %d, want 2: the refused multi-check charged nothing", b.Admitted)
+	}
+	_, chk := w.checkMulti(Item{Limit: "a", Cost: 101})
+	if e, ok := chk.Err.(*ItemError); !ok || e.Field != "cost" {
+		t.Fatalf("cost above G: %v", chk.Err)
+	}
+}

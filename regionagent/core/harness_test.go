@@ -1,0 +1,300 @@
+package core
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"leasehold/lease"
+	"leasehold/regionagent/store"
+)
+
+// t0 is the fixed instant the step tables count from: a minute boundary.
+var t0 = time.Unix(1_800_000_000, 0).Truncate(time.Minute)
+
+// fakeAlloc is a minimal allocator for the Core's tests: a pool of G per
+// (limit, window), leases of a fixed chunk (or the want) clamped to the
+// window's end, idempotent by request id, returns credited once while the
+// window is open. Its clock is the test's (no offset).
+type fakeAlloc struct {
+	limits   map[string]Limit
+	chunk    int64
+	pools    map[store.Key]int64 // granted - credited
+	grants   map[string]fakeGrant
+	credited map[string]bool
+	calls    int
+	returns  int
+}
+
+type fakeGrant struct {
+	g       Grant
+	expiry  time.Time // allocator clock
+	start   time.Time
+	limit   string
+	credit  int64
+	settled bool
+}
+
+func newFakeAlloc(chunk int64, ls ...Limit) *fakeAlloc {
+	a := &fakeAlloc{limits: map[string]Limit{}, chunk: chunk, pools: map[store.Key]int64{},
+		grants: map[string]fakeGrant{}, credited: map[string]bool{}}
+	for _, l := range ls {
+		a.limits[l.ID] = l
+	}
+	return a
+}
+
+func (a *fakeAlloc) acquire(now time.Time, r Acquire) Grant {
+	if g, ok := a.grants[r.RequestID]; ok {
+		out := g.g
+		out.Replayed = true
+		out.ExpiresIn = max(0, g.expiry.Sub(now))
+		out.StartsIn = max(0, g.start.Sub(now))
+		out.WindowLeft = max(0, lease.Window{Index: out.Window, Length: out.WindowLen}.End().Sub(now))
+		return out
+	}
+	l, ok := a.limits[r.Limit]
+	if !ok {
+		return Grant{Message: "no limit"}
+	}
+	w := lease.WindowOf(now, l.Window)
+	if r.Next {
+		w = w.Next()
+	}
+	k := store.Key{Limit: l.ID, Window: w.Index}
+	pool := l.Tokens - a.pools[k]
+	tm := lease.Schedule(now, w, l.TTL)
+	g := Grant{OK: true, Window: w.Index, WindowLen: l.Window, WindowLeft: w.End().Sub(now), PoolLeft: pool}
+	if pool <= 0 || tm.ExpiresIn <= 0 {
+		return g
+	}
+	n := min(max(a.chunk, r.Want), pool)
+	a.pools[k] += n
+	g.Tokens, g.PoolLeft = n, pool-n
+	g.LeaseID = fmt.Sprintf("%d/eu/%s", w.Index, r.RequestID)
+	g.StartsIn, g.ExpiresIn = tm.StartsIn, tm.ExpiresIn
+	a.grants[r.RequestID] = fakeGrant{g: g, expiry: now.Add(tm.ExpiresIn), start: now.Add(tm.StartsIn), limit: l.ID}
+	return g
+}
+
+func (a *fakeAlloc) giveBack(now time.Time, r Return) {
+	a.returns++
+	id := r.LeaseID[strings.LastIndex(r.LeaseID, "/")+1:]
+	g, ok := a.grants[id]
+	if !ok || g.settled {
+		return
+	}
+	g.settled = true
+	w := lease.Window{Index: g.g.Window, Length: g.g.WindowLen}
+	if now.Before(w.End()) {
+		g.credit = r.Unspent
+		a.pools[store.Key{Limit: g.limit, Window: g.g.Window}] -= r.Unspent
+	}
+	a.grants[id] = g
+}
+
+// world is one Core with its region's shared store, its in-process store,
+// a fake allocator, and a clock the test moves. Actions run synchronously
+// unless the test intercepts them.
+type world struct {
+	t      *testing.T
+	now    time.Time
+	c      *Core
+	shared *store.Mem
+	local  *store.Mem
+	alloc  *fakeAlloc
+	// dropAcquire, when set, fails every allocator call (unreachable).
+	dropAcquire bool
+	// otherLock: another replica holds every renewal lock.
+	otherLock bool
+	// redisDown: the shared store does not answer.
+	redisDown bool
+	// landUnanswered, if set, says whether a deposit Redis did not answer
+	// landed all the same (a timeout after the write).
+	landUnanswered func() bool
+	// deposits lists every deposit made, for invariant checks.
+	deposits []Deposit
+	// sentAt is when each request id was first sent.
+	sentAt map[string]time.Time
+	wakes  map[string]int
+	rounds int
+}
+
+func newWorld(t *testing.T, chunk int64, ls ...Limit) *world {
+	w := &world{t: t, now: t0, shared: store.NewMem(0), local: store.NewMem(0), alloc: newFakeAlloc(chunk, ls...),
+		sentAt: map[string]time.Time{}, wakes: map[string]int{}}
+	w.c = New(Config{Region: "eu", RequestPrefix: "eu-1-n", Seed: 1})
+	w.c.SetLimits(w.now, 1, ls)
+	w.c.SetAllocatorClock(w.now, w.now, w.now)
+	return w
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func (w *world) mem(s Store) *store.Mem {
+	if s == Local {
+		return w.local
+	}
+	return w.shared
+}
+
+func (w *world) advance(d time.Duration) {
+	w.now = w.now.Add(d)
+	w.c.Tick(w.now)
+	w.drain()
+}
+
+// drain carries out every ready action (and the ones they lead to).
+func (w *world) drain() {
+	for range 1000 {
+		rd := w.c.Ready()
+		if rd.Empty() {
+			return
+		}
+		w.run(rd)
+	}
+	w.t.Fatal("actions never settle")
+}
+
+func (w *world) run(rd Ready) {
+	for _, id := range rd.Wake {
+		w.wakes[id]++
+	}
+	for _, r := range rd.Rounds {
+		w.rounds++
+		switch {
+		case r.Store == Shared && w.redisDown:
+			w.c.RoundRead(w.now, r, RoundResult{Err: fmt.Errorf("redis down")})
+		case r.Lock && w.otherLock:
+			w.c.RoundRead(w.now, r, RoundResult{})
+		default:
+			w.c.RoundRead(w.now, r, RoundResult{Locked: true, Balance: w.mem(r.Store).Balance(r.Key, ms(w.now)), NowMs: ms(w.now)})
+		}
+	}
+	if len(rd.Acquires) > 0 {
+		w.alloc.calls++
+		for _, a := range rd.Acquires {
+			if _, ok := w.sentAt[a.RequestID]; !ok {
+				w.sentAt[a.RequestID] = w.now
+			}
+		}
+		if w.dropAcquire {
+			w.c.AcquireFailed(w.now, rd.Acquires, false)
+		} else {
+			gs := make([]Grant, len(rd.Acquires))
+			for i, a := range rd.Acquires {
+				gs[i] = w.alloc.acquire(w.now, a)
+			}
+			w.c.Acquired(w.now, w.now, rd.Acquires, gs)
+		}
+	}
+	for _, d := range rd.Deposits {
+		w.deposits = append(w.deposits, d)
+		start := int64(0)
+		if !d.Start.IsZero() {
+			start = ms(d.Start.Add(time.Millisecond - 1))
+		}
+		dep := store.Deposit{Key: d.Key, LeaseID: d.LeaseID, Tokens: d.Tokens, StartMs: start,
+			DeadlineMs: ms(d.Deadline), ExpireAtMs: ms(d.KeyExpiry), NowMs: ms(w.now)}
+		if d.Store == Shared && w.redisDown {
+			if w.landUnanswered != nil && w.landUnanswered() {
+				_, _ = w.shared.Deposit(dep)
+			}
+			w.c.Deposited(w.now, d, store.DepositResult{}, fmt.Errorf("redis down"), true)
+			continue
+		}
+		res, err := w.mem(d.Store).Deposit(dep)
+		w.c.Deposited(w.now, d, res, err, false)
+	}
+	for _, cl := range rd.Closes {
+		res := make([]store.CloseResult, len(cl.IDs))
+		errs := make([]error, len(cl.IDs))
+		for i, id := range cl.IDs {
+			if cl.Store == Shared && w.redisDown {
+				errs[i] = fmt.Errorf("redis down")
+				continue
+			}
+			res[i], errs[i] = w.mem(cl.Store).Close(cl.Key, id, ms(w.now))
+		}
+		w.c.Closed(w.now, cl, res, errs)
+	}
+	if len(rd.Returns) > 0 {
+		if w.dropAcquire {
+			w.c.ReturnsDone(w.now, rd.Returns, fmt.Errorf("unreachable"))
+		} else {
+			for _, r := range rd.Returns {
+				w.alloc.giveBack(w.now, r)
+			}
+			w.c.ReturnsDone(w.now, rd.Returns, nil)
+		}
+	}
+	for _, op := range rd.Counters {
+		if op.Store == Shared && w.redisDown {
+			continue
+		}
+		_, _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
+	}
+	for _, r := range rd.Reports {
+		w.c.ReportDone(w.now, r, !w.dropAcquire)
+	}
+}
+
+// check runs one Check to its end, waiting as it asks (the wait ends at
+// once when nothing else will happen: the test moves time itself).
+func (w *world) check(limit string, cost int64) Answer {
+	w.t.Helper()
+	a, _ := w.checkMulti(Item{Limit: limit, Cost: cost})
+	return a[0]
+}
+
+func (w *world) checkMulti(items ...Item) ([]Answer, *Check) {
+	w.t.Helper()
+	chk := w.c.Begin(w.now, items, time.Time{})
+	for range 100 {
+		switch chk.Step {
+		case StepSpend:
+			if chk.Store == Shared && w.redisDown {
+				w.c.Spent(w.now, chk, store.SpendResult{}, fmt.Errorf("redis down"))
+				break
+			}
+			res, err := w.mem(chk.Store).Spend(chk.Keys, chk.Costs, ms(w.now))
+			w.c.Spent(w.now, chk, res, err)
+		case StepWait:
+			// Whatever the wait is for happens now; if it wakes none of the
+			// Check's limits, the wait runs out.
+			before := 0
+			for _, k := range chk.Keys {
+				before += w.wakes[k.Limit]
+			}
+			w.drain()
+			after := 0
+			for _, k := range chk.Keys {
+				after += w.wakes[k.Limit]
+			}
+			if after == before {
+				w.now = chk.Until
+				w.c.Tick(w.now)
+				w.drain()
+			}
+			w.c.Woke(w.now, chk)
+		case StepCount:
+			vals := make([]int64, len(chk.Count))
+			for i, op := range chk.Count {
+				vals[i], _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
+			}
+			w.c.Counted(w.now, chk, vals, nil)
+		case StepDone:
+			for _, op := range chk.Undo {
+				_, _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
+			}
+			w.drain()
+			if chk.Err != nil {
+				return nil, chk
+			}
+			return chk.Answers, chk
+		}
+	}
+	w.t.Fatal("check never ends")
+	return nil, nil
+}

@@ -1,0 +1,112 @@
+package core
+
+import "time"
+
+// Mode is a limit's mode (see the architecture brief: strict or bounded).
+type Mode int8
+
+// Modes, numbered as in the protocol.
+const (
+	ModeStrict  Mode = 1
+	ModeBounded Mode = 2
+)
+
+// FallbackKind is what a region does when it cannot get leases.
+type FallbackKind int8
+
+// Fallback kinds, numbered as in the protocol (the agent's fallback gauge
+// exports these numbers).
+const (
+	// FallbackClosed denies (UNAVAILABLE). The zero value of Fallback is
+	// closed too.
+	FallbackClosed FallbackKind = 1
+	// FallbackLocal admits at most Fallback.LocalTokens per window in the
+	// region, counted in the region's shared store.
+	FallbackLocal FallbackKind = 2
+	// FallbackOpen admits everything (counted).
+	FallbackOpen FallbackKind = 3
+)
+
+// Fallback is one region's fail mode for a limit.
+type Fallback struct {
+	Kind        FallbackKind // 0 counts as FallbackClosed
+	LocalTokens int64        // FallbackLocal: A, the tokens admitted per window
+}
+
+func (f Fallback) kind() FallbackKind {
+	if f.Kind == 0 {
+		return FallbackClosed
+	}
+	return f.Kind
+}
+
+// Limit is what the Core needs of a limit, for its own region.
+type Limit struct {
+	ID       string
+	Tokens   int64         // G per window
+	Window   time.Duration // W
+	TTL      time.Duration // lease ttl (<= W)
+	Mode     Mode
+	Fallback Fallback // this region's
+	Version  int64
+	Regions  int // how many regions share G
+}
+
+// prior is the demand assumed for a limit before any is observed: the
+// contract rate G/W shared by its regions. It sizes only the first lease.
+func (l *Limit) prior() float64 {
+	if l.Window <= 0 {
+		return 0
+	}
+	return float64(l.Tokens) / l.Window.Seconds() / float64(max(1, l.Regions))
+}
+
+// Store names where a Check spends and a lease is deposited.
+type Store uint8
+
+const (
+	// Shared is the region's store (Redis), shared by every replica.
+	Shared Store = iota
+	// Local is this replica's in-process store, used while Redis is down:
+	// leases it acquires for itself and spends alone.
+	Local
+)
+
+func (s Store) String() string {
+	if s == Local {
+		return "local"
+	}
+	return "shared"
+}
+
+// Reason says why a Check was answered as it was (numbered as in the
+// protocol's Reason).
+type Reason int8
+
+// Reasons.
+const (
+	// ReasonOK: the region's leases paid for the request.
+	ReasonOK Reason = 1
+	// ReasonOverLimit: the window's global pool is spent, or this region's
+	// demand-weighted share of it, or a local fallback's allowance.
+	ReasonOverLimit Reason = 2
+	// ReasonUnavailable: the agent cannot decide (not synced, allocator
+	// unreachable under a closed fallback, no lease in time); retry soon.
+	ReasonUnavailable Reason = 3
+	// ReasonFallback: admitted under a local or open fallback.
+	ReasonFallback Reason = 4
+)
+
+// Result names a Check's outcome for the agent's metrics.
+type Result string
+
+// Results.
+const (
+	ResultOK             Result = "ok"
+	ResultOverLimit      Result = "over_limit"
+	ResultUnavailable    Result = "unavailable"
+	ResultFallback       Result = "fallback"
+	ResultFallbackDenied Result = "fallback_denied"
+	ResultStoreError     Result = "redis_error"
+	ResultNotSynced      Result = "not_synced"
+)

@@ -1,0 +1,148 @@
+package core
+
+import (
+	"slices"
+	"time"
+
+	"leasehold/lease"
+)
+
+// ReportRead asks the caller to read the cumulative counters of Windows of
+// a limit in Store and report them to the allocator (the shared store's
+// under the bucket's reporter name, the in-process store's under the
+// replica's). Hand the outcome to ReportDone.
+type ReportRead struct {
+	Store   Store
+	Limit   string
+	Windows []int64
+}
+
+// use returns the Core's record of a window a limit spent in.
+func (c *Core) use(now time.Time, st *limitState, s Store, window int64) *winUse {
+	k := winKey{s, window}
+	u := st.windows[k]
+	if u == nil {
+		u = &winUse{end: c.WindowEnd(lease.Window{Index: window, Length: st.l.Window})}
+		st.windows[k] = u
+		if c.reportAt.IsZero() {
+			c.reportAt = now.Add(c.opt.reportEvery)
+		}
+	}
+	return u
+}
+
+func (c *Core) hasReports(st *limitState) bool { return len(st.windows) > 0 }
+
+// report asks for the counts of every window with spends since its last
+// report, and of every window once more after its end (another replica
+// may have spent in it after this one's last report, and may have
+// crashed); all asks for every window still kept (the agent is stopping).
+func (c *Core) report(now time.Time, all bool) {
+	pending := false
+	for _, id := range c.sortedStates() {
+		st := c.states[id]
+		c.queueUnreturned(st)
+		pending = pending || len(st.unreturned) > 0
+		if len(st.windows) == 0 {
+			continue
+		}
+		var byStore [2][]int64
+		for k, u := range st.windows {
+			ended := !now.Before(u.end.Add(c.opt.reportEvery))
+			switch {
+			case now.After(u.end.Add(c.opt.keyGrace)):
+				delete(st.windows, k) // its bucket has expired: nothing left to read
+				continue
+			case all || u.dirty || ended && !u.final:
+				u.dirty = false
+				u.final = u.final || ended
+				byStore[k.store] = append(byStore[k.store], k.window)
+			}
+			if !u.final {
+				pending = true
+			}
+		}
+		for s, ws := range byStore {
+			if len(ws) > 0 {
+				slices.Sort(ws)
+				c.ready.Reports = append(c.ready.Reports, ReportRead{Store: Store(s), Limit: id, Windows: ws})
+			}
+		}
+		for k, u := range st.windows {
+			if u.final && !u.dirty {
+				delete(st.windows, k)
+			}
+		}
+		if len(st.windows) == 0 {
+			c.schedule(st, now) // it may be forgotten once idle
+		}
+	}
+	if pending && !all {
+		c.reportAt = now.Add(c.opt.reportEvery)
+	}
+}
+
+// ReportDone hands the Core a report's outcome: a report that did not
+// reach the allocator is asked for again at the next report.
+func (c *Core) ReportDone(now time.Time, r ReportRead, ok bool) {
+	if ok {
+		return
+	}
+	st := c.states[r.Limit]
+	if st == nil {
+		return
+	}
+	for _, w := range r.Windows {
+		u := c.use(now, st, r.Store, w)
+		u.dirty = true
+		u.final = false
+	}
+	if c.reportAt.IsZero() {
+		c.reportAt = now.Add(c.opt.reportEvery)
+	}
+}
+
+// FinalReport asks for the counts of every window kept, at once (the
+// agent is stopping: its last counts should reach the allocator even if
+// no replica of the region stays up).
+func (c *Core) FinalReport(now time.Time) { c.report(now, true) }
+
+// WindowSeen is the largest admitted count a spend of this replica saw in
+// one window of a limit, and when.
+type WindowSeen struct {
+	Limit    string
+	Window   int64
+	End      time.Time // the window's end, agent clock
+	Length   time.Duration
+	Admitted int64
+	At       time.Time
+}
+
+// Seen lists, for the windows of the shared store the Core still keeps,
+// the largest admitted count seen since since (the failover watcher's
+// readings).
+func (c *Core) Seen(since time.Time) []WindowSeen {
+	var out []WindowSeen
+	for _, id := range c.sortedStates() {
+		st := c.states[id]
+		for k, u := range st.windows {
+			if k.store == Shared && u.seenAt.After(since) {
+				out = append(out, WindowSeen{Limit: id, Window: k.window, End: u.end, Length: st.l.Window,
+					Admitted: u.admitted, At: u.seenAt})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b WindowSeen) int {
+		if a.Limit != b.Limit {
+			if a.Limit < b.Limit {
+				return -1
+			}
+			return 1
+		}
+		return int(a.Window - b.Window)
+	})
+	return out
+}
+
+// ActiveLimits lists the limits the Core holds state for, sorted.
+func (c *Core) ActiveLimits() []string { return c.sortedStates() }
