@@ -18,6 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator/etcdtest"
+	"leasehold/internal/limitspec"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -260,7 +262,7 @@ func TestFollowerNamesLeader(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("follower: %v, want Unavailable", err)
 	}
-	if got := trailer.Get(LeaderMetadataKey); len(got) != 1 || got[0] != "leader:7400" {
+	if got := trailer.Get(vocab.LeaderMetadataKey); len(got) != 1 || got[0] != "leader:7400" {
 		t.Fatalf("trailer %v, want the leader's address", trailer)
 	}
 }
@@ -305,7 +307,7 @@ func FuzzAcquireDecode(f *testing.F) {
 		}
 		pl := &pb.PutLimitRequest{}
 		if proto.Unmarshal(b, pl) == nil {
-			_, _ = ValidateLimit(pl.Limit, []string{"eu", "us"})
+			_, _ = limitspec.ValidateLimit(pl.Limit, []string{"eu", "us"})
 		}
 	})
 }

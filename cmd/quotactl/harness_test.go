@@ -18,6 +18,7 @@ import (
 
 	"leasehold/allocator"
 	"leasehold/allocator/etcdtest"
+	"leasehold/internal/vocab"
 )
 
 // testAllocator is a real allocator replica served over gRPC on a loopback
@@ -93,7 +94,7 @@ func (g *gate) intercept(ctx context.Context, req any, info *grpc.UnaryServerInf
 		if c := g.claim.Load(); c != nil {
 			l = *c
 		}
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(allocator.LeaderMetadataKey, l))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(vocab.LeaderMetadataKey, l))
 		return nil, status.Error(codes.Unavailable, (&allocator.NotLeaderError{Leader: l}).Error())
 	}
 	g.served.Add(1)
