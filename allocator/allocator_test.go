@@ -11,7 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )

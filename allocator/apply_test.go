@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator/auth"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 

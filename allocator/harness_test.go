@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 

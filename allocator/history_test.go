@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )

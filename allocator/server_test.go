@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	"leasehold/internal/limitspec"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"

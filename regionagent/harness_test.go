@@ -14,9 +14,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/redistest"
 )
 
 // fakeClock is one clock for the allocator, the agents and Redis's

@@ -19,7 +19,7 @@ import (
 	"leasehold/allocator"
 	"leasehold/allocator/auth"
 	"leasehold/allocator/auth/devca"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 

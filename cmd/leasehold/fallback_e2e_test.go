@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/redistest"
 )
 
 // proc is a leasehold process the test can kill and restart.

@@ -17,8 +17,8 @@ import (
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/redistest"
 )
 
 // freeAddr returns a loopback address with a port free right now, below

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"leasehold/allocator"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	"leasehold/internal/vocab"
 )
 

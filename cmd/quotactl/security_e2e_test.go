@@ -16,7 +16,7 @@ import (
 	"leasehold/allocator"
 	"leasehold/allocator/auth"
 	"leasehold/allocator/auth/devca"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 )
 
 // tlsAllocator is a real allocator served over TLS with authentication on:

@@ -21,9 +21,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/faulttest"
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/faulttest"
-	"leasehold/regionagent/redistest"
 )
 
 // childEnv switches the test binary into a child client process of

@@ -19,10 +19,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
-	"leasehold/regionagent/redistest"
 )
 
 // realAgent is a running region agent ("eu") on a real redis-server, fed

@@ -13,11 +13,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/faulttest"
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
-	"leasehold/regionagent/faulttest"
-	"leasehold/regionagent/redistest"
 )
 
 func TestMain(m *testing.M) { os.Exit(faulttest.Main(m)) }

@@ -21,7 +21,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
-	"leasehold/regionagent/redistest"
+	"leasehold/internal/redistest"
 )
 
 // Cluster is a set of embedded etcd members. Safe for concurrent use.

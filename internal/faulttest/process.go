@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/redistest"
 )
 
 var build struct {

@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/faulttest"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
-	"leasehold/regionagent/faulttest"
 )
 
 // Scenario 2 runs the main limit (limitID, W = 10 s) beside a long limit
