@@ -23,6 +23,7 @@ import (
 
 	"leasehold/allocator/auth"
 	"leasehold/allocator/auth/devca"
+	"leasehold/internal/ports"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -98,9 +99,9 @@ func TestAllocatorAuthAndRegions(t *testing.T) {
 	if tokens["alice"] == "" || tokens["vic"] == "" {
 		t.Fatalf("tokens: %v", tokens)
 	}
-	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, httpAddr := ports.Addr(t), ports.Addr(t)
 	s := startCmd(t, "allocator", "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--data-dir", filepath.Join(t.TempDir(), "data"),
-		"--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t), "--regions", "eu,us",
+		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t), "--regions", "eu,us",
 		"--tls-cert", filepath.Join(dir, serverCertFile), "--tls-key", filepath.Join(dir, serverKeyFile),
 		"--tls-client-ca", filepath.Join(dir, caCertFile), "--auth-file", filepath.Join(dir, authFileName))
 	anon := dialTLS(t, grpcAddr, tlsConfigFor(t, dir, "", ""))
@@ -413,7 +414,7 @@ func TestServerTLSUsageErrors(t *testing.T) {
 func TestAgentCertificateNamesItsRegion(t *testing.T) {
 	dir, _ := writeTestCerts(t, "--users", "", "--regions", "eu,us")
 	var stderr syncBuffer
-	code := run(context.Background(), []string{"agent", "--region", "eu", "--grpc-addr", freeAddr(t), "--http-addr", freeAddr(t),
+	code := run(context.Background(), []string{"agent", "--region", "eu", "--grpc-addr", ports.Addr(t), "--http-addr", ports.Addr(t),
 		"--tls-ca", filepath.Join(dir, caCertFile),
 		"--allocator-cert", filepath.Join(dir, "agent-us.pem"), "--allocator-key", filepath.Join(dir, "agent-us-key.pem")}, io.Discard, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), "names agent/us, not agent/eu") {

@@ -13,16 +13,17 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/ports"
 	pb "leasehold/proto/leasehold/v1"
 )
 
 // devArgs runs `leasehold dev` on free loopback ports in dir.
 func devArgs(t *testing.T, dir string) (args []string, alloc, eu, us, euHTTP string) {
-	alloc, eu, us, euHTTP = freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	args = []string{"dev", "--data-dir", dir, "--allocator-grpc", alloc, "--allocator-http", freeAddr(t),
-		"--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t),
-		"--eu-grpc", eu, "--eu-http", euHTTP, "--us-grpc", us, "--us-http", freeAddr(t),
-		"--eu-gateway", freeAddr(t), "--us-gateway", freeAddr(t)}
+	alloc, eu, us, euHTTP = ports.Addr(t), ports.Addr(t), ports.Addr(t), ports.Addr(t)
+	args = []string{"dev", "--data-dir", dir, "--allocator-grpc", alloc, "--allocator-http", ports.Addr(t),
+		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t),
+		"--eu-grpc", eu, "--eu-http", euHTTP, "--us-grpc", us, "--us-http", ports.Addr(t),
+		"--eu-gateway", ports.Addr(t), "--us-gateway", ports.Addr(t)}
 	return
 }
 

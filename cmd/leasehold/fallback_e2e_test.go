@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/ports"
 	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -109,17 +110,17 @@ func TestFallbackBoundEndToEnd(t *testing.T) {
 
 func runFallbackScenario(t *testing.T, leasehold string, fallback map[string]*pb.Fallback, infinite bool) {
 	const W = 10 * time.Second
-	allocAddr, allocHTTP := freeAddr(t), freeAddr(t)
+	allocAddr, allocHTTP := ports.Addr(t), ports.Addr(t)
 	allocArgs := []string{"allocator", "--grpc-addr", allocAddr, "--http-addr", allocHTTP,
-		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t),
+		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t),
 		"--regions", "eu,us", "--session-ttl", "1s"}
 	alloc := startProc(t, leasehold, allocArgs...)
 	agents := map[string]string{}
 	for _, region := range []string{"eu", "us"} {
 		rs := redistest.Start(t)
-		agents[region] = freeAddr(t)
+		agents[region] = ports.Addr(t)
 		startProc(t, leasehold, "agent", "--region", region, "--allocator", allocAddr, "--redis", rs.Addr(),
-			"--grpc-addr", agents[region], "--http-addr", freeAddr(t), "--replica-id", region+"-1")
+			"--grpc-addr", agents[region], "--http-addr", ports.Addr(t), "--replica-id", region+"-1")
 	}
 	exited := make(chan error)
 	for _, addr := range agents {

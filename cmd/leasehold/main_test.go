@@ -17,20 +17,9 @@ import (
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/internal/redistest"
+	"leasehold/internal/ports"
 	pb "leasehold/proto/leasehold/v1"
 )
-
-// freeAddr returns a loopback address with a port free right now, below
-// the ephemeral range: it stays free while its process is restarted.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	addr, err := redistest.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return addr
-}
 
 // syncBuffer is a bytes.Buffer safe for a server's concurrent writes.
 type syncBuffer struct {
@@ -115,10 +104,10 @@ func waitServing(t *testing.T, conn *grpc.ClientConn, service string, s *started
 }
 
 func TestAllocatorCommandServes(t *testing.T) {
-	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, httpAddr := ports.Addr(t), ports.Addr(t)
 	dir := filepath.Join(t.TempDir(), "data")
 	args := []string{"allocator", "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--data-dir", dir,
-		"--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t), "--regions", "eu,us"}
+		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t), "--regions", "eu,us"}
 	s := startCmd(t, args...)
 	conn := dial(t, grpcAddr)
 	waitServing(t, conn, pb.Allocator_ServiceDesc.ServiceName, s)

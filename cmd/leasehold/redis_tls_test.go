@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"leasehold/internal/ports"
 	"leasehold/regionagent"
 )
 
@@ -19,7 +20,7 @@ func TestRedisTLS(t *testing.T) {
 		t.Skip("redis-server not installed")
 	}
 	dir, _ := writeTestCerts(t, "--users", "", "--regions", "eu", "--hosts", "127.0.0.1")
-	addr := freeAddr(t)
+	addr := ports.Addr(t)
 	port := addr[strings.LastIndexByte(addr, ':')+1:]
 	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", port, "--bind", "127.0.0.1",
 		"--tls-cert-file", filepath.Join(dir, serverCertFile), "--tls-key-file", filepath.Join(dir, serverKeyFile),

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"leasehold/internal/redistest"
+	"leasehold/internal/ports"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -57,18 +57,6 @@ func Main(m *testing.M) int {
 		_ = os.RemoveAll(build.dir)
 	}
 	return code
-}
-
-// FreeAddr returns a loopback address that was free a moment ago, below
-// the kernel's ephemeral range so that it stays free while a process that
-// owns it is killed and restarted (redistest.FreePort).
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	addr, err := redistest.FreeAddr()
-	if err != nil {
-		t.Fatalf("faulttest: free port: %v", err)
-	}
-	return addr
 }
 
 // syncBuffer is a bytes.Buffer safe for a process's concurrent writes.
@@ -296,19 +284,19 @@ func StartAllocator(t testing.TB, o AllocatorOptions) *Process {
 		o.Regions = []string{"eu", "us"}
 	}
 	if o.GRPCAddr == "" {
-		o.GRPCAddr = FreeAddr(t)
+		o.GRPCAddr = ports.Addr(t)
 	}
 	p := &Process{name: o.Name, service: pb.Admin_ServiceDesc.ServiceName,
-		GRPCAddr: o.GRPCAddr, HTTPAddr: FreeAddr(t), Advertise: o.Advertise}
+		GRPCAddr: o.GRPCAddr, HTTPAddr: ports.Addr(t), Advertise: o.Advertise}
 	args := []string{"allocator", "--grpc-addr", p.GRPCAddr, "--http-addr", p.HTTPAddr,
 		"--regions", strings.Join(o.Regions, ","), "--log-level", "warn"}
 	if len(o.EtcdEndpoints) > 0 {
 		args = append(args, "--etcd-endpoints", strings.Join(o.EtcdEndpoints, ","))
 	} else {
-		client := FreeAddr(t)
+		client := ports.Addr(t)
 		p.EtcdEndpoint = "http://" + client
 		args = append(args, "--data-dir", filepath.Join(t.TempDir(), "etcd"),
-			"--etcd-client-addr", client, "--etcd-peer-addr", FreeAddr(t))
+			"--etcd-client-addr", client, "--etcd-peer-addr", ports.Addr(t))
 	}
 	if o.Advertise != "" {
 		args = append(args, "--advertise", o.Advertise)
@@ -355,7 +343,7 @@ func StartAgent(t testing.TB, o AgentOptions) *Process {
 	if o.ReplicaID == "" {
 		o.ReplicaID = o.Region + "-1"
 	}
-	grpcAddr, httpAddr := FreeAddr(t), FreeAddr(t)
+	grpcAddr, httpAddr := ports.Addr(t), ports.Addr(t)
 	args := []string{"agent", "--region", o.Region, "--allocator", strings.Join(o.Allocators, ","),
 		"--redis", o.Redis, "--grpc-addr", grpcAddr, "--http-addr", httpAddr,
 		"--replica-id", o.ReplicaID, "--log-level", "warn"}
