@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -131,7 +132,7 @@ func TestAgentUsageErrors(t *testing.T) {
 		{"dev", "--redis", "mars=1.2.3.4:5"},
 		{"dev", "--traffic-eu", "-5"},
 	} {
-		var stderr syncBuffer
+		var stderr syncbuf.Buffer
 		if code := run(context.Background(), args, nil, &stderr); code != 2 || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
 		}

@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -59,7 +60,7 @@ func TestEndToEnd(t *testing.T) {
 		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t),
 		"--eu-grpc", eu, "--eu-http", ports.Addr(t), "--us-grpc", us, "--us-http", ports.Addr(t),
 		"--eu-gateway", ports.Addr(t), "--us-gateway", ports.Addr(t))
-	var devOut, devErr syncBuffer
+	var devOut, devErr syncbuf.Buffer
 	dev.Stdout, dev.Stderr = &devOut, &devErr
 	if err := dev.Start(); err != nil {
 		t.Fatal(err)
@@ -159,7 +160,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 }
 
-func waitHealthy(t *testing.T, addr, service string, exited <-chan error, stderr *syncBuffer) {
+func waitHealthy(t *testing.T, addr, service string, exited <-chan error, stderr *syncbuf.Buffer) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"leasehold/internal/ports"
 	"leasehold/internal/redistest"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -25,7 +26,7 @@ type proc struct {
 	bin    string
 	args   []string
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	done   chan struct{}
 }
 
@@ -38,7 +39,7 @@ func startProc(t *testing.T, bin string, args ...string) *proc {
 
 func (p *proc) start() {
 	p.cmd = exec.Command(p.bin, p.args...)
-	p.stderr = &syncBuffer{}
+	p.stderr = &syncbuf.Buffer{}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)

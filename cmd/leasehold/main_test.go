@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,33 +17,16 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
-
-// syncBuffer is a bytes.Buffer safe for a server's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // started is a leasehold command running in the test process.
 type started struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returned; exit is then set
 	exit   int
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 }
 
 // wait returns the exit code once the command stopped.
@@ -56,7 +38,7 @@ func (s *started) wait() int {
 func startCmd(t *testing.T, args ...string) *started {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &started{cancel: cancel, done: make(chan struct{}), stderr: &syncBuffer{}}
+	s := &started{cancel: cancel, done: make(chan struct{}), stderr: &syncbuf.Buffer{}}
 	go func() { defer close(s.done); s.exit = run(ctx, args, io.Discard, s.stderr) }()
 	t.Cleanup(func() {
 		cancel()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	"leasehold/regionagent"
 )
 
@@ -26,7 +27,7 @@ func TestRedisTLS(t *testing.T) {
 		"--tls-cert-file", filepath.Join(dir, serverCertFile), "--tls-key-file", filepath.Join(dir, serverKeyFile),
 		"--tls-ca-cert-file", filepath.Join(dir, caCertFile), "--tls-auth-clients", "no",
 		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	var out syncBuffer
+	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

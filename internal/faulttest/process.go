@@ -1,7 +1,6 @@
 package faulttest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -18,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -59,24 +59,6 @@ func Main(m *testing.M) int {
 	return code
 }
 
-// syncBuffer is a bytes.Buffer safe for a process's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Process is a leasehold process (allocator or agent) that a test can
 // kill, stop and restart on the same flags (same ports, same data dir).
 type Process struct {
@@ -96,7 +78,7 @@ type Process struct {
 
 	mu     sync.Mutex // protects cmd, stderr, done, starts
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	done   chan struct{}
 	starts int
 	logs   []string // stderr of earlier runs
@@ -125,7 +107,7 @@ func (p *Process) start() {
 		p.logs = append(p.logs, p.stderr.String())
 	}
 	p.cmd = exec.Command(p.bin, p.args...)
-	p.stderr = &syncBuffer{}
+	p.stderr = &syncbuf.Buffer{}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatalf("faulttest: start %s: %v", p.name, err)
