@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/allocatortest"
 	"leasehold/internal/etcdtest"
 	"leasehold/internal/limitspec"
 	"leasehold/internal/vocab"
@@ -61,7 +62,7 @@ func wantInvalid(t *testing.T, err error, field string) {
 func TestAdminRejectsEachInvalidField(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator) // changes are served by the leader
+	allocatortest.WaitLeader(t, a) // changes are served by the leader
 	_, admin := serve(t, a.Allocator)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -142,7 +143,7 @@ func TestAdminRejectsEachInvalidField(t *testing.T) {
 func TestListLimitsPages(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator) // changes are served by the leader
+	allocatortest.WaitLeader(t, a) // changes are served by the leader
 	_, admin := serve(t, a.Allocator)
 	ctx := context.Background()
 	for _, id := range []string{"tenant/a", "tenant/b", "tenant/c", "tenant/a/x", "plan/p"} {
@@ -176,7 +177,7 @@ func TestListLimitsPages(t *testing.T) {
 func TestAcquireRejectsEachMalformedRequest(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	alloc, _ := serve(t, a.Allocator)
 	ctx := context.Background()
 	ok := func() *pb.LeaseRequest {
@@ -249,7 +250,7 @@ func TestAcquireRejectsEachMalformedRequest(t *testing.T) {
 func TestFollowerNamesLeader(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "leader:7400")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	b := startAllocator(t, c, "follower:7400")
 	alloc, _ := serve(t, b.Allocator)
 	deadline := time.Now().Add(10 * time.Second)

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"leasehold/allocator"
+	"leasehold/internal/allocatortest"
 	"leasehold/internal/etcdtest"
 	"leasehold/internal/vocab"
 )
@@ -33,10 +33,7 @@ type testAllocator struct {
 // Everything stops in t.Cleanup.
 func startAllocator(t *testing.T, c *etcdtest.Cluster) *testAllocator {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := allocatortest.Listen(t)
 	addr := lis.Addr().String()
 	a, err := allocator.New(allocator.Config{
 		Client:    c.Client(t),
@@ -47,29 +44,16 @@ func startAllocator(t *testing.T, c *etcdtest.Cluster) *testAllocator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
+	allocatortest.Run(t, a)
 	g := &gate{leader: a.Leader}
-	gs := grpc.NewServer(grpc.UnaryInterceptor(g.intercept))
-	allocator.NewServer(a).Register(gs)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(func() {
-		gs.Stop()
-		cancel()
-		<-done
-	})
+	allocatortest.Serve(t, lis, allocator.NewServer(a), grpc.UnaryInterceptor(g.intercept))
 	return &testAllocator{addr: addr, a: a, gate: g}
 }
 
 // waitLeader waits until ta leads.
 func waitLeader(t *testing.T, ta *testAllocator) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := ta.a.WaitLeader(ctx); err != nil {
-		t.Fatalf("%s never led: %v", ta.addr, err)
-	}
+	allocatortest.WaitLeader(t, ta.a)
 }
 
 // gate counts the Admin calls a replica serves. When refusing is on, it
