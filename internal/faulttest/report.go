@@ -23,7 +23,7 @@ const ReportEnv = "LEASEHOLD_FAULTS_REPORT"
 const ReportHeader = `# Fault scenarios: measured figures
 
 This page is produced by the fault scenarios themselves
-(` + "`internal/faulttest/scenario*_test.go`" + `): real ` + "`leasehold`" + ` binaries,
+(the ` + "`TestScenario*`" + ` tests of ` + "`internal/faulttest`" + `): real ` + "`leasehold`" + ` binaries,
 real redis-server, real etcd, faults injected by the harness's TCP proxy
 and by SIGKILL / etcd hard stops. Each scenario counts the tokens admitted
 per window from the Check answers it received and holds them against G and
