@@ -71,4 +71,4 @@ screenshots: ## Write docs/images/status.png: /status of `leasehold dev` in head
 .PHONY: faults-report
 faults-report: ## Run the fault scenarios (real processes) and regenerate docs/faults.md.
 	rm -f docs/faults.md
-	LEASEHOLD_FAULTS_REPORT=docs/faults.md $(GO) test -count=1 -v -timeout 20m -run Scenario ./regionagent/faulttest/
+	LEASEHOLD_FAULTS_REPORT=docs/faults.md $(GO) test -count=1 -v -timeout 20m -run Scenario ./internal/faulttest/

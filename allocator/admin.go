@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"leasehold/allocator/auth"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -121,7 +122,7 @@ func (s *Server) GetLimit(ctx context.Context, req *pb.GetLimitRequest) (*pb.Get
 	if _, err := s.allow(ctx, "GetLimit", auth.ActionRead, req.GetId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	if err := ValidateLimitID("id", req.GetId()); err != nil {
+	if err := vocab.ValidateLimitID("id", req.GetId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
 	l, err := s.a.store.GetLimit(ctx, req.Id)
@@ -151,8 +152,8 @@ func (s *Server) ListLimits(ctx context.Context, req *pb.ListLimitsRequest) (*pb
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	if len(req.GetPrefix()) > maxLimitIDLen {
-		return nil, toStatus(ctx, fieldErr("prefix", "longer than %d characters", maxLimitIDLen))
+	if len(req.GetPrefix()) > vocab.MaxLimitIDLen {
+		return nil, toStatus(ctx, fieldErr("prefix", "longer than %d characters", vocab.MaxLimitIDLen))
 	}
 	ls, next, err := s.a.store.ListLimits(ctx, req.GetPrefix(), size, req.GetPageToken())
 	if err != nil {
@@ -173,7 +174,7 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 	if _, err := s.allow(ctx, "ListWindows", auth.ActionRead, req.GetLimitId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	if err := ValidateLimitID("limit_id", req.GetLimitId()); err != nil {
+	if err := vocab.ValidateLimitID("limit_id", req.GetLimitId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
 	last := int(req.GetLast())
@@ -199,7 +200,7 @@ func (s *Server) LimitHistory(ctx context.Context, req *pb.LimitHistoryRequest) 
 	if _, err := s.allow(ctx, "LimitHistory", auth.ActionRead, req.GetId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	if err := ValidateLimitID("id", req.GetId()); err != nil {
+	if err := vocab.ValidateLimitID("id", req.GetId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
 	size, err := pageSize(req.GetPageSize())
@@ -223,8 +224,8 @@ func (s *Server) ListAudit(ctx context.Context, req *pb.ListAuditRequest) (*pb.L
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	if len(req.GetLimitPrefix()) > maxLimitIDLen {
-		return nil, toStatus(ctx, fieldErr("limit_prefix", "longer than %d characters", maxLimitIDLen))
+	if len(req.GetLimitPrefix()) > vocab.MaxLimitIDLen {
+		return nil, toStatus(ctx, fieldErr("limit_prefix", "longer than %d characters", vocab.MaxLimitIDLen))
 	}
 	var since time.Time
 	if req.Since != nil {

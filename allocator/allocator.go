@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -139,7 +140,7 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 		return nil, errors.New("allocator: Config.Regions is required")
 	}
 	for i, r := range cfg.Regions {
-		if err := ValidateRegion(fmt.Sprintf("regions[%d]", i), r); err != nil {
+		if err := vocab.ValidateRegion(fmt.Sprintf("regions[%d]", i), r); err != nil {
 			return nil, err
 		}
 	}
@@ -574,7 +575,7 @@ func (a *Allocator) ReturnLeases(ctx context.Context, region string, rets []*pb.
 			d, err := t.core.Return(now, region, ReturnRequest{Limit: r.LimitId, LeaseID: r.LeaseId, Unspent: r.Unspent})
 			if err != nil {
 				t.mu.Unlock()
-				var fe *FieldError
+				var fe *vocab.FieldError
 				if errors.As(err, &fe) {
 					fe.Field = fmt.Sprintf("returns[%d].%s", i, fe.Field)
 				}

@@ -11,7 +11,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -25,7 +26,7 @@ func TestBudgetUnderConcurrency(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0)
 	a := startAllocator(t, c, "a", clock.opt())
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	const limits, G = 10, 1000
 	for i := range limits {
 		l := putLimit(t, a.Allocator, fmt.Sprintf("tenant/t%d", i), G, time.Minute, 15*time.Second, 40)
@@ -144,7 +145,7 @@ func TestBudgetUnderConcurrency(t *testing.T) {
 func TestFencingRevokedSession(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	putLimit(t, a.Allocator, "tenant/f", 1000, time.Minute, 15*time.Second, 0)
 	waitLimit(t, a.Allocator, "tenant/f", 1)
 	ctx := context.Background()
@@ -187,7 +188,7 @@ func TestFencingRevokedSession(t *testing.T) {
 		}
 	}
 	// The allocator recovers: a new term leads and serves.
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 }
 
 func (a *Allocator) currentTermOrNil() *term {
@@ -224,7 +225,7 @@ func TestFailover(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
 	a := startAllocator(t, c, "a", clock.opt(), WithSessionTTL(time.Second))
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	b := startAllocator(t, c, "b", clock.opt(), WithSessionTTL(time.Second))
 	const G = 5000
 	for i := range 4 {
@@ -274,7 +275,7 @@ func TestFailover(t *testing.T) {
 	<-started
 	a.Stop() // mid-stream
 	wg.Wait()
-	waitLeader(t, b.Allocator)
+	allocatortest.WaitLeader(t, b)
 
 	// Replays from B of what A answered are identical.
 	n := 0
@@ -309,7 +310,7 @@ func TestFailover(t *testing.T) {
 func TestThreeMembersEtcdLeaderHardStopped(t *testing.T) {
 	c := etcdtest.Start(t, 3)
 	a := startAllocator(t, c, "a", WithSessionTTL(2*time.Second))
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	l := putLimit(t, a.Allocator, "tenant/3m", 100000, time.Minute, 15*time.Second, 10)
 	waitLimit(t, a.Allocator, l.Id, l.Version)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -341,7 +342,7 @@ func TestGrantRecordsExpire(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
 	a := startAllocator(t, c, "a", clock.opt(), WithRetention(30*time.Second, time.Hour)) // the test sweeps
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	l := putLimit(t, a.Allocator, "tenant/gc", 100, time.Minute, 15*time.Second, 0)
 	waitLimit(t, a.Allocator, l.Id, l.Version)
 	ctx := context.Background()

@@ -12,19 +12,15 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"leasehold/allocator/auth"
+	"leasehold/internal/limitspec"
+	"leasehold/internal/vocab"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
 // Limits of a change request.
 const (
-	// MaxApplyChanges caps the changes of one ApplyLimits call. Each change
-	// costs two writes (the limit and its history entry) in the one etcd
-	// transaction that also carries the audit record and the limits
-	// revision, so the cap is also (max txn ops - 2) / 2 (see
-	// WithGroupCommit): 63 with etcd's default --max-txn-ops of 128.
-	MaxApplyChanges = 100
-	maxReasonLen    = 1000
+	maxReasonLen = 1000
 	// changeRetries bounds how often a change is re-read and retried when
 	// its transaction lost a race it had no expected version for.
 	changeRetries = 5
@@ -115,9 +111,9 @@ type changeResult struct {
 }
 
 // maxChanges is the most changes one call may carry with this
-// allocator's transaction size.
+// allocator's transaction size (see limitspec.MaxApplyChanges).
 func (a *Allocator) maxChanges() int {
-	return max(1, min(MaxApplyChanges, (a.opt.maxOps-2)/2))
+	return max(1, min(limitspec.MaxApplyChanges, (a.opt.maxOps-2)/2))
 }
 
 // applyChanges authorizes, validates and applies (or, dry, evaluates) a
@@ -160,7 +156,7 @@ func (a *Allocator) applyChanges(ctx context.Context, p *auth.Principal, cs chan
 			if it != nil && (errors.Is(err, ErrVersionMismatch) || errors.Is(err, ErrNotFound)) {
 				return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_CONFLICT, err)
 			}
-			if it != nil && errors.Is(err, ErrInvalid) {
+			if it != nil && errors.Is(err, vocab.ErrInvalid) {
 				return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, err)
 			}
 			return nil, err
@@ -204,13 +200,13 @@ func (a *Allocator) validateChanges(cs *changeSet) (*changeItem, error) {
 			return it, fieldErr(it.expField, "must be >= 0, got %d", *it.expected)
 		}
 		if it.deleting {
-			if err := ValidateLimitID(it.field, it.del); err != nil {
+			if err := vocab.ValidateLimitID(it.field, it.del); err != nil {
 				return it, err
 			}
 		} else {
-			v, err := ValidateLimit(it.put, a.cfg.Regions)
+			v, err := limitspec.ValidateLimit(it.put, a.cfg.Regions)
 			if err != nil {
-				var fe *FieldError
+				var fe *vocab.FieldError
 				if errors.As(err, &fe) && it.field != "limit" {
 					fe.Field = it.field + strings.TrimPrefix(fe.Field, "limit")
 				}
@@ -344,7 +340,7 @@ func nextBoundary(now time.Time, cur, next time.Duration) (time.Time, error) {
 	}
 	a, b := cur.Milliseconds(), next.Milliseconds()
 	g := gcd(a, b)
-	span := a / g * b // both are at most MaxWindow in ms: no overflow
+	span := a / g * b // both are at most limitspec.MaxWindow in ms: no overflow
 	if longest := max(a, b); span > 10*longest {
 		return time.Time{}, fmt.Errorf("windows of %v and %v start together only every %v: apply this change with effective NOW, or change the window in two steps",
 			cur, next, time.Duration(span)*time.Millisecond)

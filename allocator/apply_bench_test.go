@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -21,13 +22,9 @@ func BenchmarkAuditedChange(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	if err := a.WaitLeader(ctx); err != nil {
-		b.Fatal(err)
-	}
+	allocatortest.Run(b, a)
+	allocatortest.WaitLeader(b, a)
+	ctx := context.Background()
 	srv := NewServer(a)
 	b.Run("bare-put", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {

@@ -14,7 +14,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator/auth"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -87,7 +88,7 @@ func revision(t *testing.T, c *etcdtest.Cluster) int64 {
 func TestTwoEditorsRace(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	srv := NewServer(a.Allocator, WithAuthRequired(true))
 	if _, err := srv.PutLimit(as(admin), &pb.PutLimitRequest{Limit: simpleLimit("tenant/race", 1000, time.Minute), Reason: "contract signed"}); err != nil {
 		t.Fatal(err)
@@ -161,7 +162,7 @@ func TestTwoEditorsRace(t *testing.T) {
 func TestRoleActionMatrix(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	srv := NewServer(a.Allocator, WithAuthRequired(true))
 	ctxOf := func(p *auth.Principal) context.Context {
 		if p == nil {
@@ -330,7 +331,7 @@ func TestRoleActionMatrix(t *testing.T) {
 func TestReasonRequired(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	srv := NewServer(a.Allocator)
 	ctx := as(admin)
 	_, err := srv.PutLimit(ctx, &pb.PutLimitRequest{Limit: simpleLimit("tenant/r", 5, time.Minute)})
@@ -359,7 +360,7 @@ func TestReasonRequired(t *testing.T) {
 func TestApplyLimitsAllOrNothing(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	srv := NewServer(a.Allocator)
 	ctx := as(admin)
 	if _, err := a.PutLimit(ctx, simpleLimit("tenant/a", 100, time.Minute), Change{Reason: "setup"}); err != nil {
@@ -483,7 +484,7 @@ func TestDryRunEffect(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0).Truncate(time.Minute) // a window start
 	clk := newFakeClock(t0)
 	a := startAllocator(t, c, "a", clk.opt())
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	srv := NewServer(a.Allocator)
 	ctx := as(admin)
 	l := &pb.Limit{Id: "tenant/dry", LimitTokens: 1000, Window: durationpb.New(time.Minute), Regions: []string{"eu", "us"},
@@ -586,7 +587,7 @@ func TestDryRunEffect(t *testing.T) {
 func TestChangesServedByLeader(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	b := startAllocator(t, c, "b")
 	srv := NewServer(b.Allocator)
 	_, err := srv.PutLimit(as(admin), &pb.PutLimitRequest{Limit: simpleLimit("tenant/f", 5, time.Minute), Reason: "r", DryRun: true})

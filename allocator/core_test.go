@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/limitspec"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -20,7 +21,7 @@ func testLimit(id string, g int64, w, ttl time.Duration, regions ...string) *Lim
 		Id: id, LimitTokens: g, Window: durationpb.New(w), Regions: regions, Mode: pb.Mode_MODE_STRICT,
 		Lease: &pb.LeaseSettings{Ttl: durationpb.New(ttl), MinChunk: 1},
 	}
-	v, err := ValidateLimit(p, []string{"eu", "us", "ap"})
+	v, err := limitspec.ValidateLimit(p, []string{"eu", "us", "ap"})
 	if err != nil {
 		panic(err)
 	}

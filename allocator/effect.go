@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"leasehold/internal/limitspec"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -25,7 +26,7 @@ func limitFields(l *pb.Limit) map[string]string {
 		"limit_tokens":    strconv.FormatInt(l.LimitTokens, 10),
 		"window":          l.GetWindow().AsDuration().String(),
 		"regions":         strings.Join(slices.Sorted(slices.Values(l.Regions)), ","),
-		"mode":            ModeName(l.Mode),
+		"mode":            limitspec.ModeName(l.Mode),
 		"lease.ttl":       l.GetLease().GetTtl().AsDuration().String(),
 		"lease.min_chunk": strconv.FormatInt(l.GetLease().GetMinChunk(), 10),
 		"lease.max_chunk": strconv.FormatInt(l.GetLease().GetMaxChunk(), 10),
@@ -33,7 +34,7 @@ func limitFields(l *pb.Limit) map[string]string {
 		"description":     l.Description,
 	}
 	for _, r := range l.Regions {
-		m["fallback."+r] = FallbackName(l.Fallback[r])
+		m["fallback."+r] = limitspec.FallbackName(l.Fallback[r])
 	}
 	for k, v := range l.Tags {
 		m["tags."+k] = v

@@ -7,7 +7,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -48,7 +49,7 @@ func TestEffectiveTime(t *testing.T) {
 	w0 := t0.UnixNano() / int64(W)
 	clk := newFakeClock(t0.Add(10 * time.Second))
 	a := startAllocator(t, c, "a", clk.opt())
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	srv := NewServer(a.Allocator)
 	id := "tenant/eff"
 	l := &pb.Limit{Id: id, LimitTokens: 100, Window: durationpb.New(W), Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT}

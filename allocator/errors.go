@@ -2,14 +2,14 @@ package allocator
 
 import (
 	"errors"
-	"fmt"
+
+	"leasehold/internal/vocab"
 )
 
 // Sentinel errors. Callers match them with errors.Is; the gRPC server maps
-// them to status codes in one table (see status.go).
+// them to status codes in one table (toStatus, server.go). Bad input is a
+// *vocab.FieldError naming the field; it matches vocab.ErrInvalid.
 var (
-	// ErrInvalid marks bad input; the error names the field.
-	ErrInvalid = errors.New("allocator: invalid argument")
 	// ErrNotFound: no such limit.
 	ErrNotFound = errors.New("allocator: not found")
 	// ErrVersionMismatch: an expected version did not match the stored one.
@@ -24,17 +24,10 @@ var (
 	ErrStopped = errors.New("allocator: stopped")
 )
 
-// FieldError is bad input in one field. It matches ErrInvalid.
-type FieldError struct {
-	Field  string // e.g. "limit.window" or "requests[3].limit_id"
-	Reason string
-}
-
-func (e *FieldError) Error() string        { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
-func (e *FieldError) Is(target error) bool { return target == ErrInvalid }
-
+// fieldErr is bad input in one field: a *vocab.FieldError, matching
+// vocab.ErrInvalid.
 func fieldErr(field, format string, args ...any) error {
-	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	return vocab.InvalidField(field, format, args...)
 }
 
 // NotLeaderError is returned by a follower. It matches ErrNotLeader.

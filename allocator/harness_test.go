@@ -12,7 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -34,14 +35,7 @@ func (c *fakeClock) Since(t time.Time) int64 { return c.ns.Load() - t.UnixNano()
 // runningAllocator is an allocator whose Run loop a test can stop.
 type runningAllocator struct {
 	*Allocator
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-// Stop ends Run and waits for it.
-func (r *runningAllocator) Stop() {
-	r.cancel()
-	<-r.done
+	*allocatortest.Running
 }
 
 func startAllocator(t *testing.T, c *etcdtest.Cluster, name string, opts ...Option) *runningAllocator {
@@ -61,20 +55,7 @@ func startAllocatorReg(t *testing.T, c *etcdtest.Cluster, name string, reg prome
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &runningAllocator{Allocator: a, cancel: cancel, done: make(chan struct{})}
-	go func() { defer close(r.done); _ = a.Run(ctx) }()
-	t.Cleanup(r.Stop)
-	return r
-}
-
-func waitLeader(t *testing.T, a *Allocator) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := a.WaitLeader(ctx); err != nil {
-		t.Fatalf("%s never led: %v", a.cfg.Advertise, err)
-	}
+	return &runningAllocator{Allocator: a, Running: allocatortest.Run(t, a)}
 }
 
 func putLimit(t *testing.T, a *Allocator, id string, g int64, w, ttl time.Duration, maxChunk int64) *pb.Limit {

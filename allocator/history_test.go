@@ -10,7 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestHistoryAndAuditSurviveFailover(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	b := startAllocator(t, c, "b")
 	sa := NewServer(a.Allocator)
 	for i, g := range []int64{10, 20, 30} {
@@ -37,7 +38,7 @@ func TestHistoryAndAuditSurviveFailover(t *testing.T) {
 		t.Fatalf("before failover: %d audit events, %d history entries", len(before), len(hist))
 	}
 	a.Stop()
-	waitLeader(t, b.Allocator)
+	allocatortest.WaitLeader(t, b)
 	sb := NewServer(b.Allocator)
 	la, err := sb.ListAudit(as(admin), &pb.ListAuditRequest{})
 	if err != nil || len(la.Events) != len(before) {
@@ -72,7 +73,7 @@ func TestListAuditSinceAndPages(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	clk := newFakeClock(t0)
 	a := startAllocator(t, c, "a", clk.opt())
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	srv := NewServer(a.Allocator)
 	// 12 changes of tenant/x and 12 of plan/y, one a second, then an
 	// apply of both at once.
@@ -170,7 +171,7 @@ func TestAuditRetention(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	clk := newFakeClock(t0)
 	a := startAllocator(t, c, "a", clk.opt(), WithAuditRetention(time.Hour, 20*time.Millisecond))
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	srv := NewServer(a.Allocator)
 	put := func(g int64) {
 		if _, err := srv.PutLimit(as(admin), &pb.PutLimitRequest{Limit: simpleLimit("tenant/old", g, time.Minute), Reason: "r",

@@ -12,7 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -74,7 +75,7 @@ func TestReportsSurviveSweepAndFailover(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
 	a := startAllocator(t, c, "a", clock.opt(), WithRetention(30*time.Second, time.Hour))
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	l, err := a.PutLimit(context.Background(), boundedLimit(), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +120,7 @@ func TestReportsSurviveSweepAndFailover(t *testing.T) {
 
 	a.Stop()
 	b := startAllocator(t, c, "b", clock.opt())
-	waitLeader(t, b.Allocator)
+	allocatortest.WaitLeader(t, b)
 	reps, err = b.Reports("tenant/rep", 10)
 	if err != nil || len(reps) != 1 || reps[0].Admitted["us"] != 295 {
 		t.Fatalf("after failover: %+v %v", reps, err)
@@ -138,7 +139,7 @@ func TestWindowMetrics(t *testing.T) {
 	clock := newFakeClock(t0.Add(time.Second))
 	reg := prometheus.NewRegistry()
 	a := startAllocatorReg(t, c, "a", reg, clock.opt(), WithRetention(30*time.Second, time.Hour))
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	l, _ := a.PutLimit(context.Background(), boundedLimit(), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 	waitLimit(t, a.Allocator, l.Id, l.Version)
 	w := playWindow(t, a.Allocator, clock)
@@ -198,7 +199,7 @@ func TestListWindowsOverGRPC(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
 	a := startAllocator(t, c, "a", clock.opt())
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	l, _ := a.PutLimit(context.Background(), boundedLimit(), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 	waitLimit(t, a.Allocator, l.Id, l.Version)
 	playWindow(t, a.Allocator, clock)

@@ -10,11 +10,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"leasehold/allocator/auth"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
-
-// LeaderMetadataKey is the trailer in which a follower names the leader.
-const LeaderMetadataKey = "leasehold-leader"
 
 // Server serves the Allocator and Admin gRPC services of one replica.
 type Server struct {
@@ -57,7 +55,7 @@ func toStatus(ctx context.Context, err error) error {
 	var nl *NotLeaderError
 	code := codes.Internal
 	switch {
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, vocab.ErrInvalid):
 		code = codes.InvalidArgument
 	case errors.Is(err, ErrNotFound):
 		code = codes.NotFound
@@ -70,7 +68,7 @@ func toStatus(ctx context.Context, err error) error {
 	case errors.As(err, &nl):
 		code = codes.Unavailable
 		if nl.Leader != "" {
-			_ = grpc.SetTrailer(ctx, metadata.Pairs(LeaderMetadataKey, nl.Leader))
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(vocab.LeaderMetadataKey, nl.Leader))
 		}
 	case errors.Is(err, ErrFenced), errors.Is(err, ErrStopped), errors.Is(err, errTermEnded):
 		code = codes.Unavailable
@@ -154,7 +152,7 @@ func (s *Server) SyncLimits(ctx context.Context, req *pb.SyncLimitsRequest) (*pb
 	if err := s.allowLease(ctx, "SyncLimits", req.GetRegion()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	if err := ValidateRegion("region", req.GetRegion()); err != nil {
+	if err := vocab.ValidateRegion("region", req.GetRegion()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
 	out, err := s.a.SyncLimits(ctx, req.Region, req.KnownRevision)

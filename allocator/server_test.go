@@ -17,7 +17,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/limitspec"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -59,7 +62,7 @@ func wantInvalid(t *testing.T, err error, field string) {
 func TestAdminRejectsEachInvalidField(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator) // changes are served by the leader
+	allocatortest.WaitLeader(t, a) // changes are served by the leader
 	_, admin := serve(t, a.Allocator)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -140,7 +143,7 @@ func TestAdminRejectsEachInvalidField(t *testing.T) {
 func TestListLimitsPages(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator) // changes are served by the leader
+	allocatortest.WaitLeader(t, a) // changes are served by the leader
 	_, admin := serve(t, a.Allocator)
 	ctx := context.Background()
 	for _, id := range []string{"tenant/a", "tenant/b", "tenant/c", "tenant/a/x", "plan/p"} {
@@ -174,7 +177,7 @@ func TestListLimitsPages(t *testing.T) {
 func TestAcquireRejectsEachMalformedRequest(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	alloc, _ := serve(t, a.Allocator)
 	ctx := context.Background()
 	ok := func() *pb.LeaseRequest {
@@ -247,7 +250,7 @@ func TestAcquireRejectsEachMalformedRequest(t *testing.T) {
 func TestFollowerNamesLeader(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "leader:7400")
-	waitLeader(t, a.Allocator)
+	allocatortest.WaitLeader(t, a)
 	b := startAllocator(t, c, "follower:7400")
 	alloc, _ := serve(t, b.Allocator)
 	deadline := time.Now().Add(10 * time.Second)
@@ -260,7 +263,7 @@ func TestFollowerNamesLeader(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("follower: %v, want Unavailable", err)
 	}
-	if got := trailer.Get(LeaderMetadataKey); len(got) != 1 || got[0] != "leader:7400" {
+	if got := trailer.Get(vocab.LeaderMetadataKey); len(got) != 1 || got[0] != "leader:7400" {
 		t.Fatalf("trailer %v, want the leader's address", trailer)
 	}
 }
@@ -305,7 +308,7 @@ func FuzzAcquireDecode(f *testing.F) {
 		}
 		pl := &pb.PutLimitRequest{}
 		if proto.Unmarshal(b, pl) == nil {
-			_, _ = ValidateLimit(pl.Limit, []string{"eu", "us"})
+			_, _ = limitspec.ValidateLimit(pl.Limit, []string{"eu", "us"})
 		}
 	})
 }

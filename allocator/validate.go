@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -13,7 +14,7 @@ const MaxBatch = 10000
 // ValidateAcquire checks an AcquireLeases request; the error names the
 // field, e.g. "requests[2].demand_per_second".
 func ValidateAcquire(req *pb.AcquireLeasesRequest) error {
-	if err := ValidateRegion("region", req.GetRegion()); err != nil {
+	if err := vocab.ValidateRegion("region", req.GetRegion()); err != nil {
 		return err
 	}
 	if len(req.Requests) == 0 {
@@ -28,14 +29,14 @@ func ValidateAcquire(req *pb.AcquireLeasesRequest) error {
 		if r == nil {
 			return fieldErr(f, "required")
 		}
-		if err := ValidateRequestID(f+".request_id", r.RequestId); err != nil {
+		if err := vocab.ValidateRequestID(f+".request_id", r.RequestId); err != nil {
 			return err
 		}
 		if j, dup := seen[r.RequestId]; dup {
 			return fieldErr(f+".request_id", "duplicates requests[%d]", j)
 		}
 		seen[r.RequestId] = i
-		if err := ValidateLimitID(f+".limit_id", r.LimitId); err != nil {
+		if err := vocab.ValidateLimitID(f+".limit_id", r.LimitId); err != nil {
 			return err
 		}
 		switch r.Window {
@@ -58,7 +59,7 @@ func ValidateAcquire(req *pb.AcquireLeasesRequest) error {
 
 // ValidateReturn checks a ReturnLeases request.
 func ValidateReturn(req *pb.ReturnLeasesRequest) error {
-	if err := ValidateRegion("region", req.GetRegion()); err != nil {
+	if err := vocab.ValidateRegion("region", req.GetRegion()); err != nil {
 		return err
 	}
 	if len(req.Returns) == 0 {
@@ -72,13 +73,13 @@ func ValidateReturn(req *pb.ReturnLeasesRequest) error {
 		if r == nil {
 			return fieldErr(f, "required")
 		}
-		if err := ValidateLimitID(f+".limit_id", r.LimitId); err != nil {
+		if err := vocab.ValidateLimitID(f+".limit_id", r.LimitId); err != nil {
 			return err
 		}
 		if r.LeaseId == "" {
 			return fieldErr(f+".lease_id", "required")
 		}
-		if len(r.LeaseId) > 2*maxRequestIDLen {
+		if len(r.LeaseId) > vocab.MaxLeaseIDLen {
 			return fieldErr(f+".lease_id", "too long")
 		}
 		if r.Unspent < 0 {
@@ -90,10 +91,10 @@ func ValidateReturn(req *pb.ReturnLeasesRequest) error {
 
 // ValidateReport checks a ReportUsage request.
 func ValidateReport(req *pb.ReportUsageRequest) error {
-	if err := ValidateRegion("region", req.GetRegion()); err != nil {
+	if err := vocab.ValidateRegion("region", req.GetRegion()); err != nil {
 		return err
 	}
-	if err := ValidateRequestID("reporter", req.GetReporter()); err != nil {
+	if err := vocab.ValidateRequestID("reporter", req.GetReporter()); err != nil {
 		return err
 	}
 	if len(req.Usage) > MaxBatch {
@@ -104,7 +105,7 @@ func ValidateReport(req *pb.ReportUsageRequest) error {
 		if u == nil {
 			return fieldErr(f, "required")
 		}
-		if err := ValidateLimitID(f+".limit_id", u.LimitId); err != nil {
+		if err := vocab.ValidateLimitID(f+".limit_id", u.LimitId); err != nil {
 			return err
 		}
 		if u.WindowIndex < 0 {

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"leasehold/allocator"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 	"leasehold/regionagent"
 )
 

@@ -14,10 +14,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"leasehold/allocator"
+	"leasehold/internal/faulttest"
+	"leasehold/internal/redistest"
 	"leasehold/lease"
 	"leasehold/regionagent/bucket"
-	"leasehold/regionagent/faulttest"
-	"leasehold/regionagent/redistest"
 )
 
 // TestFailoverLostWrites is a real Redis failover that loses writes: a

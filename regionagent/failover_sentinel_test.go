@@ -12,10 +12,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"leasehold/internal/faulttest"
+	"leasehold/internal/redistest"
 	"leasehold/lease"
 	"leasehold/regionagent/bucket"
-	"leasehold/regionagent/faulttest"
-	"leasehold/regionagent/redistest"
 )
 
 // TestFailoverSentinel is TestFailoverLostWrites with Redis Sentinel doing

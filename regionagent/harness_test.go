@@ -3,7 +3,6 @@ package regionagent
 import (
 	"context"
 	"log/slog"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,9 +13,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/redistest"
 )
 
 // fakeClock is one clock for the allocator, the agents and Redis's
@@ -63,24 +63,9 @@ func startWorld(t testing.TB, fake bool, regions ...string) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
-	defer wcancel()
-	if err := a.WaitLeader(wctx); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	allocator.NewServer(a).Register(gs)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	w.alloc, w.addr = a, lis.Addr().String()
+	allocatortest.Run(t, a)
+	allocatortest.WaitLeader(t, a)
+	w.alloc, w.addr = a, allocatortest.Serve(t, nil, allocator.NewServer(a))
 	for _, r := range regions {
 		w.redis[r] = redistest.Start(t)
 	}

@@ -34,6 +34,7 @@ import (
 
 	"leasehold/allocator"
 	"leasehold/allocator/auth"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -370,7 +371,7 @@ func (s *stream) SetTrailer(md metadata.MD) error {
 
 // leader is the leader's address a follower named, "" if none.
 func (s *stream) leader() string {
-	if v := s.trailer.Get(allocator.LeaderMetadataKey); len(v) > 0 {
+	if v := s.trailer.Get(vocab.LeaderMetadataKey); len(v) > 0 {
 		return v[0]
 	}
 	return ""

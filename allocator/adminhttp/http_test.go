@@ -19,7 +19,8 @@ import (
 	"leasehold/allocator"
 	"leasehold/allocator/auth"
 	"leasehold/allocator/auth/devca"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -41,9 +42,8 @@ func (tokenAuth) Authenticate(_ *tls.ConnectionState, bearer string) (*auth.Prin
 	return nil, fmt.Errorf("%w: unknown token", auth.ErrUnauthenticated)
 }
 
-// startAllocator runs one allocator on a fresh one-member etcd and waits
-// until it leads.
-func startAllocator(t *testing.T, c *etcdtest.Cluster, name string) *allocator.Allocator {
+// startAllocator runs one allocator on c until the test ends.
+func startAllocator(t testing.TB, c *etcdtest.Cluster, name string) *allocator.Allocator {
 	t.Helper()
 	a, err := allocator.New(allocator.Config{
 		Client: c.Client(t), Regions: []string{"eu", "us"}, Advertise: name,
@@ -52,20 +52,8 @@ func startAllocator(t *testing.T, c *etcdtest.Cluster, name string) *allocator.A
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	allocatortest.Run(t, a)
 	return a
-}
-
-func waitLeader(t *testing.T, a *allocator.Allocator) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := a.WaitLeader(ctx); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // serveHTTP serves a's Admin API over loopback and returns its base URL.
@@ -165,7 +153,7 @@ func limitBody(g int64, extra string) string {
 func newAPI(t *testing.T, authn auth.Authenticator) (api, *allocator.Allocator) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a)
+	allocatortest.WaitLeader(t, a)
 	return api{t: t, base: serveHTTP(t, a, authn)}, a
 }
 
@@ -516,7 +504,7 @@ func TestAuthorization(t *testing.T) {
 func TestFollowerNamesLeader(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "leader-addr:7400")
-	waitLeader(t, a)
+	allocatortest.WaitLeader(t, a)
 	b := startAllocator(t, c, "follower-addr:7400")
 	f := api{t: t, base: serveHTTP(t, b, nil)}
 	var r reply
@@ -584,7 +572,7 @@ func TestRealAuthenticatorOverTLS(t *testing.T) {
 
 	c := etcdtest.Start(t, 1)
 	a := startAllocator(t, c, "a")
-	waitLeader(t, a)
+	allocatortest.WaitLeader(t, a)
 	h, err := New(Config{Admin: allocator.NewServer(a, allocator.WithAuthRequired(true)), Authenticator: guard.Authenticator()})
 	if err != nil {
 		t.Fatal(err)
@@ -672,18 +660,9 @@ func TestRealAuthenticatorOverTLS(t *testing.T) {
 // BenchmarkGetLimit measures GET /v1/limits/{id} over loopback against a
 // real allocator (one etcd read per call).
 func BenchmarkGetLimit(b *testing.B) {
-	c := etcdtest.Start(b, 1)
-	a, err := allocator.New(allocator.Config{Client: c.Client(b), Regions: []string{"eu", "us"}, Advertise: "a", Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done })
-	if err := a.WaitLeader(ctx); err != nil {
-		b.Fatal(err)
-	}
+	a := startAllocator(b, etcdtest.Start(b, 1), "a")
+	allocatortest.WaitLeader(b, a)
+	ctx := context.Background()
 	h, err := New(Config{Admin: allocator.NewServer(a)})
 	if err != nil {
 		b.Fatal(err)

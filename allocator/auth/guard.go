@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"leasehold/internal/vocab"
 )
 
 // Guard authenticates every call of a server's transports and puts the
@@ -117,7 +119,7 @@ func (g *Guard) grpcContext(ctx context.Context, method string) (context.Context
 	var bearer string
 	var err error
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		bearer, err = bearerOf(md.Get("authorization"))
+		bearer, err = bearerOf(md.Get(vocab.AuthorizationMetadataKey))
 	}
 	var pr *Principal
 	if err == nil {

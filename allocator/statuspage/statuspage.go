@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"leasehold/allocator"
+	"leasehold/internal/limitspec"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -452,7 +453,7 @@ func (h *worstFirst) Pop() any {
 func newRow(v view, l *pb.Limit, reps []allocator.WindowReport) *row {
 	rw := &row{
 		ID: l.GetId(), Owner: l.GetOwner(), Description: l.GetDescription(), G: l.GetLimitTokens(),
-		Window: fmtDuration(l.GetWindow().AsDuration()), Regions: l.GetRegions(), Mode: allocator.ModeName(l.GetMode()),
+		Window: fmtDuration(l.GetWindow().AsDuration()), Regions: l.GetRegions(), Mode: limitspec.ModeName(l.GetMode()),
 		Version: l.GetVersion(),
 	}
 	// The last final window, and the fail modes in force in it and in the

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"leasehold/allocator"
 	"leasehold/allocator/auth"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
 	"leasehold/regionagent/envoyrls"
@@ -56,14 +56,14 @@ func (c *agentConfig) register(fs *flag.FlagSet) {
 }
 
 func (c *agentConfig) validate() error {
-	if err := allocator.ValidateRegion("-region", c.region); err != nil {
+	if err := vocab.ValidateRegion("-region", c.region); err != nil {
 		return usagef("%v", err)
 	}
 	if len(splitList(c.allocators)) == 0 {
 		return usagef("-allocator: at least one address is required")
 	}
 	if c.replicaID != "" {
-		if err := allocator.ValidateRequestID("-replica-id", c.replicaID); err != nil {
+		if err := vocab.ValidateRequestID("-replica-id", c.replicaID); err != nil {
 			return usagef("%v", err)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"leasehold/allocator/auth"
 	"leasehold/allocator/embedded"
 	"leasehold/allocator/statuspage"
+	"leasehold/internal/vocab"
 )
 
 // allocatorConfig is everything `leasehold allocator` takes.
@@ -70,7 +71,7 @@ func (c *allocatorConfig) validate() error {
 		return usagef("-regions: at least one region is required")
 	}
 	for i, r := range splitList(c.regions) {
-		if err := allocator.ValidateRegion(fmt.Sprintf("-regions[%d]", i), r); err != nil {
+		if err := vocab.ValidateRegion(fmt.Sprintf("-regions[%d]", i), r); err != nil {
 			return usagef("%v", err)
 		}
 	}

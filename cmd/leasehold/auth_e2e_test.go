@@ -23,6 +23,8 @@ import (
 
 	"leasehold/allocator/auth"
 	"leasehold/allocator/auth/devca"
+	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -34,7 +36,7 @@ var tokenLineRe = regexp.MustCompile(`(?m)^  ([^ ]+) \([a-z]+\): (lht_[A-Za-z0-9
 func writeTestCerts(t *testing.T, args ...string) (string, map[string]string) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "certs")
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	if code := run(context.Background(), append([]string{"certs", "--dir", dir}, args...), &stdout, &stderr); code != 0 {
 		t.Fatalf("certs: exit %d: %s", code, stderr.String())
 	}
@@ -98,9 +100,9 @@ func TestAllocatorAuthAndRegions(t *testing.T) {
 	if tokens["alice"] == "" || tokens["vic"] == "" {
 		t.Fatalf("tokens: %v", tokens)
 	}
-	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, httpAddr := ports.Addr(t), ports.Addr(t)
 	s := startCmd(t, "allocator", "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--data-dir", filepath.Join(t.TempDir(), "data"),
-		"--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t), "--regions", "eu,us",
+		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t), "--regions", "eu,us",
 		"--tls-cert", filepath.Join(dir, serverCertFile), "--tls-key", filepath.Join(dir, serverKeyFile),
 		"--tls-client-ca", filepath.Join(dir, caCertFile), "--auth-file", filepath.Join(dir, authFileName))
 	anon := dialTLS(t, grpcAddr, tlsConfigFor(t, dir, "", ""))
@@ -351,7 +353,7 @@ func TestCertsCommand(t *testing.T) {
 
 	// A second run refuses and changes nothing; -force replaces all.
 	before, _ := os.ReadFile(filepath.Join(dir, caCertFile))
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	if code := run(context.Background(), []string{"certs", "--dir", dir}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "exists") {
 		t.Fatalf("second run: exit %d, %q", code, stderr.String())
 	}
@@ -383,7 +385,7 @@ func TestCertsCommand(t *testing.T) {
 		{"certs", "--dir", dir, "--valid", "200000h"},
 		{"certs", "--dir", dir, "--users", "", "--regions", ""},
 	} {
-		var stderr syncBuffer
+		var stderr syncbuf.Buffer
 		if code := run(context.Background(), args, io.Discard, &stderr); code != 2 || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
 		}
@@ -402,7 +404,7 @@ func TestServerTLSUsageErrors(t *testing.T) {
 		{"agent", "--region", "eu", "--tls-ca", "ca.pem", "--allocator-cert", "c.pem"},
 		{"gateway", "--upstream", "http://127.0.0.1:1", "--key-header", "X-T", "--tls-cert", "c.pem"},
 	} {
-		var stderr syncBuffer
+		var stderr syncbuf.Buffer
 		if code := run(context.Background(), args, io.Discard, &stderr); code != 2 || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
 		}
@@ -412,8 +414,8 @@ func TestServerTLSUsageErrors(t *testing.T) {
 // An agent refuses to start with another region's certificate.
 func TestAgentCertificateNamesItsRegion(t *testing.T) {
 	dir, _ := writeTestCerts(t, "--users", "", "--regions", "eu,us")
-	var stderr syncBuffer
-	code := run(context.Background(), []string{"agent", "--region", "eu", "--grpc-addr", freeAddr(t), "--http-addr", freeAddr(t),
+	var stderr syncbuf.Buffer
+	code := run(context.Background(), []string{"agent", "--region", "eu", "--grpc-addr", ports.Addr(t), "--http-addr", ports.Addr(t),
 		"--tls-ca", filepath.Join(dir, caCertFile),
 		"--allocator-cert", filepath.Join(dir, "agent-us.pem"), "--allocator-key", filepath.Join(dir, "agent-us-key.pem")}, io.Discard, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), "names agent/us, not agent/eu") {

@@ -13,16 +13,18 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
 
 // devArgs runs `leasehold dev` on free loopback ports in dir.
 func devArgs(t *testing.T, dir string) (args []string, alloc, eu, us, euHTTP string) {
-	alloc, eu, us, euHTTP = freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	args = []string{"dev", "--data-dir", dir, "--allocator-grpc", alloc, "--allocator-http", freeAddr(t),
-		"--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t),
-		"--eu-grpc", eu, "--eu-http", euHTTP, "--us-grpc", us, "--us-http", freeAddr(t),
-		"--eu-gateway", freeAddr(t), "--us-gateway", freeAddr(t)}
+	alloc, eu, us, euHTTP = ports.Addr(t), ports.Addr(t), ports.Addr(t), ports.Addr(t)
+	args = []string{"dev", "--data-dir", dir, "--allocator-grpc", alloc, "--allocator-http", ports.Addr(t),
+		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t),
+		"--eu-grpc", eu, "--eu-http", euHTTP, "--us-grpc", us, "--us-http", ports.Addr(t),
+		"--eu-gateway", ports.Addr(t), "--us-gateway", ports.Addr(t)}
 	return
 }
 
@@ -130,7 +132,7 @@ func TestAgentUsageErrors(t *testing.T) {
 		{"dev", "--redis", "mars=1.2.3.4:5"},
 		{"dev", "--traffic-eu", "-5"},
 	} {
-		var stderr syncBuffer
+		var stderr syncbuf.Buffer
 		if code := run(context.Background(), args, nil, &stderr); code != 2 || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
 		}

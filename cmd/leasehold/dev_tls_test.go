@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -25,8 +26,8 @@ func TestDevTLS(t *testing.T) {
 	args, alloc, eu, _, euHTTP := devArgs(t, dir)
 	args = append(args, "--tls")
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
-	s := &started{cancel: cancel, done: make(chan struct{}), stderr: &syncBuffer{}}
+	out := &syncbuf.Buffer{}
+	s := &started{cancel: cancel, done: make(chan struct{}), stderr: &syncbuf.Buffer{}}
 	go func() { defer close(s.done); s.exit = run(ctx, args, out, s.stderr) }()
 	t.Cleanup(func() {
 		cancel()

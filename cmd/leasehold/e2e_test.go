@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -52,13 +54,13 @@ type checkReport struct {
 // admitted <= 600 and >= 594.
 func TestEndToEnd(t *testing.T) {
 	leasehold, quotactl := buildBinaries(t)
-	alloc, eu, us := freeAddr(t), freeAddr(t), freeAddr(t)
+	alloc, eu, us := ports.Addr(t), ports.Addr(t), ports.Addr(t)
 	dev := exec.Command(leasehold, "dev", "--data-dir", filepath.Join(t.TempDir(), "dev"), "--no-demo",
-		"--allocator-grpc", alloc, "--allocator-http", freeAddr(t),
-		"--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t),
-		"--eu-grpc", eu, "--eu-http", freeAddr(t), "--us-grpc", us, "--us-http", freeAddr(t),
-		"--eu-gateway", freeAddr(t), "--us-gateway", freeAddr(t))
-	var devOut, devErr syncBuffer
+		"--allocator-grpc", alloc, "--allocator-http", ports.Addr(t),
+		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t),
+		"--eu-grpc", eu, "--eu-http", ports.Addr(t), "--us-grpc", us, "--us-http", ports.Addr(t),
+		"--eu-gateway", ports.Addr(t), "--us-gateway", ports.Addr(t))
+	var devOut, devErr syncbuf.Buffer
 	dev.Stdout, dev.Stderr = &devOut, &devErr
 	if err := dev.Start(); err != nil {
 		t.Fatal(err)
@@ -158,7 +160,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 }
 
-func waitHealthy(t *testing.T, addr, service string, exited <-chan error, stderr *syncBuffer) {
+func waitHealthy(t *testing.T, addr, service string, exited <-chan error, stderr *syncbuf.Buffer) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -14,8 +14,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/ports"
+	"leasehold/internal/redistest"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/redistest"
 )
 
 // proc is a leasehold process the test can kill and restart.
@@ -24,7 +26,7 @@ type proc struct {
 	bin    string
 	args   []string
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	done   chan struct{}
 }
 
@@ -37,7 +39,7 @@ func startProc(t *testing.T, bin string, args ...string) *proc {
 
 func (p *proc) start() {
 	p.cmd = exec.Command(p.bin, p.args...)
-	p.stderr = &syncBuffer{}
+	p.stderr = &syncbuf.Buffer{}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
@@ -109,17 +111,17 @@ func TestFallbackBoundEndToEnd(t *testing.T) {
 
 func runFallbackScenario(t *testing.T, leasehold string, fallback map[string]*pb.Fallback, infinite bool) {
 	const W = 10 * time.Second
-	allocAddr, allocHTTP := freeAddr(t), freeAddr(t)
+	allocAddr, allocHTTP := ports.Addr(t), ports.Addr(t)
 	allocArgs := []string{"allocator", "--grpc-addr", allocAddr, "--http-addr", allocHTTP,
-		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t),
+		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t),
 		"--regions", "eu,us", "--session-ttl", "1s"}
 	alloc := startProc(t, leasehold, allocArgs...)
 	agents := map[string]string{}
 	for _, region := range []string{"eu", "us"} {
 		rs := redistest.Start(t)
-		agents[region] = freeAddr(t)
+		agents[region] = ports.Addr(t)
 		startProc(t, leasehold, "agent", "--region", region, "--allocator", allocAddr, "--redis", rs.Addr(),
-			"--grpc-addr", agents[region], "--http-addr", freeAddr(t), "--replica-id", region+"-1")
+			"--grpc-addr", agents[region], "--http-addr", ports.Addr(t), "--replica-id", region+"-1")
 	}
 	exited := make(chan error)
 	for _, addr := range agents {

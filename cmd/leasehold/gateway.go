@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"leasehold/allocator"
+	"leasehold/internal/vocab"
 	"leasehold/regionagent/client"
 	"leasehold/regionagent/httplimit"
 )
@@ -96,7 +96,7 @@ func (c *gatewayConfig) validate() error {
 	case c.timeout <= 0 || c.jitter < 0:
 		return usagef("-timeout must be > 0 and -jitter >= 0")
 	}
-	if err := allocator.ValidateLimitID("-limit-template", strings.ReplaceAll(c.limitTemplate, "{key}", "key")); err != nil {
+	if err := vocab.ValidateLimitID("-limit-template", strings.ReplaceAll(c.limitTemplate, "{key}", "key")); err != nil {
 		return usagef("%v", err)
 	}
 	for name, v := range map[string]*string{"sub-leases": &c.subLeases, "missing-key": &c.missingKey, "unknown-limit": &c.unknownLimit} {

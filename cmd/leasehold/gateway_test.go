@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"leasehold/internal/ports"
 	"leasehold/regionagent/client/clienttest"
 )
 
@@ -47,7 +48,7 @@ func (u *upstream) requests() []*http.Request {
 // waits until it serves.
 func startGateway(t *testing.T, args ...string) string {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := ports.Addr(t)
 	s := startCmd(t, append([]string{"gateway", "--listen", addr}, args...)...)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -205,7 +206,7 @@ func TestGatewayTrustedProxyKeepsForwardedFor(t *testing.T) {
 // Retry-After, and the upstream sees nothing.
 func TestGatewayAgentDown(t *testing.T) {
 	up := startUpstream(t)
-	gw := startGateway(t, "--upstream", up.srv.URL, "--agent", freeAddr(t), "--key-header", "X-Tenant", "--timeout", "100ms")
+	gw := startGateway(t, "--upstream", up.srv.URL, "--agent", ports.Addr(t), "--key-header", "X-Tenant", "--timeout", "100ms")
 	r := gwDo(t, gw+"/x", map[string]string{"X-Tenant": "atlas"})
 	if r.code != http.StatusServiceUnavailable || !delaySeconds.MatchString(r.header.Get("Retry-After")) {
 		t.Fatalf("%d Retry-After %q", r.code, r.header.Get("Retry-After"))
@@ -221,7 +222,7 @@ func TestGatewayAgentDown(t *testing.T) {
 func TestGatewayUpstreamDown(t *testing.T) {
 	ag := clienttest.NewAgent(time.Now)
 	ag.SetLimit("tenant/atlas", 100, time.Hour, time.Hour)
-	gw := startGateway(t, "--upstream", "http://"+freeAddr(t), "--agent", ag.ServeTCP(t), "--key-header", "X-Tenant")
+	gw := startGateway(t, "--upstream", "http://"+ports.Addr(t), "--agent", ag.ServeTCP(t), "--key-header", "X-Tenant")
 	if r := gwDo(t, gw+"/x", map[string]string{"X-Tenant": "atlas"}); r.code != http.StatusBadGateway {
 		t.Fatalf("%d %s", r.code, r.body)
 	}

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,45 +16,17 @@ import (
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/redistest"
 )
-
-// freeAddr returns a loopback address with a port free right now, below
-// the ephemeral range: it stays free while its process is restarted.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	addr, err := redistest.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return addr
-}
-
-// syncBuffer is a bytes.Buffer safe for a server's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // started is a leasehold command running in the test process.
 type started struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returned; exit is then set
 	exit   int
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 }
 
 // wait returns the exit code once the command stopped.
@@ -67,7 +38,7 @@ func (s *started) wait() int {
 func startCmd(t *testing.T, args ...string) *started {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &started{cancel: cancel, done: make(chan struct{}), stderr: &syncBuffer{}}
+	s := &started{cancel: cancel, done: make(chan struct{}), stderr: &syncbuf.Buffer{}}
 	go func() { defer close(s.done); s.exit = run(ctx, args, io.Discard, s.stderr) }()
 	t.Cleanup(func() {
 		cancel()
@@ -115,10 +86,10 @@ func waitServing(t *testing.T, conn *grpc.ClientConn, service string, s *started
 }
 
 func TestAllocatorCommandServes(t *testing.T) {
-	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, httpAddr := ports.Addr(t), ports.Addr(t)
 	dir := filepath.Join(t.TempDir(), "data")
 	args := []string{"allocator", "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--data-dir", dir,
-		"--etcd-client-addr", freeAddr(t), "--etcd-peer-addr", freeAddr(t), "--regions", "eu,us"}
+		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t), "--regions", "eu,us"}
 	s := startCmd(t, args...)
 	conn := dial(t, grpcAddr)
 	waitServing(t, conn, pb.Allocator_ServiceDesc.ServiceName, s)

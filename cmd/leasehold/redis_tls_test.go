@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	"leasehold/regionagent"
 )
 
@@ -19,13 +21,13 @@ func TestRedisTLS(t *testing.T) {
 		t.Skip("redis-server not installed")
 	}
 	dir, _ := writeTestCerts(t, "--users", "", "--regions", "eu", "--hosts", "127.0.0.1")
-	addr := freeAddr(t)
+	addr := ports.Addr(t)
 	port := addr[strings.LastIndexByte(addr, ':')+1:]
 	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", port, "--bind", "127.0.0.1",
 		"--tls-cert-file", filepath.Join(dir, serverCertFile), "--tls-key-file", filepath.Join(dir, serverKeyFile),
 		"--tls-ca-cert-file", filepath.Join(dir, caCertFile), "--tls-auth-clients", "no",
 		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	var out syncBuffer
+	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"leasehold/allocator"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -146,7 +146,7 @@ func redirectTarget(err error, trailer metadata.MD, addr string) string {
 	if status.Code(err) != codes.Unavailable {
 		return ""
 	}
-	v := trailer.Get(allocator.LeaderMetadataKey)
+	v := trailer.Get(vocab.LeaderMetadataKey)
 	if len(v) == 0 || v[0] == addr || checkAddr(v[0]) != nil {
 		return ""
 	}

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,7 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"leasehold/allocator"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/vocab"
 )
 
 // testAllocator is a real allocator replica served over gRPC on a loopback
@@ -32,10 +33,7 @@ type testAllocator struct {
 // Everything stops in t.Cleanup.
 func startAllocator(t *testing.T, c *etcdtest.Cluster) *testAllocator {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := allocatortest.Listen(t)
 	addr := lis.Addr().String()
 	a, err := allocator.New(allocator.Config{
 		Client:    c.Client(t),
@@ -46,29 +44,16 @@ func startAllocator(t *testing.T, c *etcdtest.Cluster) *testAllocator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
+	allocatortest.Run(t, a)
 	g := &gate{leader: a.Leader}
-	gs := grpc.NewServer(grpc.UnaryInterceptor(g.intercept))
-	allocator.NewServer(a).Register(gs)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(func() {
-		gs.Stop()
-		cancel()
-		<-done
-	})
+	allocatortest.Serve(t, lis, allocator.NewServer(a), grpc.UnaryInterceptor(g.intercept))
 	return &testAllocator{addr: addr, a: a, gate: g}
 }
 
 // waitLeader waits until ta leads.
 func waitLeader(t *testing.T, ta *testAllocator) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := ta.a.WaitLeader(ctx); err != nil {
-		t.Fatalf("%s never led: %v", ta.addr, err)
-	}
+	allocatortest.WaitLeader(t, ta.a)
 }
 
 // gate counts the Admin calls a replica serves. When refusing is on, it
@@ -93,7 +78,7 @@ func (g *gate) intercept(ctx context.Context, req any, info *grpc.UnaryServerInf
 		if c := g.claim.Load(); c != nil {
 			l = *c
 		}
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(allocator.LeaderMetadataKey, l))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(vocab.LeaderMetadataKey, l))
 		return nil, status.Error(codes.Unavailable, (&allocator.NotLeaderError{Leader: l}).Error())
 	}
 	g.served.Add(1)

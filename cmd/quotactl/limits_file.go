@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"leasehold/allocator"
+	"leasehold/internal/limitspec"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -75,8 +75,8 @@ for "limits apply --plan PLAN". The file is validated before any request.`,
 			if err := printPlan(e.stdout, p); err != nil {
 				return err
 			}
-			if n := len(p.Changes); n > allocator.MaxApplyChanges {
-				fmt.Fprintf(e.stdout, "Note: %d changes; one apply takes at most %d: split the file (one manage prefix per file).\n", n, allocator.MaxApplyChanges)
+			if n := len(p.Changes); n > limitspec.MaxApplyChanges {
+				fmt.Fprintf(e.stdout, "Note: %d changes; one apply takes at most %d: split the file (one manage prefix per file).\n", n, limitspec.MaxApplyChanges)
 			}
 			if c, u, d := p.counts(); out != "" && c+u+d > 0 {
 				_, err = fmt.Fprintf(e.stdout, "Plan written to %s. Apply it with:\n  quotactl limits apply --plan %s --reason \"...\"\n", oneLine(out), oneLine(out))
@@ -189,8 +189,8 @@ write, nothing is applied. Plan again after a refusal.`,
 				_, err := fmt.Fprintln(e.stdout, "No changes to apply.")
 				return err
 			}
-			if len(p.Changes) > allocator.MaxApplyChanges {
-				return fmt.Errorf("the plan has %d changes; one apply takes at most %d: split the file (one manage prefix per file)", len(p.Changes), allocator.MaxApplyChanges)
+			if len(p.Changes) > limitspec.MaxApplyChanges {
+				return fmt.Errorf("the plan has %d changes; one apply takes at most %d: split the file (one manage prefix per file)", len(p.Changes), limitspec.MaxApplyChanges)
 			}
 			live, err := e.listScope(ctx, p.Manage)
 			if err != nil {

@@ -16,7 +16,8 @@ import (
 	yaml "go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator"
+	"leasehold/internal/limitspec"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -379,7 +380,7 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 	if l.Id, err = scalarString(idn, what+".id"); err != nil {
 		return nil, err
 	}
-	if err := allocator.ValidateLimitID("id", l.Id); err != nil {
+	if err := vocab.ValidateLimitID("id", l.Id); err != nil {
 		return nil, errAt(idn, "%s: %v", what, err)
 	}
 	what = l.Id // later messages name the limit
@@ -453,7 +454,7 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 	}
 	norm, err := normalizeLimit(l)
 	if err != nil {
-		var fe *allocator.FieldError
+		var fe *vocab.FieldError
 		if errors.As(err, &fe) {
 			name := strings.TrimPrefix(fe.Field, "limit.")
 			return nil, &at{line: lineOf(lines, name, n.Line), msg: fmt.Sprintf("%s: %s: %s", l.Id, fileFieldName(name), fe.Reason)}
@@ -467,7 +468,7 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 // allocator's regions, and returns it as it would be stored: defaults
 // filled in, regions sorted, explicit fallback for every region.
 func normalizeLimit(l *pb.Limit) (*pb.Limit, error) {
-	norm, err := allocator.ValidateLimit(l, l.GetRegions())
+	norm, err := limitspec.ValidateLimit(l, l.GetRegions())
 	if err != nil {
 		return nil, err
 	}
@@ -675,12 +676,12 @@ func limitNode(l *pb.Limit) *yaml.Node {
 		regions.Content = append(regions.Content, str(r))
 	}
 	add("regions", regions)
-	add("mode", str(allocator.ModeName(l.GetMode())))
+	add("mode", str(limitspec.ModeName(l.GetMode())))
 	fb := flowMap()
 	for _, r := range slices.Sorted(slices.Values(l.GetRegions())) {
 		kind := "closed"
 		if f, ok := l.GetFallback()[r]; ok {
-			kind = allocator.FallbackName(f)
+			kind = limitspec.FallbackName(f)
 		}
 		fb.Content = append(fb.Content, str(r), str(kind))
 	}

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator"
+	"leasehold/internal/limitspec"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -66,7 +66,7 @@ func (e *env) printLimit(l *pb.Limit) error {
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
 		{"regions", strings.Join(l.GetRegions(), ",")},
-		{"mode", allocator.ModeName(l.GetMode())},
+		{"mode", limitspec.ModeName(l.GetMode())},
 		{"fallback", effectiveFallback(l)},
 		{"ttl", formatDuration(l.GetLease().GetTtl())},
 		{"min-chunk", strconv.FormatInt(l.GetLease().GetMinChunk(), 10)},
@@ -106,7 +106,7 @@ func (e *env) printLimits(ls []*pb.Limit) error {
 	for _, l := range ls {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n",
 			cell(l.GetId(), "-"), l.GetLimitTokens(), cell(formatDuration(l.GetWindow()), "-"),
-			cell(strings.Join(l.GetRegions(), ","), "-"), allocator.ModeName(l.GetMode()),
+			cell(strings.Join(l.GetRegions(), ","), "-"), limitspec.ModeName(l.GetMode()),
 			cell(effectiveFallback(l), "-"), l.GetVersion(), cell(l.GetOwner(), "-"))
 	}
 	return tw.Flush()
@@ -200,7 +200,7 @@ func formatFallbacks(m map[string]*pb.Fallback) string {
 	slices.Sort(regions)
 	parts := make([]string, len(regions))
 	for i, r := range regions {
-		parts[i] = r + "=" + allocator.FallbackName(m[r])
+		parts[i] = r + "=" + limitspec.FallbackName(m[r])
 	}
 	return strings.Join(parts, ",")
 }

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"leasehold/allocator"
+	"leasehold/internal/limitspec"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -46,14 +46,14 @@ func flatten(l *pb.Limit) []setting {
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
 		{"regions", strings.Join(regions, ",")},
-		{"mode", allocator.ModeName(l.GetMode())},
+		{"mode", limitspec.ModeName(l.GetMode())},
 	}
 	fb := map[string]string{}
 	for _, r := range regions {
 		fb[r] = "closed"
 	}
 	for r, f := range l.GetFallback() {
-		fb[r] = allocator.FallbackName(f)
+		fb[r] = limitspec.FallbackName(f)
 	}
 	for _, r := range slices.Sorted(maps.Keys(fb)) {
 		out = append(out, setting{"fallback." + r, fb[r]})

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 )
 
 // TestFollowerRedirect runs two real allocators on one etcd and calls the

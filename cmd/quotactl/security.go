@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"leasehold/internal/vocab"
 )
 
 // tokenEnv names the environment variable read for a bearer token when
@@ -142,7 +144,7 @@ func (s *security) dialOptions(withToken bool) ([]grpc.DialOption, error) {
 type bearerCreds string
 
 func (b bearerCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+	return map[string]string{vocab.AuthorizationMetadataKey: "Bearer " + string(b)}, nil
 }
 
 func (bearerCreds) RequireTransportSecurity() bool { return true }

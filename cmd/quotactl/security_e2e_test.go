@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,7 +14,8 @@ import (
 	"leasehold/allocator"
 	"leasehold/allocator/auth"
 	"leasehold/allocator/auth/devca"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
 )
 
 // tlsAllocator is a real allocator served over TLS with authentication on:
@@ -72,10 +71,7 @@ func startTLSAllocator(t *testing.T) *tlsAllocator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := allocatortest.Listen(t)
 	ta.addr = lis.Addr().String()
 	a, err := allocator.New(allocator.Config{
 		Client:    etcdtest.Start(t, 1).Client(t),
@@ -86,25 +82,13 @@ func startTLSAllocator(t *testing.T) *tlsAllocator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
+	allocatortest.Run(t, a)
 	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool(),
 		ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12})
 	guard := auth.NewGuard(users, nil, nil)
-	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(creds)}, guard.ServerOptions()...)...)
-	allocator.NewServer(a, allocator.WithAuthRequired(true)).Register(gs)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(func() {
-		gs.Stop()
-		cancel()
-		<-done
-	})
-	wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer wcancel()
-	if err := a.WaitLeader(wctx); err != nil {
-		t.Fatal(err)
-	}
+	allocatortest.Serve(t, lis, allocator.NewServer(a, allocator.WithAuthRequired(true)),
+		append([]grpc.ServerOption{grpc.Creds(creds)}, guard.ServerOptions()...)...)
+	allocatortest.WaitLeader(t, a)
 	return ta
 }
 

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"leasehold/allocator"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -44,7 +45,7 @@ func (f *fakeAdmin) ListWindows(ctx context.Context, req *pb.ListWindowsRequest)
 	case f.unimplemented:
 		return f.UnimplementedAdminServer.ListWindows(ctx, req)
 	case f.leader != "":
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(allocator.LeaderMetadataKey, f.leader))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(vocab.LeaderMetadataKey, f.leader))
 		return nil, status.Error(codes.Unavailable, (&allocator.NotLeaderError{Leader: f.leader}).Error())
 	}
 	ws, ok := f.windows[req.GetLimitId()]

@@ -8,7 +8,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"leasehold/regionagent/redistest"
+	"leasehold/internal/redistest"
 )
 
 // T0 is the fixed instant (Redis ms) the step tables count from.

@@ -21,9 +21,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/faulttest"
+	"leasehold/internal/ports"
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/faulttest"
-	"leasehold/regionagent/redistest"
 )
 
 // childEnv switches the test binary into a child client process of
@@ -208,17 +209,17 @@ func TestSubLeaseProcesses(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "leasehold/cmd/leasehold").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	alloc := faulttest.FreeAddr(t)
-	startProcess(t, bin, "allocator", "--grpc-addr", alloc, "--http-addr", faulttest.FreeAddr(t),
-		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", faulttest.FreeAddr(t),
-		"--etcd-peer-addr", faulttest.FreeAddr(t), "--regions", "eu,us")
+	alloc := ports.Addr(t)
+	startProcess(t, bin, "allocator", "--grpc-addr", alloc, "--http-addr", ports.Addr(t),
+		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", ports.Addr(t),
+		"--etcd-peer-addr", ports.Addr(t), "--regions", "eu,us")
 	redisEU, redisUS := redistest.Start(t), redistest.Start(t)
-	agents := []string{faulttest.FreeAddr(t), faulttest.FreeAddr(t), faulttest.FreeAddr(t)}
+	agents := []string{ports.Addr(t), ports.Addr(t), ports.Addr(t)}
 	for i, a := range []struct{ region, redis, id string }{
 		{"eu", redisEU.Addr(), "eu-1"}, {"eu", redisEU.Addr(), "eu-2"}, {"us", redisUS.Addr(), "us-1"},
 	} {
 		startProcess(t, bin, "agent", "--region", a.region, "--allocator", alloc, "--redis", a.redis,
-			"--grpc-addr", agents[i], "--http-addr", faulttest.FreeAddr(t), "--replica-id", a.id)
+			"--grpc-addr", agents[i], "--http-addr", ports.Addr(t), "--replica-id", a.id)
 	}
 	for _, a := range agents {
 		// SERVING: the agent has its limits from the allocator.

@@ -3,7 +3,6 @@ package envoyrls
 import (
 	"context"
 	"log/slog"
-	"net"
 	"slices"
 	"testing"
 	"time"
@@ -19,10 +18,11 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
-	"leasehold/regionagent/redistest"
 )
 
 // realAgent is a running region agent ("eu") on a real redis-server, fed
@@ -40,23 +40,10 @@ func startRealAgent(t testing.TB, limits ...*pb.Limit) *realAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = al.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
-	defer wcancel()
-	if err := al.WaitLeader(wctx); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	allocator.NewServer(al).Register(gs)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
+	allocatortest.Run(t, al)
+	allocatortest.WaitLeader(t, al)
+	allocAddr := allocatortest.Serve(t, nil, allocator.NewServer(al))
+	ctx := context.Background()
 	for _, l := range limits {
 		got, err := al.PutLimit(ctx, l, allocator.Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 		if err != nil {
@@ -74,7 +61,7 @@ func startRealAgent(t testing.TB, limits ...*pb.Limit) *realAgent {
 	rs := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), PoolSize: 64})
 	t.Cleanup(func() { rdb.Close() })
-	a, err := regionagent.New(regionagent.Config{Region: "eu", Allocators: []string{lis.Addr().String()}, Redis: rdb,
+	a, err := regionagent.New(regionagent.Config{Region: "eu", Allocators: []string{allocAddr}, Redis: rdb,
 		ReplicaID: "envoy-test", Logger: logger,
 		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}},
 		regionagent.WithColdWait(2*time.Second))

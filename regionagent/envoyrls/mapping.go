@@ -15,7 +15,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	yaml "go.yaml.in/yaml/v3"
 
-	"leasehold/allocator"
+	"leasehold/internal/vocab"
 )
 
 // Bounds on a mapping file.
@@ -387,7 +387,7 @@ func parseTemplate(raw string, path []string) (*template, error) {
 		probe.WriteString("x")
 		rest = rest[open+end+1:]
 	}
-	if err := allocator.ValidateLimitID("limit", probe.String()); err != nil {
+	if err := vocab.ValidateLimitID("limit", probe.String()); err != nil {
 		msg := strings.TrimPrefix(err.Error(), "limit: ")
 		return nil, errors.New(strings.TrimPrefix(msg, strconv.Quote(probe.String())+": "))
 	}
@@ -429,9 +429,6 @@ func segment(v string) bool {
 	return true
 }
 
-// maxLimitID is allocator's bound on a limit id's length.
-const maxLimitID = 200
-
 // expand builds the limit id from the descriptor's entry values; false
 // when a substituted value is not one limit-id segment or the id is too
 // long.
@@ -451,7 +448,7 @@ func (t *template) expand(entries []*rlv3.RateLimitDescriptor_Entry) (string, bo
 		}
 		n += len(v)
 	}
-	if n > maxLimitID {
+	if n > vocab.MaxLimitIDLen {
 		return "", false
 	}
 	var b strings.Builder

@@ -1,7 +1,6 @@
 package envoyrls
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"leasehold/internal/syncbuf"
 )
 
 func prefixMapping(prefix string) string {
@@ -26,24 +27,6 @@ domains:
       - key: tenant_id
         limit: "%s/{tenant_id}"
 `, prefix)
-}
-
-// syncBuffer is a log sink safe for the watcher's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestReloadUnderLoad rewrites the mapping file while callers hammer the
@@ -67,7 +50,7 @@ func TestReloadUnderLoad(t *testing.T) {
 		}
 	}
 	fake := newFake(limits)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	srv := NewServer(fake, m, WithRegisterer(prometheus.NewRegistry()),
 		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	cl := serve(t, srv)

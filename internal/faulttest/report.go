@@ -23,7 +23,7 @@ const ReportEnv = "LEASEHOLD_FAULTS_REPORT"
 const ReportHeader = `# Fault scenarios: measured figures
 
 This page is produced by the fault scenarios themselves
-(` + "`regionagent/faulttest/scenario*_test.go`" + `): real ` + "`leasehold`" + ` binaries,
+(the ` + "`TestScenario*`" + ` tests of ` + "`internal/faulttest`" + `): real ` + "`leasehold`" + ` binaries,
 real redis-server, real etcd, faults injected by the harness's TCP proxy
 and by SIGKILL / etcd hard stops. Each scenario counts the tokens admitted
 per window from the Check answers it received and holds them against G and
@@ -31,7 +31,7 @@ against the bound the allocator reports. Regenerate it from the
 repository's root with (about 8 minutes on a 2-core machine)
 
 ` + "```" + `
-LEASEHOLD_FAULTS_REPORT=docs/faults.md go test ./regionagent/faulttest/ -run Scenario -count=1 -v -timeout 20m
+LEASEHOLD_FAULTS_REPORT=docs/faults.md go test ./internal/faulttest/ -run Scenario -count=1 -v -timeout 20m
 ` + "```" + `
 
 The scenarios run in CI (` + "`make test LONG=1`" + `; ` + "`-short`" + ` skips them) with the same

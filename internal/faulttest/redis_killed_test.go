@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"leasehold/regionagent/faulttest"
+	"leasehold/internal/faulttest"
 )
 
 // redisUpMetric is the agents' gauge: 1 on the shared Redis bucket, 0 on

@@ -1,7 +1,6 @@
 package faulttest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -17,8 +16,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"leasehold/internal/ports"
+	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
-	"leasehold/regionagent/redistest"
 )
 
 var build struct {
@@ -59,36 +59,6 @@ func Main(m *testing.M) int {
 	return code
 }
 
-// FreeAddr returns a loopback address that was free a moment ago, below
-// the kernel's ephemeral range so that it stays free while a process that
-// owns it is killed and restarted (redistest.FreePort).
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	addr, err := redistest.FreeAddr()
-	if err != nil {
-		t.Fatalf("faulttest: free port: %v", err)
-	}
-	return addr
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Process is a leasehold process (allocator or agent) that a test can
 // kill, stop and restart on the same flags (same ports, same data dir).
 type Process struct {
@@ -108,7 +78,7 @@ type Process struct {
 
 	mu     sync.Mutex // protects cmd, stderr, done, starts
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	done   chan struct{}
 	starts int
 	logs   []string // stderr of earlier runs
@@ -137,7 +107,7 @@ func (p *Process) start() {
 		p.logs = append(p.logs, p.stderr.String())
 	}
 	p.cmd = exec.Command(p.bin, p.args...)
-	p.stderr = &syncBuffer{}
+	p.stderr = &syncbuf.Buffer{}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatalf("faulttest: start %s: %v", p.name, err)
@@ -296,19 +266,19 @@ func StartAllocator(t testing.TB, o AllocatorOptions) *Process {
 		o.Regions = []string{"eu", "us"}
 	}
 	if o.GRPCAddr == "" {
-		o.GRPCAddr = FreeAddr(t)
+		o.GRPCAddr = ports.Addr(t)
 	}
 	p := &Process{name: o.Name, service: pb.Admin_ServiceDesc.ServiceName,
-		GRPCAddr: o.GRPCAddr, HTTPAddr: FreeAddr(t), Advertise: o.Advertise}
+		GRPCAddr: o.GRPCAddr, HTTPAddr: ports.Addr(t), Advertise: o.Advertise}
 	args := []string{"allocator", "--grpc-addr", p.GRPCAddr, "--http-addr", p.HTTPAddr,
 		"--regions", strings.Join(o.Regions, ","), "--log-level", "warn"}
 	if len(o.EtcdEndpoints) > 0 {
 		args = append(args, "--etcd-endpoints", strings.Join(o.EtcdEndpoints, ","))
 	} else {
-		client := FreeAddr(t)
+		client := ports.Addr(t)
 		p.EtcdEndpoint = "http://" + client
 		args = append(args, "--data-dir", filepath.Join(t.TempDir(), "etcd"),
-			"--etcd-client-addr", client, "--etcd-peer-addr", FreeAddr(t))
+			"--etcd-client-addr", client, "--etcd-peer-addr", ports.Addr(t))
 	}
 	if o.Advertise != "" {
 		args = append(args, "--advertise", o.Advertise)
@@ -355,7 +325,7 @@ func StartAgent(t testing.TB, o AgentOptions) *Process {
 	if o.ReplicaID == "" {
 		o.ReplicaID = o.Region + "-1"
 	}
-	grpcAddr, httpAddr := FreeAddr(t), FreeAddr(t)
+	grpcAddr, httpAddr := ports.Addr(t), ports.Addr(t)
 	args := []string{"agent", "--region", o.Region, "--allocator", strings.Join(o.Allocators, ","),
 		"--redis", o.Redis, "--grpc-addr", grpcAddr, "--http-addr", httpAddr,
 		"--replica-id", o.ReplicaID, "--log-level", "warn"}

@@ -1,4 +1,12 @@
-package redistest
+// Package ports hands tests free loopback TCP ports: for servers a test
+// starts in its own process or as child processes (redis-server, embedded
+// etcd, leasehold binaries).
+//
+// The ports lie below the kernel's ephemeral range, so that a server that
+// is killed and restarted on its port finds it free again: no port the
+// kernel numbers by itself (a client's, or another test's ":0" listener)
+// can take it meanwhile.
+package ports
 
 import (
 	"fmt"
@@ -7,15 +15,16 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"testing"
 )
 
-// FreePort returns a loopback TCP port that is free now and lies below
-// the kernel's ephemeral range: no port the kernel numbers by itself (a
+// Free returns a loopback TCP port that is free now and lies below the
+// kernel's ephemeral range: no port the kernel numbers by itself (a
 // client's, or another test's ":0" listener) can take it while the server
 // that owns it is down for a restart. Another process may still bind it
 // first (rarely: it must pick the same port); callers that start a server
 // on it retry then.
-func FreePort() (int, error) {
+func Free() (int, error) {
 	const base = 10000
 	if top := ephemeralStart(); top > base+1000 {
 		for range 200 {
@@ -35,13 +44,15 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// FreeAddr is FreePort as a "127.0.0.1:PORT" address.
-func FreeAddr() (string, error) {
-	p, err := FreePort()
+// Addr is Free as a "127.0.0.1:PORT" address, for a test: it fails the
+// test when no port is free.
+func Addr(t testing.TB) string {
+	t.Helper()
+	p, err := Free()
 	if err != nil {
-		return "", err
+		t.Fatalf("ports: no free port: %v", err)
 	}
-	return fmt.Sprintf("127.0.0.1:%d", p), nil
+	return fmt.Sprintf("127.0.0.1:%d", p)
 }
 
 // ephemeralStart is the first port of the kernel's ephemeral range

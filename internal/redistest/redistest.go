@@ -25,6 +25,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"leasehold/internal/ports"
 )
 
 const (
@@ -70,7 +72,7 @@ func Start(t testing.TB) *Server {
 
 	var lastErr error
 	for range startTries {
-		port, err := FreePort()
+		port, err := ports.Free()
 		if err != nil {
 			t.Fatalf("redistest: no free port: %v", err)
 			return nil

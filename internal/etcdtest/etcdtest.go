@@ -2,7 +2,9 @@
 // etcd's embed package: one member, or a three-member cluster whose members
 // can be hard-stopped (a crash, with no leadership hand-over) and restarted.
 //
-// Members listen on free loopback ports and keep their data in t.TempDir().
+// Members listen on free loopback ports (package ports: below the
+// ephemeral range, so a hard-stopped member finds its ports free again when
+// restarted) and keep their data in t.TempDir().
 // Raft timings are short (10 ms ticks, 100 ms election timeout) unless
 // WithDefaultTimings is given, so failover tests run quickly.
 package etcdtest
@@ -21,7 +23,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
-	"leasehold/regionagent/redistest"
+	"leasehold/internal/ports"
 )
 
 // Cluster is a set of embedded etcd members. Safe for concurrent use.
@@ -65,8 +67,8 @@ func Start(t testing.TB, n int, opts ...Option) *Cluster {
 		c.members = append(c.members, &member{
 			name:      fmt.Sprintf("m%d", i),
 			dir:       filepath.Join(base, fmt.Sprintf("m%d", i)),
-			clientURL: freeURL(t),
-			peerURL:   freeURL(t),
+			clientURL: url.URL{Scheme: "http", Host: ports.Addr(t)},
+			peerURL:   url.URL{Scheme: "http", Host: ports.Addr(t)},
 		})
 	}
 	t.Cleanup(c.Close)
@@ -86,17 +88,6 @@ func Start(t testing.TB, n int, opts ...Option) *Cluster {
 		}
 	}
 	return c
-}
-
-// freeURL is a free loopback port below the ephemeral range, so that a
-// hard-stopped member finds it free again when restarted.
-func freeURL(t testing.TB) url.URL {
-	t.Helper()
-	addr, err := redistest.FreeAddr()
-	if err != nil {
-		t.Fatalf("etcdtest: free port: %v", err)
-	}
-	return url.URL{Scheme: "http", Host: addr}
 }
 
 func (c *Cluster) initialCluster() string {

@@ -13,11 +13,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/faulttest"
+	"leasehold/internal/ports"
+	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
-	"leasehold/regionagent/faulttest"
-	"leasehold/regionagent/redistest"
 )
 
 func TestMain(m *testing.M) { os.Exit(faulttest.Main(m)) }
@@ -305,7 +306,7 @@ func TestScenario1LeaderKilled(t *testing.T) {
 	s := &scenario{t: t, G: 300}
 	var proxies []*faulttest.Proxy
 	for i := range 2 {
-		addr := faulttest.FreeAddr(t)
+		addr := ports.Addr(t)
 		px := faulttest.NewProxy(t, addr)
 		px.SetDelay(40 * time.Millisecond)
 		proxies = append(proxies, px)
@@ -409,7 +410,7 @@ func answers(t faulttest.Tally) string {
 func TestScenario3RepliesDropped(t *testing.T) {
 	skipShort(t)
 	s := &scenario{t: t, G: 300}
-	addr := faulttest.FreeAddr(t)
+	addr := ports.Addr(t)
 	px := faulttest.NewProxy(t, addr)
 	s.allocs = []*faulttest.Process{faulttest.StartAllocator(t, faulttest.AllocatorOptions{GRPCAddr: addr,
 		Advertise: px.Addr(), Retention: 10 * time.Minute})}

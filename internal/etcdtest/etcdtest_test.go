@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"leasehold/allocator/etcdtest"
+	"leasehold/internal/etcdtest"
 )
 
 func TestThreeMembersSurviveLeaderHardStop(t *testing.T) {

@@ -13,9 +13,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/faulttest"
+	"leasehold/internal/ports"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
-	"leasehold/regionagent/faulttest"
 )
 
 // Scenario 2 runs the main limit (limitID, W = 10 s) beside a long limit
@@ -196,7 +197,7 @@ func runPartition(t *testing.T, sh *p2Shared, c partitionCase) {
 	arrived := sync.OnceFunc(sh.ready.Done)
 	defer arrived() // a run that fails early must not hold up the others
 	s := &scenario{t: t, G: partitionG}
-	addr := faulttest.FreeAddr(t)
+	addr := ports.Addr(t)
 	px := faulttest.NewProxy(t, addr)
 	s.allocs = []*faulttest.Process{faulttest.StartAllocator(t, faulttest.AllocatorOptions{GRPCAddr: addr,
 		Advertise: px.Addr(), Retention: 10 * time.Minute})}

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"leasehold/internal/ports"
 )
 
 // Sentinel helpers: a test runs Redis Sentinel (redis-server --sentinel)
@@ -118,7 +120,7 @@ func (s *Sentinels) start(bin string, try int) error {
 	}
 	s.procs = make([]*sentinelProc, s.opt.Count)
 	for i := range s.procs {
-		p, err := FreePort()
+		p, err := ports.Free()
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,76 @@
+package limitspec
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"leasehold/internal/vocab"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+func TestValidateLimitDefaults(t *testing.T) {
+	in := &pb.Limit{Id: "tenant/a", LimitTokens: 100, Window: durationpb.New(time.Minute),
+		Regions: []string{"us", "eu"}, Mode: pb.Mode_MODE_STRICT, Version: 7}
+	got, err := ValidateLimit(in, []string{"eu", "us"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got == in || in.Version != 7 || in.Lease != nil {
+		t.Fatal("the input was changed")
+	}
+	if got.Version != 0 || got.Regions[0] != "eu" || got.Lease.Ttl.AsDuration() != 15*time.Second || got.Lease.MinChunk != 1 {
+		t.Fatalf("normalized: %v", got)
+	}
+}
+
+func TestValidateLimitNamesTheField(t *testing.T) {
+	valid := func() *pb.Limit {
+		return &pb.Limit{Id: "tenant/a", LimitTokens: 100, Window: durationpb.New(time.Minute),
+			Regions: []string{"eu"}, Mode: pb.Mode_MODE_BOUNDED}
+	}
+	for _, tc := range []struct {
+		field string
+		edit  func(*pb.Limit)
+	}{
+		{"limit.id", func(l *pb.Limit) { l.Id = "a//b" }},
+		{"limit.window", func(l *pb.Limit) { l.Window = durationpb.New(MaxWindow + time.Second) }},
+		{"limit.regions[0]", func(l *pb.Limit) { l.Regions = []string{"ap"} }},
+		{"limit.mode", func(l *pb.Limit) { l.Mode = pb.Mode_MODE_UNSPECIFIED }},
+		{"limit.fallback[eu].local_tokens", func(l *pb.Limit) {
+			l.Fallback = map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL}}
+		}},
+		{"limit.lease.ttl", func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(2 * time.Minute)} }},
+		{"limit.tags", func(l *pb.Limit) {
+			l.Tags = map[string]string{}
+			for i := range MaxTags + 1 {
+				l.Tags[string(rune('a'+i))] = "v"
+			}
+		}},
+	} {
+		l := valid()
+		tc.edit(l)
+		_, err := ValidateLimit(l, []string{"eu", "us"})
+		var fe *vocab.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field || !errors.Is(err, vocab.ErrInvalid) {
+			t.Errorf("%s: %v, want a FieldError naming it", tc.field, err)
+		}
+	}
+}
+
+func TestNames(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{ModeName(pb.Mode_MODE_STRICT), "strict"},
+		{ModeName(pb.Mode_MODE_BOUNDED), "bounded"},
+		{ModeName(pb.Mode(9)), "mode(9)"},
+		{FallbackName(nil), "closed"},
+		{FallbackName(&pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_OPEN}), "open"},
+		{FallbackName(&pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 50}), "local:50"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}
