@@ -14,29 +14,10 @@ import (
 	"leasehold/regionagent/bucket"
 )
 
-// processKicks runs the renewal loop's reaction to Checks (a Check that
-// finds the region low kicks the limit) until the test ends.
-func processKicks(t *testing.T, a *Agent) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case id := <-a.kicks:
-				a.evaluate(ctx, id)
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-}
-
 // balance reads a bucket at the fake clock.
 func balance(t *testing.T, a *Agent, limit string, window int64, now time.Time) bucket.BalanceResult {
 	t.Helper()
-	b, err := a.buckets.Balance(context.Background(), bucket.Key(limit, window), now.UnixMilli())
+	b, err := a.shared.b.Balance(context.Background(), bucket.Key(limit, window), now.UnixMilli())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +35,7 @@ func TestNoDoubleSpend(t *testing.T) {
 	w.clock.Add(time.Second)
 	agents := []*Agent{w.agent("eu", "r1", WithColdWait(2*time.Second)), w.agent("eu", "r2", WithColdWait(2*time.Second))}
 	for _, a := range agents {
-		processKicks(t, a)
+		runWork(t, a)
 	}
 	ctx := context.Background()
 	var admitted, checks atomic.Int64
@@ -111,6 +92,7 @@ func TestNoDoubleSpend(t *testing.T) {
 	w.clock.Add(20 * time.Second)
 	for _, a := range agents {
 		a.evaluate(ctx, l.Id)
+		a.tick(ctx)
 	}
 	bal := balance(t, agents[0], l.Id, win, w.clock.Now())
 	st := w.stats(l.Id, win)
@@ -185,12 +167,12 @@ func TestCloseReturnsOnce(t *testing.T) {
 	win := lease.WindowOf(w.clock.Now(), time.Minute).Index
 	granted := w.stats(l.Id, win).Granted
 	w.clock.Add(11 * time.Second)
-	a2.state(a2.limits.get(l.Id), w.clock.Now())
 	var wg sync.WaitGroup
 	for range 3 {
 		for _, a := range []*Agent{a1, a2} {
-			wg.Add(1)
-			go func() { defer wg.Done(); a.evaluate(ctx, l.Id) }()
+			wg.Add(2)
+			go func() { defer wg.Done(); a.evaluate(ctx, l.Id) }() // a round reads the expired lease and closes it
+			go func() { defer wg.Done(); a.tick(ctx) }()           // the holder closes it at its deadline
 		}
 	}
 	wg.Wait()
@@ -223,7 +205,7 @@ func TestTwoRegionsDemandWeighted(t *testing.T) {
 				"us": w.agent("us", "us1", WithColdWait(2*time.Second)),
 			}
 			for _, a := range agents {
-				processKicks(t, a)
+				runWork(t, a)
 			}
 			rates := map[string]float64{"eu": tc.eu / 60, "us": tc.us / 60}
 			ctx := context.Background()
@@ -248,7 +230,7 @@ func TestTwoRegionsDemandWeighted(t *testing.T) {
 							t.Logf("step %d: %s denied (%v) with pool %d", step, r, d.Reason, p)
 						}
 					}
-					agents[r].evaluate(ctx, l.Id)
+					agents[r].tick(ctx) // timed work only: every round comes from the Checks and the timers
 				}
 				w.clock.Add(100 * time.Millisecond)
 			}

@@ -9,11 +9,12 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"leasehold/allocator"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -32,6 +33,10 @@ type allocClient struct {
 	cur   string
 
 	br breaker
+	// onHealth is told when the breaker opens (false) and when a call
+	// succeeds again after that (true).
+	onHealth func(up bool)
+	now      func() time.Time // the agent's clock: the breaker's cooldowns run on it
 }
 
 // errBreakerOpen fails a call at once while the allocator is known down.
@@ -40,20 +45,22 @@ var errBreakerOpen = errors.New("regionagent: allocator unreachable (circuit ope
 // breaker is a circuit breaker: after `trip` consecutive failed calls it
 // opens for a cooldown that doubles (up to max) while probes keep failing,
 // so a dead allocator costs nothing per renewal and every limit learns at
-// once. One call at a time probes a half-open breaker. Safe for concurrent
-// use.
+// once. One call at a time probes a half-open breaker; the limit sync
+// (every second) is such a call, so a healed allocator is found within
+// about a second of the cooldown's cap. Safe for concurrent use.
 type breaker struct {
 	mu        sync.Mutex // protects the fields below
 	failures  int
 	openUntil time.Time
 	cooldown  time.Duration
 	probing   bool
+	down      bool // the breaker opened and no call succeeded since
 }
 
 const (
 	breakerTrip = 3
-	breakerMin  = 500 * time.Millisecond
-	breakerMax  = 10 * time.Second
+	breakerMin  = 250 * time.Millisecond
+	breakerMax  = time.Second
 )
 
 // allow reports whether a call may go out now.
@@ -70,20 +77,24 @@ func (b *breaker) allow(now time.Time) bool {
 	return true
 }
 
-// done records a call's outcome.
-func (b *breaker) done(now time.Time, ok bool) {
+// done records a call's outcome and reports a change of health: changed,
+// and whether the allocator is up now.
+func (b *breaker) done(now time.Time, ok bool) (changed, up bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.probing = false
 	if ok {
 		b.failures, b.cooldown = 0, 0
-		return
+		changed, b.down = b.down, false
+		return changed, true
 	}
 	b.failures++
 	if b.failures >= breakerTrip {
 		b.cooldown = min(breakerMax, max(breakerMin, 2*b.cooldown))
 		b.openUntil = now.Add(b.cooldown)
+		changed, b.down = !b.down, true
 	}
+	return changed, !b.down
 }
 
 // open reports whether the breaker is open (the allocator is down).
@@ -93,9 +104,19 @@ func (b *breaker) open(now time.Time) bool {
 	return b.failures >= breakerTrip && (now.Before(b.openUntil) || b.probing)
 }
 
-func newAllocClient(addrs []string, timeout, retryFor time.Duration, opts ...grpc.DialOption) *allocClient {
+// connectParams make gRPC reconnect to an allocator that comes back
+// within about a second: its default backoff grows to 120 s, which after a
+// long outage kept a region denied for most of a minute.
+var connectParams = grpc.ConnectParams{
+	Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: time.Second,
+}
+
+func newAllocClient(addrs []string, timeout, retryFor time.Duration, now func() time.Time, onHealth func(up bool),
+	opts ...grpc.DialOption) *allocClient {
+	opts = append([]grpc.DialOption{grpc.WithConnectParams(connectParams)}, opts...)
 	return &allocClient{addrs: addrs, dialOpts: opts, timeout: timeout, retryFor: retryFor,
-		conns: map[string]*grpc.ClientConn{}, cur: addrs[0]}
+		conns: map[string]*grpc.ClientConn{}, cur: addrs[0], onHealth: onHealth, now: now}
 }
 
 func (c *allocClient) conn(addr string) (*grpc.ClientConn, error) {
@@ -152,14 +173,20 @@ func retryable(err error) bool {
 	return false
 }
 
+// rpc is one allocator RPC on a connection.
+type rpc func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error
+
 // call runs one allocator RPC with redirects and retries until it
 // succeeds, fails for good, or retryFor (or ctx) runs out.
-func (c *allocClient) call(ctx context.Context, fn func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error) error {
+func (c *allocClient) call(ctx context.Context, fn rpc) error { return c.callFor(ctx, c.retryFor, fn) }
+
+// callFor is call with its own retry budget.
+func (c *allocClient) callFor(ctx context.Context, retryFor time.Duration, fn rpc) error {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 50 * time.Millisecond
 	b.MaxInterval = time.Second
 	b.RandomizationFactor = 0.5
-	b.MaxElapsedTime = c.retryFor
+	b.MaxElapsedTime = retryFor
 	op := func() error {
 		addr := c.current()
 		cc, err := c.conn(addr)
@@ -180,7 +207,7 @@ func (c *allocClient) call(ctx context.Context, fn func(ctx context.Context, cl 
 			return backoff.Permanent(err)
 		}
 		leader := ""
-		if v := trailer.Get(allocator.LeaderMetadataKey); len(v) > 0 && v[0] != addr {
+		if v := trailer.Get(vocab.LeaderMetadataKey); len(v) > 0 && v[0] != addr {
 			leader = v[0]
 		}
 		if leader != "" || len(c.addrs) > 1 || status.Code(err) == codes.Unavailable {
@@ -188,12 +215,15 @@ func (c *allocClient) call(ctx context.Context, fn func(ctx context.Context, cl 
 		}
 		return err
 	}
-	if !c.br.allow(time.Now()) {
+	if !c.br.allow(c.now()) {
 		return errBreakerOpen
 	}
 	err := backoff.Retry(op, backoff.WithContext(b, ctx))
 	if ctx.Err() == nil {
-		c.br.done(time.Now(), err == nil || !retryable(err) && !errors.Is(err, context.DeadlineExceeded))
+		changed, up := c.br.done(c.now(), err == nil || !retryable(err) && !errors.Is(err, context.DeadlineExceeded))
+		if changed && c.onHealth != nil {
+			c.onHealth(up)
+		}
 	}
 	return err
 }

@@ -12,20 +12,27 @@ func TestBreaker(t *testing.T) {
 		if !b.allow(t0) {
 			t.Fatalf("call %d refused before the breaker tripped", i)
 		}
-		b.done(t0, false)
+		changed, up := b.done(t0, false)
+		if tripped := i == breakerTrip-1; changed != tripped || up == tripped {
+			t.Fatalf("failure %d: health changed %v, up %v", i, changed, up)
+		}
 	}
 	steps := []struct {
-		at    time.Duration
-		allow bool
-		ok    bool // outcome when allowed
-		open  bool // after
+		at      time.Duration
+		allow   bool
+		ok      bool // outcome when allowed
+		open    bool // after
+		changed bool // the allocator's health changed
 	}{
-		{0, false, false, true},                       // open: fail fast
-		{499 * time.Millisecond, false, false, true},  // still cooling down (500ms)
-		{500 * time.Millisecond, true, false, true},   // half-open probe fails: cooldown doubles to 1s
-		{1400 * time.Millisecond, false, false, true}, // open until 1.5s
-		{1500 * time.Millisecond, true, true, false},  // probe succeeds: closed
-		{1501 * time.Millisecond, true, true, false},
+		{0, false, false, true, false},                      // open: fail fast
+		{249 * time.Millisecond, false, false, true, false}, // still cooling down (250ms)
+		{250 * time.Millisecond, true, false, true, false},  // half-open probe fails: cooldown doubles to 500ms
+		{700 * time.Millisecond, false, false, true, false}, // open until 750ms
+		{750 * time.Millisecond, true, false, true, false},  // fails: 1s, the cap
+		{1749 * time.Millisecond, false, false, true, false},
+		{1750 * time.Millisecond, true, false, true, false}, // fails: still 1s
+		{2750 * time.Millisecond, true, true, false, true},  // probe succeeds: closed, the allocator is back
+		{2751 * time.Millisecond, true, true, false, false},
 	}
 	for i, s := range steps {
 		now := t0.Add(s.at)
@@ -34,7 +41,10 @@ func TestBreaker(t *testing.T) {
 			t.Fatalf("step %d at +%v: allow %v, want %v", i, s.at, got, s.allow)
 		}
 		if got {
-			b.done(now, s.ok)
+			changed, _ := b.done(now, s.ok)
+			if changed != s.changed {
+				t.Fatalf("step %d at +%v: health changed %v, want %v", i, s.at, changed, s.changed)
+			}
 		}
 		if o := b.open(now); o != s.open {
 			t.Fatalf("step %d at +%v: open %v, want %v", i, s.at, o, s.open)
@@ -46,7 +56,7 @@ func TestBreaker(t *testing.T) {
 		c.allow(t0)
 		c.done(t0, false)
 	}
-	later := t0.Add(time.Second)
+	later := t0.Add(breakerMax)
 	if !c.allow(later) || c.allow(later) {
 		t.Fatal("two probes admitted at once")
 	}

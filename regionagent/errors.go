@@ -12,6 +12,12 @@ var (
 	// ErrUnknownLimit: the limit does not exist or is not spent in this
 	// region.
 	ErrUnknownLimit = errors.New("regionagent: unknown limit")
+
+	// errNotSynced: the agent has no limits from the allocator yet
+	// (UNAVAILABLE: ask again soon).
+	errNotSynced = errors.New("regionagent: not synced")
+	// errEpochChanged: Redis's buckets changed incarnation during a read.
+	errEpochChanged = errors.New("regionagent: bucket epoch changed during the read")
 )
 
 // FieldError is bad input in one field. It matches ErrInvalid.

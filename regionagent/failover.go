@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
 
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
@@ -65,13 +66,15 @@ type failoverWatcher struct {
 	every   time.Duration // poll interval
 	timeout time.Duration // per poll
 	m       *failoverMetrics
-	noDebit bool // tests: estimate and report only, to show what the debit prevents
+	debit   bool // debit the estimate from the rolled-back buckets (WithRollbackDebit)
 
 	mu       sync.Mutex // protects the fields below
 	repl     replState
 	seen     map[failKey]*seenCount
 	rates    map[string]*core.Demand // admit rate per limit, from bucket admitted counts
 	rollback map[failKey]*rollbackTotal
+	seenAt   time.Time         // the core's readings up to here were taken
+	reported map[failKey]int64 // estimates the allocator acknowledged
 }
 
 // failKey is one (limit, window).
@@ -98,8 +101,9 @@ const failoverPoll = time.Second
 
 func newFailoverWatcher(a *Agent) *failoverWatcher {
 	return &failoverWatcher{
-		a: a, every: failoverPoll, timeout: a.opt.redisTimeout, m: newFailoverMetrics(a.cfg.Registerer),
+		a: a, every: failoverPoll, timeout: a.opt.redisTimeout, m: newFailoverMetrics(a.cfg.Registerer), debit: a.opt.debit,
 		seen: map[failKey]*seenCount{}, rates: map[string]*core.Demand{}, rollback: map[failKey]*rollbackTotal{},
+		reported: map[failKey]int64{},
 	}
 }
 
@@ -149,6 +153,7 @@ func (f *failoverWatcher) infos(ctx context.Context) []nodeInfo {
 
 // poll reads the primaries once and handles any cut history.
 func (f *failoverWatcher) poll(ctx context.Context) {
+	f.readCore()
 	infos := f.infos(ctx)
 	now := f.a.opt.now()
 	var cuts []replCut
@@ -177,6 +182,50 @@ func (f *failoverWatcher) poll(ctx context.Context) {
 	for _, c := range cuts {
 		f.handle(ctx, now, c)
 	}
+	f.report(ctx)
+}
+
+// readCore takes the admitted counts the agent's spends saw since the last
+// poll (the core keeps the largest per window): the watcher's admit rates
+// and the counts a cut is measured against.
+func (f *failoverWatcher) readCore() {
+	f.a.mu.Lock()
+	seen := f.a.core.Seen(f.seenAt)
+	f.a.mu.Unlock()
+	for _, s := range seen {
+		f.saw(s.Limit, s.Window, s.End, s.Admitted, s.At)
+		f.seenAt = maxTime(f.seenAt, s.At)
+	}
+}
+
+// report sends the rollback estimates the allocator has not acknowledged
+// (cumulative per window, under failoverReporter).
+func (f *failoverWatcher) report(ctx context.Context) {
+	f.mu.Lock()
+	var usage []*pb.Usage
+	for _, u := range f.usageLocked() {
+		if f.reported[failKey{u.LimitId, u.WindowIndex}] != u.RedisRollbackTokens {
+			usage = append(usage, u)
+		}
+	}
+	f.mu.Unlock()
+	if len(usage) == 0 {
+		return
+	}
+	err := f.a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+		_, err := cl.ReportUsage(ctx, &pb.ReportUsageRequest{Region: f.a.cfg.Region, Reporter: failoverReporter, Usage: usage}, opts...)
+		return err
+	})
+	if err != nil {
+		f.a.m.reports.WithLabelValues("failed").Inc()
+		return
+	}
+	f.a.m.reports.WithLabelValues("ok").Inc()
+	f.mu.Lock()
+	for _, u := range usage {
+		f.reported[failKey{u.LimitId, u.WindowIndex}] = u.RedisRollbackTokens
+	}
+	f.mu.Unlock()
 }
 
 // handle estimates, records, reports and compensates one cut.
@@ -215,10 +264,19 @@ type target struct {
 // cut. On Cluster every limit is a target, whichever master failed over
 // (see docs/design.md): an over-estimate for the limits of other shards.
 func (f *failoverWatcher) targets(c replCut) []target {
+	type lim struct {
+		id     string
+		length time.Duration
+		atCut  int64 // the window at the cut
+	}
+	var lims []lim
 	f.a.mu.Lock()
-	ids := make([]string, 0, len(f.a.states))
-	for id := range f.a.states {
-		ids = append(ids, id)
+	for _, id := range f.a.core.ActiveLimits() {
+		l, ok := f.a.core.Limit(id)
+		if !ok {
+			continue
+		}
+		lims = append(lims, lim{id: id, length: l.Window, atCut: f.a.core.WindowOf(c.LossTo, &l).Index})
 	}
 	f.a.mu.Unlock()
 	f.mu.Lock()
@@ -231,26 +289,27 @@ func (f *failoverWatcher) targets(c replCut) []target {
 		wins[k.limit][k.window] = true
 	}
 	var out []target
-	for _, id := range ids {
-		l := f.a.limits.get(id)
-		if l == nil {
-			continue
+	for _, x := range lims {
+		if wins[x.id] == nil {
+			wins[x.id] = map[int64]bool{}
 		}
-		if wins[id] == nil {
-			wins[id] = map[int64]bool{}
-		}
-		wins[id][f.a.windowOf(c.LossTo, l).Index] = true
+		wins[x.id][x.atCut] = true
 		rate := 0.0
-		if d := f.rates[id]; d != nil {
+		if d := f.rates[x.id]; d != nil {
 			rate = d.Rate(c.LossTo)
 		}
-		for idx := range wins[id] {
-			end := f.a.windowEnd(lease.Window{Index: idx, Length: l.window})
-			start := end.Add(-l.window)
+		idxs := make([]int64, 0, len(wins[x.id]))
+		for idx := range wins[x.id] {
+			idxs = append(idxs, idx)
+		}
+		slices.Sort(idxs)
+		for _, idx := range idxs {
+			end := f.windowEnd(x.id, idx, x.length)
+			start := end.Add(-x.length)
 			if !end.After(c.LossFrom) || !start.Before(c.LossTo) {
 				continue // the window does not overlap the lost span
 			}
-			t := target{key: failKey{id, idx}, loss: windowLoss{Start: start, End: end, Rate: rate, After: -1}}
+			t := target{key: failKey{x.id, idx}, loss: windowLoss{Start: start, End: end, Rate: rate, After: -1}}
 			if s := f.seen[t.key]; s != nil {
 				t.loss.Seen, t.loss.SeenAt = s.admitted, s.at
 			}
@@ -260,22 +319,34 @@ func (f *failoverWatcher) targets(c replCut) []target {
 	return out
 }
 
+// windowEnd is the end of a limit's window on the agent's clock: from the
+// readings when the watcher has them, else from the core's naming. f.mu is
+// held (the agent's lock is taken after it, never before).
+func (f *failoverWatcher) windowEnd(id string, idx int64, length time.Duration) time.Time {
+	if s := f.seen[failKey{id, idx}]; s != nil {
+		return s.end
+	}
+	f.a.mu.Lock()
+	defer f.a.mu.Unlock()
+	return f.a.core.WindowEnd(lease.Window{Index: idx, Length: length})
+}
+
 // settle reads one target's bucket on the new primary, estimates, records
 // the estimate and debits it. It returns the estimate, the observed part
 // and the tokens debited.
 func (f *failoverWatcher) settle(ctx context.Context, now time.Time, c replCut, t target) (est, obs, debited int64) {
 	key := bucket.Key(t.key.limit, t.key.window)
 	rctx, cancel := context.WithTimeout(ctx, f.timeout)
-	bal, err := f.a.buckets.Balance(rctx, key, f.a.redisNowMs())
+	bal, err := f.a.shared.b.Balance(rctx, key, f.a.shared.nowMs())
 	cancel()
 	if err == nil {
 		t.loss.After = bal.Admitted
 		t.loss.Exists = bal.Admitted+bal.Denied > 0 || len(bal.Counters) > 0 || len(bal.Open) > 0 || len(bal.Expired) > 0
 	}
 	est, obs = estimateLoss(c, t.loss)
-	if est > 0 && t.loss.Exists && est < math.MaxInt64 && !f.noDebit {
+	if est > 0 && t.loss.Exists && est < math.MaxInt64 && f.debit {
 		rctx, cancel := context.WithTimeout(ctx, f.timeout)
-		r, err := f.a.buckets.Reserve(rctx, key, c.ID, est, 1, f.a.redisNowMs())
+		r, err := f.a.shared.b.Reserve(rctx, key, c.ID, est, 1, f.a.shared.nowMs())
 		cancel()
 		switch {
 		case err != nil:
@@ -303,25 +374,39 @@ func (f *failoverWatcher) settle(ctx context.Context, now time.Time, c replCut, 
 	return est, obs, debited
 }
 
-// sawAdmitted records a reading of a window's admitted count (hook in the
-// renewal loop's evaluate): the watcher's admit rate and the counts a cut
-// is measured against.
-func (f *failoverWatcher) sawAdmitted(l *limitView, window, admitted int64, now time.Time) {
+// sawAdmitted records a reading of a window's admitted count taken by a
+// renewal round's read.
+func (f *failoverWatcher) sawAdmitted(limit string, window, admitted int64, now time.Time) {
+	f.a.mu.Lock()
+	l, ok := f.a.core.Limit(limit)
+	var end time.Time
+	if ok {
+		end = f.a.core.WindowEnd(lease.Window{Index: window, Length: l.Window})
+	}
+	f.a.mu.Unlock()
+	if ok {
+		f.saw(limit, window, end, admitted, now)
+	}
+}
+
+// saw records a reading of a window's admitted count: the watcher's admit
+// rate and the counts a cut is measured against.
+func (f *failoverWatcher) saw(limit string, window int64, end time.Time, admitted int64, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	k := failKey{l.id, window}
+	k := failKey{limit, window}
 	s := f.seen[k]
 	if s == nil {
-		s = &seenCount{end: f.a.windowEnd(lease.Window{Index: window, Length: l.window})}
+		s = &seenCount{end: end}
 		f.seen[k] = s
 	}
 	if admitted >= s.admitted {
 		s.admitted, s.at = admitted, now
 	}
-	d := f.rates[l.id]
+	d := f.rates[limit]
 	if d == nil {
 		d = core.NewDemand(0)
-		f.rates[l.id] = d
+		f.rates[limit] = d
 	}
 	d.Observe(now, window, admitted)
 }
@@ -334,11 +419,15 @@ func (f *failoverWatcher) sawAdmitted(l *limitView, window, admitted int64, now 
 const failoverReporter = "redis-failover"
 
 // usage returns the cumulative estimate of every window that has one, as
-// usage entries carrying only redis_rollback_tokens (hook in report, under
+// usage entries carrying only redis_rollback_tokens (reported under
 // failoverReporter). Reports are cumulative: a repeat changes nothing.
 func (f *failoverWatcher) usage() []*pb.Usage {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.usageLocked()
+}
+
+func (f *failoverWatcher) usageLocked() []*pb.Usage {
 	out := make([]*pb.Usage, 0, len(f.rollback))
 	for k, rt := range f.rollback {
 		out = append(out, &pb.Usage{LimitId: k.limit, WindowIndex: k.window, RedisRollbackTokens: rt.tokens})
@@ -374,13 +463,16 @@ func (f *failoverWatcher) pruneLocked(now time.Time) {
 	for k, rt := range f.rollback {
 		if rt.end.Before(old) {
 			delete(f.rollback, k)
+			delete(f.reported, k)
 		}
 	}
+	f.a.mu.Lock()
 	for id := range f.rates {
-		if f.a.limits.get(id) == nil {
+		if _, ok := f.a.core.Limit(id); !ok {
 			delete(f.rates, id)
 		}
 	}
+	f.a.mu.Unlock()
 }
 
 // failoverMetrics are the watcher's metrics, on the agent's Registerer.

@@ -68,12 +68,12 @@ func testFailoverLostWrites(t *testing.T, debit bool) {
 	a, err := New(Config{Region: "eu", Allocators: []string{w.addr},
 		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
 		Redis:       rdb, ReplicaID: "r1", Logger: testLogger(), Registerer: reg},
-		WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0), WithTimeouts(2*time.Second, 5*time.Second, 2*time.Second))
+		WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0), WithTimeouts(2*time.Second, 5*time.Second, 2*time.Second),
+		WithRollbackDebit(debit))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close)
-	a.failover.noDebit = !debit
 	w.sync(a)
 	win := lease.WindowOf(w.clock.Now(), time.Minute).Index
 	key := bucket.Key(l.Id, win)
@@ -216,8 +216,9 @@ func admittedOn(t *testing.T, s *redistest.Server, key string, now time.Time) in
 }
 
 // spendAt makes Checks of cost 1 at rate per second for d on the world's
-// clock, in 100 ms steps, with the renewal loop's evaluation after each
-// step, and returns how many were admitted.
+// clock, in 100 ms steps, carrying out the agent's work after each step
+// (the rounds its Checks kicked, its timed work), and returns how many
+// were admitted.
 func (w *world) spendAt(a *Agent, limit string, rate int, d time.Duration) int64 {
 	w.t.Helper()
 	ctx := context.Background()
@@ -232,7 +233,7 @@ func (w *world) spendAt(a *Agent, limit string, rate int, d time.Duration) int64
 				admitted++
 			}
 		}
-		a.evaluate(ctx, limit)
+		a.tick(ctx)
 		w.clock.Add(100 * time.Millisecond)
 	}
 	return admitted

@@ -17,6 +17,7 @@ import (
 	"leasehold/internal/etcdtest"
 	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/core"
 )
 
 // fakeClock is one clock for the allocator, the agents and Redis's
@@ -51,6 +52,11 @@ func newWorld(t testing.TB, regions ...string) *world {
 // startWorld starts a world on the fake clock, or (fake false) on the
 // wall clock for benchmarks.
 func startWorld(t testing.TB, fake bool, regions ...string) *world {
+	return startWorldOpts(t, fake, nil, regions...)
+}
+
+// startWorldOpts is startWorld with options for the allocator's gRPC server.
+func startWorldOpts(t testing.TB, fake bool, serverOpts []grpc.ServerOption, regions ...string) *world {
 	w := &world{t: t, clock: newFakeClock(), redis: map[string]*redistest.Server{}}
 	c := etcdtest.Start(t, 1)
 	clock := allocator.WithClock(w.clock.Now)
@@ -65,7 +71,7 @@ func startWorld(t testing.TB, fake bool, regions ...string) *world {
 	}
 	allocatortest.Run(t, a)
 	allocatortest.WaitLeader(t, a)
-	w.alloc, w.addr = a, allocatortest.Serve(t, nil, allocator.NewServer(a))
+	w.alloc, w.addr = a, allocatortest.Serve(t, nil, allocator.NewServer(a), serverOpts...)
 	for _, r := range regions {
 		w.redis[r] = redistest.Start(t)
 	}
@@ -104,12 +110,18 @@ func limit(id string, g int64, window, ttl time.Duration, regions ...string) *pb
 // and ready, whose background loops do NOT run: tests step it by hand.
 func (w *world) agent(region, replica string, opts ...Option) *Agent {
 	w.t.Helper()
+	return w.agentDial(region, replica, nil, opts...)
+}
+
+// agentDial is agent with extra dial options for its allocator calls.
+func (w *world) agentDial(region, replica string, dial []grpc.DialOption, opts ...Option) *Agent {
+	w.t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: w.redis[region].Addr()})
 	w.t.Cleanup(func() { rdb.Close() })
 	opts = append([]Option{WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0),
 		WithTimeouts(2*time.Second, 5*time.Second, 2*time.Second)}, opts...)
 	a, err := New(Config{Region: region, Allocators: []string{w.addr},
-		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		DialOptions: append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...),
 		Redis:       rdb, ReplicaID: replica, Logger: testLogger()}, opts...)
 	if err != nil {
 		w.t.Fatal(err)
@@ -117,6 +129,42 @@ func (w *world) agent(region, replica string, opts ...Option) *Agent {
 	w.t.Cleanup(a.Close)
 	w.sync(a)
 	return a
+}
+
+// evaluate does the agent's timed work due at its clock's now, asks its
+// core for a renewal round of limit, and carries everything out: what a
+// test calls to set a limit up by hand (the round plans from the bucket,
+// acquires, deposits, closes and returns).
+func (a *Agent) evaluate(ctx context.Context, id string) {
+	now := a.opt.now()
+	a.withCore(func(c *core.Core) {
+		c.Tick(now)
+		c.Renew(now, id)
+	})
+	a.settle(ctx)
+}
+
+// report asks for the counts of every window the agent keeps, now, and
+// sends them (the last report on the way out does the same).
+func (a *Agent) report(ctx context.Context) {
+	now := a.opt.now()
+	a.withCore(func(c *core.Core) { c.FinalReport(now) })
+	a.settle(ctx)
+}
+
+// safetyMargin is the margin the agent's core takes off a lease that
+// expires in d (core.WithSafetyMargin), for the tests' expected deadlines.
+func (o *options) safetyMargin(d time.Duration) time.Duration {
+	return o.margin + time.Duration(float64(d)*o.driftPPM/1e6)
+}
+
+// runWork runs the agent's work loop until the test ends: the rounds its
+// Checks kick are carried out as in production, with the test's clock.
+func runWork(t *testing.T, a *Agent) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.workLoop(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 // sync refreshes an agent's limits and Redis clock.

@@ -12,12 +12,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
+	"leasehold/regionagent/store"
 )
 
 // cmdCounter counts the commands a Redis client sends (pipelined ones
@@ -42,7 +43,8 @@ func (w *world) regionUsage(limit, region string, window int64) allocator.UsageR
 
 // admitN makes Checks of cost 1 until n are admitted; it fails the test
 // after 10n Checks (a Check may find the region dry while a renewal is in
-// flight, but not for long) or on an answer that says the pool is spent.
+// flight, but not for long: it is then UNAVAILABLE with a short
+// retry-after) or on an answer that says the pool is spent.
 func admitN(t *testing.T, a *Agent, limit string, n int64) {
 	t.Helper()
 	var ok int64
@@ -55,7 +57,7 @@ func admitN(t *testing.T, a *Agent, limit string, n int64) {
 			ok++
 			continue
 		}
-		if i >= 10*n || d.Reason != pb.Reason_REASON_OVER_LIMIT || d.RetryAfter > time.Second {
+		if i >= 10*n || d.Reason != pb.Reason_REASON_UNAVAILABLE || d.RetryAfter > time.Second {
 			t.Fatalf("%s admitted %d of %d in %d Checks; last answer %+v", a.ReplicaID(), ok, n, i+1, d)
 		}
 	}
@@ -82,7 +84,7 @@ func TestRedisDownInProcessLeases(t *testing.T) {
 	agents := []*Agent{r1, r2}
 	counters := make([]*cmdCounter, len(agents))
 	for i, a := range agents {
-		processKicks(t, a)
+		runWork(t, a)
 		counters[i] = &cmdCounter{}
 		a.cfg.Redis.(*redis.Client).AddHook(counters[i])
 	}
@@ -143,7 +145,7 @@ func TestRedisDownInProcessLeases(t *testing.T) {
 	admitted += localAdmitted
 	var heldLocal int64
 	for _, a := range agents {
-		lb := a.local.balance(l.Id, win, w.clock.Now())
+		lb, _, _ := a.local.read(ctx, store.Key{Limit: l.Id, Window: win})
 		if lb.Admitted != 100 {
 			t.Fatalf("%s: in-process bucket counts %d admitted, want 100 (its own only)", a.ReplicaID(), lb.Admitted)
 		}
@@ -165,13 +167,13 @@ func TestRedisDownInProcessLeases(t *testing.T) {
 			t.Fatalf("%s still down after a successful probe", a.ReplicaID())
 		}
 		a.evaluate(ctx, l.Id)
-		if a.local.holds(l.Id) {
-			t.Fatalf("%s still holds in-process leases after the renewal round", a.ReplicaID())
+		if n := openLocal(ctx, a, l.Id, win); n > 0 {
+			t.Fatalf("%s still holds %d in-process leases after the renewal round", a.ReplicaID(), n)
 		}
 		a.evaluate(ctx, l.Id) // a repeated round returns nothing more
 	}
-	// A kicked renewal round (processKicks) may be the one returning them,
-	// its call still in flight: wait for the credit, bounded.
+	// The work loop (runWork) may be the one returning them, its call still
+	// in flight: wait for the credit, bounded.
 	got := w.stats(l.Id, win).Credited - creditedBefore
 	for deadline := time.Now().Add(10 * time.Second); got < heldLocal && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond) // polling the in-flight return's effect
@@ -305,28 +307,44 @@ type redisErr string
 func (e redisErr) Error() string { return string(e) }
 func (redisErr) RedisError()     {}
 
-// TestDepositLocal: in-process deadlines are measured from when the
-// request was sent minus the safety margin, rounded down to the ms; a
-// next-window lease starts starts_in after the reply, rounded up. Steps at
-// fixed instants after the store's epoch t0.
+// openLocal counts the open leases a replica holds in process, in the
+// windows around win.
+func openLocal(ctx context.Context, a *Agent, limit string, win int64) int {
+	n := 0
+	for w := win - 1; w <= win+1; w++ {
+		b, _, _ := a.local.read(ctx, store.Key{Limit: limit, Window: w})
+		for _, o := range b.Open {
+			if o.Remaining > 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// TestDepositLocal: in-process deadlines (the core measures them from when
+// the request was sent, minus the safety margin: here 1.3 + 11.5 - 2 =
+// 10.8 ms) round down to the ms; a next-window lease's start (the reply
+// at 2.2 ms plus starts_in 3.1 ms) rounds up. Steps at fixed instants
+// after the store's epoch t0.
 func TestDepositLocal(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	ms := func(f float64) time.Time { return t0.Add(time.Duration(f * float64(time.Millisecond))) }
-	a := &Agent{opt: options{margin: 2 * time.Millisecond, driftPPM: 0, keyGrace: time.Minute},
-		local: newLocalStore(t0), lm: newLocalMetrics(nil)}
-	l := &limitView{id: "tenant/dl", tokens: 100, window: time.Minute}
-	mk := func(id string, window int64, startsIn, expiresIn time.Duration) *pb.Lease {
-		return &pb.Lease{LeaseId: id, LimitId: l.id, WindowIndex: window, Tokens: 10, StartsIn: durationpb.New(startsIn),
-			ExpiresIn: durationpb.New(expiresIn), WindowLeft: durationpb.New(time.Minute), Window: durationpb.New(time.Minute)}
+	now := t0
+	clock := func() time.Time { return now }
+	a := &Agent{opt: options{now: clock, redisTimeout: time.Second}, local: newMemStore(clock, "r1.n"),
+		lm: newLocalMetrics(nil), m: newMetrics(nil), wake: make(chan struct{}, 1),
+		core: core.New(core.Config{Region: "eu", RequestPrefix: "r1", Seed: 1})}
+	ctx := context.Background()
+	key := func(w int64) store.Key { return store.Key{Limit: "tenant/dl", Window: w} }
+	dep := func(id string, w int64, start, deadline time.Time) core.Deposit {
+		return core.Deposit{Limit: "tenant/dl", Store: core.Local, Key: key(w), LeaseID: id, Tokens: 10, Start: start,
+			Deadline: deadline, KeyExpiry: deadline.Add(time.Minute)}
 	}
-	// Sent at 1.3 ms, expires in 11.5 ms: deadline 1.3 + 11.5 - 2 = 10.8 ms -> 10.
-	if err := a.depositLocal(l, mk("cur", 5, 0, 11500*time.Microsecond), ms(1.3), ms(2)); err != nil {
-		t.Fatal(err)
-	}
-	// Next window: received at 2.2 ms, starts in 3.1 ms: 5.3 ms -> 6.
-	if err := a.depositLocal(l, mk("next", 6, 3100*time.Microsecond, time.Second), ms(2), ms(2.2)); err != nil {
-		t.Fatal(err)
-	}
+	now = ms(2)
+	a.deposit(ctx, dep("cur", 5, time.Time{}, ms(10.8)))
+	now = ms(2.2)
+	a.deposit(ctx, dep("next", 6, ms(5.3), ms(1000)))
 	for i, s := range []struct {
 		at     float64
 		window int64
@@ -338,23 +356,26 @@ func TestDepositLocal(t *testing.T) {
 		{5.9, 6, false},
 		{6.0, 6, true},
 	} {
-		r := a.local.spend([]string{l.id}, []int64{s.window}, []int64{1}, ms(s.at))
-		if r.Allowed != s.ok {
-			t.Fatalf("step %d: spend of window %d at %.1f ms: allowed %v, want %v", i, s.window, s.at, r.Allowed, s.ok)
+		now = ms(s.at)
+		r, err := a.local.spend(ctx, []store.Key{key(s.window)}, []int64{1})
+		if err != nil || r.Allowed != s.ok {
+			t.Fatalf("step %d: spend of window %d at %.1f ms: allowed %v (%v), want %v", i, s.window, s.at, r.Allowed, err, s.ok)
 		}
 	}
 	// A lease that expires before it could be spent is useless.
-	if err := a.depositLocal(l, mk("late", 5, 0, time.Millisecond), ms(3), ms(3)); !errors.Is(err, errUselessLease) {
+	now = ms(3)
+	if _, err := a.local.deposit(ctx, dep("late", 5, time.Time{}, ms(3))); !errors.Is(err, errUselessLease) {
 		t.Fatalf("useless lease: %v", err)
 	}
 	// Deposits are idempotent; a closed lease counts its unspent once.
-	if err := a.depositLocal(l, mk("cur", 5, 0, 11500*time.Microsecond), ms(1.3), ms(2)); err != nil {
-		t.Fatal(err)
+	if r, err := a.local.deposit(ctx, dep("cur", 5, time.Time{}, ms(10.8))); err != nil || r.Status != store.AlreadyDeposited {
+		t.Fatalf("second deposit: %+v, %v", r, err)
 	}
-	if r := a.local.close(l.id, 5, "cur", ms(4)); r.Unspent != 9 || r.AlreadyClosed {
+	now = ms(4)
+	if r, _ := a.local.close(ctx, key(5), "cur"); r.Unspent != 9 || r.AlreadyClosed {
 		t.Fatalf("close: %+v, want 9 unspent", r)
 	}
-	if r := a.local.close(l.id, 5, "cur", ms(4)); !r.AlreadyClosed {
+	if r, _ := a.local.close(ctx, key(5), "cur"); !r.AlreadyClosed {
 		t.Fatalf("second close: %+v", r)
 	}
 	if got := testutil.ToFloat64(a.lm.leaseTokens); got != 20 {

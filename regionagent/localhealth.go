@@ -12,11 +12,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
 )
 
 // redisHealth is the agent's circuit breaker on its region's Redis. After
 // redisTrip consecutive failed calls it marks Redis down: Checks are then
-// decided from the leases the replica holds in process (localStore) and
+// decided from the leases the replica holds in process (memStore) and
 // make no Redis call at all, so a dead Redis costs nothing per Check. One
 // prober (redisProbeLoop) alone calls Redis while it is down, with
 // jittered exponential backoff, and marks it up when it answers again.
@@ -116,9 +117,11 @@ func (a *Agent) observeRedis(err error) {
 	if !redisUnavailable(err) {
 		return
 	}
-	if a.rh.fail(a.opt.now()) {
+	if now := a.opt.now(); a.rh.fail(now) {
 		a.lm.redisUp.Set(0)
-		a.log.Warn("Redis unreachable: serving strict limits from in-process leases until it answers again", "err", err)
+		a.log.Warn("Redis unreachable: serving strict limits from in-process leases until it answers again",
+			"err", capString(err.Error(), maxLogValue))
+		a.withCore(func(c *core.Core) { c.SetRedisHealth(now, false) })
 	}
 }
 
@@ -167,25 +170,18 @@ func (a *Agent) probeRedis(ctx context.Context) error {
 	return nil
 }
 
-// redisRecovered goes back to the shared bucket. Each limit's in-process
-// leases are closed and returned to the allocator by its next renewal
-// round (drainLocal). A next-window lease deposited before the outage may
-// be lost (Redis restarted empty): the next round fetches another.
+// redisRecovered goes back to the shared bucket: the core closes and
+// returns every in-process lease, and forgets the next windows' leases
+// (Redis may have restarted empty and lost them).
 func (a *Agent) redisRecovered() {
-	wasDown, d := a.rh.up(a.opt.now())
+	now := a.opt.now()
+	wasDown, d := a.rh.up(now)
 	if !wasDown {
 		return
 	}
 	a.lm.redisUp.Set(1)
 	a.log.Info("Redis answers again: returning in-process leases, back to the shared bucket", "down_for", d)
-	a.mu.Lock()
-	for _, st := range a.states {
-		st.mu.Lock()
-		st.nextWindow = -1
-		st.mu.Unlock()
-		a.kick(st.id)
-	}
-	a.mu.Unlock()
+	a.withCore(func(c *core.Core) { c.SetRedisHealth(now, true) })
 }
 
 // localMetrics are the metrics of in-process leases.

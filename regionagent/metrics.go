@@ -7,12 +7,10 @@ type metrics struct {
 	checks       *prometheus.CounterVec
 	checkDur     prometheus.Histogram
 	batch        prometheus.Histogram
-	renewals     *prometheus.CounterVec
 	leaseTokens  prometheus.Counter
 	returned     prometheus.Counter
 	fallbackMode *prometheus.GaugeVec
 	reports      *prometheus.CounterVec
-	active       prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -31,10 +29,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Checks per Redis pipeline.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
 		}),
-		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "leasehold_agent_renewals_total",
-			Help: "Lease requests to the allocator, by result: granted, empty, failed.",
-		}, []string{"result"}),
 		leaseTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_agent_leased_tokens_total",
 			Help: "Tokens deposited in the region's buckets from leases.",
@@ -51,13 +45,54 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_agent_usage_reports_total",
 			Help: "Usage reports sent to the allocator, by result.",
 		}, []string{"result"}),
-		active: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "leasehold_agent_active_limits",
-			Help: "Limits this replica has seen Checks for recently.",
-		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.checks, m.checkDur, m.batch, m.renewals, m.leaseTokens, m.returned, m.fallbackMode, m.reports, m.active)
+		reg.MustRegister(m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports)
 	}
 	return m
+}
+
+// registerCore registers the metrics read from the agent's core at scrape
+// time: its cumulative counts and how many limits it holds state for.
+func (m *metrics) registerCore(reg prometheus.Registerer, a *Agent) {
+	if reg != nil {
+		reg.MustRegister(coreCollector{a})
+	}
+}
+
+var (
+	renewalsDesc = prometheus.NewDesc("leasehold_agent_renewals_total",
+		"Lease requests to the allocator, by result: granted, empty (nothing granted), failed (unanswered), rejected (refused).",
+		[]string{"result"}, nil)
+	roundsDesc = prometheus.NewDesc("leasehold_agent_renewal_rounds_total",
+		"Renewal rounds started (a bucket read under the renewal lock), and those that got the lock.",
+		[]string{"lock"}, nil)
+	activeDesc = prometheus.NewDesc("leasehold_agent_active_limits",
+		"Limits this replica holds state for: seen in a Check recently, or with leases, returns or reports outstanding.",
+		nil, nil)
+)
+
+// coreCollector exports the core's counts.
+type coreCollector struct{ a *Agent }
+
+func (c coreCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- renewalsDesc
+	ch <- roundsDesc
+	ch <- activeDesc
+}
+
+func (c coreCollector) Collect(ch chan<- prometheus.Metric) {
+	c.a.mu.Lock()
+	st, active := c.a.core.Stats(), c.a.core.Active()
+	c.a.mu.Unlock()
+	counter := func(d *prometheus.Desc, v int64, label string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
+	}
+	counter(renewalsDesc, st.RenewalsGranted, "granted")
+	counter(renewalsDesc, st.RenewalsEmpty, "empty")
+	counter(renewalsDesc, st.RenewalsFailed, "failed")
+	counter(renewalsDesc, st.RenewalsRejected, "rejected")
+	counter(roundsDesc, st.Rounds, "tried")
+	counter(roundsDesc, st.RoundsLocked, "taken")
+	ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(active))
 }

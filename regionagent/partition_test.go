@@ -77,9 +77,9 @@ func TestReturnSentAgainAfterPartition(t *testing.T) {
 	if st := w.stats(l.Id, win); st.Credited != 0 {
 		t.Fatalf("credited %d while partitioned", st.Credited)
 	}
-	a.retMu.Lock()
-	kept := append([]*pb.LeaseReturn(nil), a.unreturned[l.Id]...)
-	a.retMu.Unlock()
+	a.mu.Lock()
+	kept := a.core.UnreturnedOf(l.Id)
+	a.mu.Unlock()
 	if len(kept) != 1 || kept[0].Unspent != granted-8 {
 		t.Fatalf("returns kept to send again: %v, want one of %d unspent", kept, granted-8)
 	}
@@ -91,16 +91,16 @@ func TestReturnSentAgainAfterPartition(t *testing.T) {
 	// first lease's grant record is what must show the return.)
 	var g allocator.Grant
 	w.untilHealed(a, l.Id, func() bool {
-		g = w.grant(kept[0].LeaseId)
+		g = w.grant(kept[0].LeaseID)
 		return g.Returned
 	})
 	if !g.Returned || g.Unspent != granted-8 || g.Credited != granted-8 {
 		t.Fatalf("the lease after the heal: returned %v, unspent %d, credited %d; want %d unspent and credited",
 			g.Returned, g.Unspent, g.Credited, granted-8)
 	}
-	a.retMu.Lock()
-	pending := len(a.unreturned[l.Id])
-	a.retMu.Unlock()
+	a.mu.Lock()
+	pending := len(a.core.UnreturnedOf(l.Id))
+	a.mu.Unlock()
 	if pending != 0 {
 		t.Fatalf("%d returns still kept after the allocator acknowledged them", pending)
 	}
@@ -152,11 +152,12 @@ func TestFallbackModesWhilePartitioned(t *testing.T) {
 			a, cut := w.leasedCutAgent(l, 1)
 			ctx := context.Background()
 			cut.set(true)
-			// Spend what the held lease has left (chunks of 3): over the
-			// limit until a renewal finds the allocator unreachable.
+			// Spend what the held lease has left (chunks of 3): then the
+			// region is dry, and undecided (UNAVAILABLE, briefly) until a
+			// renewal finds the allocator unreachable.
 			for i := 0; ; i++ {
 				d, _ := a.Check(ctx, l.Id, 1)
-				if d.Reason == pb.Reason_REASON_OVER_LIMIT {
+				if d.Reason == pb.Reason_REASON_UNAVAILABLE && d.RetryAfter <= 100*time.Millisecond {
 					break
 				}
 				if !d.Allowed || i == 3 {
@@ -177,6 +178,7 @@ func TestFallbackModesWhilePartitioned(t *testing.T) {
 			if admitted != tc.admits {
 				t.Fatalf("admitted %d of 20 under the fail mode, want %d", admitted, tc.admits)
 			}
+			a.settle(ctx) // what the Checks made ready (the work loop does it at once)
 			if got := testutil.ToFloat64(a.m.fallbackMode.WithLabelValues(l.Id)); got != tc.exports {
 				t.Fatalf("exported mode %v, want %v", got, tc.exports)
 			}

@@ -11,6 +11,7 @@ import (
 
 	"leasehold/allocator"
 	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/core"
 )
 
 // TestLimitChangeReachesAgent: a change scheduled for the next window
@@ -101,11 +102,13 @@ func TestLimitChangePropagatesWithinSeconds(t *testing.T) {
 	}
 	took := waitVersion(v2.Version)
 	t.Logf("the change reached the agent's decisions after %v", took)
-	view := a.limits.get(l.Id)
-	if view == nil || view.tokens != 500 {
+	a.mu.Lock()
+	view, ok := a.core.Limit(l.Id)
+	a.mu.Unlock()
+	if !ok || view.Tokens != 500 {
 		t.Fatalf("agent's view after the change: %+v", view)
 	}
-	if fb := view.fallback; fb.Kind != pb.FallbackKind_FALLBACK_KIND_LOCAL || fb.LocalTokens != 20 {
+	if fb := view.Fallback; fb.Kind != core.FallbackLocal || fb.LocalTokens != 20 {
 		t.Fatalf("agent's fallback after the change: %+v", fb)
 	}
 }

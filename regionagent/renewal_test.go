@@ -2,10 +2,13 @@ package regionagent
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"leasehold/lease"
 )
@@ -14,13 +17,15 @@ func TestRenewalOneReplicaAtATime(t *testing.T) {
 	w := newWorld(t, "eu")
 	l := w.putLimit(limit("tenant/one", 100000, time.Minute, 15*time.Second, "eu"))
 	var inFlight, most, total atomic.Int64
-	hook := func(start bool) {
-		if !start {
-			inFlight.Add(-1)
-			return
+	// Counts the AcquireLeases calls in flight, over every replica.
+	count := grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if !strings.HasSuffix(method, "/AcquireLeases") {
+			return invoker(ctx, method, req, reply, cc, opts...)
 		}
 		total.Add(1)
 		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
 		for {
 			m := most.Load()
 			if n <= m || most.CompareAndSwap(m, n) {
@@ -28,11 +33,12 @@ func TestRenewalOneReplicaAtATime(t *testing.T) {
 			}
 		}
 		time.Sleep(2 * time.Millisecond) // widen the window in which a second renewer would overlap
-	}
-	agents := []*Agent{w.agent("eu", "r1"), w.agent("eu", "r2"), w.agent("eu", "r3")}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	dial := []grpc.DialOption{count}
+	agents := []*Agent{w.agentDial("eu", "r1", dial), w.agentDial("eu", "r2", dial), w.agentDial("eu", "r3", dial)}
 	ctx := context.Background()
 	for _, a := range agents {
-		a.onAcquire = hook
 		a.Check(ctx, l.Id, 50) // each replica sees demand and wants to renew
 	}
 	var wg sync.WaitGroup
@@ -85,7 +91,7 @@ func TestNextWindowFetchedAhead(t *testing.T) {
 				t.Errorf("denied at %v (window end at +60s)", now.Sub(start.Start()))
 			}
 		}
-		a.evaluate(ctx, l.Id)
+		a.tick(ctx) // timed work only: rounds come from the Checks and the timers
 		w.clock.Add(100 * time.Millisecond)
 	}
 	next := start.Next().Index

@@ -2,12 +2,15 @@ package regionagent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
-	"leasehold/allocator"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
+	"leasehold/regionagent/store"
 )
 
 // Reservation is the agent's answer to Reserve.
@@ -22,57 +25,59 @@ type Reservation struct {
 // Reserve takes up to tokens (at least minTokens) of the region's balance
 // of limit for one client to spend in process. Idempotent by id.
 func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int64, id string) (Reservation, error) {
-	l, err := a.lookup(limit)
-	if err != nil {
+	if err := checkLimitID(limit); err != nil {
 		return Reservation{}, err
 	}
-	if err := allocator.ValidateRequestID("reservation_id", id); err != nil {
-		return Reservation{}, fieldErr("reservation_id", "%s", err.(*allocator.FieldError).Reason)
+	if err := vocab.ValidateRequestID("reservation_id", id); err != nil {
+		return Reservation{}, asFieldError(err)
+	}
+	now := a.opt.now()
+	var (
+		l    core.Limit
+		key  store.Key
+		ok   bool
+		lerr error
+	)
+	a.withCore(func(c *core.Core) { l, key, ok, lerr = c.Reservation(now, limit) })
+	if lerr != nil {
+		return Reservation{}, a.lookupErr(lerr)
+	}
+	if l.ID == "" {
+		// Not synced: the agent does not know the limit yet.
+		return Reservation{Decision: Decision{Reason: pb.Reason_REASON_UNAVAILABLE, RetryAfter: time.Second}}, nil
 	}
 	if minTokens == 0 {
 		minTokens = 1
 	}
 	switch {
-	case tokens < 1 || tokens > l.tokens:
-		return Reservation{}, fieldErr("tokens", "must be 1..%d (the limit's G), got %d", l.tokens, tokens)
+	case tokens < 1 || tokens > l.Tokens:
+		return Reservation{}, fieldErr("tokens", "must be 1..%d (the limit's G), got %d", l.Tokens, tokens)
 	case minTokens < 1 || minTokens > tokens:
 		return Reservation{}, fieldErr("min_tokens", "must be 1..tokens, got %d", minTokens)
 	}
-	now := a.opt.now()
-	st := a.state(l, now)
-	w := a.windowOf(now, l)
-	out := Reservation{Decision: Decision{Limit: l.tokens, Window: l.window, Version: l.version,
-		ResetAfter: max(0, a.windowEnd(w).Sub(now))}}
-	if a.rh.isDown() {
+	out := Reservation{Decision: Decision{Limit: l.Tokens, Window: l.Window, Version: l.Version}}
+	if !ok {
 		// Sub-leases live in the shared bucket only: while Redis is down the
 		// client falls back to per-request Checks, served in process.
 		out.Reason, out.RetryAfter = pb.Reason_REASON_UNAVAILABLE, time.Second
 		return out, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	r, err := a.buckets.Reserve(rctx, bucket.Key(l.id, w.Index), id, tokens, minTokens, a.redisNowMs())
+	r, err := a.shared.b.Reserve(rctx, bucket.Key(key.Limit, key.Window), id, tokens, minTokens, a.shared.nowMs())
 	cancel()
+	a.observeRedis(err)
 	if err != nil {
 		out.Reason, out.RetryAfter = pb.Reason_REASON_UNAVAILABLE, time.Second
 		return out, nil
 	}
-	out.Remaining = r.Balance
-	switch r.Status {
-	case bucket.Reserved, bucket.ReplayedReservation:
-		out.Allowed, out.Reason = true, pb.Reason_REASON_OK
+	granted := r.Status == bucket.Reserved || r.Status == bucket.ReplayedReservation
+	now = a.opt.now()
+	var an core.Answer
+	a.withCore(func(c *core.Core) { an = c.Reserved(now, key, granted, r.Balance, minTokens) })
+	out.Decision = decisionOf(an)
+	if granted {
 		out.Granted = r.Granted
 		out.ExpiresIn = time.Duration(max(0, r.DeadlineMs-r.NowMs)) * time.Millisecond
-		if r.Balance < a.lowWater(st, l, w, now) {
-			a.kick(l.id)
-		}
-	default:
-		st.mu.Lock()
-		spent := st.spentWindow == w.Index
-		st.kickCost = max(st.kickCost, minTokens)
-		st.mu.Unlock()
-		a.kick(l.id)
-		out.Reason = pb.Reason_REASON_OVER_LIMIT
-		out.RetryAfter = a.retryAfter(spent, out.ResetAfter)
 	}
 	return out, nil
 }
@@ -82,21 +87,33 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 // back. The reservation is looked for in the current window and the one
 // before (a reservation may outlive a boundary by its caller's delay).
 func (a *Agent) Release(ctx context.Context, limit, id string, unspent int64) (int64, error) {
-	l, err := a.lookup(limit)
-	if err != nil {
+	if err := checkLimitID(limit); err != nil {
 		return 0, err
 	}
-	if err := allocator.ValidateRequestID("reservation_id", id); err != nil {
-		return 0, fieldErr("reservation_id", "%s", err.(*allocator.FieldError).Reason)
+	if err := vocab.ValidateRequestID("reservation_id", id); err != nil {
+		return 0, asFieldError(err)
 	}
-	if unspent < 0 || unspent > l.tokens {
-		return 0, fieldErr("unspent", "must be 0..%d, got %d", l.tokens, unspent)
+	now := a.opt.now()
+	var (
+		l    core.Limit
+		key  store.Key
+		lerr error
+	)
+	a.withCore(func(c *core.Core) { l, key, _, lerr = c.Reservation(now, limit) })
+	if lerr != nil {
+		return 0, a.lookupErr(lerr)
 	}
-	w := a.windowOf(a.opt.now(), l)
-	for _, idx := range []int64{w.Index, w.Index - 1} {
+	if l.ID == "" {
+		return 0, fmt.Errorf("%w: the agent has no limits from the allocator yet", errNotSynced)
+	}
+	if unspent < 0 || unspent > l.Tokens {
+		return 0, fieldErr("unspent", "must be 0..%d, got %d", l.Tokens, unspent)
+	}
+	for _, idx := range []int64{key.Window, key.Window - 1} {
 		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-		r, err := a.buckets.Release(rctx, bucket.Key(l.id, idx), id, unspent, a.redisNowMs())
+		r, err := a.shared.b.Release(rctx, bucket.Key(limit, idx), id, unspent, a.shared.nowMs())
 		cancel()
+		a.observeRedis(err)
 		if err != nil {
 			return 0, fmt.Errorf("regionagent: release: %w", err)
 		}
@@ -107,17 +124,31 @@ func (a *Agent) Release(ctx context.Context, limit, id string, unspent int64) (i
 	return 0, nil // unknown: nothing to give back (it expired long ago, or never was)
 }
 
-// lookup validates a limit id and finds the limit.
-func (a *Agent) lookup(limit string) (*limitView, error) {
+// checkLimitID validates a limit id named by a call.
+func checkLimitID(limit string) error {
 	switch {
 	case limit == "":
-		return nil, fieldErr("limit_id", "required")
-	case len(limit) > 200:
-		return nil, fieldErr("limit_id", "longer than 200 characters")
+		return fieldErr("limit_id", "required")
+	case len(limit) > core.MaxLimitID:
+		return fieldErr("limit_id", "longer than %d characters", core.MaxLimitID)
 	}
-	l := a.limits.get(limit)
-	if l == nil {
-		return nil, fmt.Errorf("%w: %q is not a limit of region %s", ErrUnknownLimit, limit, a.cfg.Region)
+	return nil
+}
+
+// lookupErr maps the core's lookup errors.
+func (a *Agent) lookupErr(err error) error {
+	var ie *core.ItemError
+	if errors.As(err, &ie) && errors.Is(ie, core.ErrUnknownLimit) {
+		return fmt.Errorf("%w: %s", ErrUnknownLimit, ie.Reason)
 	}
-	return l, nil
+	return err
+}
+
+// asFieldError turns the vocabulary's field errors into the agent's.
+func asFieldError(err error) error {
+	var fe *vocab.FieldError
+	if errors.As(err, &fe) {
+		return fieldErr(fe.Field, "%s", fe.Reason)
+	}
+	return err
 }

@@ -177,10 +177,17 @@ func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error
 	for i, kr := range res.Keys {
 		c.observe(now, chk.sts[i], chk.Store, chk.Keys[i], kr)
 	}
+	defer func() {
+		if chk.Step == StepDone && len(chk.Answers) == len(res.Keys) && chk.Result != ResultFallback &&
+			chk.Result != ResultFallbackDenied {
+			for i, kr := range res.Keys {
+				chk.Answers[i].Remaining = kr.Balance
+			}
+		}
+	}()
 	if res.Allowed {
 		c.answer(now, chk, ReasonOK)
 		for i, kr := range res.Keys {
-			chk.Answers[i].Remaining = kr.Balance
 			st := chk.sts[i]
 			if kr.Balance < c.lowWater(st, chk.Store, chk.wins[i], now) {
 				c.kick(st, now)

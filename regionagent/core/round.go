@@ -130,6 +130,36 @@ func (c *Core) kick(st *limitState, now time.Time) {
 		Key: store.Key{Limit: st.id, Window: c.WindowOf(now, l).Index}, seq: c.roundSeq})
 }
 
+// Renew starts a renewal round of a limit now (unless one is in flight):
+// an operator's or a test's "look at this limit", and what a limit change
+// asks for. A limit the Core holds no state for gets one.
+func (c *Core) Renew(now time.Time, limit string) {
+	l, ok := c.limits[limit]
+	if !ok {
+		return
+	}
+	st := c.state(l)
+	st.lockedUntil = time.Time{}
+	c.kick(st, now)
+}
+
+// Unreturned counts the returns the allocator has not acknowledged.
+func (c *Core) Unreturned() int {
+	n := 0
+	for _, st := range c.states {
+		n += len(st.unreturned)
+	}
+	return n
+}
+
+// UnreturnedOf lists a limit's returns the allocator has not acknowledged.
+func (c *Core) UnreturnedOf(limit string) []Return {
+	if st := c.states[limit]; st != nil {
+		return append([]Return(nil), st.unreturned...)
+	}
+	return nil
+}
+
 // RoundRead plans a round from its bucket: closes expired and surplus
 // leases, asks for a lease of this window when the balance is below the
 // low-water mark (or a denied cost exceeds it), and for the next window's

@@ -1,0 +1,263 @@
+package regionagent
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
+	"leasehold/regionagent/store"
+)
+
+// Run syncs limits, carries out the core's work and reports usage until
+// ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	a.running.Store(&ctx)
+	if err := a.shared.b.Load(ctx); err != nil {
+		a.log.Warn("loading Redis scripts failed; they load on first use", "err", err)
+	}
+	var wg sync.WaitGroup
+	loops := []func(context.Context){a.syncLoop, a.clockLoop, a.workLoop, a.redisProbeLoop,
+		a.failover.run} // failover.go
+	for _, f := range loops {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(ctx) }()
+	}
+	wg.Wait()
+	// A last usage report on the way out, so the region's final counts
+	// reach the allocator even if no replica of the region stays up.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	a.running.Store(&fctx)
+	now := a.opt.now()
+	a.withCore(func(c *core.Core) { c.FinalReport(now) })
+	a.settle(fctx)
+	return ctx.Err()
+}
+
+// every runs fn now and then every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		fn()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *Agent) syncLoop(ctx context.Context) {
+	every(ctx, a.opt.syncEvery, func() {
+		if err := a.syncLimits(ctx); err != nil && ctx.Err() == nil {
+			a.notes.callFailed(a.log, "limit sync", 1, err)
+		}
+		a.local.sweep(a.opt.now())
+	})
+}
+
+// syncLimits refreshes the core's snapshot of the region's limits. The
+// call also probes the allocator's health: it is retried only for one
+// attempt's timeout (enough to follow a redirect to the leader), so that a
+// dead allocator is known within a few seconds, and a healed one at the
+// next sync.
+func (a *Agent) syncLimits(ctx context.Context) error {
+	var resp *pb.SyncLimitsResponse
+	a.mu.Lock()
+	rev := a.core.Revision()
+	a.mu.Unlock()
+	sent := a.opt.now()
+	err := a.alloc.callFor(ctx, a.opt.allocTimeout, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = cl.SyncLimits(ctx, &pb.SyncLimitsRequest{Region: a.cfg.Region, KnownRevision: rev}, opts...)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	recv := a.opt.now()
+	a.withCore(func(c *core.Core) {
+		if resp.AllocatorUnixNanos != 0 {
+			c.SetAllocatorClock(sent, recv, time.Unix(0, resp.AllocatorUnixNanos))
+		}
+		if resp.Unchanged {
+			c.Synced(recv)
+			return
+		}
+		ls := make([]core.Limit, len(resp.Limits))
+		for i, l := range resp.Limits {
+			ls[i] = limitOf(l, a.cfg.Region)
+		}
+		c.SetLimits(recv, resp.Revision, ls)
+	})
+	a.syncOnce.Do(func() { close(a.synced) })
+	return nil
+}
+
+// limitOf is what the core needs of a limit, for region.
+func limitOf(l *pb.Limit, region string) core.Limit {
+	out := core.Limit{ID: l.Id, Tokens: l.LimitTokens, Window: dur(l.Window), TTL: dur(l.GetLease().GetTtl()),
+		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions)}
+	if fb := l.Fallback[region]; fb != nil {
+		out.Fallback = core.Fallback{Kind: core.FallbackKind(fb.Kind), LocalTokens: fb.LocalTokens}
+	}
+	return out
+}
+
+// clockLoop keeps the Redis clock estimate fresh.
+func (a *Agent) clockLoop(ctx context.Context) {
+	every(ctx, 30*time.Second, func() {
+		if a.rh.isDown() {
+			return // the prober syncs the clock when Redis answers again
+		}
+		if err := a.syncClock(ctx); err != nil && ctx.Err() == nil {
+			a.log.Warn("Redis clock sync failed", "err", capString(err.Error(), maxLogValue))
+		}
+	})
+}
+
+// redisTime reads Redis's clock, or the test's.
+type redisTime struct{ a *Agent }
+
+func (r redisTime) Time(ctx context.Context) (time.Time, error) {
+	if r.a.opt.redisNow != nil {
+		return r.a.opt.redisNow(), nil
+	}
+	return r.a.cfg.Redis.Time(ctx).Result()
+}
+
+// syncClock samples Redis's TIME five times and keeps the sample with the
+// smallest round trip (bucket.ClockSync).
+func (a *Agent) syncClock(ctx context.Context) error {
+	best := time.Duration(math.MaxInt64)
+	var cs bucket.ClockSync
+	for range 5 {
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		sent := a.opt.now()
+		rt, err := redisTime{a}.Time(rctx)
+		recv := a.opt.now()
+		cancel()
+		if err != nil {
+			return err
+		}
+		c, err := bucket.NewClockSync(sent, recv, rt)
+		if err != nil {
+			return err
+		}
+		if c.RTT() < best {
+			best, cs = c.RTT(), c
+		}
+	}
+	a.shared.setClock(cs)
+	return nil
+}
+
+// allocatorHealth is told when the allocator stops or starts answering.
+func (a *Agent) allocatorHealth(up bool) {
+	now := a.opt.now()
+	if up {
+		a.log.Info("allocator answers again")
+	} else {
+		a.log.Warn("allocator unreachable: limits apply their fallback when their region runs dry")
+	}
+	a.withCore(func(c *core.Core) { c.SetAllocatorHealth(now, up) })
+}
+
+// ---- usage reports ----
+
+// sendReports reads the counts the core asks for and reports them, one
+// ReportUsage call per reporter: the shared bucket's under its epoch's
+// name (every replica reports alike; the allocator's max-merge keeps them
+// once), the in-process store's under this replica's.
+func (a *Agent) sendReports(ctx context.Context, reads []core.ReportRead) {
+	byReporter := map[string][]*pb.Usage{}
+	readsOf := map[string][]core.ReportRead{}
+	for _, r := range reads {
+		rep, usage, err := a.usage(ctx, r)
+		if err != nil {
+			now := a.opt.now()
+			a.withCore(func(c *core.Core) { c.ReportDone(now, r, false) })
+			continue
+		}
+		byReporter[rep] = append(byReporter[rep], usage...)
+		readsOf[rep] = append(readsOf[rep], r)
+	}
+	for rep, usage := range byReporter {
+		var err error
+		if len(usage) > 0 {
+			err = a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+				_, err := cl.ReportUsage(ctx, &pb.ReportUsageRequest{Region: a.cfg.Region, Reporter: rep, Usage: usage}, opts...)
+				return err
+			})
+		}
+		if err != nil {
+			a.m.reports.WithLabelValues("failed").Inc()
+		} else if len(usage) > 0 {
+			a.m.reports.WithLabelValues("ok").Inc()
+		}
+		now := a.opt.now()
+		a.withCore(func(c *core.Core) {
+			for _, r := range readsOf[rep] {
+				c.ReportDone(now, r, err == nil)
+			}
+		})
+	}
+}
+
+// usage reads one limit's windows in a store and names their reporter.
+// Redis restarted empty starts its counters again from zero; the
+// allocator merges a reporter's cumulative counts with max, so the new
+// counts are reported under the new epoch's name and add to the old ones
+// instead of hiding below them. The epoch is read before and after the
+// counts: if it changed in between (a restart), the read fails and is
+// asked for again.
+func (a *Agent) usage(ctx context.Context, r core.ReportRead) (string, []*pb.Usage, error) {
+	s := a.store(r.Store)
+	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+	defer cancel()
+	before, err := s.reporter(rctx, r.Limit)
+	if err != nil {
+		return "", nil, err
+	}
+	var usage []*pb.Usage
+	for _, w := range r.Windows {
+		bal, _, err := s.read(rctx, store.Key{Limit: r.Limit, Window: w})
+		if err != nil {
+			return "", nil, err
+		}
+		if u := usageOf(r.Limit, w, bal); u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
+			usage = append(usage, u)
+		}
+	}
+	after, err := s.reporter(rctx, r.Limit)
+	if err != nil {
+		return "", nil, err
+	}
+	if after != before {
+		return "", nil, errEpochChanged
+	}
+	return before, usage, nil
+}
+
+// usageOf turns a bucket's counters into a usage record.
+func usageOf(limit string, window int64, bal store.BalanceResult) *pb.Usage {
+	u := &pb.Usage{LimitId: limit, WindowIndex: window, Admitted: bal.Admitted, Denied: bal.Denied}
+	for _, c := range bal.Counters {
+		switch c.Name {
+		case store.CounterFallback:
+			u.FallbackAdmitted = c.Value
+		case store.CounterModeLocal:
+			u.Fallback = max(u.Fallback, pb.FallbackKind_FALLBACK_KIND_LOCAL)
+		case store.CounterModeOpen:
+			u.Fallback = pb.FallbackKind_FALLBACK_KIND_OPEN
+		}
+	}
+	return u
+}

@@ -1,0 +1,331 @@
+package regionagent
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"leasehold/internal/vocab"
+	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
+	"leasehold/regionagent/store"
+)
+
+// leaseStore is where the core's store actions go: the region's shared
+// Redis bucket (redisStore) or this replica's in-process store (memStore)
+// while Redis is down. Times are on the agent's clock; each store converts
+// them to its own, conservatively.
+type leaseStore interface {
+	spend(ctx context.Context, keys []store.Key, costs []int64) (store.SpendResult, error)
+	deposit(ctx context.Context, d core.Deposit) (store.DepositResult, error)
+	close(ctx context.Context, key store.Key, id string) (store.CloseResult, error)
+	// read returns the bucket and the store's now (ms, its clock) at the read.
+	read(ctx context.Context, key store.Key) (store.BalanceResult, int64, error)
+	add(ctx context.Context, key store.Key, name string, delta int64) (int64, error)
+	// addAll adds each op in order and returns the values; on an error the
+	// values of the adds before it.
+	addAll(ctx context.Context, ops []core.CounterOp) ([]int64, error)
+	// tryLock takes a limit's renewal lock (the in-process store has none
+	// to take: only this replica spends it).
+	tryLock(ctx context.Context, limit string, ttl time.Duration) (bool, error)
+	// reporter names the store's counts of limit at the allocator.
+	reporter(ctx context.Context, limit string) (string, error)
+}
+
+func addAll(ctx context.Context, s leaseStore, ops []core.CounterOp) ([]int64, error) {
+	vals := make([]int64, 0, len(ops))
+	for _, op := range ops {
+		v, err := s.add(ctx, op.Key, op.Name, op.Delta)
+		if err != nil {
+			return vals, err
+		}
+		vals = append(vals, v)
+	}
+	return vals, nil
+}
+
+// ---- the region's Redis ----
+
+// redisStore is the region's shared bucket in Redis. Spends are batched
+// (spender.go); deadlines are converted to Redis's clock with the Redis
+// clock sync; every call's outcome feeds the Redis health breaker.
+type redisStore struct {
+	a       *Agent
+	b       *bucket.Buckets
+	spender *spender
+
+	clockMu sync.Mutex // protects clock, clockOK
+	clock   bucket.ClockSync
+	clockOK bool
+}
+
+func newRedisStore(a *Agent, b *bucket.Buckets) *redisStore {
+	s := &redisStore{a: a, b: b}
+	s.spender = newSpender(b, a.opt.flushers, a.opt.maxBatch, a.opt.redisTimeout, func(n int, err error) {
+		a.m.batch.Observe(float64(n))
+		a.observeRedis(err)
+	})
+	return s
+}
+
+func (s *redisStore) stop() { s.spender.close() }
+
+// nowMs is the "now" passed to scripts: 0 lets Redis use TIME.
+func (s *redisStore) nowMs() int64 {
+	if s.a.opt.redisNow == nil {
+		return 0
+	}
+	return s.a.opt.redisNow().UnixMilli()
+}
+
+func (s *redisStore) spend(ctx context.Context, keys []store.Key, costs []int64) (store.SpendResult, error) {
+	ks := make([]string, len(keys))
+	for i, k := range keys {
+		ks[i] = bucket.Key(k.Limit, k.Window)
+	}
+	r, err := s.spender.spend(ctx, ks, costs, s.nowMs())
+	if err != nil {
+		return store.SpendResult{}, err
+	}
+	res, serr := r.res, r.err
+	release(r) // res.Keys is the batch's, not the pooled request's
+	return res, serr
+}
+
+func (s *redisStore) syncedClock(ctx context.Context) (bucket.ClockSync, error) {
+	s.clockMu.Lock()
+	cs, ok := s.clock, s.clockOK
+	s.clockMu.Unlock()
+	if ok {
+		return cs, nil
+	}
+	if err := s.a.syncClock(ctx); err != nil {
+		return bucket.ClockSync{}, err
+	}
+	s.clockMu.Lock()
+	defer s.clockMu.Unlock()
+	return s.clock, nil
+}
+
+func (s *redisStore) setClock(cs bucket.ClockSync) {
+	s.clockMu.Lock()
+	s.clock, s.clockOK = cs, true
+	s.clockMu.Unlock()
+}
+
+// msAt is the agent instant t on Redis's clock, in ms (rounded down).
+func (s *redisStore) msAt(t time.Time) int64 {
+	if s.a.opt.redisNow != nil {
+		return s.a.opt.redisNow().UnixMilli()
+	}
+	s.clockMu.Lock()
+	cs, ok := s.clock, s.clockOK
+	s.clockMu.Unlock()
+	if !ok {
+		return t.UnixMilli()
+	}
+	return cs.ToRedis(t)
+}
+
+var errUselessLease = errors.New("regionagent: lease expires before it starts")
+
+// deposit stores a lease with its deadline on Redis's clock: never later
+// than the agent's, so never later than the allocator's expiry.
+func (s *redisStore) deposit(ctx context.Context, d core.Deposit) (store.DepositResult, error) {
+	cs, err := s.syncedClock(ctx)
+	if err != nil {
+		s.a.observeRedis(err)
+		return store.DepositResult{}, err
+	}
+	dep := bucket.Deposit{Key: bucket.Key(d.Key.Limit, d.Key.Window), LeaseID: d.LeaseID, Tokens: d.Tokens,
+		DeadlineMs: cs.ToRedis(d.Deadline), NowMs: s.nowMs()}
+	if !d.Start.IsZero() {
+		dep.StartMs = cs.ToRedisStart(d.Start)
+	}
+	if dep.DeadlineMs <= dep.StartMs {
+		return store.DepositResult{}, errUselessLease
+	}
+	dep.ExpireAtMs = max(cs.ToRedis(d.KeyExpiry), dep.DeadlineMs)
+	res, err := s.b.Deposit(ctx, dep)
+	s.a.observeRedis(err)
+	return res, err
+}
+
+func (s *redisStore) close(ctx context.Context, key store.Key, id string) (store.CloseResult, error) {
+	r, err := s.b.Close(ctx, bucket.Key(key.Limit, key.Window), id, s.nowMs())
+	s.a.observeRedis(err)
+	return r, err
+}
+
+func (s *redisStore) read(ctx context.Context, key store.Key) (store.BalanceResult, int64, error) {
+	now := s.a.opt.now()
+	r, err := s.b.Balance(ctx, bucket.Key(key.Limit, key.Window), s.nowMs())
+	s.a.observeRedis(err)
+	return r, s.msAt(now), err
+}
+
+func (s *redisStore) add(ctx context.Context, key store.Key, name string, delta int64) (int64, error) {
+	v, err := s.b.AddCounter(ctx, bucket.Key(key.Limit, key.Window), name, delta)
+	s.a.observeRedis(err)
+	return v, err
+}
+
+func (s *redisStore) addAll(ctx context.Context, ops []core.CounterOp) ([]int64, error) {
+	return addAll(ctx, s, ops)
+}
+
+func (s *redisStore) tryLock(ctx context.Context, limit string, ttl time.Duration) (bool, error) {
+	ok, err := s.b.TryLock(ctx, bucket.LockKey(limit), s.a.cfg.ReplicaID, ttl)
+	s.a.observeRedis(err)
+	return ok, err
+}
+
+func (s *redisStore) unlock(ctx context.Context, limit string) {
+	_ = s.b.Unlock(ctx, bucket.LockKey(limit), s.a.cfg.ReplicaID)
+}
+
+// reporter names the bucket's counts of one Redis incarnation (see
+// bucket.Epoch): every replica reports the same counts under the same
+// name (the allocator keeps the highest), and counts that restart from
+// zero after Redis lost its data are a new reporter, added to the old.
+func (s *redisStore) reporter(ctx context.Context, limit string) (string, error) {
+	e, err := s.b.Epoch(ctx, limit)
+	s.a.observeRedis(err)
+	if err != nil {
+		return "", err
+	}
+	rep := bucketReporter(e)
+	if err := vocab.ValidateRequestID("reporter", rep); err != nil {
+		return "", err
+	}
+	return rep, nil
+}
+
+func bucketReporter(epoch string) string { return "bucket-" + epoch }
+
+// ---- this replica's in-process store ----
+
+// memStore holds the leases an agent replica acquires for itself while
+// its region's Redis is down, and spends them in process. It is a
+// [store.Mem] (the Redis scripts' semantics: idempotent deposits,
+// all-or-nothing spends from the earliest deadline, closes counted once)
+// on the agent's own monotonic clock: milliseconds since the store was
+// made. Deadlines round down and starts round up to the millisecond, so a
+// token is never spent after its lease's agent deadline (invariant 4).
+//
+// Its per-window counters are this replica's alone and are reported under
+// the replica's own reporter name. Safe for concurrent use.
+type memStore struct {
+	epoch time.Time // the instant of ms 0 on the agent's clock
+	rep   string
+	now   func() time.Time // the agent's clock
+
+	mu  sync.Mutex // protects mem
+	mem *store.Mem
+}
+
+func newMemStore(now func() time.Time, reporter string) *memStore {
+	return &memStore{epoch: now(), now: now, rep: reporter, mem: store.NewMem(bucket.DefaultOrphanTTL.Milliseconds())}
+}
+
+// ms is t on the store's clock, rounded down.
+func (s *memStore) ms(t time.Time) int64 {
+	d := t.Sub(s.epoch)
+	ms := int64(d / time.Millisecond)
+	if d < 0 && d%time.Millisecond != 0 {
+		ms--
+	}
+	return ms
+}
+
+// msUp is t on the store's clock, rounded up.
+func (s *memStore) msUp(t time.Time) int64 {
+	ms := s.ms(t)
+	if t.Sub(s.epoch)%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
+}
+
+// clockNow is the agent's now (the store has no clock of its own).
+func (s *memStore) clockNow() time.Time { return s.now() }
+
+func (s *memStore) spend(_ context.Context, keys []store.Key, costs []int64) (store.SpendResult, error) {
+	nowMs := s.ms(s.clockNow())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(keys) == 1 {
+		kr := s.mem.Spend1(keys[0], costs[0], nowMs)
+		r := store.SpendResult{Allowed: kr.Allowed, Failed: -1, Keys: []store.KeyResult{kr}}
+		if !kr.Allowed {
+			r.Failed = 0
+		}
+		return r, nil
+	}
+	return s.mem.Spend(keys, costs, nowMs)
+}
+
+func (s *memStore) deposit(_ context.Context, d core.Deposit) (store.DepositResult, error) {
+	now := s.clockNow()
+	dep := store.Deposit{Key: d.Key, LeaseID: d.LeaseID, Tokens: d.Tokens, DeadlineMs: s.ms(d.Deadline), NowMs: s.ms(now)}
+	if !d.Start.IsZero() {
+		dep.StartMs = s.msUp(d.Start)
+	}
+	if dep.DeadlineMs <= dep.StartMs || dep.DeadlineMs <= dep.NowMs {
+		return store.DepositResult{}, errUselessLease
+	}
+	dep.ExpireAtMs = max(s.ms(d.KeyExpiry), dep.DeadlineMs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mem.Deposit(dep)
+}
+
+func (s *memStore) close(_ context.Context, key store.Key, id string) (store.CloseResult, error) {
+	nowMs := s.ms(s.clockNow())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mem.Close(key, id, nowMs)
+}
+
+func (s *memStore) read(_ context.Context, key store.Key) (store.BalanceResult, int64, error) {
+	nowMs := s.ms(s.clockNow())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mem.Balance(key, nowMs), nowMs, nil
+}
+
+func (s *memStore) add(_ context.Context, key store.Key, name string, delta int64) (int64, error) {
+	nowMs := s.ms(s.clockNow())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mem.AddCounter(key, name, delta, nowMs)
+}
+
+func (s *memStore) addAll(ctx context.Context, ops []core.CounterOp) ([]int64, error) {
+	return addAll(ctx, s, ops)
+}
+
+func (s *memStore) tryLock(context.Context, string, time.Duration) (bool, error) { return true, nil }
+
+func (s *memStore) reporter(context.Context, string) (string, error) { return s.rep, nil }
+
+// sweep forgets the buckets expired at now.
+func (s *memStore) sweep(now time.Time) {
+	nowMs := s.ms(now)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mem.Sweep(nowMs)
+}
+
+// localReporter names this process's in-process counts at the allocator:
+// the replica id and the process nonce, so a restarted replica (whose
+// counts start again from zero) is a new reporter, and the allocator sums
+// replicas and the shared bucket without counting anything twice.
+func localReporter(replicaID, nonce string) string {
+	suffix := "." + nonce
+	if len(replicaID)+len(suffix) > vocab.MaxRequestIDLen {
+		replicaID = replicaID[:vocab.MaxRequestIDLen-len(suffix)]
+	}
+	return replicaID + suffix
+}

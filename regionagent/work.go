@@ -1,0 +1,469 @@
+package regionagent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/core"
+	"leasehold/regionagent/store"
+)
+
+// workLoop carries out the core's actions as they become ready, and its
+// timed work when it is due, until ctx ends. Nothing here runs per limit
+// on a timer: an idle agent sleeps until its core's next wake-up.
+func (a *Agent) workLoop(ctx context.Context) {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		a.work(ctx)
+		a.mu.Lock()
+		next, ok := a.core.NextWake()
+		a.mu.Unlock()
+		d := time.Hour
+		if ok {
+			d = max(0, next.Sub(a.opt.now()))
+		}
+		t.Reset(d)
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.wake:
+		case <-t.C:
+			now := a.opt.now()
+			a.withCore(func(c *core.Core) { c.Tick(now) })
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+	}
+}
+
+// work carries out every action the core has ready, and those they lead
+// to, until none is left. Store actions run here (several at a time);
+// allocator calls run in the background, batched (their results come
+// back as events, and wake the loop).
+func (a *Agent) work(ctx context.Context) {
+	for range 10000 {
+		a.mu.Lock()
+		rd := a.core.Ready()
+		a.wakeLocked(rd.Wake)
+		if !rd.Empty() {
+			a.inflight.add() // under the lock: settle never sees it taken but not begun
+		}
+		a.mu.Unlock()
+		if rd.Empty() {
+			return
+		}
+		a.execute(ctx, rd)
+		a.inflight.done()
+	}
+}
+
+// settle works until nothing is ready and nothing is in flight (store
+// actions of any goroutine's work, allocator calls): the agent's state is
+// then quiescent (shutdown, and tests stepping the agent by hand).
+func (a *Agent) settle(ctx context.Context) {
+	for range 1000 {
+		a.work(ctx)
+		a.inflight.wait()
+		a.mu.Lock()
+		more := a.core.HasReady()
+		a.mu.Unlock()
+		if !more || ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// tick does the core's timed work due at the agent's now, and settles
+// (tests step the agent's clock and call it).
+func (a *Agent) tick(ctx context.Context) {
+	now := a.opt.now()
+	a.withCore(func(c *core.Core) { c.Tick(now) })
+	a.settle(ctx)
+}
+
+// storeWorkers bounds the store actions of one Ready run at once.
+const storeWorkers = 16
+
+func (a *Agent) execute(ctx context.Context, rd core.Ready) {
+	for _, f := range rd.Fallback {
+		if f.Kind == 0 {
+			a.m.fallbackMode.DeleteLabelValues(f.Limit)
+		} else {
+			a.m.fallbackMode.WithLabelValues(f.Limit).Set(float64(f.Kind))
+		}
+	}
+	a.notes.log(a.log, rd.Notes)
+	if len(rd.Acquires) > 0 {
+		a.calls.acquires.add(a, rd.Acquires)
+	}
+	if len(rd.Returns) > 0 {
+		a.calls.returns.add(a, rd.Returns)
+	}
+	if len(rd.Reports) > 0 {
+		a.calls.reports.add(a, rd.Reports)
+	}
+	var jobs []func()
+	for _, r := range rd.Rounds {
+		jobs = append(jobs, func() { a.round(ctx, r) })
+	}
+	for _, d := range rd.Deposits {
+		jobs = append(jobs, func() { a.deposit(ctx, d) })
+	}
+	for _, cl := range rd.Closes {
+		jobs = append(jobs, func() { a.close(ctx, cl) })
+	}
+	for _, op := range rd.Counters {
+		jobs = append(jobs, func() {
+			rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+			defer cancel()
+			_, _ = a.store(op.Store).add(rctx, op.Key, op.Name, op.Delta)
+		})
+	}
+	for _, id := range rd.Unlocks {
+		jobs = append(jobs, func() {
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opt.redisTimeout)
+			defer cancel()
+			a.shared.unlock(uctx, id)
+		})
+	}
+	runAll(jobs, storeWorkers)
+}
+
+// runAll runs jobs on up to n goroutines and waits for them.
+func runAll(jobs []func(), n int) {
+	if len(jobs) == 1 {
+		jobs[0]()
+		return
+	}
+	work := make(chan func())
+	var wg sync.WaitGroup
+	for range min(n, len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for f := range work {
+				f()
+			}
+		}()
+	}
+	for _, f := range jobs {
+		work <- f
+	}
+	close(work)
+	wg.Wait()
+}
+
+// round takes the limit's renewal lock (shared store) and reads its bucket.
+func (a *Agent) round(ctx context.Context, r core.Round) {
+	s := a.store(r.Store)
+	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+	defer cancel()
+	res := core.RoundResult{Locked: true}
+	if r.Lock {
+		res.Locked, res.Err = s.tryLock(rctx, r.Limit, a.lockTTL())
+	}
+	if res.Err == nil && res.Locked {
+		res.Balance, res.NowMs, res.Err = s.read(rctx, r.Key)
+		if res.Err == nil && r.Store == core.Shared {
+			a.failover.sawAdmitted(r.Limit, r.Key.Window, res.Balance.Admitted, a.opt.now())
+		}
+	}
+	now := a.opt.now()
+	a.withCore(func(c *core.Core) { c.RoundRead(now, r, res) })
+}
+
+func (a *Agent) deposit(ctx context.Context, d core.Deposit) {
+	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+	defer cancel()
+	res, err := a.store(d.Store).deposit(rctx, d)
+	unanswered := err != nil && d.Store == core.Shared && redisUnavailable(err)
+	if err == nil && res.Status == store.Deposited {
+		if d.Store == core.Local {
+			a.lm.leaseTokens.Add(float64(d.Tokens))
+		} else {
+			a.m.leaseTokens.Add(float64(d.Tokens))
+		}
+	}
+	now := a.opt.now()
+	a.withCore(func(c *core.Core) { c.Deposited(now, d, res, err, unanswered) })
+}
+
+func (a *Agent) close(ctx context.Context, cl core.Close) {
+	s := a.store(cl.Store)
+	res := make([]store.CloseResult, len(cl.IDs))
+	errs := make([]error, len(cl.IDs))
+	for i, id := range cl.IDs {
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		res[i], errs[i] = s.close(rctx, cl.Key, id)
+		cancel()
+	}
+	now := a.opt.now()
+	a.withCore(func(c *core.Core) { c.Closed(now, cl, res, errs) })
+}
+
+// tracker counts work in flight; wait returns once none is. Unlike a
+// sync.WaitGroup, work may start while another goroutine waits.
+type tracker struct {
+	mu   sync.Mutex // protects n
+	n    int
+	cond *sync.Cond
+}
+
+func (t *tracker) add() {
+	t.mu.Lock()
+	t.n++
+	t.mu.Unlock()
+}
+
+func (t *tracker) done() {
+	t.mu.Lock()
+	t.n--
+	if t.n == 0 && t.cond != nil {
+		t.cond.Broadcast()
+	}
+	t.mu.Unlock()
+}
+
+func (t *tracker) wait() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cond == nil {
+		t.cond = sync.NewCond(&t.mu)
+	}
+	for t.n > 0 {
+		t.cond.Wait()
+	}
+}
+
+// ---- allocator calls, batched ----
+
+// callQueues batch the core's allocator work: every Acquire (Return,
+// report) ready while a call is in flight goes in the next call, so
+// concurrent renewals of many limits cost few calls.
+type callQueues struct {
+	acquires batcher[core.Acquire]
+	returns  batcher[core.Return]
+	reports  batcher[core.ReportRead]
+}
+
+// maxPerCall bounds the items of one allocator call (the allocator takes
+// up to 10,000).
+const maxPerCall = 1000
+
+// batcher queues items and sends them with up to callSenders calls in
+// flight, each carrying everything queued (up to maxPerCall).
+type batcher[T any] struct {
+	send func(context.Context, []T)
+
+	mu      sync.Mutex // protects queue, running
+	queue   []T
+	running int
+}
+
+// callSenders bounds one kind of allocator call in flight.
+const callSenders = 2
+
+func (b *batcher[T]) add(a *Agent, items []T) {
+	b.mu.Lock()
+	b.queue = append(b.queue, items...)
+	start := b.running < callSenders
+	if start {
+		b.running++
+	}
+	b.mu.Unlock()
+	if !start {
+		return
+	}
+	a.inflight.add()
+	go func() {
+		defer a.inflight.done()
+		for {
+			b.mu.Lock()
+			n := min(len(b.queue), maxPerCall)
+			if n == 0 {
+				b.running--
+				b.mu.Unlock()
+				return
+			}
+			batch := append([]T(nil), b.queue[:n]...)
+			b.queue = b.queue[n:]
+			b.mu.Unlock()
+			b.send(a.runCtx(), batch)
+		}
+	}()
+}
+
+func (a *Agent) sendAcquires(ctx context.Context, reqs []core.Acquire) {
+	in := make([]*pb.LeaseRequest, len(reqs))
+	for i, r := range reqs {
+		choice := pb.WindowChoice_WINDOW_CHOICE_CURRENT
+		if r.Next {
+			choice = pb.WindowChoice_WINDOW_CHOICE_NEXT
+		}
+		in[i] = &pb.LeaseRequest{RequestId: r.RequestID, LimitId: r.Limit, Window: choice,
+			DemandPerSecond: r.Demand, HeldTokens: r.Held, WantTokens: r.Want}
+	}
+	sent := a.opt.now()
+	var resp *pb.AcquireLeasesResponse
+	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = cl.AcquireLeases(ctx, &pb.AcquireLeasesRequest{Region: a.cfg.Region, Requests: in}, opts...)
+		return err
+	})
+	recv := a.opt.now()
+	if err == nil && len(resp.Results) != len(reqs) {
+		err = fmt.Errorf("regionagent: the allocator answered %d of %d lease requests", len(resp.Results), len(reqs))
+	}
+	if err != nil {
+		a.notes.callFailed(a.log, "lease requests", len(reqs), err)
+		a.withCore(func(c *core.Core) { c.AcquireFailed(recv, reqs, ctx.Err() != nil) })
+		return
+	}
+	gs := make([]core.Grant, len(reqs))
+	for i, r := range resp.Results {
+		gs[i] = grantOf(r)
+	}
+	a.withCore(func(c *core.Core) { c.Acquired(sent, recv, reqs, gs) })
+}
+
+func grantOf(r *pb.LeaseResult) core.Grant {
+	if r.Code != pb.ItemCode_ITEM_CODE_OK {
+		return core.Grant{Message: r.Code.String() + ": " + r.Message}
+	}
+	ls := r.Lease
+	if ls == nil {
+		return core.Grant{OK: true}
+	}
+	return core.Grant{OK: true, LeaseID: ls.LeaseId, Tokens: ls.Tokens, Window: ls.WindowIndex, WindowLen: dur(ls.Window),
+		StartsIn: dur(ls.StartsIn), ExpiresIn: dur(ls.ExpiresIn), WindowLeft: dur(ls.WindowLeft), PoolLeft: ls.PoolLeft,
+		Replayed: r.Replayed}
+}
+
+func dur(d *durationpb.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+	return d.AsDuration()
+}
+
+func (a *Agent) sendReturns(ctx context.Context, rets []core.Return) {
+	in := make([]*pb.LeaseReturn, len(rets))
+	var tokens int64
+	for i, r := range rets {
+		in[i] = &pb.LeaseReturn{LimitId: r.Limit, LeaseId: r.LeaseID, Unspent: r.Unspent}
+		tokens += r.Unspent
+	}
+	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
+		_, err := cl.ReturnLeases(ctx, &pb.ReturnLeasesRequest{Region: a.cfg.Region, Returns: in}, opts...)
+		return err
+	})
+	now := a.opt.now()
+	if err != nil {
+		a.notes.callFailed(a.log, "lease returns (sent again when the allocator answers)", len(rets), err)
+	} else {
+		a.m.returned.Add(float64(tokens))
+	}
+	a.withCore(func(c *core.Core) { c.ReturnsDone(now, rets, err) })
+}
+
+// runCtx is the context of the agent's run (background calls end with it).
+func (a *Agent) runCtx() context.Context {
+	if p := a.running.Load(); p != nil {
+		return *p
+	}
+	return context.Background()
+}
+
+// noteLog logs the core's notes and failed calls, at most one line per
+// kind per call of log (a window boundary in a partition makes thousands
+// of limits fail at once: one line says so, with a count and an example).
+type noteLog struct {
+	mu       sync.Mutex // protects lastFail
+	lastFail map[string]time.Time
+}
+
+func (n *noteLog) log(l *slog.Logger, notes []core.Note) {
+	if len(notes) == 0 {
+		return
+	}
+	type agg struct {
+		count int
+		first core.Note
+	}
+	byKind := map[core.NoteKind]*agg{}
+	var order []core.NoteKind
+	for _, x := range notes {
+		g := byKind[x.Kind]
+		if g == nil {
+			g = &agg{first: x}
+			byKind[x.Kind] = g
+			order = append(order, x.Kind)
+		}
+		g.count++
+	}
+	for _, k := range order {
+		g := byKind[k]
+		attrs := []any{"limits", g.count, "limit", capString(g.first.Limit, maxLogValue)}
+		if g.first.Lease != "" {
+			attrs = append(attrs, "lease", capString(g.first.Lease, maxLogValue))
+		}
+		if g.first.Text != "" {
+			attrs = append(attrs, "detail", capString(g.first.Text, maxLogValue))
+		}
+		switch k {
+		case core.NoteRefused:
+			l.Warn("lease request refused", attrs...)
+		case core.NoteFallback:
+			l.Warn("lease request failed; the limit's fallback applies until the allocator answers", attrs...)
+		case core.NoteStranded:
+			l.Warn("deposit unanswered; the lease stays stranded", attrs...)
+		case core.NoteReturning:
+			l.Warn("deposit failed; returning the lease", attrs...)
+		case core.NoteDrained:
+			l.Info("returning in-process leases", attrs...)
+		case core.NoteReturnLost:
+			l.Warn("unacknowledged lease returns dropped over the cap; their tokens stay stranded", attrs...)
+		}
+	}
+}
+
+// callFailed logs a failed allocator call, at most once a second per kind.
+func (n *noteLog) callFailed(l *slog.Logger, what string, items int, err error) {
+	n.mu.Lock()
+	if n.lastFail == nil {
+		n.lastFail = map[string]time.Time{}
+	}
+	now := time.Now()
+	quiet := now.Sub(n.lastFail[what]) < time.Second
+	if !quiet {
+		n.lastFail[what] = now
+	}
+	n.mu.Unlock()
+	if !quiet {
+		l.Warn("allocator call failed: "+what, "items", items, "err", capString(err.Error(), maxLogValue))
+	}
+}
+
+// maxLogValue caps every string the agent logs from its input or from
+// other services (ids, messages, errors).
+const maxLogValue = 512
+
+func capString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "...(" + strconv.Itoa(len(s)-n) + " more bytes)"
+}
