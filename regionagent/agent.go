@@ -217,6 +217,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	a.calls.acquires.send = a.sendAcquires
 	a.calls.returns.send = a.sendReturns
 	a.calls.reports.send = a.sendReports
+	a.calls.closes.send = a.closeAll
 	a.failover = newFailoverWatcher(a) // failover.go
 	a.m.registerCore(cfg.Registerer, a)
 	return a, nil

@@ -18,6 +18,8 @@ var (
 	errNotSynced = errors.New("regionagent: not synced")
 	// errEpochChanged: Redis's buckets changed incarnation during a read.
 	errEpochChanged = errors.New("regionagent: bucket epoch changed during the read")
+	// errNoEpoch: a limit's buckets have no epoch yet.
+	errNoEpoch = errors.New("regionagent: no bucket epoch yet")
 )
 
 // FieldError is bad input in one field. It matches ErrInvalid.

@@ -177,79 +177,57 @@ func (a *Agent) allocatorHealth(up bool) {
 // name (every replica reports alike; the allocator's max-merge keeps them
 // once), the in-process store's under this replica's.
 func (a *Agent) sendReports(ctx context.Context, reads []core.ReportRead) {
+	byStore := [2][]core.ReportRead{}
+	for _, r := range reads {
+		byStore[r.Store] = append(byStore[r.Store], r)
+	}
 	byReporter := map[string][]*pb.Usage{}
 	readsOf := map[string][]core.ReportRead{}
-	for _, r := range reads {
-		rep, usage, err := a.usage(ctx, r)
-		if err != nil {
-			now := a.opt.now()
-			a.withCore(func(c *core.Core) { c.ReportDone(now, r, false) })
+	var failed []core.ReportRead
+	for s, rs := range byStore {
+		if len(rs) == 0 {
 			continue
 		}
-		byReporter[rep] = append(byReporter[rep], usage...)
-		readsOf[rep] = append(readsOf[rep], r)
+		outs := a.store(core.Store(s)).usage(ctx, rs)
+		for i, o := range outs {
+			if o.err != nil {
+				failed = append(failed, rs[i])
+				continue
+			}
+			byReporter[o.reporter] = append(byReporter[o.reporter], o.usage...)
+			readsOf[o.reporter] = append(readsOf[o.reporter], rs[i])
+		}
 	}
 	for rep, usage := range byReporter {
 		var err error
-		if len(usage) > 0 {
+		for off := 0; off < len(usage) && err == nil; off += maxPerCall {
+			part := usage[off:min(len(usage), off+maxPerCall)]
 			err = a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
-				_, err := cl.ReportUsage(ctx, &pb.ReportUsageRequest{Region: a.cfg.Region, Reporter: rep, Usage: usage}, opts...)
+				_, err := cl.ReportUsage(ctx, &pb.ReportUsageRequest{Region: a.cfg.Region, Reporter: rep, Usage: part}, opts...)
 				return err
 			})
 		}
 		if err != nil {
 			a.m.reports.WithLabelValues("failed").Inc()
+			failed = append(failed, readsOf[rep]...)
 		} else if len(usage) > 0 {
 			a.m.reports.WithLabelValues("ok").Inc()
 		}
+	}
+	if len(failed) > 0 {
 		now := a.opt.now()
 		a.withCore(func(c *core.Core) {
-			for _, r := range readsOf[rep] {
-				c.ReportDone(now, r, err == nil)
+			for _, r := range failed {
+				c.ReportDone(now, r, false)
 			}
 		})
 	}
 }
 
-// usage reads one limit's windows in a store and names their reporter.
-// Redis restarted empty starts its counters again from zero; the
-// allocator merges a reporter's cumulative counts with max, so the new
-// counts are reported under the new epoch's name and add to the old ones
-// instead of hiding below them. The epoch is read before and after the
-// counts: if it changed in between (a restart), the read fails and is
-// asked for again.
-func (a *Agent) usage(ctx context.Context, r core.ReportRead) (string, []*pb.Usage, error) {
-	s := a.store(r.Store)
-	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	defer cancel()
-	before, err := s.reporter(rctx, r.Limit)
-	if err != nil {
-		return "", nil, err
-	}
-	var usage []*pb.Usage
-	for _, w := range r.Windows {
-		bal, _, err := s.read(rctx, store.Key{Limit: r.Limit, Window: w})
-		if err != nil {
-			return "", nil, err
-		}
-		if u := usageOf(r.Limit, w, bal); u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
-			usage = append(usage, u)
-		}
-	}
-	after, err := s.reporter(rctx, r.Limit)
-	if err != nil {
-		return "", nil, err
-	}
-	if after != before {
-		return "", nil, errEpochChanged
-	}
-	return before, usage, nil
-}
-
-// usageOf turns a bucket's counters into a usage record.
-func usageOf(limit string, window int64, bal store.BalanceResult) *pb.Usage {
-	u := &pb.Usage{LimitId: limit, WindowIndex: window, Admitted: bal.Admitted, Denied: bal.Denied}
-	for _, c := range bal.Counters {
+// usageOf turns a window's counters into a usage record.
+func usageOf(limit string, window, admitted, denied int64, counters []store.Counter) *pb.Usage {
+	u := &pb.Usage{LimitId: limit, WindowIndex: window, Admitted: admitted, Denied: denied}
+	for _, c := range counters {
 		switch c.Name {
 		case store.CounterFallback:
 			u.FallbackAdmitted = c.Value

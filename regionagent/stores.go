@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"leasehold/internal/vocab"
+	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
 	"leasehold/regionagent/core"
 	"leasehold/regionagent/store"
@@ -29,8 +30,16 @@ type leaseStore interface {
 	// tryLock takes a limit's renewal lock (the in-process store has none
 	// to take: only this replica spends it).
 	tryLock(ctx context.Context, limit string, ttl time.Duration) (bool, error)
-	// reporter names the store's counts of limit at the allocator.
-	reporter(ctx context.Context, limit string) (string, error)
+	// usage reads the counts the reads ask for, and names their reporter
+	// at the allocator; out[i] answers reads[i].
+	usage(ctx context.Context, reads []core.ReportRead) []usageOut
+}
+
+// usageOut is what one report read found.
+type usageOut struct {
+	reporter string
+	usage    []*pb.Usage // windows with anything counted
+	err      error
 }
 
 func addAll(ctx context.Context, s leaseStore, ops []core.CounterOp) ([]int64, error) {
@@ -185,22 +194,77 @@ func (s *redisStore) unlock(ctx context.Context, limit string) {
 	_ = s.b.Unlock(ctx, bucket.LockKey(limit), s.a.cfg.ReplicaID)
 }
 
-// reporter names the bucket's counts of one Redis incarnation (see
-// bucket.Epoch): every replica reports the same counts under the same
-// name (the allocator keeps the highest), and counts that restart from
-// zero after Redis lost its data are a new reporter, added to the old.
-func (s *redisStore) reporter(ctx context.Context, limit string) (string, error) {
-	e, err := s.b.Epoch(ctx, limit)
+// usage reads each limit's windows and epoch in one call. The reporter
+// names the bucket's counts of one Redis incarnation (see bucket.Epoch):
+// every replica reports the same counts under the same name (the
+// allocator keeps the highest), and counts that restart from zero after
+// Redis lost its data are a new reporter, added to the old. Limits without
+// an epoch yet (first reported) get one, with one read of the server's
+// run_id for all of them, and are read again.
+func (s *redisStore) usage(ctx context.Context, reads []core.ReportRead) []usageOut {
+	out := make([]usageOut, len(reads))
+	var missing []int
+	read := func(i int) {
+		r := reads[i]
+		var counts []bucket.WindowCounts
+		for off := 0; off < len(r.Windows); off += maxUsageWindows {
+			rctx, cancel := context.WithTimeout(ctx, s.a.opt.redisTimeout)
+			epoch, c, err := s.b.Usage(rctx, r.Limit, r.Windows[off:min(len(r.Windows), off+maxUsageWindows)])
+			cancel()
+			s.a.observeRedis(err)
+			switch {
+			case err != nil:
+				out[i].err = err
+				return
+			case epoch == "":
+				out[i].err = errNoEpoch
+				return
+			case out[i].reporter != "" && out[i].reporter != bucketReporter(epoch):
+				out[i].err = errEpochChanged
+				return
+			}
+			out[i].reporter = bucketReporter(epoch)
+			counts = append(counts, c...)
+		}
+		if err := vocab.ValidateRequestID("reporter", out[i].reporter); err != nil {
+			out[i].err = err
+			return
+		}
+		out[i].usage = nil
+		for _, c := range counts {
+			if u := usageOf(r.Limit, c.Window, c.Admitted, c.Denied, c.Counters); u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
+				out[i].usage = append(out[i].usage, u)
+			}
+		}
+	}
+	for i := range reads {
+		read(i)
+		if errors.Is(out[i].err, errNoEpoch) {
+			missing = append(missing, i)
+		}
+	}
+	if len(missing) == 0 {
+		return out
+	}
+	ids := make([]string, len(missing))
+	for k, i := range missing {
+		ids[k] = reads[i].Limit
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.a.opt.redisTimeout)
+	err := s.b.SetEpochs(rctx, ids)
+	cancel()
 	s.a.observeRedis(err)
-	if err != nil {
-		return "", err
+	for _, i := range missing {
+		out[i] = usageOut{err: err}
+		if err == nil {
+			read(i)
+		}
 	}
-	rep := bucketReporter(e)
-	if err := vocab.ValidateRequestID("reporter", rep); err != nil {
-		return "", err
-	}
-	return rep, nil
+	return out
 }
+
+// maxUsageWindows bounds the windows of one usage read.
+const maxUsageWindows = 64
 
 func bucketReporter(epoch string) string { return "bucket-" + epoch }
 
@@ -308,7 +372,24 @@ func (s *memStore) addAll(ctx context.Context, ops []core.CounterOp) ([]int64, e
 
 func (s *memStore) tryLock(context.Context, string, time.Duration) (bool, error) { return true, nil }
 
-func (s *memStore) reporter(context.Context, string) (string, error) { return s.rep, nil }
+// usage reads this replica's in-process counts, reported under its own
+// name.
+func (s *memStore) usage(_ context.Context, reads []core.ReportRead) []usageOut {
+	nowMs := s.ms(s.clockNow())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]usageOut, len(reads))
+	for i, r := range reads {
+		out[i].reporter = s.rep
+		for _, w := range r.Windows {
+			b := s.mem.Balance(store.Key{Limit: r.Limit, Window: w}, nowMs)
+			if u := usageOf(r.Limit, w, b.Admitted, b.Denied, b.Counters); u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
+				out[i].usage = append(out[i].usage, u)
+			}
+		}
+	}
+	return out
+}
 
 // sweep forgets the buckets expired at now.
 func (s *memStore) sweep(now time.Time) {

@@ -115,15 +115,18 @@ func (a *Agent) execute(ctx context.Context, rd core.Ready) {
 	if len(rd.Reports) > 0 {
 		a.calls.reports.add(a, rd.Reports)
 	}
+	if len(rd.Closes) > 0 {
+		// Closes are background work (a window boundary closes every
+		// lease of thousands of limits at once): they must not hold up the
+		// rounds and deposits that Checks wait for.
+		a.calls.closes.add(a, rd.Closes)
+	}
 	var jobs []func()
 	for _, r := range rd.Rounds {
 		jobs = append(jobs, func() { a.round(ctx, r) })
 	}
 	for _, d := range rd.Deposits {
 		jobs = append(jobs, func() { a.deposit(ctx, d) })
-	}
-	for _, cl := range rd.Closes {
-		jobs = append(jobs, func() { a.close(ctx, cl) })
 	}
 	for _, op := range rd.Counters {
 		jobs = append(jobs, func() {
@@ -201,6 +204,15 @@ func (a *Agent) deposit(ctx context.Context, d core.Deposit) {
 	a.withCore(func(c *core.Core) { c.Deposited(now, d, res, err, unanswered) })
 }
 
+// closeAll closes leases, storeWorkers limits at a time.
+func (a *Agent) closeAll(ctx context.Context, cls []core.Close) {
+	jobs := make([]func(), len(cls))
+	for i, cl := range cls {
+		jobs[i] = func() { a.close(ctx, cl) }
+	}
+	runAll(jobs, storeWorkers)
+}
+
 func (a *Agent) close(ctx context.Context, cl core.Close) {
 	s := a.store(cl.Store)
 	res := make([]store.CloseResult, len(cl.IDs))
@@ -257,6 +269,7 @@ type callQueues struct {
 	acquires batcher[core.Acquire]
 	returns  batcher[core.Return]
 	reports  batcher[core.ReportRead]
+	closes   batcher[core.Close] // store work, off the urgent path
 }
 
 // maxPerCall bounds the items of one allocator call (the allocator takes

@@ -72,3 +72,58 @@ func (b *Buckets) runID(ctx context.Context) string {
 	_, _ = rand.Read(r)
 	return hex.EncodeToString(r)
 }
+
+// WindowCounts are one window's cost counters.
+type WindowCounts struct {
+	Window           int64
+	Admitted, Denied int64
+	Counters         []Counter // the others, sorted by name
+}
+
+// maxUsageWindows bounds the windows of one Usage call.
+const maxUsageWindows = 64
+
+// Usage reads a limit's epoch and the counters of windows, in one atomic
+// script call, for a usage report: the counts and the name of the
+// incarnation they belong to cannot come from two different ones. The
+// epoch is "" when the key is missing (a limit never reported, or Redis
+// lost its data): set it with SetEpochs and read again.
+func (b *Buckets) Usage(ctx context.Context, limitID string, windows []int64) (string, []WindowCounts, error) {
+	switch {
+	case limitID == "":
+		return "", nil, invalid("empty limit id")
+	case len(windows) == 0 || len(windows) > maxUsageWindows:
+		return "", nil, invalid("%d windows, want 1..%d", len(windows), maxUsageWindows)
+	}
+	keys := make([]string, 0, 1+len(windows))
+	keys = append(keys, EpochKey(limitID))
+	for _, w := range windows {
+		keys = append(keys, Key(limitID, w))
+	}
+	v, err := b.eval(ctx, usageScript, keys)
+	if err != nil {
+		return "", nil, err
+	}
+	return parseUsage(v, windows)
+}
+
+// SetEpochs sets the epoch keys of limits that have none (as Epoch does)
+// with one read of the server's run_id for them all: when many limits are
+// reported for the first time at once, one INFO serves every one.
+func (b *Buckets) SetEpochs(ctx context.Context, limitIDs []string) error {
+	if len(limitIDs) == 0 {
+		return nil
+	}
+	candidate := b.runID(ctx)
+	pipe := b.rdb.Pipeline()
+	for _, id := range limitIDs {
+		if id == "" {
+			return invalid("empty limit id")
+		}
+		pipe.SetNX(ctx, EpochKey(id), candidate, 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return wrapRedis("epoch", err)
+	}
+	return nil
+}

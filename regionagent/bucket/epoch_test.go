@@ -1,6 +1,9 @@
 package bucket
 
-import "testing"
+import (
+	"reflect"
+	"testing"
+)
 
 // TestEpoch: the epoch of a limit's buckets stays while Redis keeps its
 // data (every caller, every limit of the server gets the same one), and is
@@ -42,6 +45,53 @@ func TestEpochMiniredis(t *testing.T) {
 			}
 			if e2, err := b.Epoch(ctx, "tenant/m"); err != nil || e2 != e1 {
 				t.Fatalf("epoch changed without a restart: %q -> %q (%v)", e1, e2, err)
+			}
+		})
+	}
+}
+
+// TestUsage: one call reads a limit's epoch and its windows' counters;
+// without an epoch key it says so, and SetEpochs sets the keys of many
+// limits at once, to the value Epoch would choose.
+func TestUsage(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			k := Key("tenant/u", 5)
+			if _, err := b.Deposit(ctx, Deposit{Key: k, LeaseID: "L1", Tokens: 10, DeadlineMs: T0 + 1000, ExpireAtMs: farExpiry(), NowMs: T0}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Spend(ctx, []string{k}, []int64{4}, T0); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Spend(ctx, []string{k}, []int64{7}, T0); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.AddCounter(ctx, k, "fallback_admitted", 2); err != nil {
+				t.Fatal(err)
+			}
+			epoch, counts, err := b.Usage(ctx, "tenant/u", []int64{5, 6})
+			if err != nil || epoch != "" {
+				t.Fatalf("before any epoch: %q, %v", epoch, err)
+			}
+			want := []WindowCounts{{Window: 5, Admitted: 4, Denied: 7, Counters: []Counter{{Name: "fallback_admitted", Value: 2}}}, {Window: 6}}
+			if !reflect.DeepEqual(counts, want) {
+				t.Fatalf("counts %+v, want %+v", counts, want)
+			}
+			if err := b.SetEpochs(ctx, []string{"tenant/u", "tenant/v"}); err != nil {
+				t.Fatal(err)
+			}
+			e, err := b.Epoch(ctx, "tenant/v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			epoch, _, err = b.Usage(ctx, "tenant/u", []int64{5})
+			if err != nil || epoch == "" || epoch != e {
+				t.Fatalf("after SetEpochs: %q, %v; want %q for every limit", epoch, err, e)
+			}
+			if _, _, err := b.Usage(ctx, "tenant/u", nil); err == nil {
+				t.Fatal("no windows accepted")
 			}
 		})
 	}

@@ -262,3 +262,51 @@ func parseBalance(v any) (BalanceResult, error) {
 	}
 	return r, nil
 }
+
+// parseUsage parses {epoch, (admitted, denied, n, name, value, ...) per window}.
+func parseUsage(v any, windows []int64) (string, []WindowCounts, error) {
+	a, err := replyArray(v, -1)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(a) < 1 {
+		return "", nil, fmt.Errorf("%w: empty usage reply", ErrBadReply)
+	}
+	epoch, err := asString(a[0])
+	if err != nil {
+		return "", nil, err
+	}
+	out := make([]WindowCounts, len(windows))
+	p := 1
+	for i, w := range windows {
+		if len(a)-p < 3 {
+			return "", nil, fmt.Errorf("%w: usage reply too short", ErrBadReply)
+		}
+		c := WindowCounts{Window: w}
+		var n int64
+		if err := ints(a[p:p+3], &c.Admitted, &c.Denied, &n); err != nil {
+			return "", nil, err
+		}
+		p += 3
+		if n < 0 || int64(len(a)-p) < 2*n {
+			return "", nil, fmt.Errorf("%w: usage reply: %d counters", ErrBadReply, n)
+		}
+		for range n {
+			name, err := asString(a[p])
+			if err != nil {
+				return "", nil, err
+			}
+			val, err := asInt(a[p+1])
+			if err != nil {
+				return "", nil, err
+			}
+			c.Counters = append(c.Counters, Counter{Name: name, Value: val})
+			p += 2
+		}
+		out[i] = c
+	}
+	if p != len(a) {
+		return "", nil, fmt.Errorf("%w: usage reply: %d trailing elements", ErrBadReply, len(a)-p)
+	}
+	return epoch, out, nil
+}

@@ -45,7 +45,8 @@ var (
 	extendScript  = newScript("extend.lua", false)
 	reserveScript = newScript("reserve.lua", true)
 	releaseScript = newScript("release.lua", true)
+	usageScript   = newScript("usage.lua", true)
 
 	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript,
-		reserveScript, releaseScript}
+		reserveScript, releaseScript, usageScript}
 )

@@ -129,7 +129,7 @@ func (c *Core) Begin(now time.Time, items []Item, deadline time.Time) *Check {
 		}
 		st := c.state(l)
 		wasActive := c.active(st, now)
-		st.lastCheck = now
+		st.prevCheck, st.lastCheck = st.lastCheck, now
 		if !wasActive {
 			c.schedule(st, now)
 		}
@@ -175,7 +175,11 @@ func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error
 		return
 	}
 	for i, kr := range res.Keys {
-		c.observe(now, chk.sts[i], chk.Store, chk.Keys[i], kr)
+		st := chk.sts[i]
+		c.observe(now, st, chk.Store, chk.Keys[i], kr)
+		if !st.timedBusy && c.busy(st, now) {
+			c.schedule(st, now) // its renewals before expiry and before the window's end
+		}
 	}
 	defer func() {
 		if chk.Step == StepDone && len(chk.Answers) == len(res.Keys) && chk.Result != ResultFallback &&

@@ -155,6 +155,7 @@ type limitState struct {
 	demand      *Demand // the region's, from the shared store's counters
 	localDemand *Demand // this replica's own, while Redis is down
 	lastCheck   time.Time
+	prevCheck   time.Time // the Check before the last
 
 	round       *round
 	lockedUntil time.Time // another replica holds the renewal lock: do not try before
@@ -177,6 +178,9 @@ type limitState struct {
 
 	wakeAt  time.Time // when the limit's timer is due (zero: none)
 	wakeGen uint64
+	// timedBusy: the timer was set while the limit was busy (with its
+	// renewals); a limit that becomes busy is scheduled again.
+	timedBusy bool
 }
 
 // holding is a lease this replica deposited.
@@ -299,7 +303,7 @@ func (c *Core) SetRedisHealth(now time.Time, up bool) {
 		st.lockedUntil = time.Time{}
 		st.localNext = -1
 		c.drainLocal(now, st)
-		if c.active(st, now) {
+		if c.busy(st, now) {
 			c.kick(st, now)
 		}
 		c.changed[id] = true
@@ -324,7 +328,7 @@ func (c *Core) SetAllocatorHealth(now time.Time, up bool) {
 			continue
 		}
 		st.failing = false
-		if st.pending != nil || st.pendingNext != nil || st.fallbackOn || c.active(st, now) {
+		if st.pending != nil || st.pendingNext != nil || st.fallbackOn || c.busy(st, now) {
 			c.kick(st, now)
 		}
 		c.queueUnreturned(st)
@@ -341,10 +345,25 @@ func (c *Core) store() Store {
 	return Shared
 }
 
-// active reports whether a limit had a Check recently: its leases are then
-// renewed before they expire and its next window's lease fetched ahead.
+// active reports whether a limit had a Check recently.
 func (c *Core) active(st *limitState, now time.Time) bool {
 	return !st.lastCheck.IsZero() && now.Sub(st.lastCheck) < c.opt.activeFor
+}
+
+// busy reports whether a limit has traffic worth keeping leases for: two
+// Checks recently and a measured demand of at least a token per lead time.
+// Its leases are then renewed before they expire and its next window's
+// lease fetched ahead; a limit used once is not (its next Check waits for
+// a lease instead: one round trip).
+func (c *Core) busy(st *limitState, now time.Time) bool {
+	if !c.active(st, now) || st.prevCheck.IsZero() || now.Sub(st.prevCheck) >= c.opt.activeFor {
+		return false // one Check is no traffic (its retries inside a wait count as demand, not as Checks)
+	}
+	d := st.demand
+	if c.redisDown {
+		d = st.localDemand
+	}
+	return d.Measured(now)*c.opt.lead.Seconds() >= 1
 }
 
 func (c *Core) sortedStates() []string {
@@ -513,6 +532,7 @@ func (c *Core) Tick(now time.Time) {
 
 // schedule sets a limit's timer to the earliest instant it has work at.
 func (c *Core) schedule(st *limitState, now time.Time) {
+	st.timedBusy = c.busy(st, now)
 	at := c.nextDue(st, now)
 	if at.Equal(st.wakeAt) {
 		return
@@ -545,14 +565,14 @@ func (c *Core) nextDue(st *limitState, now time.Time) time.Time {
 		}
 		earlier(t)
 	}
-	active := c.active(st, now)
+	busy := c.busy(st, now)
 	for _, h := range st.holdings {
 		earlier(h.deadline)
-		if active && !h.renewed {
+		if busy && !h.renewed {
 			renewal(h.deadline.Add(-c.opt.lead))
 		}
 	}
-	if active {
+	if busy {
 		if l, ok := c.limits[st.id]; ok {
 			if w := c.WindowOf(now, l); st.prefetched < w.Index && !c.nextHeld(st, now, l) {
 				renewal(c.WindowEnd(w).Add(-c.opt.lead - c.opt.every))
@@ -589,13 +609,13 @@ func (c *Core) due(st *limitState, now time.Time) {
 	var closing []holding
 	kept := st.holdings[:0]
 	renew := false
-	active := c.active(st, now)
+	busy := c.busy(st, now)
 	for _, h := range st.holdings {
 		switch {
 		case !now.Before(h.deadline):
 			closing = append(closing, h)
 			continue
-		case active && !h.renewed && st.round == nil && !now.Before(h.deadline.Add(-c.opt.lead)) &&
+		case busy && !h.renewed && st.round == nil && !now.Before(h.deadline.Add(-c.opt.lead)) &&
 			!now.Before(st.lockedUntil):
 			h.renewed = true
 			renew = true
@@ -604,7 +624,7 @@ func (c *Core) due(st *limitState, now time.Time) {
 	}
 	st.holdings = kept
 	c.closeHoldings(st, closing)
-	if active && st.round == nil && !now.Before(st.lockedUntil) {
+	if busy && st.round == nil && !now.Before(st.lockedUntil) {
 		if l, ok := c.limits[st.id]; ok && !c.nextHeld(st, now, l) {
 			w := c.WindowOf(now, l)
 			if st.prefetched < w.Index && !now.Before(c.WindowEnd(w).Add(-c.opt.lead-c.opt.every)) {
@@ -616,7 +636,7 @@ func (c *Core) due(st *limitState, now time.Time) {
 	if renew {
 		c.kick(st, now)
 	}
-	if !active && c.forgettable(st) && now.Sub(st.lastCheck) >= c.opt.idleAfter {
+	if !c.active(st, now) && c.forgettable(st) && now.Sub(st.lastCheck) >= c.opt.idleAfter {
 		delete(c.states, st.id)
 		return
 	}

@@ -60,10 +60,6 @@ func (d *Demand) Observe(now time.Time, window, count int64) {
 	d.window, d.count = window, count
 }
 
-// Measured reports whether any demand was observed (the rate is more than
-// the prior).
-func (d *Demand) Measured() bool { return d.n > 1 || d.n == 1 && d.samples[0].total > 0 }
-
 func (d *Demand) add(now time.Time, total int64) {
 	if d.n > 0 {
 		last := &d.samples[(d.n-1)%len(d.samples)]
@@ -77,7 +73,13 @@ func (d *Demand) add(now time.Time, total int64) {
 }
 
 // Rate returns the demand in tokens per second at now.
-func (d *Demand) Rate(now time.Time) float64 {
+func (d *Demand) Rate(now time.Time) float64 { return d.rate(now, d.prior) }
+
+// Measured returns the demand measured at now, without the prior: 0 until
+// something is observed.
+func (d *Demand) Measured(now time.Time) float64 { return d.rate(now, 0) }
+
+func (d *Demand) rate(now time.Time, prior float64) float64 {
 	r := d.ewma.Rate(now)
 	if d.n > 0 {
 		newest := d.samples[(d.n-1)%len(d.samples)]
@@ -92,5 +94,5 @@ func (d *Demand) Rate(now time.Time) float64 {
 			}
 		}
 	}
-	return max(r, d.prior)
+	return max(r, prior)
 }

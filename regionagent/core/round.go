@@ -217,7 +217,7 @@ func (c *Core) RoundRead(now time.Time, r Round, res RoundResult) {
 	if p.Acquire {
 		c.acquire(st, rd, false, rate, p.Held, p.Want)
 	}
-	if p.AcquireNext && (c.active(st, now) || st.pendingNext != nil) {
+	if p.AcquireNext && (c.busy(st, now) || st.pendingNext != nil) {
 		c.acquire(st, rd, true, rate, 0, 0)
 	}
 	if ids := p.Closing(); len(ids) > 0 {
