@@ -6,7 +6,7 @@ import (
 )
 
 // RegionDemand is one region's latest demand report, as carried by its
-// renewal requests.
+// renewal requests, and what it was granted in the window being sized.
 type RegionDemand struct {
 	// Region names the region ("eu", "us", ...).
 	Region string
@@ -19,6 +19,11 @@ type RegionDemand struct {
 	// Held is the tokens the region still holds unspent. A negative value
 	// counts as 0.
 	Held int64
+	// Granted is what the region was granted in the window being sized,
+	// net of the tokens it returned while the window was open. It is read
+	// only for fair shares (SizeRequest.G > 0). A negative value counts
+	// as 0.
+	Granted int64
 }
 
 // SizeRequest is everything [Size] needs to size one grant.
@@ -38,9 +43,9 @@ type SizeRequest struct {
 	Want int64
 	// Demands holds every region's latest report, the requester's
 	// included. The requester may be missing; its need is then Want, or
-	// MinChunk. Regions should appear once: if the requester appears more
-	// than once only its first entry counts, and other duplicates each
-	// count.
+	// MinChunk, and it has no fair share. Regions should appear once: if
+	// the requester appears more than once only its first entry counts,
+	// and other duplicates each count (each as a region of its own).
 	Demands []RegionDemand
 	// MinChunk is the floor of one grant, so that a region whose demand
 	// estimate decayed to nothing can still get tokens and restart
@@ -49,6 +54,25 @@ type SizeRequest struct {
 	// MaxChunk caps one grant (0 = no cap), so that one region cannot
 	// drain the pool in one lease. A negative value counts as 0.
 	MaxChunk int64
+	// G is the window's whole budget (the limit's G), from which the fair
+	// shares of rule 5 are computed. G <= 0 (unknown) turns fair shares
+	// off: the grant is then sized from the pool alone, as if every
+	// region's claim were 0.
+	G int64
+}
+
+// Allotment is a sizing decision with what it was made from.
+type Allotment struct {
+	// Tokens is the grant: what [Size] returns.
+	Tokens int64
+	// Available is the most the requester could have been granted: the
+	// pool minus the other regions' claims (rule 6), never below 0.
+	Available int64
+	// ShareSpent reports that nothing could be granted because the other
+	// regions' claims take the whole pool, which is not empty (rule 10):
+	// the requester has used its share of the window. It is distinct from
+	// an empty pool, and from a requester that needs nothing.
+	ShareSpent bool
 }
 
 // Size returns how many tokens the requester is granted. The rules are:
@@ -68,26 +92,66 @@ type SizeRequest struct {
 //     MaxChunk. Every other region's need is its derived need (no floor:
 //     a quiet region that is not asking should not hold tokens back),
 //     capped at MaxChunk.
-//  5. total = requester's need + every other region's need.
-//  6. If total <= Pool, everyone can be served and the grant is the
-//     requester's need: each region gets what it asks.
-//  7. Otherwise the pool is shared in proportion to need: the grant is
-//     floor(Pool * need / total), exactly (128-bit arithmetic, no
-//     overflow or rounding at any size), but at least min(MinChunk, Pool).
-//     Proportional shares rather than first come, first served, because
-//     renewals arrive in whatever order the WAN delivers them; the floor
-//     keeps a region that went quiet able to restart.
-//  8. The grant is always within [0, Pool] and, when MaxChunk is set, at
-//     most MaxChunk (the cap wins over a larger MinChunk).
+//  5. Fair shares, only when G > 0 (otherwise every claim is 0 and rules
+//     6-9 are the plain pool sharing they always were). Every region in
+//     Demands, the requester included, has a weight: its Rate in
+//     millionths of a token per second, rounded up as in rule 3. Its fair
+//     share of the window is f = floor(G * weight / sum of weights)
+//     (exact, 128-bit; the shares add up to at most G, and with no weight
+//     anywhere every share is 0). Its entitlement left is
+//     e = max(0, f - Granted), and its claim is c = min(e, ceil(Rate*Left))
+//     (rounded as in rule 3): what it is still owed of its share, but no
+//     more than it can spend in the rest of the window.
+//  6. The requester may take only what the others do not claim:
+//     available = max(0, Pool - sum of the other regions' claims). Its own
+//     protected part is p = min(need, its claim, available): the part of
+//     its need its own share still covers.
+//  7. The rest of the requester's need, need - p, competes for what is
+//     free, free = available - p, with each other region's need beyond its
+//     claim, max(0, need - c): total = (need - p) + the sum of those.
+//  8. If total <= free, everyone can be served and the grant is the
+//     requester's need: each region gets what it asks, and a requester may
+//     go past its fair share when the others' claims are covered (tokens
+//     nobody claims stay usable).
+//  9. Otherwise what is free is shared in proportion to need: the grant is
+//     p + floor(free * (need - p) / total), exactly (128-bit arithmetic, no
+//     overflow or rounding at any size), but at least
+//     min(MinChunk, available). Proportional shares rather than first
+//     come, first served, because renewals arrive in whatever order the
+//     WAN delivers them; the floor keeps a region that went quiet able to
+//     restart. The protected part p is not shared: a quiet region's share
+//     must not be split again with a busy region's demand beyond its own.
+//  10. The grant is always within [0, available] (so within [0, Pool], and
+//     never out of another region's claim) and, when MaxChunk is set, at
+//     most MaxChunk (the cap wins over a larger MinChunk). When available
+//     is 0 while Pool > 0 and Left > 0, nothing can be granted because the
+//     requester's share is spent: [Allot] reports it as ShareSpent.
 //
-// If every region asked at the same instant with MinChunk == 0, the shares
-// in rule 7 would add up to at most Pool; in practice grants are sequential
-// and each one shrinks the pool the next is sized from.
+// Without fair shares (G <= 0), available = free = Pool and p = 0: rules
+// 6-9 reduce to "everyone fits: the need; otherwise floor(Pool * need /
+// total), at least min(MinChunk, Pool)". If every region asked at the same
+// instant with MinChunk == 0 and G <= 0, the shares in rule 9 would add up
+// to at most Pool; in practice grants are sequential and each one shrinks
+// the pool the next is sized from.
+//
+// Fair shares are what make the split hold over a whole window. Without
+// them each grant shares only what is left, so a region that asks again
+// and again takes most of what is left each time and drains the pool
+// early; with them, the tokens a region with fresh demand is owed of the
+// window stay reserved for it until it asks, until the rest of the window
+// is too short for it to spend them, or until the caller stops listing it
+// (its report went stale).
 //
 // Size never panics and does not allocate; it is safe for concurrent use.
-func Size(r SizeRequest) int64 {
+func Size(r SizeRequest) int64 { return Allot(r).Tokens }
+
+// Allot sizes one grant by the rules of [Size], and says how much was
+// available and whether the requester's share is spent.
+//
+// Allot never panics and does not allocate; it is safe for concurrent use.
+func Allot(r SizeRequest) Allotment {
 	if r.Pool <= 0 || r.Left <= 0 {
-		return 0
+		return Allotment{}
 	}
 	h := r.Left
 	if r.Horizon > 0 && r.Horizon < h {
@@ -99,39 +163,86 @@ func Size(r SizeRequest) int64 {
 	}
 	minChunk := max(r.MinChunk, 0)
 
-	var mine int64
-	var others u128 // sum of up to len(Demands) int64s: < 2^126, no overflow
-	found := false
+	// Rule 5: the sum of weights, the requester's first entry included and
+	// its duplicates left out (< 2^126: no overflow).
+	var weights u128
+	mineAt := -1
 	for i := range r.Demands {
 		d := &r.Demands[i]
 		if d.Region == r.Region {
-			if !found {
-				found = true
-				if r.Want <= 0 {
-					mine = need(d, h)
-				}
+			if mineAt >= 0 {
+				continue
 			}
-			continue
+			mineAt = i
 		}
-		others = others.add64(uint64(min(need(d, h), capChunk)))
+		if r.G > 0 {
+			weights = weights.add64(uint64(weight(d)))
+		}
 	}
-	if r.Want > 0 {
+	var mine int64 // rule 4
+	switch {
+	case r.Want > 0:
 		mine = r.Want
+	case mineAt >= 0:
+		mine = need(&r.Demands[mineAt], h)
 	}
 	mine = min(max(mine, minChunk), capChunk)
 
-	total := others.add64(uint64(mine))
-	if total.cmp(u128{0, uint64(r.Pool)}) <= 0 {
-		return mine // everyone fits; mine <= total <= Pool
+	// Rules 6 and 7: the others' claims, and their needs beyond them.
+	var claimed int64 // sum of claims <= sum of fair shares <= G
+	var others u128   // sum of up to len(Demands) int64s: no overflow
+	for i := range r.Demands {
+		d := &r.Demands[i]
+		if d.Region == r.Region {
+			continue
+		}
+		c := claim(d, r.G, weights, r.Left)
+		claimed += c
+		others = others.add64(uint64(max(min(need(d, h), capChunk)-c, 0)))
 	}
-	grant := mulDiv(r.Pool, mine, total) // < mine, since Pool < total
-	grant = max(grant, min(minChunk, r.Pool))
-	return min(grant, capChunk, r.Pool)
+	avail := max(r.Pool-claimed, 0)
+	if avail == 0 {
+		return Allotment{ShareSpent: true}
+	}
+	var own int64
+	if mineAt >= 0 {
+		own = min(mine, claim(&r.Demands[mineAt], r.G, weights, r.Left), avail)
+	}
+	free := avail - own
+	rest := mine - own
+	total := others.add64(uint64(rest))
+	if total.cmp(u128{0, uint64(free)}) <= 0 {
+		return Allotment{Tokens: mine, Available: avail} // rule 8; mine = own + rest <= avail
+	}
+	grant := own + mulDiv(free, rest, total) // rule 9: < mine, since free < total
+	grant = max(grant, min(minChunk, avail))
+	return Allotment{Tokens: min(grant, capChunk, avail), Available: avail}
 }
 
 // need returns a region's derived need over horizon h (rule 3 of [Size]).
 func need(d *RegionDemand, h time.Duration) int64 {
 	return max(tokensOver(d.Rate, h)-max(d.Held, 0), 0)
+}
+
+// weightUnit is the time over which a rate is counted as a weight (rule 5
+// of [Size]): a rate in tokens per second over 10^6 s is the rate in
+// millionths of a token per second, fine enough for any rate that matters
+// and an integer, so that shares are exact.
+const weightUnit = 1_000_000 * time.Second
+
+// weight returns a region's weight for fair shares (rule 5 of [Size]).
+func weight(d *RegionDemand) int64 { return tokensOver(d.Rate, weightUnit) }
+
+// claim returns a region's claim on the rest of the window (rule 5 of
+// [Size]): min(f - Granted, ceil(Rate*left)), at least 0, with f its fair
+// share of g; 0 without fair shares (g <= 0 or no weight anywhere).
+func claim(d *RegionDemand, g int64, weights u128, left time.Duration) int64 {
+	if g <= 0 || weights == (u128{}) {
+		return 0
+	}
+	f := mulDiv(g, weight(d), weights) // <= g, since weight <= weights
+	e := max(f-max(d.Granted, 0), 0)
+	return min(e, tokensOver(d.Rate, left))
 }
 
 // LowWater returns the balance below which an agent should renew:
