@@ -69,8 +69,16 @@ func TestAllotTable(t *testing.T) {
 		{"requester with no report: share spent when the others claim all", SizeRequest{Pool: 600, Left: 10 * s, Region: "ap", G: 600, MinChunk: 5,
 			Demands: []RegionDemand{fd("eu", 480, 0, 0), fd("us", 20, 0, 0)}}, 0, 0, true},
 		{"share spent even when nothing is needed", issue(24, 9*s, "eu", 576, 0), 0, 0, true},
-		{"a stale region's grants: claims above the pool", SizeRequest{Pool: 50, Left: 10 * s, Region: "eu", G: 600,
-			Demands: []RegionDemand{fd("eu", 300, 0, 0), fd("us", 300, 0, 0)}}, 0, 0, true},
+		{"claims above the pool are scaled to it: each gets its part", SizeRequest{Pool: 50, Left: 10 * s, Region: "eu", G: 600,
+			Demands: []RegionDemand{fd("eu", 300, 0, 0), fd("us", 300, 0, 0)}}, 25, 25, false},
+		{"claims 275+300 above a pool of 25: eu 11, us keeps 13", SizeRequest{Pool: 25, Left: 10 * s, Region: "eu", G: 600,
+			Demands: []RegionDemand{fd("eu", 300, 0, 25), fd("us", 300, 0, 0)}}, 11, 12, false},
+		{"three owed more than is left: nobody blocked", SizeRequest{Pool: 2, Left: 10 * s, Region: "ap", G: 600, MinChunk: 1,
+			Demands: []RegionDemand{fd("eu", 1, 0, 0), fd("us", 1, 0, 0), fd("ap", 1, 0, 0), fd("sa", 100, 0, 598)}}, 1, 2, false},
+		{"us holds what it can spend in the rest of the window: no claim", SizeRequest{Pool: 24, Left: s, Region: "eu", G: 600, MinChunk: 1,
+			Demands: []RegionDemand{fd("eu", 480, 0, 576), fd("us", 20, 20, 0)}}, 24, 24, false},
+		{"us holds part of what it can spend: the rest is claimed", SizeRequest{Pool: 24, Left: s, Region: "eu", G: 600, MinChunk: 1,
+			Demands: []RegionDemand{fd("eu", 480, 0, 576), fd("us", 20, 5, 0)}}, 9, 9, false},
 		{"no weight anywhere: plain sizing", SizeRequest{Pool: 100, Left: 10 * s, Region: "eu", G: 600, Want: 30,
 			Demands: []RegionDemand{fd("eu", 0, 0, 0), fd("us", 0, 0, 0)}}, 30, 100, false},
 		{"negative granted counts as 0", SizeRequest{Pool: 600, Left: 10 * s, Region: "eu", G: 600,
@@ -104,14 +112,15 @@ func TestAllotTable(t *testing.T) {
 type refAllotment struct {
 	Allotment
 	mine     *big.Int         // the requester's need (rule 4)
-	claims   map[int]*big.Int // claim of each Demands entry that counts, by index
+	raw      map[int]*big.Int // claim of each Demands entry that counts, by index (rule 5)
+	claims   map[int]*big.Int // the same, scaled to the pool (rule 6)
 	needs    map[int]*big.Int // capped need of each other entry, by index
 	others   []int            // indexes of the other regions' entries
 	mineAt   int              // the requester's entry, or -1
 	unshared func() int64     // Size of the same request with G = 0
 }
 
-// refAllot is a naive transcription of Size's documented rules 1-10 in
+// refAllot is a naive transcription of Size's documented rules 1-11 in
 // math/big, written apart from Size: no shortcuts, no saturation, no
 // 128-bit tricks, every region's claim computed on its own. needOf gives a
 // region's derived need over h (rule 3), weightOf its weight (rule 5) and
@@ -119,7 +128,7 @@ type refAllotment struct {
 // exact where the inputs allow it.
 func refAllot(r SizeRequest, needOf func(d RegionDemand, h time.Duration) *big.Int,
 	weightOf func(d RegionDemand) *big.Int, spendOf func(d RegionDemand, left time.Duration) *big.Int) refAllotment {
-	out := refAllotment{claims: map[int]*big.Int{}, needs: map[int]*big.Int{}, mineAt: -1}
+	out := refAllotment{raw: map[int]*big.Int{}, claims: map[int]*big.Int{}, needs: map[int]*big.Int{}, mineAt: -1}
 	out.unshared = func() int64 {
 		r0 := r
 		r0.G = 0
@@ -181,6 +190,7 @@ func refAllot(r SizeRequest, needOf func(d RegionDemand, h time.Duration) *big.I
 	for _, i := range counted {
 		sumW.Add(sumW, weightOf(r.Demands[i]))
 	}
+	sumC := big.NewInt(0)
 	for _, i := range counted {
 		d := r.Demands[i]
 		c := big.NewInt(0)
@@ -188,11 +198,21 @@ func refAllot(r SizeRequest, needOf func(d RegionDemand, h time.Duration) *big.I
 			f := new(big.Int).Mul(big.NewInt(r.G), weightOf(d))
 			f.Quo(f, sumW)
 			e := bpos(f.Sub(f, big.NewInt(max(d.Granted, 0))))
-			c = bmin(e, spendOf(d, r.Left))
+			c = bmin(e, bpos(new(big.Int).Sub(spendOf(d, r.Left), big.NewInt(max(d.Held, 0)))))
+		}
+		out.raw[i] = c
+		sumC.Add(sumC, c)
+	}
+	// Rule 6.
+	for _, i := range counted {
+		c := out.raw[i]
+		if sumC.Cmp(big.NewInt(r.Pool)) > 0 {
+			c = new(big.Int).Mul(c, big.NewInt(r.Pool))
+			c.Quo(c, sumC)
 		}
 		out.claims[i] = c
 	}
-	// Rule 6.
+	// Rule 7.
 	avail := big.NewInt(r.Pool)
 	for _, i := range out.others {
 		avail.Sub(avail, out.claims[i])
@@ -206,7 +226,7 @@ func refAllot(r SizeRequest, needOf func(d RegionDemand, h time.Duration) *big.I
 	if out.mineAt >= 0 {
 		p = bmin(bmin(mine, out.claims[out.mineAt]), avail)
 	}
-	// Rule 7.
+	// Rule 8.
 	free := new(big.Int).Sub(avail, p)
 	rest := new(big.Int).Sub(mine, p)
 	total := new(big.Int).Set(rest)
@@ -216,12 +236,12 @@ func refAllot(r SizeRequest, needOf func(d RegionDemand, h time.Duration) *big.I
 		total.Add(total, bpos(new(big.Int).Sub(n, out.claims[i])))
 	}
 	out.Available = avail.Int64()
-	// Rule 8.
+	// Rule 9.
 	if total.Cmp(free) <= 0 {
 		out.Tokens = mine.Int64()
 		return out
 	}
-	// Rule 9.
+	// Rule 10.
 	g := new(big.Int).Mul(free, rest)
 	g.Quo(g, total)
 	g.Add(g, p)
@@ -231,7 +251,7 @@ func refAllot(r SizeRequest, needOf func(d RegionDemand, h time.Duration) *big.I
 			g = floor
 		}
 	}
-	// Rule 10.
+	// Rule 11.
 	g = bmin(limit(g), avail)
 	out.Tokens = g.Int64()
 	return out
@@ -307,6 +327,14 @@ func checkAllot(r SizeRequest, a Allotment, ref refAllotment) string {
 		return msg
 	}
 	live := r.Pool > 0 && r.Left > 0
+	// The claims, scaled, never promise more than the pool.
+	allClaims := new(big.Int)
+	for _, c := range ref.claims {
+		allClaims.Add(allClaims, c)
+	}
+	if live && allClaims.Cmp(big.NewInt(r.Pool)) > 0 {
+		return "claims above the pool"
+	}
 	// The others' protected claims.
 	othersClaim := new(big.Int)
 	othersFloor := new(big.Int) // max(need, claim) of each other region
@@ -331,6 +359,8 @@ func checkAllot(r SizeRequest, a Allotment, ref refAllotment) string {
 		return "share-spent flag wrong"
 	case a.ShareSpent && a.Tokens != 0:
 		return "share spent, yet a grant"
+	case a.ShareSpent && ref.mineAt >= 0 && ref.raw[ref.mineAt].Sign() > 0:
+		return "share spent, yet the requester has a claim"
 	case r.G <= 0 && a.Tokens != ref.unshared():
 		return "without G, not the plain sizing"
 	}
