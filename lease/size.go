@@ -203,15 +203,19 @@ func Allot(r SizeRequest) Allotment {
 
 	// Rule 6: every claim, scaled down if they promise more than the pool.
 	// Each claim is at most its fair share, so the sum is at most G.
+	// Without fair shares every claim is 0: skip them.
+	fair := r.G > 0 && weights != (u128{})
 	cl := claims{g: r.G, weights: weights, left: r.Left, pool: r.Pool}
 	var mineClaim int64
-	if mineAt >= 0 {
-		mineClaim = cl.of(&r.Demands[mineAt])
-	}
-	cl.sum = mineClaim
-	for i := range r.Demands {
-		if d := &r.Demands[i]; d.Region != r.Region {
-			cl.sum += cl.of(d)
+	if fair {
+		if mineAt >= 0 {
+			mineClaim = cl.of(&r.Demands[mineAt])
+		}
+		cl.sum = mineClaim
+		for i := range r.Demands {
+			if d := &r.Demands[i]; d.Region != r.Region {
+				cl.sum += cl.of(d)
+			}
 		}
 	}
 
@@ -223,7 +227,10 @@ func Allot(r SizeRequest) Allotment {
 		if d.Region == r.Region {
 			continue
 		}
-		c := cl.scaled(cl.of(d))
+		var c int64
+		if fair {
+			c = cl.scaled(cl.of(d))
+		}
 		claimed += c
 		others = others.add64(uint64(max(min(need(d, h), capChunk)-c, 0)))
 	}
