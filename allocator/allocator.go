@@ -542,11 +542,7 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 		case d.Grant != nil:
 			results[i].Lease = d.Grant.ToProto(now)
 		case d.Code == pb.ItemCode_ITEM_CODE_OK && d.Window.Length > 0:
-			// Nothing granted: a lease of 0 tokens names the window.
-			w := d.Window
-			results[i].Lease = &pb.Lease{LimitId: reqs[i].LimitId, Region: region, WindowIndex: w.Index,
-				Window: durpb(w.Length), PoolLeft: d.PoolLeft, WindowLeft: durpb(max(0, w.End().Sub(now))),
-				StartsIn: durpb(0), ExpiresIn: durpb(0), RequestId: reqs[i].RequestId}
+			results[i].Lease = d.EmptyLease(now, reqs[i].LimitId, region, reqs[i].RequestId)
 		}
 	}
 	t.mu.Unlock()

@@ -76,10 +76,16 @@ type demandKey struct {
 	limit, region string
 }
 
+// demandReport is a region's latest lease request: its demand and
+// holdings, and what the request was granted.
 type demandReport struct {
 	rate float64
-	held int64
+	held int64 // tokens held when the region asked
 	at   time.Time
+	// window is the window the request was for, granted what it got: right
+	// after the grant the region holds held + granted of that window.
+	window  int64
+	granted int64
 }
 
 // windowState is the pool of one (limit, window).
@@ -89,16 +95,57 @@ type windowState struct {
 	credited int64 // tokens returned while the window was open
 	late     int64 // tokens returned after the window closed (not credited)
 	maxG     int64 // largest G in force at any grant
+	// byRegion is what each region was granted and had credited back in
+	// the window: the Granted of its fair share (lease.SizeRequest.G).
+	byRegion map[string]*regionUse
 	requests []requestKey
 	usage    map[reporterKey]*UsageRecord // per region and reporter
 }
 
-// Core is the allocator's decision state machine: limits, pools, grants by
-// request id, and each region's last reported demand. It does no I/O and
-// reads no clock: every method takes now. Decisions are applied to the
-// in-memory state at once; the caller must persist the returned records
-// before answering, and must discard the Core if persisting fails (the
-// state may then be ahead of etcd; a new Core is rebuilt from etcd).
+// regionUse is one region's part of a window's granted and credited.
+type regionUse struct {
+	granted, credited int64
+}
+
+// region returns the counts of region in the window, creating them.
+func (ws *windowState) region(region string) *regionUse {
+	u := ws.byRegion[region]
+	if u == nil {
+		if ws.byRegion == nil {
+			ws.byRegion = map[string]*regionUse{}
+		}
+		u = &regionUse{}
+		ws.byRegion[region] = u
+	}
+	return u
+}
+
+// net returns what region holds of the window: granted minus credited.
+// ws may be nil (nothing granted yet).
+func (ws *windowState) net(region string) int64 {
+	if ws == nil {
+		return 0
+	}
+	u := ws.byRegion[region]
+	if u == nil {
+		return 0
+	}
+	return u.granted - u.credited
+}
+
+// Core is the allocator's decision state machine: limits, pools (with what
+// each region was granted and had credited back in each window), grants by
+// request id, and each region's last reported demand. Sizing gives every
+// region with a fresh report a demand-weighted share of each window's G
+// (lease.Allot): a busy region cannot take the share of a quiet one that
+// has not asked yet, and an empty answer says when the requester's share
+// is what ran out (Decision.ShareSpent).
+//
+// It does no I/O and reads no clock: every method takes now. Decisions are
+// applied to the in-memory state at once; the caller must persist the
+// returned records before answering, and must discard the Core if
+// persisting fails (the state may then be ahead of etcd; a new Core is
+// rebuilt from etcd, per-region counts included, by Restore).
 //
 // The zero value is not usable; call NewCore. Not safe for concurrent use:
 // the Allocator serializes calls.
@@ -143,6 +190,9 @@ func (c *Core) Restore(g *Grant) {
 	ws := c.window(k, time.Duration(g.WindowMs)*time.Millisecond)
 	ws.granted += g.Tokens
 	ws.credited += g.Credited
+	u := ws.region(g.Region)
+	u.granted += g.Tokens
+	u.credited += g.Credited
 	if g.Returned {
 		ws.late += g.Unspent - g.Credited
 	}
@@ -223,6 +273,10 @@ type Decision struct {
 	// OK) was for, so the agent marks the right window spent.
 	Window   lease.Window
 	PoolLeft int64
+	// ShareSpent is set on an empty answer when the pool is not empty but
+	// the other regions' fresh demand claims all of it: the requester has
+	// used its demand-weighted share of the window (lease.Allotment).
+	ShareSpent bool
 }
 
 // demandTTL: a region that has not asked for this long is treated as quiet,
@@ -247,7 +301,8 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 		return Decision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,
 			Message: fmt.Sprintf("limit %q is not spent in region %q", r.Limit, region)}
 	}
-	c.demand[demandKey{l.ID, region}] = demandReport{rate: r.Demand, held: r.Held, at: now}
+	dk := demandKey{l.ID, region}
+	c.demand[dk] = demandReport{rate: r.Demand, held: r.Held, at: now, window: -1}
 
 	// The window is decided by the version that governs its start: a lease
 	// for the next window fetched early already uses a change scheduled
@@ -270,6 +325,9 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 			Message: fmt.Sprintf("limit %q is not spent in region %q in that window", r.Limit, region)}
 	}
 	l = v
+	rep := c.demand[dk]
+	rep.window = w.Index
+	c.demand[dk] = rep
 	k := windowKey{l.ID, w.Index}
 	ws := c.windows[k]
 	pool := c.pool(l, ws)
@@ -277,21 +335,26 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 	if pool == 0 || timing.ExpiresIn <= 0 {
 		return Decision{Window: w, PoolLeft: pool}
 	}
-	tokens := lease.Size(lease.SizeRequest{
+	a := lease.Allot(lease.SizeRequest{
 		Pool:     pool,
 		Left:     left,
 		Horizon:  l.TTL,
 		Region:   region,
 		Want:     r.Want,
-		Demands:  c.demands(now, l),
+		Demands:  c.demands(now, l, w.Index, ws),
 		MinChunk: l.MinChunk,
 		MaxChunk: l.MaxChunk,
+		G:        l.Tokens,
 	})
+	tokens := a.Tokens
 	if tokens <= 0 {
-		return Decision{Window: w, PoolLeft: pool}
+		return Decision{Window: w, PoolLeft: pool, ShareSpent: a.ShareSpent}
 	}
+	rep.granted = tokens
+	c.demand[dk] = rep
 	ws = c.window(k, l.Window)
 	ws.granted += tokens
+	ws.region(region).granted += tokens
 	ws.maxG = max(ws.maxG, l.Tokens)
 	ws.requests = append(ws.requests, rk)
 	g := &Grant{
@@ -313,8 +376,29 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 	return Decision{Grant: g, New: true}
 }
 
-// demands lists the fresh demand reports of the limit's regions.
-func (c *Core) demands(now time.Time, l *Limit) []lease.RegionDemand {
+// demands lists the fresh demand reports of the limit's regions for sizing
+// window (ws, nil if nothing was granted in it yet). Each region's Granted
+// is its net part of the window: granted minus credited returns. Its Held
+// is what it held when it asked, plus what that request was granted if it
+// was for this window: a region that was just given a lease holds it.
+// Only fresh reports count, for the need and for the fair share alike: a
+// region that stopped asking neither holds the others back nor keeps a
+// share of the window.
+func (c *Core) demands(now time.Time, l *Limit, window int64, ws *windowState) []lease.RegionDemand {
+	out := c.reported(now, l)
+	for i := range out {
+		d := &out[i]
+		if rep := c.demand[demandKey{l.ID, d.Region}]; rep.window == window {
+			d.Held += rep.granted
+		}
+		d.Granted = ws.net(d.Region)
+	}
+	return out
+}
+
+// reported lists the fresh demand reports of the limit's regions as they
+// were sent: Held is what each region held when it asked.
+func (c *Core) reported(now time.Time, l *Limit) []lease.RegionDemand {
 	ttl := demandTTL(l)
 	out := make([]lease.RegionDemand, 0, len(l.Regions))
 	for _, r := range l.Regions {
@@ -379,6 +463,7 @@ func (c *Core) Return(now time.Time, region string, r ReturnRequest) (ReturnDeci
 	if now.Before(g.window().End()) {
 		upd.Credited = r.Unspent
 		ws.credited += r.Unspent
+		ws.region(g.Region).credited += r.Unspent
 	} else {
 		code, msg = pb.ItemCode_ITEM_CODE_WINDOW_CLOSED, "window is over: nothing credited"
 		ws.late += r.Unspent
@@ -440,5 +525,24 @@ func (g *Grant) ToProto(now time.Time) *pb.Lease {
 		LimitVersion: g.LimitVersion,
 		PoolLeft:     g.PoolLeft,
 		WindowLeft:   durpb(max(0, w.End().Sub(now))),
+	}
+}
+
+// EmptyLease renders an empty answer (no grant, code OK, d.Window set) as
+// the lease of 0 tokens an agent receives at now: it names the window, what
+// its pool holds, and whether the requester's share of it is spent.
+func (d Decision) EmptyLease(now time.Time, limit, region, requestID string) *pb.Lease {
+	w := d.Window
+	return &pb.Lease{
+		LimitId:     limit,
+		Region:      region,
+		WindowIndex: w.Index,
+		Window:      durpb(w.Length),
+		StartsIn:    durpb(0),
+		ExpiresIn:   durpb(0),
+		RequestId:   requestID,
+		PoolLeft:    d.PoolLeft,
+		WindowLeft:  durpb(max(0, w.End().Sub(now))),
+		ShareSpent:  d.ShareSpent,
 	}
 }

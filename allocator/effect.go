@@ -146,7 +146,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 	poolNow := max(0, cur.Tokens-net)
 	var demands []lease.RegionDemand
 	if l, ok := c.limits[id]; ok {
-		demands = c.demands(now, l.At(now))
+		demands = c.reported(now, l.At(now))
 	}
 	switch {
 	case deleting:

@@ -17,8 +17,9 @@
 //   - [Deadline], [StartAt] and [Spendable] (agent side): turning those
 //     durations into instants on the agent's own monotonic clock, always on
 //     the safe side (never later, never earlier than the allocator meant).
-//   - [Size] (allocator side): how many tokens one grant gets, from every
-//     region's demand and what is left in the pool.
+//   - [Size] and [Allot] (allocator side): how many tokens one grant gets,
+//     from every region's demand, what is left in the pool and, given the
+//     window's budget, each region's demand-weighted share of the window.
 //   - [LowWater] and [RateEstimator] (agent side): when to renew, and the
 //     smoothed demand a renewal request reports.
 //

@@ -41,6 +41,32 @@ func ExampleSchedule() {
 	// {StartsIn:0s ExpiresIn:0s}
 }
 
+func ExampleAllot() {
+	// G = 600 tokens per 10 s; eu wants 480 tokens/s, us 20/s: fair
+	// shares of 576 and 24. eu asks first, at the window's start.
+	r := lease.SizeRequest{
+		Pool: 600, Left: 10 * time.Second, Horizon: 5 * time.Second, G: 600,
+		Region: "eu", Demands: []lease.RegionDemand{
+			{Region: "eu", Rate: 480},
+			{Region: "us", Rate: 20},
+		},
+	}
+	a := lease.Allot(r)
+	fmt.Printf("eu: %d of %d available\n", a.Tokens, a.Available)
+
+	// eu asks again at once: what is left is us's.
+	r.Pool, r.Demands[0].Granted = 600-a.Tokens, a.Tokens
+	fmt.Printf("eu again: %+v\n", lease.Allot(r))
+
+	// us asks: it gets its whole share.
+	r.Region = "us"
+	fmt.Println("us:", lease.Size(r))
+	// Output:
+	// eu: 576 of 576 available
+	// eu again: {Tokens:0 Available:0 ShareSpent:true}
+	// us: 24
+}
+
 func ExampleSize() {
 	// G = 1000 tokens a minute; EU wants 1500/min, US 500/min.
 	demands := []lease.RegionDemand{

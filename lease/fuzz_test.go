@@ -19,7 +19,7 @@ func FuzzSize(f *testing.F) {
 	f.Fuzz(func(t *testing.T, pool, left, horizon, want, minChunk, maxChunk int64, who uint8,
 		rate0 float64, held0 int64, rate1 float64, held1 int64, rate2 float64, held2 int64) {
 		names := []string{"eu", "us", "ap"}
-		all := []RegionDemand{{"eu", rate0, held0}, {"us", rate1, held1}, {"ap", rate2, held2}}
+		all := []RegionDemand{{Region: "eu", Rate: rate0, Held: held0}, {Region: "us", Rate: rate1, Held: held1}, {Region: "ap", Rate: rate2, Held: held2}}
 		// Low bits of who pick the requester (maybe absent: "sa"), the
 		// next ones how many regions report.
 		region := "sa"

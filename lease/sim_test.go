@@ -116,7 +116,7 @@ func simulate(t *testing.T, g int64, w Window, regions []*simRegion) simResult {
 			}
 			demands := make([]RegionDemand, 0, len(regions))
 			for _, o := range regions {
-				demands = append(demands, RegionDemand{o.name, o.rate(now), o.held(now)})
+				demands = append(demands, RegionDemand{Region: o.name, Rate: o.rate(now), Held: o.held(now)})
 			}
 			grant := Size(SizeRequest{
 				Pool: pool, Left: w.Left(now), Horizon: simHorizon,

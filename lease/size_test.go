@@ -17,8 +17,8 @@ func perMin(n float64) float64 { return n / 60 }
 
 func TestSizeTable(t *testing.T) {
 	s := time.Second
-	eu := func(rate float64, held int64) RegionDemand { return RegionDemand{"eu", rate, held} }
-	us := func(rate float64, held int64) RegionDemand { return RegionDemand{"us", rate, held} }
+	eu := func(rate float64, held int64) RegionDemand { return RegionDemand{Region: "eu", Rate: rate, Held: held} }
+	us := func(rate float64, held int64) RegionDemand { return RegionDemand{Region: "us", Rate: rate, Held: held} }
 	cases := []struct {
 		name string
 		r    SizeRequest
@@ -89,7 +89,7 @@ func TestSizeTable(t *testing.T) {
 		{"huge rate saturates, gets the pool", SizeRequest{Pool: 1000, Left: 60 * s, Region: "eu",
 			Demands: []RegionDemand{eu(math.MaxFloat64, 0)}}, 1000},
 		{"huge everything: exact shares", SizeRequest{Pool: math.MaxInt64, Left: math.MaxInt64, Region: "eu", Want: math.MaxInt64,
-			Demands: []RegionDemand{eu(1, 0), us(math.MaxFloat64, 0), {"ap", 1e300, 0}}}, math.MaxInt64 / 3},
+			Demands: []RegionDemand{eu(1, 0), us(math.MaxFloat64, 0), {Region: "ap", Rate: 1e300}}}, math.MaxInt64 / 3},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -233,7 +233,7 @@ func (sizeCase) Generate(rnd *rand.Rand, _ int) reflect.Value {
 		pm := pick(0, 1, 100, 500, 900, 1500, rnd.Int63n(10000))
 		c.perMins[regions[i]] = pm
 		held := pick(0, 0, -1, 1, rnd.Int63n(1000))
-		c.r.Demands = append(c.r.Demands, RegionDemand{regions[i], float64(pm) / 60, held})
+		c.r.Demands = append(c.r.Demands, RegionDemand{Region: regions[i], Rate: float64(pm) / 60, Held: held})
 	}
 	c.r.Region = regions[rnd.Intn(len(regions))] // sometimes missing from Demands
 	return reflect.ValueOf(c)
@@ -386,7 +386,7 @@ func TestQuo(t *testing.T) {
 func benchRequest(n int) SizeRequest {
 	r := SizeRequest{Pool: 200, Left: 45 * time.Second, Horizon: 15 * time.Second, Region: "r0", MinChunk: 5, MaxChunk: 500}
 	for i := range n {
-		r.Demands = append(r.Demands, RegionDemand{fmt.Sprintf("r%d", i), float64(10 + i), int64(i)})
+		r.Demands = append(r.Demands, RegionDemand{Region: fmt.Sprintf("r%d", i), Rate: float64(10 + i), Held: int64(i)})
 	}
 	return r
 }

@@ -362,7 +362,7 @@ func grantOf(r *pb.LeaseResult) core.Grant {
 	}
 	return core.Grant{OK: true, LeaseID: ls.LeaseId, Tokens: ls.Tokens, Window: ls.WindowIndex, WindowLen: dur(ls.Window),
 		StartsIn: dur(ls.StartsIn), ExpiresIn: dur(ls.ExpiresIn), WindowLeft: dur(ls.WindowLeft), PoolLeft: ls.PoolLeft,
-		Replayed: r.Replayed}
+		ShareSpent: ls.ShareSpent, Replayed: r.Replayed}
 }
 
 func dur(d *durationpb.Duration) time.Duration {

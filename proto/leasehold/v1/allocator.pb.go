@@ -279,9 +279,10 @@ func (x *LeaseRequest) GetWantTokens() int64 {
 	return 0
 }
 
-// Lease is a grant. When nothing could be granted (the pool is spent, or
-// the window is about to end) the answer is a Lease of 0 tokens with no
-// lease_id, naming the window (window_index, pool_left, window_left).
+// Lease is a grant. When nothing could be granted (the pool is spent, the
+// region's share of the window is spent, or the window is about to end) the
+// answer is a Lease of 0 tokens with no lease_id, naming the window
+// (window_index, pool_left, window_left, share_spent).
 type Lease struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// lease_id identifies the lease for ReturnLeases; empty when tokens is 0.
@@ -292,7 +293,7 @@ type Lease struct {
 	// on the allocator's clock. Agents time leases by durations only.
 	WindowIndex int64                `protobuf:"varint,4,opt,name=window_index,json=windowIndex,proto3" json:"window_index,omitempty"`
 	Window      *durationpb.Duration `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"`
-	// tokens granted; 0 when the pool is empty.
+	// tokens granted; 0 when nothing could be granted (see above).
 	Tokens int64 `protobuf:"varint,6,opt,name=tokens,proto3" json:"tokens,omitempty"`
 	// starts_in is 0 for the current window; for the next window, the time
 	// from the allocator's now to the window's start. Agents measure it from
@@ -307,7 +308,12 @@ type Lease struct {
 	// pool_left is what the window's pool holds after this grant.
 	PoolLeft int64 `protobuf:"varint,11,opt,name=pool_left,json=poolLeft,proto3" json:"pool_left,omitempty"`
 	// window_left is the time from the allocator's now to the window's end.
-	WindowLeft    *durationpb.Duration `protobuf:"bytes,12,opt,name=window_left,json=windowLeft,proto3" json:"window_left,omitempty"`
+	WindowLeft *durationpb.Duration `protobuf:"bytes,12,opt,name=window_left,json=windowLeft,proto3" json:"window_left,omitempty"`
+	// share_spent is true when nothing was granted because this region has
+	// used its demand-weighted share of the window while other regions'
+	// fresh demand claims the rest of the pool; ask again later (the shares
+	// follow demand). pool_left is then above 0: the window is not spent.
+	ShareSpent    bool `protobuf:"varint,13,opt,name=share_spent,json=shareSpent,proto3" json:"share_spent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -424,6 +430,13 @@ func (x *Lease) GetWindowLeft() *durationpb.Duration {
 		return x.WindowLeft
 	}
 	return nil
+}
+
+func (x *Lease) GetShareSpent() bool {
+	if x != nil {
+		return x.ShareSpent
+	}
+	return false
 }
 
 type LeaseResult struct {
@@ -1132,7 +1145,7 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\vheld_tokens\x18\x05 \x01(\x03R\n" +
 	"heldTokens\x12\x1f\n" +
 	"\vwant_tokens\x18\x06 \x01(\x03R\n" +
-	"wantTokens\"\xd2\x03\n" +
+	"wantTokens\"\xf3\x03\n" +
 	"\x05Lease\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12\x16\n" +
@@ -1149,7 +1162,9 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	" \x01(\x03R\flimitVersion\x12\x1b\n" +
 	"\tpool_left\x18\v \x01(\x03R\bpoolLeft\x12:\n" +
 	"\vwindow_left\x18\f \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"windowLeft\"\xb9\x01\n" +
+	"windowLeft\x12\x1f\n" +
+	"\vshare_spent\x18\r \x01(\bR\n" +
+	"shareSpent\"\xb9\x01\n" +
 	"\vLeaseResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12*\n" +
