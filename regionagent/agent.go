@@ -189,7 +189,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	o := options{
 		now: time.Now, lead: 2 * time.Second, slack: 250 * time.Millisecond, margin: 2 * time.Millisecond, driftPPM: 1000,
 		wait: 500 * time.Millisecond, syncEvery: time.Second, reportEvery: 2 * time.Second,
-		allocTimeout: time.Second, allocRetryFor: 5 * time.Second, redisTimeout: 250 * time.Millisecond,
+		allocTimeout: core.DefaultCallTimeout, allocRetryFor: core.DefaultCallRetry, redisTimeout: 250 * time.Millisecond,
 		keyGrace: 2 * time.Minute, idleAfter: 5 * time.Minute, flushers: 4, maxBatch: 128, debit: true,
 	}
 	for _, f := range opts {

@@ -25,6 +25,16 @@ type Config struct {
 	Seed uint64
 }
 
+// The shell's allocator calls: each attempt times out after
+// DefaultCallTimeout, and a call is retried (with the same request ids)
+// for DefaultCallRetry, which covers an allocator leader failover, before
+// its requests count as failed (AcquireFailed). The region agent and the
+// simulator's shell both use them.
+const (
+	DefaultCallTimeout = time.Second
+	DefaultCallRetry   = 5 * time.Second
+)
+
 // settings are the optional settings, with their defaults in New.
 type settings struct {
 	lead        time.Duration // renewal lead time
