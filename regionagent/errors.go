@@ -2,13 +2,15 @@ package regionagent
 
 import (
 	"errors"
-	"fmt"
+
+	"leasehold/internal/vocab"
 )
 
 // Sentinel errors, mapped to gRPC codes in one table (server.go).
 var (
-	// ErrInvalid marks bad input; the error names the field.
-	ErrInvalid = errors.New("regionagent: invalid argument")
+	// ErrInvalid marks bad input; the error names the field. It is the
+	// vocabulary's (every *FieldError matches it).
+	ErrInvalid = vocab.ErrInvalid
 	// ErrUnknownLimit: the limit does not exist or is not spent in this
 	// region.
 	ErrUnknownLimit = errors.New("regionagent: unknown limit")
@@ -22,15 +24,10 @@ var (
 	errNoEpoch = errors.New("regionagent: no bucket epoch yet")
 )
 
-// FieldError is bad input in one field. It matches ErrInvalid.
-type FieldError struct {
-	Field  string
-	Reason string
-}
-
-func (e *FieldError) Error() string        { return e.Field + ": " + e.Reason }
-func (e *FieldError) Is(target error) bool { return target == ErrInvalid }
+// FieldError is bad input in one field ("field: reason"). It matches
+// ErrInvalid.
+type FieldError = vocab.FieldError
 
 func fieldErr(field, format string, args ...any) error {
-	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	return vocab.InvalidField(field, format, args...)
 }

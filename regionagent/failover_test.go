@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"leasehold/allocator"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -289,7 +289,7 @@ func TestFailoverUsage(t *testing.T) {
 			t.Fatalf("usage[%d] %v, want %v", i, got[i], want[i])
 		}
 	}
-	if err := allocator.ValidateRequestID("reporter", failoverReporter); err != nil {
+	if err := vocab.ValidateRequestID("reporter", failoverReporter); err != nil {
 		t.Fatal(err)
 	}
 }

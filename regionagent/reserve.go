@@ -29,7 +29,7 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 		return Reservation{}, err
 	}
 	if err := vocab.ValidateRequestID("reservation_id", id); err != nil {
-		return Reservation{}, asFieldError(err)
+		return Reservation{}, err
 	}
 	now := a.opt.now()
 	var (
@@ -91,7 +91,7 @@ func (a *Agent) Release(ctx context.Context, limit, id string, unspent int64) (i
 		return 0, err
 	}
 	if err := vocab.ValidateRequestID("reservation_id", id); err != nil {
-		return 0, asFieldError(err)
+		return 0, err
 	}
 	now := a.opt.now()
 	var (
@@ -140,15 +140,6 @@ func (a *Agent) lookupErr(err error) error {
 	var ie *core.ItemError
 	if errors.As(err, &ie) && errors.Is(ie, core.ErrUnknownLimit) {
 		return fmt.Errorf("%w: %s", ErrUnknownLimit, ie.Reason)
-	}
-	return err
-}
-
-// asFieldError turns the vocabulary's field errors into the agent's.
-func asFieldError(err error) error {
-	var fe *vocab.FieldError
-	if errors.As(err, &fe) {
-		return fieldErr(fe.Field, "%s", fe.Reason)
 	}
 	return err
 }

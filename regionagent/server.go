@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -42,7 +43,7 @@ func toStatus(err error) error {
 	return status.Error(codes.Unavailable, err.Error())
 }
 
-const maxRequestID = 128
+const maxRequestID = vocab.MaxRequestIDLen
 
 func toProto(d Decision) *pb.CheckResponse {
 	return &pb.CheckResponse{
