@@ -60,11 +60,21 @@ func (d *Demand) Observe(now time.Time, window, count int64) {
 	d.window, d.count = window, count
 }
 
+// sampleGap is the least spacing kept between the samples of the fast
+// rate: readings arrive with every spend, and eight samples a few
+// milliseconds apart would measure a burst, not the last second. A reading
+// within sampleGap of the sample before the newest replaces the newest.
+const sampleGap = instWindow / 8
+
 func (d *Demand) add(now time.Time, total int64) {
 	if d.n > 0 {
 		last := &d.samples[(d.n-1)%len(d.samples)]
 		if !now.After(last.at) {
 			last.total = max(last.total, total)
+			return
+		}
+		if d.n > 1 && now.Sub(d.samples[(d.n-2)%len(d.samples)].at) < sampleGap {
+			last.at, last.total = now, max(last.total, total)
 			return
 		}
 	}

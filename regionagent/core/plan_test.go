@@ -101,3 +101,27 @@ func sameLeases(a, b []store.OpenLease) bool {
 	}
 	return true
 }
+
+// TestDemandSteadyRate: readings with every spend of a steady 50 tokens/s
+// that arrive in bursts (5 spends within a millisecond, every 100 ms) give
+// about 50/s, not the rate of the last few spends: the fast rate's samples
+// stay spread over the last second.
+func TestDemandSteadyRate(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	d := NewDemand(0)
+	var count int64
+	worst := 0.0
+	for b := 1; b <= 100; b++ {
+		for k := range 5 {
+			at := t0.Add(time.Duration(b)*100*time.Millisecond + time.Duration(k)*200*time.Microsecond)
+			count++
+			d.Observe(at, 1, count)
+			if b > 20 {
+				worst = max(worst, d.Measured(at))
+			}
+		}
+	}
+	if worst > 60 {
+		t.Fatalf("a steady 50/s measured as much as %.1f/s", worst)
+	}
+}
