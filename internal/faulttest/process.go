@@ -87,6 +87,13 @@ type Process struct {
 // Name is the process's name in logs (e.g. "allocator-0", "agent eu-1").
 func (p *Process) Name() string { return p.name }
 
+// Pid is the process id of the current run.
+func (p *Process) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd.Process.Pid
+}
+
 // launch starts p (its addresses already set) and stops it in t.Cleanup.
 func launch(t testing.TB, p *Process) *Process {
 	p.t, p.bin = t, Binary(t)
