@@ -57,7 +57,6 @@ func (a *Agent) work(ctx context.Context) {
 	for range 10000 {
 		a.mu.Lock()
 		rd := a.core.Ready()
-		a.wakeLocked(rd.Wake)
 		if !rd.Empty() {
 			a.inflight.add() // under the lock: settle never sees it taken but not begun
 		}
@@ -66,6 +65,11 @@ func (a *Agent) work(ctx context.Context) {
 			return
 		}
 		a.execute(ctx, rd)
+		// Waiters look again once the batch's deposits have landed: a
+		// Wake names a limit whose lease this very batch deposits.
+		a.mu.Lock()
+		a.wakeLocked(rd.Wake)
+		a.mu.Unlock()
 		a.inflight.done()
 	}
 }

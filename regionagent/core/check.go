@@ -210,6 +210,13 @@ func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error
 		st.spentWindow, st.spentAt, st.shareSpent = w.Index, now, false
 	}
 	st.kickCost = max(st.kickCost, chk.Costs[f])
+	if end := c.WindowEnd(w); st.spentWindow == w.Index && end.Sub(now) < boundaryWait && now.Before(chk.deadline) {
+		// The window ends in a moment (and the agent names windows on an
+		// estimate of the allocator's clock): wait for the next one rather
+		// than refuse a request the next window's pool may admit.
+		chk.Step, chk.Until = StepWait, minTime(chk.deadline, end.Add(time.Millisecond))
+		return
+	}
 	if st.spentWindow == w.Index {
 		if now.Sub(st.spentAt) >= c.opt.spentRetry {
 			c.kick(st, now) // returns while the window is open may have refilled the pool
@@ -243,6 +250,19 @@ func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error
 		return
 	}
 	c.unavailable(now, chk, 50*time.Millisecond, 50*time.Millisecond)
+}
+
+// boundaryWait: a Check refused by a spent pool this close to the
+// window's end waits for the next window instead: about the error of the
+// window naming (the allocator's clock is estimated from replies), short
+// enough that a region over its limit at the boundary is not held up.
+const boundaryWait = 50 * time.Millisecond
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // Woke resumes a waiting Check at now: it spends again (in the window of

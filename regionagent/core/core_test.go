@@ -425,3 +425,48 @@ func TestWindowsOfMultiCheck(t *testing.T) {
 		t.Fatalf("cost above G: %v", chk.Err)
 	}
 }
+
+// TestSpentPoolAtTheBoundaryWaits: a Check refused by the window's spent
+// pool in the window's last moments waits for the next window (the agent
+// names windows on an estimate of the allocator's clock) and is admitted
+// there, not answered OVER_LIMIT.
+func TestSpentPoolAtTheBoundaryWaits(t *testing.T) {
+	w := newWorld(t, 5, strictLimit("a", 5, time.Minute, time.Minute))
+	for range 5 {
+		w.check("a", 1)
+	}
+	wantAnswer(t, "spent", w.check("a", 1), false, ReasonOverLimit)
+	w.advance(time.Minute - 30*time.Millisecond) // 30 ms before the end
+	got := w.check("a", 1)
+	wantAnswer(t, "at the boundary", got, true, ReasonOK)
+	if !w.now.After(t0.Add(time.Minute)) {
+		t.Fatalf("admitted at %v, before the window's end", w.now.Sub(t0))
+	}
+}
+
+// TestWindowNamedFromHalfTheRoundTrip: a lease reply names the allocator's
+// clock at about half the call's round trip before it arrived, so the
+// agent moves to the next window when the allocator does (a late naming
+// would spend a new window's first Checks against the old window's pool).
+func TestWindowNamedFromHalfTheRoundTrip(t *testing.T) {
+	c := New(Config{Region: "eu", RequestPrefix: "p", Seed: 1})
+	l := strictLimit("a", 100, time.Minute, time.Minute)
+	c.SetLimits(t0, 1, []Limit{l})
+	st := c.state(&l)
+	req := Acquire{Limit: "a", RequestID: "p-1"}
+	c.byRequest[req.RequestID], st.pending = st, &req
+	// The allocator answered 200 ms before its window's end; the call
+	// took 100 ms, sent at t0+59.7 s.
+	sent := t0.Add(59700 * time.Millisecond)
+	recv := sent.Add(100 * time.Millisecond)
+	c.Acquired(sent, recv, []Acquire{req}, []Grant{{OK: true, LeaseID: "x", Tokens: 1, Window: 30_000_000,
+		WindowLen: time.Minute, ExpiresIn: 200 * time.Millisecond, WindowLeft: 200 * time.Millisecond}})
+	// Answered at about sent + 50 ms = t0+59.75 s (allocator: 59.8 s), so
+	// the allocator's boundary is at about t0+59.95 s on the agent's clock.
+	if got := c.WindowOf(sent.Add(255*time.Millisecond), &l).Index; got != 30_000_001 {
+		t.Fatalf("window %d at the allocator's boundary, want the next one", got)
+	}
+	if got := c.WindowOf(sent.Add(245*time.Millisecond), &l).Index; got != 30_000_000 {
+		t.Fatalf("window %d just before it", got)
+	}
+}

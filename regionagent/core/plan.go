@@ -62,7 +62,8 @@ func (p Plan) Idle() bool {
 // PlanRenewal decides a renewal round:
 //
 //   - held is what stays spendable past the lead time (a lease about to
-//     expire will not be there when needed);
+//     expire will not be there when needed), or near the window's end what
+//     stays spendable until about its end (heldHorizon);
 //   - low-water = demand x lead, capped by what the rest of the window can
 //     use (else agents ask for crumbs at a window's end), at least 1;
 //   - renew when held < low-water, when a denied cost exceeds held, or to
@@ -76,7 +77,7 @@ func PlanRenewal(in PlanInput) Plan {
 		rate = 0
 	}
 	p.Low = LowWater(rate, in.Lead, in.Left)
-	p.Held = in.Bucket.Lasting(in.NowMs, in.Lead.Milliseconds())
+	p.Held = in.Bucket.Lasting(in.NowMs, heldHorizon(in.Lead, in.Left).Milliseconds())
 	p.Target = ceilTokens(rate * min(in.TTL, in.Left).Seconds())
 	p.Acquire = !in.Spent && (in.Pending || p.Held < p.Low || in.KickCost > p.Held)
 	if p.Acquire && in.KickCost > p.Target {
@@ -97,6 +98,15 @@ func PlanRenewal(in PlanInput) Plan {
 	}
 	p.AcquireNext = !in.NextDone && rate > 0 && in.Left < in.Lead+in.Every
 	return p
+}
+
+// heldHorizon is how long a token must stay spendable to count as held:
+// the lead time, but no longer than the window has left less a quarter of
+// the lead (every lease ends at its window's end, a little before it on
+// the agent's and the store's clocks). Without the cap nothing counts as
+// held in a window's last lead time, and every round acquires crumbs.
+func heldHorizon(lead, left time.Duration) time.Duration {
+	return max(0, min(lead, left-lead/4))
 }
 
 // LowWater is the balance below which a limit is renewed: demand x lead

@@ -45,6 +45,14 @@ func TestPlanRenewal(t *testing.T) {
 			in.Bucket.Expired = []store.ExpiredLease{{ID: "x", Remaining: 3}}
 			in.Bucket.Open = []store.OpenLease{open("a", 100, 10_000)}
 		}, Plan{Held: 100, Low: 20, Target: 150, Close: []store.ExpiredLease{{ID: "x", Remaining: 3}}}},
+		{"near the window's end, a lease lasting to about its end is held", func(in *PlanInput) {
+			in.Left = time.Second // heldHorizon: 1 s - 2 s/4 = 500 ms
+			in.Bucket.Open = []store.OpenLease{open("a", 100, 950)}
+		}, Plan{Held: 100, Low: 10, Target: 10, AcquireNext: true}},
+		{"in its last quarter lead, every spendable token is held", func(in *PlanInput) {
+			in.Left = 400 * time.Millisecond
+			in.Bucket.Open = []store.OpenLease{open("a", 3, 50)}
+		}, Plan{Held: 3, Low: 4, Target: 4, Acquire: true, AcquireNext: true}},
 		{"no demand: no next window", func(in *PlanInput) {
 			in.Rate, in.Left = 0, time.Second
 			in.Bucket.Open = []store.OpenLease{open("a", 1, 10_000)}

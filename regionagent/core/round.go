@@ -278,6 +278,9 @@ func (c *Core) endRound(st *limitState, now time.Time) {
 	c.schedule(st, now)
 }
 
+// maxOneWay caps the one-way delay an allocator reply is assumed to take.
+const maxOneWay = 150 * time.Millisecond
+
 // Acquired hands the Core the allocator's answers to reqs (grants[i]
 // answers reqs[i]), from a call sent at sent and answered at recv.
 func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
@@ -332,10 +335,14 @@ func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
 		}
 		c.stats.RenewalsGranted++
 		if g.WindowLeft > 0 && !g.Replayed && g.WindowLen > 0 {
-			// The allocator's clock, seen from here: its window ends
-			// window_left after it answered, no earlier than we received.
+			// The allocator's clock, seen from here: it answered at
+			// allocNow, about half the call's round trip before the reply
+			// arrived (at most maxOneWay: a call that was retried says
+			// nothing about the path). Naming windows late would spend a
+			// new window's first Checks against the old window's pool.
 			allocNow := time.Duration((g.Window+1)*int64(g.WindowLen) - int64(g.WindowLeft))
-			c.offset, c.offsetSet = allocNow-time.Duration(recv.UnixNano()), true
+			answered := recv.Add(-min(recv.Sub(sent)/2, maxOneWay))
+			c.offset, c.offsetSet = allocNow-time.Duration(answered.UnixNano()), true
 		}
 		deadline := lease.Deadline(sent, g.ExpiresIn, c.margin(g.ExpiresIn))
 		var start time.Time
