@@ -93,3 +93,20 @@ func (c Clock) Ms(t time.Duration) int64 {
 func (c Clock) elapsed(t time.Duration) time.Duration {
 	return t + time.Duration(float64(t)*c.DriftPPM/1e6) + c.Offset
 }
+
+// When returns the earliest true time at which the clock reads t or later:
+// the instant a host that waits for its clock to reach t wakes up. It is
+// the inverse of At: At(When(t)) >= t, and At(When(t) - 1ns) < t. The clock
+// is monotonic (|DriftPPM| < 1e6).
+func (c Clock) When(t time.Time) time.Duration {
+	target := t.Sub(Epoch)
+	x := time.Duration(float64(target-c.Offset) / (1 + c.DriftPPM/1e6))
+	// The float estimate is off by a few ns at most; step to the exact one.
+	for c.elapsed(x) < target {
+		x++
+	}
+	for c.elapsed(x-1) >= target {
+		x--
+	}
+	return x
+}
