@@ -628,20 +628,13 @@ func (a *agent) evaluate(st *limState) {
 	for _, o := range p.Surplus {
 		ids = append(ids, o.ID)
 	}
-	if a.lh.w.strategy == LeaseholdSerialReturns {
-		// The agent before the fix: one ReturnLeases call per lease, each
-		// awaited, before acquiring.
-		for _, id := range ids {
-			steps = append(steps, func(next func()) { a.closeAndReturn(st, key, []string{id}, next) })
-		}
-	}
 	if p.Acquire {
 		steps = append(steps, func(next func()) { a.acquire(st, false, rate, p.Held, p.Want, next) })
 	}
 	if p.AcquireNext {
 		steps = append(steps, func(next func()) { a.acquire(st, true, rate, 0, 0, next) })
 	}
-	if a.lh.w.strategy != LeaseholdSerialReturns && len(ids) > 0 {
+	if len(ids) > 0 {
 		// As regionagent: acquire first, then one ReturnLeases call for
 		// every lease closed in this round.
 		steps = append(steps, func(next func()) { a.closeAndReturn(st, key, ids, next) })

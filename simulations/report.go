@@ -105,13 +105,9 @@ func BuildReport(o Options) *Report {
 		if sc.Name == "random" {
 			sc = RandomScenario(o.Seed, o.RandomRegions, o.RandomLimits, o.RandomWindows, 20*second)
 		}
-		strategies := Strategies
-		if sc.Name == "burst" {
-			strategies = append(slices.Clone(Strategies), LeaseholdSerialReturns)
-		}
-		rep.Scenarios = append(rep.Scenarios, ScenarioResults{Scenario: sc, Results: make([]Result, len(strategies))})
+		rep.Scenarios = append(rep.Scenarios, ScenarioResults{Scenario: sc, Results: make([]Result, len(Strategies))})
 		sr := &rep.Scenarios[len(rep.Scenarios)-1]
-		for i, s := range strategies {
+		for i, s := range Strategies {
 			jobs = append(jobs, job{sc: sc, s: s, out: &sr.Results[i]})
 		}
 	}

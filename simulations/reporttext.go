@@ -55,15 +55,14 @@ var scenarioText = map[string]func([]Result) string{
 			in.MaxAdmittedG, pct(st.MaxStrandedG), lh.MaxAdmittedG, pct(lh.MaxStrandedG))
 	},
 	"burst": func(rs []Result) string {
-		in, lh, old, c := find(rs, Independent), find(rs, Leasehold), find(rs, LeaseholdSerialReturns), find(rs, Central)
+		in, lh, c := find(rs, Independent), find(rs, Leasehold), find(rs, Central)
 		return fmt.Sprintf("Independent limits admit %.2f x G around a boundary (each region spends a full G on each "+
 			"side of it). Leasehold never exceeds G (overshoot %d) and strands at most %s of G (central: %s). This "+
-			"scenario found an agent problem, since fixed: the burst drains window k's pool in a dozen small leases "+
-			"whose deadlines all fall a few tens of ms before the boundary; the agent used to return them one "+
-			"ReturnLeases call at a time, each awaited (a WAN round trip), before it could acquire, so its renewal round "+
-			"straddled the boundary and the burst of window k+1 was denied. The row \"leasehold, serial returns\" runs "+
-			"that old agent: it strands up to %s. The agent now acquires first and returns a round's leases in one call.",
-			in.MaxAdmittedG, lh.MaxOvershoot, pct(lh.MaxStrandedG), pct(c.MaxStrandedG), pct(old.MaxStrandedG))
+			"scenario once found an agent problem: the burst drains window k's pool in a dozen small leases whose "+
+			"deadlines all fall a few tens of ms before the boundary, and an agent that returned them one awaited "+
+			"ReturnLeases call at a time before it could acquire straddled the boundary and denied the burst of "+
+			"window k+1. The agent acquires first and returns a round's leases in one call.",
+			in.MaxAdmittedG, lh.MaxOvershoot, pct(lh.MaxStrandedG), pct(c.MaxStrandedG))
 	},
 	"partition": func(rs []Result) string {
 		lh, c := find(rs, Leasehold), find(rs, Central)

@@ -22,7 +22,6 @@ const (
 // world is one run: a scenario, a strategy and a seed.
 type world struct {
 	sc       *Scenario
-	strategy Strategy
 	seed     uint64
 	eng      *Engine
 	net      *Network
@@ -52,7 +51,7 @@ func stream(seed uint64, purpose, index uint64) *rand.Rand {
 func Run(sc Scenario, s Strategy, seed uint64) Result {
 	sc.Limits = slices.Clone(sc.Limits) // defaults writes; runs may share a Scenario
 	sc.defaults()
-	w := &world{sc: &sc, strategy: s, seed: seed, eng: &Engine{}}
+	w := &world{sc: &sc, seed: seed, eng: &Engine{}}
 	w.net = NewNetwork(w.eng, stream(seed, 1, 0))
 	w.regionUp = make([]bool, len(sc.Regions))
 	w.allocUp = true

@@ -18,11 +18,6 @@ const (
 	Central
 	// Leasehold: leases from the allocator, spent locally.
 	Leasehold
-	// LeaseholdSerialReturns is Leasehold with the agent as it was before
-	// the simulator found the boundary-burst problem: a renewal round
-	// returned the leases it closed one awaited ReturnLeases call each,
-	// before acquiring. Kept to show what the fix buys.
-	LeaseholdSerialReturns
 )
 
 // Strategies lists every strategy in report order.
@@ -38,8 +33,6 @@ func (s Strategy) String() string {
 		return "central"
 	case Leasehold:
 		return "leasehold"
-	case LeaseholdSerialReturns:
-		return "leasehold, serial returns (before the fix)"
 	}
 	return "?"
 }

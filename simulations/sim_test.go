@@ -29,10 +29,8 @@ func testScenarios(seed uint64) []Scenario {
 
 var (
 	goldenOnce sync.Once
-	goldenRes  [][]Result // per test scenario, per strategy (Strategies + batched returns)
+	goldenRes  [][]Result // per test scenario, per strategy
 )
-
-var allStrategies = append(append([]Strategy{}, Strategies...), LeaseholdSerialReturns)
 
 // seed1 runs every test scenario with every strategy at seed 1, once.
 func seed1(t *testing.T) [][]Result {
@@ -42,8 +40,8 @@ func seed1(t *testing.T) [][]Result {
 		goldenRes = make([][]Result, len(scs))
 		var jobs []job
 		for i, sc := range scs {
-			goldenRes[i] = make([]Result, len(allStrategies))
-			for j, s := range allStrategies {
+			goldenRes[i] = make([]Result, len(Strategies))
+			for j, s := range Strategies {
 				jobs = append(jobs, job{sc: sc, s: s, out: &goldenRes[i][j]})
 			}
 		}
@@ -56,7 +54,7 @@ func byName(t *testing.T, name string, s Strategy) Result {
 	t.Helper()
 	for i, sc := range testScenarios(1) {
 		if sc.Name == name {
-			for j, st := range allStrategies {
+			for j, st := range Strategies {
 				if st == s {
 					return seed1(t)[i][j]
 				}
@@ -157,7 +155,6 @@ func strict(t *testing.T, what string, r Result) {
 func TestLeaseholdStrictEveryScenario(t *testing.T) {
 	for _, sc := range testScenarios(1) {
 		strict(t, sc.Name, byName(t, sc.Name, Leasehold))
-		strict(t, sc.Name+" (serial returns)", byName(t, sc.Name, LeaseholdSerialReturns))
 	}
 }
 
@@ -229,12 +226,7 @@ func TestDetection(t *testing.T) {
 	if r := byName(t, "partition", Leasehold); r.Unavailable == 0 {
 		t.Errorf("partition: the cut-off region never fell back")
 	}
-	lh, old := byName(t, "burst", Leasehold), byName(t, "burst", LeaseholdSerialReturns)
-	if lh.MaxStrandedG > 0.01 {
+	if lh := byName(t, "burst", Leasehold); lh.MaxStrandedG > 0.01 {
 		t.Errorf("burst: leasehold strands %.1f%%, want <= 1%%", 100*lh.MaxStrandedG)
 	}
-	if old.MaxStrandedG < 0.10 {
-		t.Errorf("burst: the agent with serial returns strands only %.1f%%: the simulator no longer shows the problem it found", 100*old.MaxStrandedG)
-	}
-	t.Logf("burst: leasehold strands up to %.1f%% of G, the old agent (serial returns) %.1f%%", 100*lh.MaxStrandedG, 100*old.MaxStrandedG)
 }

@@ -22,7 +22,7 @@ func main() {
 			if sc.Name != *only {
 				continue
 			}
-			for _, s := range append(simulations.Strategies, simulations.LeaseholdSerialReturns) {
+			for _, s := range simulations.Strategies {
 				t0 := time.Now()
 				r := simulations.Run(sc, s, *seed)
 				fmt.Printf("%-12s %s  (%v, %d events)\n", s, simulations.Summary(r), time.Since(t0).Round(time.Millisecond), r.Events)
