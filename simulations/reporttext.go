@@ -7,7 +7,8 @@ const reportIntro = `Each scenario runs four strategies on the same traffic (sam
 - **independent**: every region enforces G on its own (a regional limiter per region);
 - **static split**: every region enforces G / regions;
 - **central**: every request asks one exact counter in the home region and waits for the WAN round trip;
-- **leasehold**: the real allocator core grants leases, the real agent logic renews, spends and returns them.
+- **leasehold**: the real allocator core grants leases; in each region the real agent core (` + "`regionagent/core`" + `),
+  in a simulated shell, spends, renews and returns them.
 
 How to read the columns (every figure is per limit and per window of the allocator's clock, over every window of the run):
 
@@ -23,8 +24,9 @@ How to read the columns (every figure is per limit and per window of the allocat
 - **allocator calls/s**: calls received by the home region (lease acquires and returns, retries and duplicates
   included; for the central authority, one per request).
 - **latency added**: what the limiter adds to a request: a regional Redis round trip (1 ms) for the local strategies
-  and Leasehold (plus the first lease of a new limit, which may wait up to 500 ms), the WAN round trip for the central
-  authority (a request without an answer after 1 s counts 1 s and is unavailable).
+  and Leasehold (plus, when the region holds no tokens and the pool is not known to be spent, the wait for a lease in
+  flight: at most 500 ms, then unavailable), the WAN round trip for the central authority (a request without an
+  answer after 1 s counts 1 s and is unavailable).
 - **unavailable**: requests the limiter could not decide (partition, authority down, closed fallback, lost messages).
 
 `
@@ -84,9 +86,9 @@ var scenarioText = map[string]func([]Result) string{
 		lh, c := find(rs, Leasehold), find(rs, Central)
 		return fmt.Sprintf("Agents keep spending the leases they hold through the 5 s takeover and retry their "+
 			"requests with the same ids; the new leader, rebuilt from the committed grants, answers replays with the "+
-			"original leases. Leasehold: overshoot %d, stranding max %s, no unavailable answer. The central authority "+
-			"answers nothing for 5 s (%d unavailable, p99 latency %.0f ms).",
-			lh.MaxOvershoot, pct(lh.MaxStrandedG), c.Unavailable, c.LatencyP99Ms)
+			"original leases. Leasehold: overshoot %d, stranding max %s, %d unavailable answers. The central "+
+			"authority answers nothing for 5 s (%d unavailable, p99 latency %.0f ms).",
+			lh.MaxOvershoot, pct(lh.MaxStrandedG), lh.Unavailable, c.Unavailable, c.LatencyP99Ms)
 	},
 	"drift": func(rs []Result) string {
 		st, lh := find(rs, StaticSplit), find(rs, Leasehold)
@@ -102,7 +104,7 @@ var scenarioText = map[string]func([]Result) string{
 			"strands %.1f%% of G on average. Leasehold admits %.3f x G on average against the central authority's %.3f, "+
 			"with overshoot %d, at %.0f allocator calls per second for all limits (the central authority: %.0f) and "+
 			"%.1f ms mean added latency (central: %.0f ms; Leasehold's mean includes the first request of each "+
-			"limit in each region waiting for its first lease). Its worst limit-window strands %s (mean %.2f%%, "+
+			"limit in each region, and any request that finds its region dry, waiting for a lease). Its worst limit-window strands %s (mean %.2f%%, "+
 			"against the central authority's %s worst); which limits strand most, and why, is not analysed yet.",
 			in.OvershootWindows, in.LimitWindows, in.MaxAdmittedG, 100*st.MeanStrandedG, lh.MeanAdmittedG, c.MeanAdmittedG,
 			lh.MaxOvershoot, lh.AllocCallsPerSec, c.AllocCallsPerSec, lh.LatencyMeanMs, c.LatencyMeanMs,
@@ -155,16 +157,18 @@ const reportMethod = `## How the simulator works
 strategy sees the same arrivals), and nothing reads the wall clock: the same seed gives the same report.
 
 - **Real code**: ` + "`allocator.Core`" + ` decides every grant and return; ` + "`lease`" + ` sizes, clamps and times
-  leases; ` + "`regionagent.PlanRenewal`" + ` and ` + "`regionagent.Demand`" + ` make every renewal decision;
-  ` + "`bucket.ClockSync`" + ` converts deadlines to Redis's clock; ` + "`overshoot.Compute`" + ` gives the bound.
-- **Played by the simulator**: the Redis bucket (an in-memory bucket with the Lua scripts' semantics, tested against
-  their step tables), etcd (a commit takes 5 ms; a failover rebuilds a new Core with ` + "`Restore`" + ` from the
-  grants committed so far), the network (per-link delay, jitter, loss, duplication, cuts), host clocks (offset and
-  drift), and the agent's loops (renewal every 250 ms and on a kick, lead 2 s, retries with the same request id,
-  1 s per attempt for up to 5 s, cold wait 500 ms).
-- **Simplifications**: one agent replica per region (the renewal lock is not exercised); fallback is closed
-  everywhere; allocator replicas share one clock; renewals of different limits run concurrently (the real agent's
-  renewal loop evaluates limits one after another and blocks on each allocator call, which at a thousand active
-  limits per region would delay renewals; batching them is not built yet); the home region holds only the allocator,
-  so every region pays a WAN round trip to it.
+  leases; ` + "`regionagent/core.Core`" + ` makes every agent decision (Checks, waits, renewal rounds, deposits, closes,
+  returns, its own timers), with its default settings; ` + "`bucket.ClockSync`" + ` converts the agent's deadlines to
+  Redis's clock; ` + "`store.Mem`" + ` is the Redis bucket (the Lua scripts' semantics, tested against their step
+  tables); ` + "`overshoot.Compute`" + ` gives the bound.
+- **Played by the simulator**: etcd (a commit takes 5 ms; a failover rebuilds a new Core with ` + "`Restore`" + ` from
+  the grants committed so far), the network (per-link delay, jitter, loss, duplication, cuts), host clocks (offset and
+  drift), and the agent's shell: it carries out the core's actions on virtual time, sends the acquires (returns) of
+  one batch of actions in one allocator call, retried with the same request ids (1 s per attempt for up to 5 s), and
+  wakes the core when it asks to be woken.
+- **Simplifications**: one agent replica per region (the renewal lock is not exercised); Redis never fails (the
+  in-process store is not exercised); fallback is closed everywhere; the shell has no circuit breaker (a call that
+  fails for good is reported to the core as failed; the core's own fallback then applies); store operations take no
+  time; allocator replicas share one clock; the home region holds only the allocator, so every region pays a WAN
+  round trip to it.
 `
