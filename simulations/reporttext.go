@@ -127,15 +127,18 @@ how many tokens a region holds that the other could have used.
 `
 
 const strandPlotText = `**What this plot shows.** Mean stranded tokens per window (% of G) against the lease ttl, one
-line per max-chunk setting. Both ends cost: very short leases (1-2 s) leave a region briefly dry each time a lease
-expires before the next arrives (about 1% stranded), and very long leases without a cap on a grant let the busy
-region sit on most of the pool after the demand has moved (60 s: 6% on average, 38% in the worst window). Between
-5 and 15 s stranding stays under 0.4% on average; a max chunk removes most of the long-lease stranding.`
+line per max-chunk setting. Both ends cost: leases no longer than the agent's renewal lead (2 s) are renewed as
+soon as they arrive and count for nothing the region holds when it asks, so a region keeps asking and holds more
+than it spends (3-3.5% stranded on average), and very long leases without a cap on a grant let the busy region sit
+on most of the pool after the demand has moved (30 s: 30% in the worst window; 60 s: 9% on average, 37% in the
+worst). Between 5 and 15 s stranding stays around 0.3-0.6% on average; a max chunk removes most of the long-lease
+stranding.`
 
 const callsPlotText = `**What this plot shows.** Allocator calls per second (acquires and returns) against the lease ttl,
-for the same runs. Leases of 1-2 s cost 11-13 calls per second for this one limit; from 5 s on it falls to one or
+for the same runs. Leases of 1-2 s cost 17-28 calls per second for this one limit; from 5 s on it falls to one or
 two, and a small max chunk keeps it higher because each grant covers less demand. Read the two plots together: the
-default ttl W/4 (15 s for a one-minute window) strands well under 1% at about 0.6 calls per second per limit.`
+default ttl W/4 (15 s for a one-minute window) strands well under 1% on average at about 0.5 calls per second per
+limit.`
 
 const driftIntro = `## Clock drift and round-trip time
 
