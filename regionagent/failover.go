@@ -452,7 +452,8 @@ func (f *failoverWatcher) rollbackTokens(limit string, window int64) int64 {
 }
 
 // pruneLocked forgets windows whose buckets have expired (their end plus
-// the key grace): nothing of them is read or reported any more.
+// the key grace): nothing of them is read or reported any more; and the
+// admit rates of limits with no window left.
 func (f *failoverWatcher) pruneLocked(now time.Time) {
 	old := now.Add(-f.a.opt.keyGrace)
 	for k, s := range f.seen {
@@ -466,13 +467,17 @@ func (f *failoverWatcher) pruneLocked(now time.Time) {
 			delete(f.reported, k)
 		}
 	}
-	f.a.mu.Lock()
+	// A limit with no window left to watch needs no admit rate: the
+	// watcher's state follows traffic and is gone a key grace after it.
+	live := make(map[string]bool, len(f.seen))
+	for k := range f.seen {
+		live[k.limit] = true
+	}
 	for id := range f.rates {
-		if _, ok := f.a.core.Limit(id); !ok {
+		if !live[id] {
 			delete(f.rates, id)
 		}
 	}
-	f.a.mu.Unlock()
 }
 
 // failoverMetrics are the watcher's metrics, on the agent's Registerer.

@@ -123,6 +123,9 @@ type Core struct {
 
 	timers   timerHeap
 	reportAt time.Time // zero: no report scheduled
+	// pending are the limits with windows to report or returns to send:
+	// the report timer looks at these only, not at every limit.
+	pending map[string]*limitState
 
 	ready   Ready
 	changed map[string]bool // limits whose waiting Checks should look again
@@ -153,7 +156,7 @@ func New(cfg Config, opts ...Option) *Core {
 	return &Core{
 		cfg: cfg, opt: o, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		limits: map[string]*Limit{}, states: map[string]*limitState{}, byRequest: map[string]*limitState{},
-		changed: map[string]bool{},
+		changed: map[string]bool{}, pending: map[string]*limitState{},
 	}
 }
 
@@ -376,9 +379,13 @@ func (c *Core) busy(st *limitState, now time.Time) bool {
 	return d.Measured(now)*c.opt.lead.Seconds() >= 1
 }
 
-func (c *Core) sortedStates() []string {
-	ids := make([]string, 0, len(c.states))
-	for id := range c.states {
+func (c *Core) sortedStates() []string { return sortedIDs(c.states) }
+
+// sortedIDs lists m's keys in order: every iteration that reaches an
+// action or an answer is ordered, so the simulator's runs repeat.
+func sortedIDs(m map[string]*limitState) []string {
+	ids := make([]string, 0, len(m))
+	for id := range m {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
@@ -648,6 +655,7 @@ func (c *Core) due(st *limitState, now time.Time) {
 	}
 	if !c.active(st, now) && c.forgettable(st) && now.Sub(st.lastCheck) >= c.opt.idleAfter {
 		delete(c.states, st.id)
+		delete(c.pending, st.id)
 		return
 	}
 	c.schedule(st, now)

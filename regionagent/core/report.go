@@ -24,6 +24,7 @@ func (c *Core) use(now time.Time, st *limitState, s Store, window int64) *winUse
 	if u == nil {
 		u = &winUse{end: c.WindowEnd(lease.Window{Index: window, Length: st.l.Window})}
 		st.windows[k] = u
+		c.pending[st.id] = st
 		if c.reportAt.IsZero() {
 			c.reportAt = now.Add(c.opt.reportEvery)
 		}
@@ -39,11 +40,14 @@ func (c *Core) hasReports(st *limitState) bool { return len(st.windows) > 0 }
 // crashed); all asks for every window still kept (the agent is stopping).
 func (c *Core) report(now time.Time, all bool) {
 	pending := false
-	for _, id := range c.sortedStates() {
-		st := c.states[id]
+	for _, id := range sortedIDs(c.pending) {
+		st := c.pending[id]
 		c.queueUnreturned(st)
 		pending = pending || len(st.unreturned) > 0
 		if len(st.windows) == 0 {
+			if len(st.unreturned) == 0 {
+				delete(c.pending, id)
+			}
 			continue
 		}
 		var byStore [2][]int64
@@ -74,6 +78,9 @@ func (c *Core) report(now time.Time, all bool) {
 			}
 		}
 		if len(st.windows) == 0 {
+			if len(st.unreturned) == 0 {
+				delete(c.pending, id)
+			}
 			c.schedule(st, now) // it may be forgotten once idle
 		}
 	}
@@ -123,8 +130,8 @@ type WindowSeen struct {
 // readings).
 func (c *Core) Seen(since time.Time) []WindowSeen {
 	var out []WindowSeen
-	for _, id := range c.sortedStates() {
-		st := c.states[id]
+	for _, id := range sortedIDs(c.pending) {
+		st := c.pending[id]
 		for k, u := range st.windows {
 			if k.store == Shared && u.seenAt.After(since) {
 				out = append(out, WindowSeen{Limit: id, Window: k.window, End: u.end, Length: st.l.Window,
