@@ -5,10 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"leasehold/allocator"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/core"
@@ -117,21 +113,5 @@ func TestLimitChangePropagatesWithinSeconds(t *testing.T) {
 // running (default intervals) and waits for its first limits sync.
 func (w *world) liveAgent(region, replica string) *Agent {
 	w.t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: w.redis[region].Addr()})
-	a, err := New(Config{Region: region, Allocators: []string{w.addr}, Redis: rdb, ReplicaID: replica,
-		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		Logger:      testLogger()})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	w.t.Cleanup(func() { cancel(); <-done; a.Close(); rdb.Close() })
-	select {
-	case <-a.Ready():
-	case <-time.After(15 * time.Second):
-		w.t.Fatal("agent never synced its limits")
-	}
-	return a
+	return w.liveAgentOpts(region, replica)
 }

@@ -276,15 +276,10 @@ func TestUnansweredRequestIsReplayed(t *testing.T) {
 // nothing.
 func TestDuplicateReplyIgnored(t *testing.T) {
 	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute))
-	chk := w.c.Begin(w.now, []Item{{Limit: "a", Cost: 1}}, time.Time{})
-	res, _ := w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
-	w.c.Spent(w.now, chk, res, nil)
-	rd := w.c.Ready()
-	w.c.RoundRead(w.now, rd.Rounds[0], RoundResult{Locked: true, NowMs: ms(w.now)})
-	rd = w.c.Ready()
-	g := w.alloc.acquire(w.now, rd.Acquires[0])
-	w.c.Acquired(w.now, w.now, rd.Acquires, []Grant{g})
-	w.c.Acquired(w.now, w.now, rd.Acquires, []Grant{g})
+	_, acq := w.firstRound("a")
+	g := w.alloc.acquire(w.now, acq[0])
+	w.c.Acquired(w.now, w.now, acq, []Grant{g})
+	w.c.Acquired(w.now, w.now, acq, []Grant{g})
 	if d := w.c.Ready().Deposits; len(d) != 1 {
 		t.Fatalf("%d deposits from a duplicated reply, want 1", len(d))
 	}
@@ -373,17 +368,12 @@ func TestNotSyncedIsUnavailable(t *testing.T) {
 // pool for other regions: OVER_LIMIT, retried after about spentRetry.
 func TestShareSpentIsOverLimitBriefly(t *testing.T) {
 	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute))
-	chk := w.c.Begin(w.now, []Item{{Limit: "a", Cost: 1}}, time.Time{})
-	res, _ := w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
-	w.c.Spent(w.now, chk, res, nil)
-	rd := w.c.Ready()
-	w.c.RoundRead(w.now, rd.Rounds[0], RoundResult{Locked: true, NowMs: ms(w.now)})
-	rd = w.c.Ready()
-	w.c.Acquired(w.now, w.now, rd.Acquires, []Grant{{OK: true, Window: 30_000_000, WindowLen: time.Minute,
+	chk, acq := w.firstRound("a")
+	w.c.Acquired(w.now, w.now, acq, []Grant{{OK: true, Window: 30_000_000, WindowLen: time.Minute,
 		PoolLeft: 40, ShareSpent: true}})
 	w.drain()
 	w.c.Woke(w.now, chk)
-	res, _ = w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
+	res, _ := w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
 	w.c.Spent(w.now, chk, res, nil)
 	if chk.Step != StepDone || chk.Answers[0].Reason != ReasonOverLimit {
 		t.Fatalf("%+v", chk)

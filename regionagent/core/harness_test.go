@@ -240,6 +240,35 @@ func (w *world) run(rd Ready) {
 	}
 }
 
+// count carries out a Check's StepCount on the stores.
+func (w *world) count(chk *Check) {
+	vals := make([]int64, len(chk.Count))
+	for i, op := range chk.Count {
+		vals[i], _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
+	}
+	w.c.Counted(w.now, chk, vals, nil)
+}
+
+// undo applies a finished Check's Undo.
+func (w *world) undo(chk *Check) {
+	for _, op := range chk.Undo {
+		_, _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
+	}
+}
+
+// firstRound starts a Check of limit that finds the region dry and reads
+// its bucket for the round it kicks: the acquires are what the round asks
+// (the test answers them itself).
+func (w *world) firstRound(limit string) (*Check, []Acquire) {
+	w.t.Helper()
+	chk := w.c.Begin(w.now, []Item{{Limit: limit, Cost: 1}}, time.Time{})
+	res, _ := w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
+	w.c.Spent(w.now, chk, res, nil)
+	rd := w.c.Ready()
+	w.c.RoundRead(w.now, rd.Rounds[0], RoundResult{Locked: true, NowMs: ms(w.now)})
+	return chk, w.c.Ready().Acquires
+}
+
 // check runs one Check to its end, waiting as it asks (the wait ends at
 // once when nothing else will happen: the test moves time itself).
 func (w *world) check(limit string, cost int64) Answer {
@@ -279,15 +308,9 @@ func (w *world) checkMulti(items ...Item) ([]Answer, *Check) {
 			}
 			w.c.Woke(w.now, chk)
 		case StepCount:
-			vals := make([]int64, len(chk.Count))
-			for i, op := range chk.Count {
-				vals[i], _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
-			}
-			w.c.Counted(w.now, chk, vals, nil)
+			w.count(chk)
 		case StepDone:
-			for _, op := range chk.Undo {
-				_, _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
-			}
+			w.undo(chk)
 			w.drain()
 			if chk.Err != nil {
 				return nil, chk

@@ -183,15 +183,9 @@ func (ch *chaos) check(limit string, cost int64) {
 			}
 			w.c.Woke(w.now, chk)
 		case StepCount:
-			vals := make([]int64, len(chk.Count))
-			for i, op := range chk.Count {
-				vals[i], _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
-			}
-			w.c.Counted(w.now, chk, vals, nil)
+			w.count(chk)
 		case StepDone:
-			for _, op := range chk.Undo {
-				_, _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
-			}
+			w.undo(chk)
 			if chk.Err != nil {
 				ch.t.Fatalf("check %s: %v", limit, chk.Err)
 			}

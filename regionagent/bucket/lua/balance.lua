@@ -32,18 +32,8 @@ for _, l in ipairs(leases) do
     expired[#expired + 1] = l
   end
 end
-local names = {}
-for name in pairs(counters) do
-  if name ~= 'admitted' and name ~= 'denied' then
-    names[#names + 1] = name
-  end
-end
-table.sort(names)
-local out = {bal, live, earliest, pending, counters['admitted'] or 0, counters['denied'] or 0, #names}
-for _, name in ipairs(names) do
-  out[#out + 1] = name
-  out[#out + 1] = counters[name]
-end
+local out = {bal, live, earliest, pending, counters['admitted'] or 0, counters['denied'] or 0}
+other_counters(counters, out)
 out[#out + 1] = #expired
 for _, l in ipairs(expired) do
   out[#out + 1] = l.id

@@ -1,5 +1,5 @@
--- common.lua: helpers prepended to deposit.lua, spend.lua, close.lua,
--- balance.lua and add.lua by the Go package (one source string per script,
+-- common.lua: helpers prepended to every bucket script but the lock's
+-- (unlock.lua, extend.lua) by the Go package (one source string per script,
 -- loaded with SCRIPT LOAD, run with EVALSHA).
 --
 -- Rules for every bucket script (they must behave the same on redis-server
@@ -97,6 +97,24 @@ local function spendable(leases, now)
     end
   end
   return sum, earliest
+end
+
+-- other_counters appends to out the number of counters other than admitted
+-- and denied, then each one's name and value, sorted by name (the order
+-- must not depend on HGETALL's).
+local function other_counters(counters, out)
+  local names = {}
+  for name in pairs(counters) do
+    if name ~= 'admitted' and name ~= 'denied' then
+      names[#names + 1] = name
+    end
+  end
+  table.sort(names)
+  out[#out + 1] = #names
+  for _, name in ipairs(names) do
+    out[#out + 1] = name
+    out[#out + 1] = counters[name]
+  end
 end
 
 -- orphan gives a key that has no expiry (it was created by this script

@@ -15,17 +15,6 @@ for i = 2, #KEYS do
   load(KEYS[i], counters)
   out[#out + 1] = counters['admitted'] or 0
   out[#out + 1] = counters['denied'] or 0
-  local names = {}
-  for name in pairs(counters) do
-    if name ~= 'admitted' and name ~= 'denied' then
-      names[#names + 1] = name
-    end
-  end
-  table.sort(names)
-  out[#out + 1] = #names
-  for _, name in ipairs(names) do
-    out[#out + 1] = name
-    out[#out + 1] = counters[name]
-  end
+  other_counters(counters, out)
 end
 return out
