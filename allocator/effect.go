@@ -141,7 +141,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 	}
 	e.Granted = net
 	for _, u := range c.RegionUsage(id, w.Index) {
-		e.Admitted += u.Admitted + u.FallbackAdmitted
+		e.Admitted += u.NetAdmitted() + u.FallbackAdmitted
 	}
 	poolNow := max(0, cur.Tokens-net)
 	var demands []lease.RegionDemand

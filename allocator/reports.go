@@ -115,7 +115,7 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 	slices.Sort(regions)
 	for _, r := range regions {
 		u := s.Regions[r]
-		reg := overshoot.Region{Name: r, Admitted: u.Admitted, FallbackAdmitted: u.FallbackAdmitted,
+		reg := overshoot.Region{Name: r, Admitted: u.NetAdmitted(), FallbackAdmitted: u.FallbackAdmitted,
 			Fallback: overshoot.FallbackMode(fallbackRank(u.Fallback)), LocalAllowance: s.Local[r]}
 		if u.RedisRollback > 0 {
 			reg.Failovers = []overshoot.Failover{{Observed: u.RedisRollback}}

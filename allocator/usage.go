@@ -19,8 +19,15 @@ type UsageRecord struct {
 	FallbackAdmitted int64  `json:"fb"`
 	Fallback         int32  `json:"fbk,omitempty"` // pb.FallbackKind, the most permissive seen
 	RedisRollback    int64  `json:"rr,omitempty"`
-	At               int64  `json:"at"` // unix ns of the last change, allocator clock
+	// Released tokens of sub-leases came back unspent: Admitted counts them
+	// from the reservation on, and NetAdmitted subtracts them.
+	Released int64 `json:"rel,omitempty"`
+	At       int64 `json:"at"` // unix ns of the last change, allocator clock
 }
+
+// NetAdmitted is what was admitted: Admitted minus the tokens of sub-lease
+// reservations that came back unspent.
+func (r UsageRecord) NetAdmitted() int64 { return max(0, r.Admitted-r.Released) }
 
 type reporterKey struct {
 	region, reporter string
@@ -94,6 +101,7 @@ func (r *UsageRecord) merge(u *pb.Usage) bool {
 	grow(&r.Denied, u.Denied)
 	grow(&r.FallbackAdmitted, u.FallbackAdmitted)
 	grow(&r.RedisRollback, u.RedisRollbackTokens)
+	grow(&r.Released, u.Released)
 	if fallbackRank(int32(u.Fallback)) > fallbackRank(r.Fallback) {
 		r.Fallback, changed = int32(u.Fallback), true
 	}
@@ -124,6 +132,7 @@ func (c *Core) RegionUsage(limit string, window int64) map[string]UsageRecord {
 		s.Denied += u.Denied
 		s.FallbackAdmitted += u.FallbackAdmitted
 		s.RedisRollback += u.RedisRollback
+		s.Released += u.Released
 		if fallbackRank(u.Fallback) > fallbackRank(s.Fallback) {
 			s.Fallback = u.Fallback
 		}

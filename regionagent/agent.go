@@ -332,11 +332,6 @@ func (a *Agent) CheckMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 			return nil, err
 		}
 	}
-	if len(chk.Undo) > 0 {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opt.redisTimeout)
-		_, _ = a.store(chk.Store).addAll(uctx, chk.Undo)
-		cancel()
-	}
 	if chk.StoreErr {
 		a.m.checks.WithLabelValues(string(core.ResultStoreError)).Inc()
 	}
@@ -379,12 +374,14 @@ func (a *Agent) step(ctx context.Context, chk *core.Check) error {
 	case core.StepWait:
 		return a.wait(ctx, chk)
 	case core.StepCount:
-		vals, err := a.store(chk.Store).addAll(ctx, chk.Count)
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		ok, vals, err := a.store(chk.Store).admitFallback(rctx, chk.Count)
+		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		now := a.opt.now()
-		a.withCore(func(c *core.Core) { c.Counted(now, chk, vals, err) })
+		a.withCore(func(c *core.Core) { c.Counted(now, chk, ok, vals, err) })
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"leasehold/lease"
+	"leasehold/regionagent/store"
 )
 
 func TestReserveRelease(t *testing.T) {
@@ -37,6 +38,9 @@ func TestReserveRelease(t *testing.T) {
 	if d, _ := a.Check(ctx, l.Id, 61); d.Allowed || d.Remaining != 60 {
 		t.Fatalf("check of 61 with 60 left: %+v", d)
 	}
+	// A usage report while the reservation is out counts its 40 tokens as
+	// admitted (a client that crashes is counted as having spent them).
+	a.report(ctx)
 	// The client spent 15 of 40: 25 come back and are spendable by Checks.
 	if n, err := a.Release(ctx, l.Id, "client-1", 25); err != nil || n != 25 {
 		t.Fatalf("release: %d %v", n, err)
@@ -44,13 +48,29 @@ func TestReserveRelease(t *testing.T) {
 	if n, _ := a.Release(ctx, l.Id, "client-1", 25); n != 25 {
 		t.Fatalf("retried release: %d", n)
 	}
+	// The allocator keeps each reporter's highest counts: the report before
+	// the release (40) must not stand for more than was admitted (15).
+	a.report(ctx)
+	if got := w.regionUsage(l.Id, "eu", win).NetAdmitted(); got != 15 {
+		t.Fatalf("after the release the allocator counts %d admitted, want 15", got)
+	}
 	if d, _ := a.Check(ctx, l.Id, 85); !d.Allowed {
 		t.Fatalf("the released tokens are not spendable: %+v", d)
 	}
-	// Conservation: granted = admitted (15 by the client + 85) + held.
+	// Conservation: granted = admitted (15 by the client + 85) + held, the
+	// bucket's admitted less what the release gave back (every counter
+	// only grows).
 	bal := balance(t, a, l.Id, win, w.clock.Now())
-	if got := w.stats(l.Id, win).Granted; got != bal.Admitted+bal.Spendable || bal.Admitted != 100 {
-		t.Fatalf("granted %d, admitted %d, held %d", got, bal.Admitted, bal.Spendable)
+	net := bal.Admitted - counterOf(bal, "released")
+	if got := w.stats(l.Id, win).Granted; got != net+bal.Spendable || net != 100 {
+		t.Fatalf("granted %d, admitted %d (less released), held %d", got, net, bal.Spendable)
+	}
+	// The allocator, which keeps each reporter's highest counts, has what
+	// was really admitted: the report before the release (40 admitted)
+	// is not taken for more than it was.
+	a.report(ctx)
+	if got := w.regionUsage(l.Id, "eu", win).NetAdmitted(); got != 100 {
+		t.Fatalf("the allocator counts %d admitted, want 100", got)
 	}
 	// Nothing left: a reservation gets nothing and says why.
 	if r, _ := a.Reserve(ctx, l.Id, 10, 1, "client-2"); r.Allowed || r.Granted != 0 {
@@ -67,4 +87,13 @@ func TestReserveRelease(t *testing.T) {
 	if _, err := a.Release(ctx, l.Id, "client-1", -1); err == nil {
 		t.Error("negative unspent accepted")
 	}
+}
+
+func counterOf(b store.BalanceResult, name string) int64 {
+	for _, c := range b.Counters {
+		if c.Name == name {
+			return c.Value
+		}
+	}
+	return 0
 }

@@ -235,6 +235,8 @@ func usageOf(limit string, window, admitted, denied int64, counters []store.Coun
 			u.Fallback = max(u.Fallback, pb.FallbackKind_FALLBACK_KIND_LOCAL)
 		case store.CounterModeOpen:
 			u.Fallback = pb.FallbackKind_FALLBACK_KIND_OPEN
+		case store.CounterReleased:
+			u.Released = c.Value
 		}
 	}
 	return u

@@ -24,9 +24,9 @@ type leaseStore interface {
 	// read returns the bucket and the store's now (ms, its clock) at the read.
 	read(ctx context.Context, key store.Key) (store.BalanceResult, int64, error)
 	add(ctx context.Context, key store.Key, name string, delta int64) (int64, error)
-	// addAll adds each op in order and returns the values; on an error the
-	// values of the adds before it.
-	addAll(ctx context.Context, ops []core.CounterOp) ([]int64, error)
+	// admitFallback admits one request under its limits' fallback modes,
+	// all or nothing, never past a cap (store.FallbackAdd).
+	admitFallback(ctx context.Context, adds []store.FallbackAdd) (bool, []int64, error)
 	// tryLock takes a limit's renewal lock (the in-process store has none
 	// to take: only this replica spends it).
 	tryLock(ctx context.Context, limit string, ttl time.Duration) (bool, error)
@@ -40,18 +40,6 @@ type usageOut struct {
 	reporter string
 	usage    []*pb.Usage // windows with anything counted
 	err      error
-}
-
-func addAll(ctx context.Context, s leaseStore, ops []core.CounterOp) ([]int64, error) {
-	vals := make([]int64, 0, len(ops))
-	for _, op := range ops {
-		v, err := s.add(ctx, op.Key, op.Name, op.Delta)
-		if err != nil {
-			return vals, err
-		}
-		vals = append(vals, v)
-	}
-	return vals, nil
 }
 
 // ---- the region's Redis ----
@@ -180,8 +168,14 @@ func (s *redisStore) add(ctx context.Context, key store.Key, name string, delta 
 	return v, err
 }
 
-func (s *redisStore) addAll(ctx context.Context, ops []core.CounterOp) ([]int64, error) {
-	return addAll(ctx, s, ops)
+func (s *redisStore) admitFallback(ctx context.Context, adds []store.FallbackAdd) (bool, []int64, error) {
+	in := make([]bucket.FallbackAdd, len(adds))
+	for i, x := range adds {
+		in[i] = bucket.FallbackAdd{Key: bucket.Key(x.Key.Limit, x.Key.Window), Cost: x.Cost, Cap: x.Cap, Mode: x.Mode}
+	}
+	ok, vals, err := s.b.AdmitFallback(ctx, in)
+	s.a.observeRedis(err)
+	return ok, vals, err
 }
 
 func (s *redisStore) tryLock(ctx context.Context, limit string, ttl time.Duration) (bool, error) {
@@ -366,8 +360,11 @@ func (s *memStore) add(_ context.Context, key store.Key, name string, delta int6
 	return s.mem.AddCounter(key, name, delta, nowMs)
 }
 
-func (s *memStore) addAll(ctx context.Context, ops []core.CounterOp) ([]int64, error) {
-	return addAll(ctx, s, ops)
+func (s *memStore) admitFallback(_ context.Context, adds []store.FallbackAdd) (bool, []int64, error) {
+	nowMs := s.ms(s.clockNow())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mem.AdmitFallback(adds, nowMs)
 }
 
 func (s *memStore) tryLock(context.Context, string, time.Duration) (bool, error) { return true, nil }

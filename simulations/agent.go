@@ -195,13 +195,12 @@ func (a *agent) step(w *waiter) {
 			}
 			a.core.Spent(a.clock.At(t), chk, res, err)
 		case core.StepCount:
-			vals, err := a.addAll(chk.Count)
-			a.core.Counted(a.clock.At(t), chk, vals, err)
+			ok, vals, err := a.bucket.AdmitFallback(chk.Count, a.redis.Ms(t))
+			a.core.Counted(a.clock.At(t), chk, ok, vals, err)
 		case core.StepWait:
 			a.wait(w)
 			return
 		default: // core.StepDone
-			_, _ = a.addAll(chk.Undo)
 			a.answer(w, t)
 			return
 		}
@@ -308,7 +307,9 @@ func (a *agent) execute(rd core.Ready) {
 		}
 		a.core.Closed(now, cl, res, errs)
 	}
-	_, _ = a.addAll(rd.Counters)
+	for _, op := range rd.Counters {
+		_, _ = a.bucket.AddCounter(op.Key, op.Name, op.Delta, a.redisMs())
+	}
 	// rd.Unlocks: there is no lock to release (one replica).
 	for _, r := range rd.Reports {
 		a.core.ReportDone(now, r, true)
@@ -324,21 +325,6 @@ func (a *agent) execute(rd core.Ready) {
 	if len(rd.Returns) > 0 {
 		a.sendReturns(rd.Returns)
 	}
-}
-
-// addAll adds each op to its counter, in order (every op names the shared
-// store: the core never switches to its in-process store here, since the
-// region's Redis never fails), and returns the new values.
-func (a *agent) addAll(ops []core.CounterOp) ([]int64, error) {
-	vals := make([]int64, 0, len(ops))
-	for _, op := range ops {
-		v, err := a.bucket.AddCounter(op.Key, op.Name, op.Delta, a.redisMs())
-		if err != nil {
-			return vals, err
-		}
-		vals = append(vals, v)
-	}
-	return vals, nil
 }
 
 // deposit stores a lease in the bucket, its times converted to Redis's

@@ -358,3 +358,57 @@ func (b *Buckets) AddCounter(ctx context.Context, key, name string, delta int64)
 	}
 	return asInt(v)
 }
+
+// FallbackAdd is store.FallbackAdd (Key is a bucket key: Key(limit, window)).
+type FallbackAdd struct {
+	Key  string
+	Cost int64
+	Cap  int64
+	Mode string
+}
+
+// AdmitFallback admits one request under its limits' fallback modes, all
+// or nothing and atomically (fallback.lua): each key's fallback_admitted
+// grows by its cost unless that would pass its cap, and then nothing is
+// written; the counter is never above its cap, not even for a moment. The
+// keys must share a hash slot on Redis Cluster. It returns ok and each
+// key's counter after the adds (or as it is, when refused).
+func (b *Buckets) AdmitFallback(ctx context.Context, adds []FallbackAdd) (bool, []int64, error) {
+	if len(adds) == 0 {
+		return false, nil, invalid("no keys")
+	}
+	keys := make([]string, len(adds))
+	args := make([]any, 0, 1+3*len(adds))
+	args = append(args, b.ttlArg)
+	for i, a := range adds {
+		switch {
+		case a.Key == "":
+			return false, nil, invalid("empty key")
+		case a.Cost < 0 || !checkInt(a.Cost) || a.Cap < 0 || !checkInt(a.Cap):
+			return false, nil, invalid("cost %d, cap %d", a.Cost, a.Cap)
+		case a.Mode != "" && a.Mode != store.CounterModeLocal && a.Mode != store.CounterModeOpen:
+			return false, nil, invalid("mode counter %q", a.Mode)
+		}
+		keys[i] = a.Key
+		args = append(args, a.Cost, a.Cap, a.Mode)
+	}
+	v, err := b.eval(ctx, fallbackScript, keys, args...)
+	if err != nil {
+		return false, nil, err
+	}
+	a, err := replyArray(v, 1+len(adds))
+	if err != nil {
+		return false, nil, err
+	}
+	ok, err := asBool(a[0])
+	if err != nil {
+		return false, nil, err
+	}
+	vals := make([]int64, len(adds))
+	for i := range vals {
+		if vals[i], err = asInt(a[1+i]); err != nil {
+			return false, nil, err
+		}
+	}
+	return ok, vals, nil
+}

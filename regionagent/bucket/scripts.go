@@ -36,17 +36,18 @@ func newScript(name string, withCommon bool) *script {
 }
 
 var (
-	depositScript = newScript("deposit.lua", true)
-	spendScript   = newScript("spend.lua", true)
-	closeScript   = newScript("close.lua", true)
-	balanceScript = newScript("balance.lua", true)
-	addScript     = newScript("add.lua", true)
-	unlockScript  = newScript("unlock.lua", false)
-	extendScript  = newScript("extend.lua", false)
-	reserveScript = newScript("reserve.lua", true)
-	releaseScript = newScript("release.lua", true)
-	usageScript   = newScript("usage.lua", true)
+	depositScript  = newScript("deposit.lua", true)
+	spendScript    = newScript("spend.lua", true)
+	closeScript    = newScript("close.lua", true)
+	balanceScript  = newScript("balance.lua", true)
+	addScript      = newScript("add.lua", true)
+	unlockScript   = newScript("unlock.lua", false)
+	extendScript   = newScript("extend.lua", false)
+	reserveScript  = newScript("reserve.lua", true)
+	releaseScript  = newScript("release.lua", true)
+	usageScript    = newScript("usage.lua", true)
+	fallbackScript = newScript("fallback.lua", true)
 
 	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript,
-		reserveScript, releaseScript, usageScript}
+		reserveScript, releaseScript, usageScript, fallbackScript}
 )

@@ -44,10 +44,11 @@ const (
 	// StepWait: wait until one of the Keys' limits changes (a Ready's
 	// Wake names it) or Until, then call Woke.
 	StepWait
-	// StepCount: add each of Counts to its counter, in order, and hand the
-	// new values to Counted.
+	// StepCount: admit the request under its limits' fallback modes
+	// (Count, all or nothing, never past a cap: store.FallbackAdd) and hand
+	// the outcome to Counted.
 	StepCount
-	// StepDone: Answers (or Err) are final; apply Undo, if any.
+	// StepDone: Answers (or Err) are final.
 	StepDone
 )
 
@@ -71,14 +72,13 @@ type Check struct {
 	Store Store
 	Keys  []store.Key // StepSpend: one per item; StepWait: the limits to wait on
 	Costs []int64
-	Until time.Time   // StepWait
-	Count []CounterOp // StepCount
+	Until time.Time           // StepWait
+	Count []store.FallbackAdd // StepCount
 	// StepDone:
 	Answers  []Answer
 	Result   Result
-	StoreErr bool        // a spend was not decided by the store
-	Undo     []CounterOp // counter writes to take back, answer-less
-	Err      error       // an *ItemError
+	StoreErr bool  // a spend was not decided by the store
+	Err      error // an *ItemError
 
 	sts      []*limitState
 	wins     []lease.Window
@@ -293,7 +293,9 @@ func (c *Core) fallback(now time.Time, chk *Check) {
 	for _, st := range chk.sts {
 		switch st.l.Fallback.kind() {
 		case FallbackLocal:
-			closed = closed || chk.Store == Local
+			// (A >= 1 is validated where limits are written; a local:0
+			// would admit nothing.)
+			closed = closed || chk.Store == Local || st.l.Fallback.LocalTokens <= 0
 		case FallbackOpen:
 		default:
 			closed = true
@@ -309,56 +311,40 @@ func (c *Core) fallback(now time.Time, chk *Check) {
 		return
 	}
 	chk.Step = StepCount
-	chk.Count = make([]CounterOp, len(chk.sts))
-	for i := range chk.sts {
-		chk.Count[i] = CounterOp{Store: chk.Store, Key: chk.Keys[i], Name: store.CounterFallback, Delta: chk.Costs[i]}
+	chk.Count = make([]store.FallbackAdd, len(chk.sts))
+	for i, st := range chk.sts {
+		add := store.FallbackAdd{Key: chk.Keys[i], Cost: chk.Costs[i], Mode: store.CounterModeOpen}
+		if f := st.l.Fallback; f.kind() == FallbackLocal {
+			add.Cap, add.Mode = f.LocalTokens, store.CounterModeLocal
+		}
+		chk.Count[i] = add
 	}
 }
 
-// Counted hands a Check the values of its fallback counters after its
-// adds; values[i] belongs to Count[i]. err says the adds stopped after
-// len(values) of them.
-func (c *Core) Counted(now time.Time, chk *Check, values []int64, err error) {
-	undo := func(n int) {
-		for _, op := range chk.Count[:n] {
-			op.Delta = -op.Delta
-			chk.Undo = append(chk.Undo, op)
-		}
-	}
+// Counted hands a Check the outcome of its fallback admission: ok, and the
+// counters after it (values[i] belongs to Count[i]); err: the store did
+// not decide it.
+func (c *Core) Counted(now time.Time, chk *Check, ok bool, values []int64, err error) {
 	if err != nil || len(values) != len(chk.Count) {
-		undo(min(len(values), len(chk.Count)))
 		c.unavailable(now, chk, time.Second, time.Second)
 		return
 	}
-	for i, st := range chk.sts {
-		if f := st.l.Fallback; f.kind() == FallbackLocal && values[i] > f.LocalTokens {
-			undo(len(values))
-			c.answer(now, chk, ReasonOverLimit)
-			for j := range chk.Answers {
-				chk.Answers[j].RetryAfter = c.jitter(chk.Answers[j].ResetAfter, chk.Answers[j].ResetAfter/10)
-			}
-			chk.Result = ResultFallbackDenied
-			return
+	if !ok {
+		c.answer(now, chk, ReasonOverLimit)
+		for j := range chk.Answers {
+			chk.Answers[j].RetryAfter = c.jitter(chk.Answers[j].ResetAfter, chk.Answers[j].ResetAfter/10)
 		}
+		chk.Result = ResultFallbackDenied
+		return
 	}
 	c.answer(now, chk, ReasonFallback)
 	for i, st := range chk.sts {
 		kind := st.l.Fallback.kind()
 		if kind == FallbackLocal {
-			chk.Answers[i].Remaining = st.l.Fallback.LocalTokens - values[i]
+			chk.Answers[i].Remaining = max(0, st.l.Fallback.LocalTokens-values[i])
 		}
 		c.markFallback(st, kind)
-		u := c.use(now, st, chk.Store, chk.Keys[i].Window)
-		u.dirty = true
-		mark, name := uint8(2), store.CounterModeOpen
-		if kind == FallbackLocal {
-			mark, name = 1, store.CounterModeLocal
-		}
-		if u.modes&mark == 0 {
-			// The mode in force this window, for the usage report.
-			u.modes |= mark
-			c.ready.Counters = append(c.ready.Counters, CounterOp{Store: chk.Store, Key: chk.Keys[i], Name: name})
-		}
+		c.use(now, st, chk.Store, chk.Keys[i].Window).dirty = true
 	}
 	chk.Result = ResultFallback
 }

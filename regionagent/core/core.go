@@ -219,7 +219,6 @@ type winUse struct {
 	final    bool      // reported once after its end
 	admitted int64     // the largest admitted count a spend returned
 	seenAt   time.Time // when that count was seen
-	modes    uint8     // fallback mode marks written (1 local, 2 open)
 }
 
 func (c *Core) state(l *Limit) *limitState {

@@ -240,20 +240,10 @@ func (w *world) run(rd Ready) {
 	}
 }
 
-// count carries out a Check's StepCount on the stores.
+// count carries out a Check's StepCount on its store.
 func (w *world) count(chk *Check) {
-	vals := make([]int64, len(chk.Count))
-	for i, op := range chk.Count {
-		vals[i], _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
-	}
-	w.c.Counted(w.now, chk, vals, nil)
-}
-
-// undo applies a finished Check's Undo.
-func (w *world) undo(chk *Check) {
-	for _, op := range chk.Undo {
-		_, _ = w.mem(op.Store).AddCounter(op.Key, op.Name, op.Delta, ms(w.now))
-	}
+	ok, vals, err := w.mem(chk.Store).AdmitFallback(chk.Count, ms(w.now))
+	w.c.Counted(w.now, chk, ok, vals, err)
 }
 
 // firstRound starts a Check of limit that finds the region dry and reads
@@ -310,7 +300,6 @@ func (w *world) checkMulti(items ...Item) ([]Answer, *Check) {
 		case StepCount:
 			w.count(chk)
 		case StepDone:
-			w.undo(chk)
 			w.drain()
 			if chk.Err != nil {
 				return nil, chk

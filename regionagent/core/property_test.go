@@ -185,7 +185,6 @@ func (ch *chaos) check(limit string, cost int64) {
 		case StepCount:
 			w.count(chk)
 		case StepDone:
-			w.undo(chk)
 			if chk.Err != nil {
 				ch.t.Fatalf("check %s: %v", limit, chk.Err)
 			}

@@ -383,3 +383,52 @@ func (b *Mem) AddCounter(key Key, name string, delta, nowMs int64) (int64, error
 	h.counters[name] += delta
 	return h.counters[name], nil
 }
+
+// AdmitFallback is fallback.lua: every key's CounterFallback grows by its
+// cost, and its mode is marked, unless one would pass its cap; then
+// nothing is written. It returns ok and each key's counter after (or as
+// it is, when refused).
+func (b *Mem) AdmitFallback(adds []FallbackAdd, nowMs int64) (bool, []int64, error) {
+	if len(adds) == 0 {
+		return false, nil, fmt.Errorf("%w: no keys", errMem)
+	}
+	need := map[Key]int64{}
+	for _, a := range adds {
+		if a.Cost < 0 || a.Cap < 0 {
+			return false, nil, fmt.Errorf("%w: negative cost or cap", errMem)
+		}
+		if a.Mode != "" && a.Mode != CounterModeLocal && a.Mode != CounterModeOpen {
+			return false, nil, fmt.Errorf("%w: mode counter %q", errMem, a.Mode)
+		}
+		need[a.Key] += a.Cost
+	}
+	vals := make([]int64, len(adds))
+	ok := true
+	for i, a := range adds {
+		h := b.get(a.Key, nowMs)
+		if h != nil {
+			vals[i] = h.counters[CounterFallback]
+		}
+		if a.Cap > 0 && vals[i]+need[a.Key] > a.Cap {
+			ok = false
+		}
+	}
+	if !ok {
+		return false, vals, nil
+	}
+	for i, a := range adds {
+		h := b.get(a.Key, nowMs)
+		if h == nil {
+			h = b.create(a.Key, nowMs)
+		}
+		if h.counters == nil {
+			h.counters = map[string]int64{}
+		}
+		h.counters[CounterFallback] += a.Cost
+		if _, set := h.counters[a.Mode]; a.Mode != "" && !set {
+			h.counters[a.Mode] = 0
+		}
+		vals[i] = h.counters[CounterFallback]
+	}
+	return true, vals, nil
+}

@@ -39,6 +39,10 @@ const (
 	// local or open was in force during the window.
 	CounterModeLocal = "mode_local"
 	CounterModeOpen  = "mode_open"
+	// CounterReleased is the tokens of sub-lease reservations that came
+	// back unspent: admitted counts them from the reservation on, so what
+	// was admitted is admitted minus released. (Every counter only grows.)
+	CounterReleased = "released"
 )
 
 // SubLeasePrefix marks the lease that a released sub-lease reservation's
@@ -180,4 +184,15 @@ func (r BalanceResult) Lasting(nowMs, horizonMs int64) int64 {
 		}
 	}
 	return n
+}
+
+// FallbackAdd is one key's part of a fallback admission: Cost added to
+// its CounterFallback unless that would pass Cap (a local:A fallback's A;
+// 0 for none), and Mode (CounterModeLocal, CounterModeOpen, or "") marked
+// as in force during the window. An admission is all or nothing.
+type FallbackAdd struct {
+	Key  Key
+	Cost int64
+	Cap  int64
+	Mode string
 }

@@ -4,7 +4,10 @@
 -- ARGV[2]  reservation id
 -- ARGV[3]  unspent (0 <= unspent <= reserved)
 --
--- The unspent tokens were not admitted: they leave the admitted count.
+-- The unspent tokens were not admitted: they are added to the 'released'
+-- counter (admitted minus released is what was admitted; every counter
+-- only grows, so a usage report read at any moment is never above a later
+-- one).
 -- Before the reservation's deadline they go back to the bucket as a lease
 -- of their own ("sub:<id>") with the reservation's deadline, so nobody can
 -- spend them later than the leases they came from; after it they are
@@ -33,7 +36,7 @@ if unspent < 0 or unspent > reserved then
 end
 local returned = 0
 if unspent > 0 then
-  redis.call('HINCRBY', key, 'admitted', fmt(-unspent))
+  redis.call('HINCRBY', key, 'released', fmt(unspent))
   if now < deadline then
     local sub = 'sub:' .. id
     redis.call('HSET', key, 'r:' .. sub, fmt(unspent), 's:' .. sub, '0', 'd:' .. sub, fmt(deadline))
