@@ -51,6 +51,7 @@ type options struct {
 	margin        time.Duration // fixed part of the safety margin
 	driftPPM      float64       // clock rate error covered, per million
 	wait          time.Duration
+	lookupWait    time.Duration
 	syncEvery     time.Duration
 	reportEvery   time.Duration
 	allocTimeout  time.Duration
@@ -61,6 +62,7 @@ type options struct {
 	flushers      int
 	maxBatch      int
 	debit         bool
+	snapshotFile  string
 }
 
 // Option changes an optional setting.
@@ -99,6 +101,14 @@ func WithSafetyMargin(fixed time.Duration, driftPPM float64) Option {
 // decided in time is UNAVAILABLE with a short retry-after, never
 // OVER_LIMIT. Default 500ms; the call's own deadline bounds it too.
 func WithColdWait(d time.Duration) Option { return func(o *options) { o.wait = d } }
+
+// WithLookupWait bounds how long a Check of a limit the agent's snapshot
+// does not have waits for a limit sync started after it arrived: a limit
+// created a moment ago is enforced from its first Check, and NOT_FOUND is
+// said only once such a sync found no limit. Not answered in time (the
+// allocator slow or unreachable), the Check is UNAVAILABLE. Default 1s;
+// the call's own deadline bounds it too.
+func WithLookupWait(d time.Duration) Option { return func(o *options) { o.lookupWait = d } }
 
 // WithIntervals sets how often limits are synced and usage is reported
 // (only windows with spends since the last report). Defaults 1s and 2s.
@@ -160,6 +170,7 @@ type Agent struct {
 	localRep string
 
 	wake     chan struct{} // (1) the core has actions ready
+	syncNow  chan struct{} // (1) a Check waits for a limit sync
 	inflight tracker       // actions being carried out, allocator calls in flight
 	calls    callQueues
 	notes    noteLog
@@ -188,7 +199,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	}
 	o := options{
 		now: time.Now, lead: 2 * time.Second, slack: 250 * time.Millisecond, margin: 2 * time.Millisecond, driftPPM: 1000,
-		wait: 500 * time.Millisecond, syncEvery: time.Second, reportEvery: 2 * time.Second,
+		wait: 500 * time.Millisecond, lookupWait: time.Second, syncEvery: time.Second, reportEvery: 2 * time.Second,
 		allocTimeout: core.DefaultCallTimeout, allocRetryFor: core.DefaultCallRetry, redisTimeout: 250 * time.Millisecond,
 		keyGrace: 2 * time.Minute, idleAfter: 5 * time.Minute, flushers: 4, maxBatch: 128, debit: true,
 	}
@@ -206,10 +217,11 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		synced:  make(chan struct{}),
 		nonce:   randomHex(4),
 		wake:    make(chan struct{}, 1),
+		syncNow: make(chan struct{}, 1),
 	}
 	a.localRep = localReporter(cfg.ReplicaID, a.nonce)
 	a.core = core.New(core.Config{Region: cfg.Region, RequestPrefix: cfg.ReplicaID + "-" + a.nonce, Seed: randomSeed()},
-		core.WithLead(o.lead, o.slack), core.WithSafetyMargin(o.margin, o.driftPPM), core.WithWait(o.wait),
+		core.WithLead(o.lead, o.slack), core.WithSafetyMargin(o.margin, o.driftPPM), core.WithWait(o.wait), core.WithLookupWait(o.lookupWait),
 		core.WithIdle(5*time.Second, o.idleAfter), core.WithReports(o.reportEvery, o.keyGrace))
 	a.alloc = newAllocClient(cfg.Allocators, o.allocTimeout, o.allocRetryFor, o.now, a.allocatorHealth, cfg.DialOptions...)
 	a.shared = newRedisStore(a, bucket.New(cfg.Redis))
@@ -229,7 +241,9 @@ func (a *Agent) Region() string { return a.cfg.Region }
 // ReplicaID returns this replica's id.
 func (a *Agent) ReplicaID() string { return a.cfg.ReplicaID }
 
-// Ready is closed once the agent has its limits from the allocator.
+// Ready is closed once the agent has a snapshot of its region's limits:
+// from the allocator, or restored from what it kept (Redis, its file)
+// when it started while the allocator was unreachable.
 func (a *Agent) Ready() <-chan struct{} { return a.synced }
 
 // Close releases the agent's connections; call after Run returned.
@@ -396,6 +410,12 @@ func (a *Agent) wait(ctx context.Context, chk *core.Check) error {
 	}
 	a.mu.Unlock()
 	a.signal() // the round the core just kicked
+	if chk.Lookup() {
+		select {
+		case a.syncNow <- struct{}{}:
+		default: // a sync is asked for already
+		}
+	}
 	t := time.NewTimer(max(0, chk.Until.Sub(a.opt.now())))
 	defer t.Stop()
 	var err error

@@ -97,6 +97,20 @@ func (b *breaker) done(now time.Time, ok bool) (changed, up bool) {
 	return changed, !b.down
 }
 
+// assumeDown marks the allocator down without waiting for breakerTrip
+// failures (an agent that starts and cannot reach it: it has never been
+// up for this process), so the next call probes at once and its success
+// reports the allocator up. It reports whether that changed the health.
+func (b *breaker) assumeDown(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.down {
+		return false
+	}
+	b.failures, b.cooldown, b.openUntil, b.down = breakerTrip, breakerMin, now, true
+	return true
+}
+
 // open reports whether the breaker is open (the allocator is down).
 func (b *breaker) open(now time.Time) bool {
 	b.mu.Lock()

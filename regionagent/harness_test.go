@@ -128,6 +128,22 @@ func (w *world) agentDial(region, replica string, dial []grpc.DialOption, opts .
 	}
 	w.t.Cleanup(a.Close)
 	w.sync(a)
+	// The agent's sync loop is not running (tests drive it by hand), but
+	// a Check of a limit not in the snapshot asks for a sync and waits.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-a.syncNow:
+				_ = a.syncLimits(ctx)
+			}
+		}
+	}()
+	w.t.Cleanup(func() { cancel(); <-done })
 	return a
 }
 

@@ -1,6 +1,10 @@
 package regionagent
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"math"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the agent's Prometheus metrics, on the Registerer of Config.
 type metrics struct {
@@ -79,12 +83,24 @@ func (c coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- renewalsDesc
 	ch <- roundsDesc
 	ch <- activeDesc
+	ch <- snapshotAgeDesc
+	ch <- snapshotSourceDesc
 }
 
 func (c coreCollector) Collect(ch chan<- prometheus.Metric) {
 	c.a.mu.Lock()
 	st, active := c.a.core.Stats(), c.a.core.Active()
+	synced, restored, taken := c.a.core.Snapshot()
 	c.a.mu.Unlock()
+	age, src := math.NaN(), 0.0
+	if synced || restored {
+		age = c.a.snapshotAge(taken).Seconds()
+	}
+	if restored {
+		src = 1
+	}
+	ch <- prometheus.MustNewConstMetric(snapshotAgeDesc, prometheus.GaugeValue, age)
+	ch <- prometheus.MustNewConstMetric(snapshotSourceDesc, prometheus.GaugeValue, src)
 	counter := func(d *prometheus.Desc, v int64, label string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
 	}

@@ -21,6 +21,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.shared.b.Load(ctx); err != nil {
 		a.log.Warn("loading Redis scripts failed; they load on first use", "err", err)
 	}
+	// One sync before anything else; if the allocator does not answer,
+	// the snapshot the region kept.
+	if err := a.syncLimits(ctx); err != nil && ctx.Err() == nil {
+		a.restoreSnapshot(ctx)
+	}
 	var wg sync.WaitGroup
 	loops := []func(context.Context){a.syncLoop, a.clockLoop, a.workLoop, a.redisProbeLoop,
 		a.failover.run} // failover.go
@@ -54,13 +59,43 @@ func every(ctx context.Context, d time.Duration, fn func()) {
 	}
 }
 
+// minSyncGap is the least time between two limit syncs: a sync a Check
+// asks for (a limit not in the snapshot) comes at most this soon after the
+// last, so a flood of unknown ids costs at most ten syncs a second, each
+// answering every Check that arrived before it was sent.
+const minSyncGap = 100 * time.Millisecond
+
 func (a *Agent) syncLoop(ctx context.Context) {
-	every(ctx, a.opt.syncEvery, func() {
+	t := time.NewTimer(a.opt.syncEvery)
+	defer t.Stop()
+	last := a.opt.now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.syncNow:
+			if d := minSyncGap - a.opt.now().Sub(last); d > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(d): // batching the syncs Checks ask for
+				}
+			}
+		}
+		last = a.opt.now()
 		if err := a.syncLimits(ctx); err != nil && ctx.Err() == nil {
 			a.notes.callFailed(a.log, "limit sync", 1, err)
 		}
 		a.local.sweep(a.opt.now())
-	})
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(a.opt.syncEvery)
+	}
 }
 
 // syncLimits refreshes the core's snapshot of the region's limits. The
@@ -72,6 +107,7 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 	var resp *pb.SyncLimitsResponse
 	a.mu.Lock()
 	rev := a.core.Revision()
+	tok := a.core.SyncStart()
 	a.mu.Unlock()
 	sent := a.opt.now()
 	err := a.alloc.callFor(ctx, a.opt.allocTimeout, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
@@ -83,21 +119,28 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 		return err
 	}
 	recv := a.opt.now()
+	var taken time.Time
+	if resp.AllocatorUnixNanos != 0 {
+		taken = time.Unix(0, resp.AllocatorUnixNanos)
+	}
 	a.withCore(func(c *core.Core) {
-		if resp.AllocatorUnixNanos != 0 {
-			c.SetAllocatorClock(sent, recv, time.Unix(0, resp.AllocatorUnixNanos))
+		if !taken.IsZero() {
+			c.SetAllocatorClock(sent, recv, taken)
 		}
 		if resp.Unchanged {
-			c.Synced(recv)
+			c.Synced(tok, taken)
 			return
 		}
 		ls := make([]core.Limit, len(resp.Limits))
 		for i, l := range resp.Limits {
 			ls[i] = limitOf(l, a.cfg.Region)
 		}
-		c.SetLimits(recv, resp.Revision, ls)
+		c.SetLimits(tok, resp.Revision, ls, taken)
 	})
 	a.syncOnce.Do(func() { close(a.synced) })
+	if !resp.Unchanged && !taken.IsZero() {
+		a.saveSnapshot(ctx, resp)
+	}
 	return nil
 }
 

@@ -129,7 +129,7 @@ func (a *agent) start() {
 	for i, l := range a.lh.limits {
 		ls[i] = coreLimit(l)
 	}
-	a.core.SetLimits(a.now(), 1, ls)
+	a.core.SetLimits(a.core.SyncStart(), 1, ls, time.Time{})
 	a.core.SetAllocatorClock(a.clock.At(t-rtt), a.clock.At(t), w.sc.Home.At(t-rtt/2))
 	a.drain()
 }

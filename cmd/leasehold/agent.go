@@ -31,6 +31,7 @@ type agentConfig struct {
 	grpcAddr, httpAddr        string
 	replicaID                 string
 	envoyMapping              string
+	snapshotFile              string
 	lead, renewEvery          time.Duration
 	tls                       tlsFlags
 	allocCert, allocKey       string
@@ -45,6 +46,7 @@ func (c *agentConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:7411", "HTTP listen address (/metrics, /healthz)")
 	fs.StringVar(&c.replicaID, "replica-id", "", "this replica's id, unique in the region (default: random)")
 	fs.StringVar(&c.envoyMapping, "envoy-mapping", "", "YAML `FILE` mapping Envoy rate limit descriptors to limits: serves envoy.service.ratelimit.v3 on -grpc-addr, reloaded on change (docs/envoy.md)")
+	fs.StringVar(&c.snapshotFile, "snapshot-file", "", "`FILE` keeping the region's last snapshot of its limits (besides Redis), for a restart while the allocator and Redis are both unreachable")
 	fs.DurationVar(&c.lead, "renew-lead", 2*time.Second, "renew when the balance would last less than this at the current demand, and this long before a busy limit's lease expires")
 	fs.DurationVar(&c.renewEvery, "renew-interval", 250*time.Millisecond, "slack: a busy limit's next window's lease is fetched -renew-lead plus this before its window ends (the agent checks nothing on an interval; the name is kept for existing command lines)")
 	c.tls.registerServe(fs, "-grpc-addr and -http-addr")
@@ -137,7 +139,7 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 		Region: c.region, Allocators: splitList(c.allocators),
 		DialOptions: []grpc.DialOption{dialCreds(sec.alloc)},
 		Redis:       rdb, ReplicaID: c.replicaID, Logger: log, Registerer: reg,
-	}, regionagent.WithRenewal(c.lead, c.renewEvery))
+	}, regionagent.WithRenewal(c.lead, c.renewEvery), regionagent.WithSnapshotFile(c.snapshotFile))
 	if err != nil {
 		gl.Close()
 		hl.Close()
@@ -153,14 +155,7 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 	}
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	hs.SetServingStatus(pb.RegionAgent_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
-	mux := metricsMux(reg, func() (bool, string) {
-		select {
-		case <-a.Ready():
-			return true, "ok: region " + c.region
-		default:
-			return false, "starting: no limits from the allocator yet"
-		}
-	})
+	mux := metricsMux(reg, a.Status)
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: httpErrorLog(log)}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

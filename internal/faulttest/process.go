@@ -3,6 +3,7 @@ package faulttest
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -196,7 +197,11 @@ func (p *Process) Stderr() string {
 // when the process exits.
 func (p *Process) WaitServing(timeout time.Duration) {
 	p.t.Helper()
-	if err := WaitHealthy(p.GRPCAddr, p.service, timeout, p.Exited()); err != nil {
+	wait, addr := WaitHealthy, p.GRPCAddr
+	if p.service == "" { // a gateway: HTTP only
+		wait, addr = waitHTTP, p.HTTPAddr
+	}
+	if err := wait(addr, p.service, timeout, p.Exited()); err != nil {
 		p.t.Fatalf("faulttest: %s: %v\nstderr:\n%s", p.name, err, tail(p.Stderr(), 3000))
 	}
 }
@@ -237,6 +242,58 @@ func WaitHealthy(addr, service string, timeout time.Duration, exited <-chan stru
 		}
 		time.Sleep(50 * time.Millisecond) // polling readiness
 	}
+}
+
+// waitHTTP polls addr's GET /healthz until it answers 200, the timeout
+// passes, or exited is closed.
+func waitHTTP(addr, _ string, timeout time.Duration, exited <-chan struct{}) error {
+	deadline := time.Now().Add(timeout)
+	cl := &http.Client{Timeout: 500 * time.Millisecond}
+	for {
+		resp, err := cl.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("/healthz: %s", resp.Status)
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("process exited: %v", err)
+		default:
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("%s not serving after %v: %v", addr, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling readiness
+	}
+}
+
+// GatewayOptions configure StartGateway.
+type GatewayOptions struct {
+	// Agent is the region agent's gRPC address (required).
+	Agent string
+	// Upstream is the URL of the service behind the gateway (required).
+	Upstream string
+	// Args are added to the command line (the defaults stand otherwise).
+	Args []string
+}
+
+// StartGateway starts `leasehold gateway` on its default flags, the key
+// taken from the X-Tenant header (limit tenant/<key>), and waits until it
+// answers /healthz. Its address is HTTPAddr.
+func StartGateway(t testing.TB, o GatewayOptions) *Process {
+	t.Helper()
+	if o.Agent == "" || o.Upstream == "" {
+		t.Fatalf("faulttest: StartGateway needs Agent and Upstream")
+	}
+	listen := ports.Addr(t)
+	args := []string{"gateway", "--listen", listen, "--upstream", o.Upstream, "--agent", o.Agent,
+		"--key-header", "X-Tenant", "--log-level", "warn"}
+	p := launch(t, &Process{name: "gateway", args: append(args, o.Args...), HTTPAddr: listen})
+	p.WaitServing(30 * time.Second)
+	return p
 }
 
 // AllocatorOptions configure StartAllocator.

@@ -127,3 +127,37 @@ func (b *Buckets) SetEpochs(ctx context.Context, limitIDs []string) error {
 	}
 	return nil
 }
+
+// SnapshotKey is the key of a region's snapshot of its limits:
+// lh:snapshot:<region>.
+func SnapshotKey(region string) string { return "lh:snapshot:" + region }
+
+// SaveSnapshot stores a region's snapshot of its limits (data, opaque
+// here) unless the one stored is newer: by rev, the allocator's etcd
+// revision (>= 0), then by takenMs, when it was taken on the allocator's
+// clock. It reports whether it was stored.
+func (b *Buckets) SaveSnapshot(ctx context.Context, region string, rev, takenMs int64, data []byte) (bool, error) {
+	switch {
+	case region == "":
+		return false, invalid("empty region")
+	case rev < 0 || !checkInt(rev) || takenMs < 0 || !checkInt(takenMs):
+		return false, invalid("revision %d, taken %d", rev, takenMs)
+	}
+	v, err := b.eval(ctx, snapshotScript, []string{SnapshotKey(region)}, rev, takenMs, data)
+	if err != nil {
+		return false, err
+	}
+	return asBool(v)
+}
+
+// LoadSnapshot returns a region's stored snapshot (nil if there is none).
+func (b *Buckets) LoadSnapshot(ctx context.Context, region string) ([]byte, error) {
+	v, err := b.rdb.HGet(ctx, SnapshotKey(region), "data").Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, wrapRedis("snapshot", err)
+	}
+	return v, nil
+}

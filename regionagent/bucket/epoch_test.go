@@ -96,3 +96,36 @@ func TestUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshot: a region's snapshot is kept newest first, whatever order
+// replicas save in, on redis-server and miniredis.
+func TestSnapshot(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			if d, err := b.LoadSnapshot(ctx, "eu"); err != nil || d != nil {
+				t.Fatalf("no snapshot yet: %q, %v", d, err)
+			}
+			for i, s := range []struct {
+				rev, taken int64
+				data       string
+				saved      bool
+			}{
+				{10, 1000, "a", true},
+				{10, 2000, "b", true},  // same revision, later
+				{9, 5000, "c", false},  // older revision
+				{10, 2000, "d", false}, // not newer
+				{12, 1500, "e", true},
+			} {
+				ok, err := b.SaveSnapshot(ctx, "eu", s.rev, s.taken, []byte(s.data))
+				if err != nil || ok != s.saved {
+					t.Fatalf("step %d: saved %v, %v; want %v", i, ok, err, s.saved)
+				}
+			}
+			if d, err := b.LoadSnapshot(ctx, "eu"); err != nil || string(d) != "e" {
+				t.Fatalf("snapshot %q, %v; want the newest", d, err)
+			}
+		})
+	}
+}

@@ -47,7 +47,8 @@ var (
 	releaseScript  = newScript("release.lua", true)
 	usageScript    = newScript("usage.lua", true)
 	fallbackScript = newScript("fallback.lua", true)
+	snapshotScript = newScript("snapshot.lua", true)
 
 	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript,
-		reserveScript, releaseScript, usageScript, fallbackScript}
+		reserveScript, releaseScript, usageScript, fallbackScript, snapshotScript}
 )

@@ -82,17 +82,27 @@ type Check struct {
 
 	sts      []*limitState
 	wins     []lease.Window
-	deadline time.Time
+	deadline time.Time // for a lease
+	lookupBy time.Time // for a limit sync
+	items    []Item
+	after    SyncToken // the syncs started before it arrived
+	lookup   bool      // waiting for a limit sync: a limit of the Check was not in the snapshot
 }
+
+// Lookup reports whether a Check at StepWait waits for a limit sync (one
+// of its limits is not in the snapshot): the caller has one sent soon,
+// SyncStart after now. One sync answers every Check waiting, so the caller
+// may batch them (the agent sends at most one every 100 ms).
+func (chk *Check) Lookup() bool { return chk.Step == StepWait && chk.lookup }
 
 // Begin starts a Check of items at now; the caller must answer by
 // deadline (the Core's wait bound applies too).
 func (c *Core) Begin(now time.Time, items []Item, deadline time.Time) *Check {
 	chk := &Check{Costs: make([]int64, len(items)), Keys: make([]store.Key, len(items))}
-	if d := now.Add(c.opt.wait); deadline.IsZero() || d.Before(deadline) {
-		deadline = d
+	chk.deadline, chk.lookupBy = now.Add(c.opt.wait), now.Add(c.opt.lookupWait)
+	if !deadline.IsZero() {
+		chk.deadline, chk.lookupBy = minTime(chk.deadline, deadline), minTime(chk.lookupBy, deadline)
 	}
-	chk.deadline = deadline
 	for i, it := range items {
 		switch {
 		case it.Limit == "":
@@ -101,31 +111,62 @@ func (c *Core) Begin(now time.Time, items []Item, deadline time.Time) *Check {
 			return chk.fail(&ItemError{Index: i, Field: "limit_id", Reason: "longer than " + strconv.Itoa(MaxLimitID) + " characters"})
 		}
 	}
-	if !c.synced {
-		// The agent has no snapshot of its region's limits yet: it does not
+	chk.items, chk.after = items, c.syncs
+	c.resolve(now, chk)
+	return chk
+}
+
+// resolve finds the Check's limits in the snapshot. A limit the snapshot
+// does not have is looked up: the Check waits for a limit sync sent after
+// it arrived (one sync serves every Check waiting), so a limit created a
+// moment ago is enforced from its first Check, and NOT_FOUND is said only
+// by a sync that started after the question. Without a snapshot from the
+// allocator that can answer (never synced, or the allocator unreachable
+// and the snapshot restored from the region's store) the Check is
+// UNAVAILABLE: the agent does not know, and says so.
+func (c *Core) resolve(now time.Time, chk *Check) {
+	items := chk.items
+	if !c.synced && !c.restored {
+		// No snapshot of the region's limits at all: the agent does not
 		// know whether the limit exists, let alone its budget.
-		chk.Answers = make([]Answer, len(items))
-		for i := range chk.Answers {
-			chk.Answers[i] = Answer{Reason: ReasonUnavailable, RetryAfter: c.jitter(time.Second, time.Second)}
-		}
-		chk.Step, chk.Result = StepDone, ResultNotSynced
-		return chk
+		c.notSynced(chk, len(items))
+		return
 	}
+	for i, it := range items {
+		if c.limits[it.Limit] != nil {
+			continue
+		}
+		switch {
+		case !c.synced || c.allocDown:
+			c.notSynced(chk, len(items)) // the snapshot cannot say the limit does not exist
+		case c.syncedTo > chk.after: // a sync started after the Check arrived
+			chk.fail(&ItemError{Index: i, Field: "limit_id", Err: ErrUnknownLimit,
+				Reason: strconv.Quote(it.Limit) + " is not a limit of region " + c.cfg.Region})
+		case now.Before(chk.lookupBy):
+			c.lookups[it.Limit] = true
+			chk.Step, chk.Until, chk.lookup = StepWait, chk.lookupBy, true
+			chk.Keys = chk.Keys[:len(items)]
+			for j, x := range items {
+				chk.Keys[j] = store.Key{Limit: x.Limit}
+			}
+		default:
+			c.notSynced(chk, len(items)) // no sync answered in time
+		}
+		return
+	}
+	chk.lookup = false
 	chk.sts = make([]*limitState, len(items))
 	chk.wins = make([]lease.Window, len(items))
 	for i, it := range items {
 		l := c.limits[it.Limit]
-		if l == nil {
-			return chk.fail(&ItemError{Index: i, Field: "limit_id", Err: ErrUnknownLimit,
-				Reason: strconv.Quote(it.Limit) + " is not a limit of region " + c.cfg.Region})
-		}
 		cost := it.Cost
 		if cost == 0 {
 			cost = 1
 		}
 		if cost < 0 || cost > l.Tokens {
-			return chk.fail(&ItemError{Index: i, Field: "cost",
+			chk.fail(&ItemError{Index: i, Field: "cost",
 				Reason: "must be 1.." + strconv.FormatInt(l.Tokens, 10) + " (the limit's G), got " + strconv.FormatInt(it.Cost, 10)})
+			return
 		}
 		st := c.state(l)
 		wasActive := c.active(st, now)
@@ -137,7 +178,15 @@ func (c *Core) Begin(now time.Time, items []Item, deadline time.Time) *Check {
 	}
 	c.name(now, chk)
 	chk.Step, chk.Store = StepSpend, c.store()
-	return chk
+}
+
+// notSynced answers a Check UNAVAILABLE: the agent does not know.
+func (c *Core) notSynced(chk *Check, n int) {
+	chk.Answers = make([]Answer, n)
+	for i := range chk.Answers {
+		chk.Answers[i] = Answer{Reason: ReasonUnavailable, RetryAfter: c.jitter(time.Second, time.Second)}
+	}
+	chk.Step, chk.Result = StepDone, ResultNotSynced
 }
 
 func (chk *Check) fail(err *ItemError) *Check {
@@ -266,8 +315,13 @@ func minTime(a, b time.Time) time.Time {
 }
 
 // Woke resumes a waiting Check at now: it spends again (in the window of
-// now, should a boundary have passed).
+// now, should a boundary have passed), or, if it waited for a limit sync,
+// looks its limits up again.
 func (c *Core) Woke(now time.Time, chk *Check) {
+	if chk.lookup {
+		c.resolve(now, chk)
+		return
+	}
 	c.name(now, chk)
 	chk.Step, chk.Store = StepSpend, c.store()
 }

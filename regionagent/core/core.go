@@ -42,6 +42,7 @@ type settings struct {
 	marginFixed time.Duration
 	driftPPM    float64
 	wait        time.Duration // how long a Check may wait for a lease
+	lookupWait  time.Duration // how long a Check may wait for a limit sync
 	spentRetry  time.Duration
 	lockRetry   time.Duration
 	activeFor   time.Duration
@@ -81,6 +82,14 @@ func WithSafetyMargin(fixed time.Duration, driftPPM float64) Option {
 // Default 500 ms; the caller's own deadline also bounds it.
 func WithWait(d time.Duration) Option { return func(s *settings) { s.wait = max(d, 0) } }
 
+// WithLookupWait bounds how long a Check of a limit not in the snapshot
+// waits for a limit sync started after it arrived (see Begin). Not
+// answered in time, it is UNAVAILABLE: the agent cannot say whether the
+// limit exists. Default 1 s (the shell batches such syncs 100 ms apart,
+// and a sync is one round trip to the allocator); the caller's deadline
+// also bounds it.
+func WithLookupWait(d time.Duration) Option { return func(s *settings) { s.lookupWait = max(d, 0) } }
+
 // WithIdle sets how long after its last Check a limit still counts as
 // active (its leases are renewed before they expire, its next window's
 // lease is fetched) and how long until an idle limit is forgotten.
@@ -107,8 +116,12 @@ type Core struct {
 
 	limits    map[string]*Limit // the snapshot
 	rev       int64
-	synced    bool
-	syncedAt  time.Time
+	synced    bool      // a snapshot came from the allocator in this process
+	syncs     SyncToken // limit syncs started
+	syncedTo  SyncToken // the latest started sync that answered
+	restored  bool      // the snapshot came from the region's store (a restart while the allocator was unreachable)
+	takenAt   time.Time // when the snapshot was taken, on the allocator's clock
+	lookups   map[string]bool
 	offset    time.Duration // allocator clock - agent clock; only names windows
 	offsetSet bool
 
@@ -143,7 +156,7 @@ type Stats struct {
 // New returns a Core with no limits (not synced).
 func New(cfg Config, opts ...Option) *Core {
 	o := settings{lead: 2 * time.Second, every: 250 * time.Millisecond, marginFixed: 2 * time.Millisecond, driftPPM: 1000,
-		wait: 500 * time.Millisecond, spentRetry: time.Second, lockRetry: 50 * time.Millisecond,
+		wait: 500 * time.Millisecond, lookupWait: time.Second, spentRetry: time.Second, lockRetry: 50 * time.Millisecond,
 		activeFor: 5 * time.Second, idleAfter: 5 * time.Minute, keyGrace: 2 * time.Minute,
 		reportEvery: 2 * time.Second, retryEvery: 5 * time.Second, maxReturns: 1024}
 	for _, f := range opts {
@@ -156,7 +169,7 @@ func New(cfg Config, opts ...Option) *Core {
 	return &Core{
 		cfg: cfg, opt: o, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		limits: map[string]*Limit{}, states: map[string]*limitState{}, byRequest: map[string]*limitState{},
-		changed: map[string]bool{}, pending: map[string]*limitState{},
+		changed: map[string]bool{}, pending: map[string]*limitState{}, lookups: map[string]bool{},
 	}
 }
 
@@ -233,10 +246,23 @@ func (c *Core) state(l *Limit) *limitState {
 
 // ---- limits and clocks ----
 
-// SetLimits replaces the snapshot of the region's limits (rev is the
-// allocator's revision of it). A limit that disappears keeps its state
-// until its leases are closed and returned.
-func (c *Core) SetLimits(now time.Time, rev int64, ls []Limit) {
+// SyncToken names a limit sync by when it started, in the order of the
+// Core's events: a sync started after a Check arrived read the limits
+// after the Check's question was asked.
+type SyncToken uint64
+
+// SyncStart is called just before a limit sync is sent; its answer is
+// given to SetLimits or Synced with the token returned.
+func (c *Core) SyncStart() SyncToken {
+	c.syncs++
+	return c.syncs
+}
+
+// SetLimits replaces the snapshot of the region's limits with the
+// allocator's (rev is its revision of it; tok is the sync's SyncStart;
+// taken is the allocator's clock when it answered). A limit that
+// disappears keeps its state until its leases are closed and returned.
+func (c *Core) SetLimits(tok SyncToken, rev int64, ls []Limit, taken time.Time) {
 	m := make(map[string]*Limit, len(ls))
 	for i := range ls {
 		l := ls[i]
@@ -246,16 +272,75 @@ func (c *Core) SetLimits(now time.Time, rev int64, ls []Limit) {
 		}
 	}
 	c.limits, c.rev = m, rev
-	c.Synced(now)
+	c.restored = false
+	c.Synced(tok, taken)
 }
 
-// Synced records a sync that found the snapshot unchanged.
-func (c *Core) Synced(now time.Time) { c.synced, c.syncedAt = true, now }
+// Synced records a sync (tok: its SyncStart) that found the snapshot
+// unchanged (taken: the allocator's clock when it answered). Checks that
+// wait for a lookup look again.
+func (c *Core) Synced(tok SyncToken, taken time.Time) {
+	c.synced = true
+	c.syncedTo = max(c.syncedTo, tok)
+	if !taken.IsZero() {
+		c.takenAt = taken
+	}
+	for id := range c.lookups {
+		c.changed[id] = true
+	}
+	clear(c.lookups)
+}
+
+// RestoreLimits sets a snapshot the agent kept in its region (the region's
+// store, a file) when it has none from the allocator yet: an agent
+// restarted while the allocator is unreachable enforces each limit's mode
+// and fallback from it. A snapshot older than the one held (by the
+// allocator's revision, then the time it was taken) is ignored, and so is
+// every snapshot once the allocator answered. It reports whether the
+// snapshot was taken.
+func (c *Core) RestoreLimits(rev int64, ls []Limit, taken time.Time) bool {
+	if c.synced || c.restored && !SnapshotNewer(rev, taken, c.rev, c.takenAt) {
+		return false
+	}
+	m := make(map[string]*Limit, len(ls))
+	for i := range ls {
+		l := ls[i]
+		m[l.ID] = &l
+	}
+	c.limits, c.rev, c.takenAt, c.restored = m, rev, taken, true
+	return true
+}
+
+// SnapshotNewer reports whether a snapshot (rev, taken) is newer than
+// (rev0, taken0): by the etcd revision it was read at, then by when it was
+// taken. The allocator's revision is negative while changes wait for a
+// window boundary (see SyncLimits): -(etcd revision << 20 | changes).
+func SnapshotNewer(rev int64, taken time.Time, rev0 int64, taken0 time.Time) bool {
+	e, e0 := etcdRevision(rev), etcdRevision(rev0)
+	if e != e0 {
+		return e > e0
+	}
+	return taken.After(taken0)
+}
+
+func etcdRevision(rev int64) int64 {
+	if rev < 0 {
+		return -rev >> 20
+	}
+	return rev
+}
+
+// Snapshot says where the limits come from and when they were taken (on
+// the allocator's clock): from the allocator (synced), restored from the
+// region's store, or none.
+func (c *Core) Snapshot() (synced, restored bool, taken time.Time) {
+	return c.synced, c.restored, c.takenAt
+}
 
 // Revision is the snapshot's revision (0 before the first sync).
 func (c *Core) Revision() int64 { return c.rev }
 
-// IsSynced reports whether a snapshot was ever set.
+// IsSynced reports whether the allocator's snapshot was ever set.
 func (c *Core) IsSynced() bool { return c.synced }
 
 // Limit returns a limit of the snapshot.

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -357,8 +358,13 @@ func TestNotSyncedIsUnavailable(t *testing.T) {
 	if chk.Step != StepDone || chk.Err != nil || chk.Answers[0].Reason != ReasonUnavailable || chk.Result != ResultNotSynced {
 		t.Fatalf("%+v", chk)
 	}
-	c.SetLimits(t0, 1, nil)
+	c.SetLimits(c.SyncStart(), 1, nil, time.Time{})
 	chk = c.Begin(t0, []Item{{Limit: "a"}}, time.Time{})
+	if !chk.Lookup() {
+		t.Fatalf("unknown limit after a sync: %+v, want a wait for a sync of its own", chk)
+	}
+	c.Synced(c.SyncStart(), time.Time{})
+	c.Woke(t0, chk)
 	if chk.Err == nil {
 		t.Fatalf("unknown limit after a sync: %+v", chk)
 	}
@@ -441,7 +447,7 @@ func TestSpentPoolAtTheBoundaryWaits(t *testing.T) {
 func TestWindowNamedFromHalfTheRoundTrip(t *testing.T) {
 	c := New(Config{Region: "eu", RequestPrefix: "p", Seed: 1})
 	l := strictLimit("a", 100, time.Minute, time.Minute)
-	c.SetLimits(t0, 1, []Limit{l})
+	c.SetLimits(c.SyncStart(), 1, []Limit{l}, time.Time{})
 	st := c.state(&l)
 	req := Acquire{Limit: "a", RequestID: "p-1"}
 	c.byRequest[req.RequestID], st.pending = st, &req
@@ -458,5 +464,71 @@ func TestWindowNamedFromHalfTheRoundTrip(t *testing.T) {
 	}
 	if got := c.WindowOf(sent.Add(245*time.Millisecond), &l).Index; got != 30_000_000 {
 		t.Fatalf("window %d just before it", got)
+	}
+}
+
+// TestUnknownLimitLooksUp: a Check of a limit the snapshot does not have
+// waits for a limit sync sent after it arrived: a limit created a moment
+// ago is enforced from its first Check, and one that does not exist is
+// NOT_FOUND only once such a sync said so; with the allocator unreachable
+// the agent cannot say, and answers UNAVAILABLE.
+func TestUnknownLimitLooksUp(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute))
+	w.advance(time.Second)
+	w.alloc.limits["new"] = strictLimit("new", 100, time.Minute, time.Minute) // created after the last sync
+	got := w.check("new", 1)
+	wantAnswer(t, "a limit created a moment ago", got, true, ReasonOK)
+	if w.syncs != 1 {
+		t.Fatalf("%d syncs, want the one the Check asked for", w.syncs)
+	}
+	_, chk := w.checkMulti(Item{Limit: "none", Cost: 1})
+	if !errors.Is(chk.Err, ErrUnknownLimit) || w.syncs != 2 {
+		t.Fatalf("a limit that does not exist: %v after %d syncs, want ErrUnknownLimit after a sync of its own", chk.Err, w.syncs)
+	}
+	w.c.SetAllocatorHealth(w.now, false)
+	w.dropAcquire = true
+	if got := w.check("none", 1); got.Reason != ReasonUnavailable {
+		t.Fatalf("allocator unreachable: %+v, want UNAVAILABLE (it cannot say the limit does not exist)", got)
+	}
+}
+
+// TestRestoredSnapshot: an agent restarted while the allocator is
+// unreachable enforces the snapshot the region kept: each limit's fallback
+// (closed: UNAVAILABLE; local:A: A admitted), UNAVAILABLE for a limit it
+// does not have; an older snapshot never replaces a newer one, and the
+// allocator's replaces any.
+func TestRestoredSnapshot(t *testing.T) {
+	closed := strictLimit("closed", 100, time.Minute, time.Minute)
+	local := strictLimit("local", 100, time.Minute, time.Minute)
+	local.Fallback = Fallback{Kind: FallbackLocal, LocalTokens: 2}
+	w := newWorld(t, 10)
+	w.c = New(Config{Region: "eu", RequestPrefix: "eu-2-n", Seed: 1}) // restarted: no sync yet
+	w.c.SetAllocatorHealth(w.now, false)
+	w.dropAcquire = true
+	if got := w.check("closed", 1); got.Reason != ReasonUnavailable {
+		t.Fatalf("before any snapshot: %+v", got)
+	}
+	if !w.c.RestoreLimits(50, []Limit{closed, local}, t0.Add(-time.Minute)) {
+		t.Fatal("snapshot not restored")
+	}
+	if w.c.RestoreLimits(49, []Limit{closed}, t0) || w.c.RestoreLimits(-(50<<20|1), []Limit{closed}, t0.Add(-2*time.Minute)) {
+		t.Fatal("an older snapshot replaced a newer one")
+	}
+	wantAnswer(t, "closed", w.check("closed", 1), false, ReasonUnavailable)
+	wantAnswer(t, "local 1", w.check("local", 1), true, ReasonFallback)
+	wantAnswer(t, "local 2", w.check("local", 1), true, ReasonFallback)
+	wantAnswer(t, "local 3", w.check("local", 1), false, ReasonOverLimit)
+	if got := w.check("other", 1); got.Reason != ReasonUnavailable {
+		t.Fatalf("a limit the snapshot does not have: %+v, want UNAVAILABLE", got)
+	}
+	if synced, restored, _ := w.c.Snapshot(); synced || !restored {
+		t.Fatalf("snapshot synced %v restored %v", synced, restored)
+	}
+	w.c.SetLimits(w.c.SyncStart(), 51, []Limit{closed}, w.now)
+	if w.c.RestoreLimits(60, []Limit{local}, w.now) {
+		t.Fatal("a kept snapshot replaced the allocator's")
+	}
+	if _, ok := w.c.Limit("local"); ok {
+		t.Fatal("the allocator's snapshot did not replace the restored one")
 	}
 }

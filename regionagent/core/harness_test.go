@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,18 +120,34 @@ type world struct {
 	sentAt map[string]time.Time
 	wakes  map[string]int
 	rounds int
+	syncs  int
 }
 
 func newWorld(t *testing.T, chunk int64, ls ...Limit) *world {
 	w := &world{t: t, now: t0, shared: store.NewMem(0), local: store.NewMem(0), alloc: newFakeAlloc(chunk, ls...),
 		sentAt: map[string]time.Time{}, wakes: map[string]int{}}
 	w.c = New(Config{Region: "eu", RequestPrefix: "eu-1-n", Seed: 1})
-	w.c.SetLimits(w.now, 1, ls)
+	w.c.SetLimits(w.c.SyncStart(), 1, ls, w.now)
 	w.c.SetAllocatorClock(w.now, w.now, w.now)
 	return w
 }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
+
+// syncLimits is a limit sync sent now: the allocator's limits, sorted.
+func (w *world) syncLimits() {
+	ids := make([]string, 0, len(w.alloc.limits))
+	for id := range w.alloc.limits {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	ls := make([]Limit, len(ids))
+	for i, id := range ids {
+		ls[i] = w.alloc.limits[id]
+	}
+	w.syncs++
+	w.c.SetLimits(w.c.SyncStart(), int64(100+w.syncs), ls, w.now)
+}
 
 func (w *world) mem(s Store) *store.Mem {
 	if s == Local {
@@ -280,6 +297,9 @@ func (w *world) checkMulti(items ...Item) ([]Answer, *Check) {
 			res, err := w.mem(chk.Store).Spend(chk.Keys, chk.Costs, ms(w.now))
 			w.c.Spent(w.now, chk, res, err)
 		case StepWait:
+			if chk.Lookup() && !w.dropAcquire {
+				w.syncLimits()
+			}
 			// Whatever the wait is for happens now; if it wakes none of the
 			// Check's limits, the wait runs out.
 			before := 0

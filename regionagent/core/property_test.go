@@ -250,7 +250,7 @@ func (ch *chaos) event() {
 		a := w.alloc.limits["a"]
 		a.Tokens, a.Version = g, a.Version+1
 		w.alloc.limits["a"] = a
-		w.c.SetLimits(w.now, a.Version, []Limit{a, w.alloc.limits["b"]})
+		w.c.SetLimits(w.c.SyncStart(), a.Version, []Limit{a, w.alloc.limits["b"]}, w.now)
 	default:
 		w.otherLock = ch.rng.IntN(4) == 0
 	}
