@@ -18,16 +18,22 @@ type denial struct {
 }
 
 // cacheDenial remembers an OVER_LIMIT answer received at now for
-// max(retry_after, floor). An answer whose retry_after is below the floor
-// is not cached: the agent says that when its region is only briefly dry
-// (a renewal in flight), not when the window's pool is spent, and holding
-// such a denial for the floor would deny a quarter second of honest
-// traffic. Either way the cache only ever denies.
+// max(retry_after, floor), and never past the window's reset: the agent
+// jitters retry_after past the reset (up to a tenth of it) to spread the
+// retries, but the next window is a new pool, and a denial held into it
+// would refuse honest traffic OVER_LIMIT. An answer whose retry_after is
+// below the floor is not cached: the agent says that when its region is
+// only briefly dry (a renewal in flight), not when the window's pool is
+// spent, and holding such a denial for the floor would deny a quarter
+// second of honest traffic. Either way the cache only ever denies.
 func (c *Client) cacheDenial(st *limitState, now int64, d Decision) {
 	if d.RetryAfter < c.opt.denialFloor {
 		return
 	}
 	hold := max(d.RetryAfter, c.opt.denialFloor)
+	if d.ResetAfter > 0 {
+		hold = min(hold, d.ResetAfter)
+	}
 	st.deny.Store(&denial{
 		until: now + int64(hold), remaining: max(0, d.Remaining), resetAt: now + int64(d.ResetAfter),
 		limit: d.Limit, window: d.Window, version: d.Version,

@@ -59,6 +59,30 @@ func TestDenialCacheSteps(t *testing.T) {
 	}
 }
 
+// TestDenialCacheEndsAtTheWindow: the agent jitters a spent pool's
+// retry_after past the window's reset; the cached denial still ends at the
+// reset, so the first Check of the next window asks the agent (and is
+// admitted by the new pool) instead of being refused OVER_LIMIT.
+func TestDenialCacheEndsAtTheWindow(t *testing.T) {
+	r := newRig(t, func(a *clienttest.Agent) {
+		a.SetLimit(testLimit, 1, 10*time.Second, time.Second)
+		a.DenyRetryAfter = 4400 * time.Millisecond // the reset (4 s) plus a tenth
+	})
+	r.clock.Set(t0.Add(6 * time.Second))
+	r.allow(1)
+	if d := r.allow(1); d.Allowed || d.Source != SourceAgent || d.RetryAfter != 4400*time.Millisecond {
+		t.Fatalf("spent pool: %+v", d)
+	}
+	r.clock.Set(t0.Add(9900 * time.Millisecond))
+	if d := r.allow(1); d.Allowed || d.Source != SourceDenialCache || d.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("before the reset: %+v, want the cached denial ending at the reset", d)
+	}
+	r.clock.Set(t0.Add(10 * time.Second))
+	if d := r.allow(1); !d.Allowed || d.Source != SourceAgent {
+		t.Fatalf("the next window's first Check: %+v, want the agent's new pool to admit it", d)
+	}
+}
+
 func TestWithoutDenialCache(t *testing.T) {
 	r := newRig(t, func(a *clienttest.Agent) { a.SetLimit(testLimit, 1, 10*time.Second, time.Second) }, WithoutDenialCache())
 	for range 5 {
