@@ -11,11 +11,13 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +26,18 @@ import (
 	"go.uber.org/zap"
 
 	"leasehold/internal/ports"
+)
+
+// Raft timings. etcd's defaults (WithDefaultTimings, StartProcesses) and
+// the fast test timings. A follower that stops hearing its leader starts
+// an election after a randomized timeout in [election timeout, 2 x
+// election timeout), so losing the raft leader costs at most about twice
+// the election timeout.
+const (
+	DefaultTick            = 100 * time.Millisecond
+	DefaultElectionTimeout = time.Second
+	FastTick               = 10 * time.Millisecond
+	FastElectionTimeout    = 100 * time.Millisecond
 )
 
 // Cluster is a set of embedded etcd members. Safe for concurrent use.
@@ -63,32 +77,54 @@ func Start(t testing.TB, n int, opts ...Option) *Cluster {
 		o(c)
 	}
 	base := t.TempDir()
-	for i := 0; i < n; i++ {
-		c.members = append(c.members, &member{
-			name:      fmt.Sprintf("m%d", i),
-			dir:       filepath.Join(base, fmt.Sprintf("m%d", i)),
-			clientURL: url.URL{Scheme: "http", Host: ports.Addr(t)},
-			peerURL:   url.URL{Scheme: "http", Host: ports.Addr(t)},
-		})
-	}
 	t.Cleanup(c.Close)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i := range c.members {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			errs[i] = c.start(i, embed.ClusterStateFlagNew)
-		}(i)
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("etcdtest: member %d: %v", i, err)
+	// Ports are free when picked, but another process may bind one first
+	// (ports.Free): then every member starts again on new ports.
+	for attempt := 0; ; attempt++ {
+		c.mu.Lock()
+		c.members = c.members[:0]
+		for i := 0; i < n; i++ {
+			c.members = append(c.members, &member{
+				name:      fmt.Sprintf("m%d", i),
+				dir:       filepath.Join(base, fmt.Sprintf("try%d-m%d", attempt, i)),
+				clientURL: url.URL{Scheme: "http", Host: ports.Addr(t)},
+				peerURL:   url.URL{Scheme: "http", Host: ports.Addr(t)},
+			})
+		}
+		c.mu.Unlock()
+		abort := make(chan struct{})
+		var once sync.Once
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := range n {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				errs[i] = c.start(i, embed.ClusterStateFlagNew, abort)
+				if errs[i] != nil {
+					once.Do(func() { close(abort) }) // the others would wait for it
+				}
+			}(i)
+		}
+		wg.Wait()
+		failed, inUse := -1, false
+		for i, err := range errs {
+			if err != nil && !errors.Is(err, errAborted) && failed < 0 {
+				failed, inUse = i, errors.Is(err, syscall.EADDRINUSE)
+			}
+		}
+		if failed < 0 {
+			return c
+		}
+		c.Close()
+		if !inUse || attempt == 2 {
+			t.Fatalf("etcdtest: member %d: %v", failed, errs[failed])
 		}
 	}
-	return c
 }
+
+// errAborted: a member's start was given up because another's failed.
+var errAborted = errors.New("etcdtest: start aborted: another member failed")
 
 func (c *Cluster) initialCluster() string {
 	parts := make([]string, len(c.members))
@@ -98,7 +134,7 @@ func (c *Cluster) initialCluster() string {
 	return strings.Join(parts, ",")
 }
 
-func (c *Cluster) start(i int, state string) error {
+func (c *Cluster) start(i int, state string, abort <-chan struct{}) error {
 	c.mu.Lock()
 	m := c.members[i]
 	cfg := embed.NewConfig()
@@ -115,8 +151,7 @@ func (c *Cluster) start(i int, state string) error {
 	cfg.MaxTxnOps = c.maxTxnOp
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	if c.fast {
-		cfg.TickMs = 10
-		cfg.ElectionMs = 100
+		cfg.TickMs, cfg.ElectionMs = uint(FastTick/time.Millisecond), uint(FastElectionTimeout/time.Millisecond)
 	}
 	c.mu.Unlock()
 
@@ -129,6 +164,9 @@ func (c *Cluster) start(i int, state string) error {
 	case err := <-e.Err():
 		e.Close()
 		return err
+	case <-abort:
+		e.Close()
+		return errAborted
 	case <-time.After(30 * time.Second):
 		e.Close()
 		return fmt.Errorf("not ready after 30s")
@@ -137,6 +175,14 @@ func (c *Cluster) start(i int, state string) error {
 	m.etcd = e
 	c.mu.Unlock()
 	return nil
+}
+
+// ElectionTimeout is the members' raft election timeout.
+func (c *Cluster) ElectionTimeout() time.Duration {
+	if c.fast {
+		return FastElectionTimeout
+	}
+	return DefaultElectionTimeout
 }
 
 // Endpoints returns the client URLs of every member, running or not, so a
@@ -208,7 +254,7 @@ func (c *Cluster) HardStop(i int) {
 // Restart starts a stopped member again on its old data and ports.
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
-	if err := c.start(i, embed.ClusterStateFlagExisting); err != nil {
+	if err := c.start(i, embed.ClusterStateFlagExisting, nil); err != nil {
 		c.t.Fatalf("etcdtest: restart member %d: %v", i, err)
 	}
 }

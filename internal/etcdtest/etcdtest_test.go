@@ -2,6 +2,7 @@ package etcdtest_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -38,5 +39,46 @@ func TestThreeMembersSurviveLeaderHardStop(t *testing.T) {
 	}
 	if got, _ := c.WaitLeader(ctx); got == lead {
 		t.Fatalf("stopped member %d still reported as leader", lead)
+	}
+}
+
+func TestMain(m *testing.M) {
+	etcdtest.RunMemberIfChild() // a member process of StartProcesses runs here
+	os.Exit(m.Run())
+}
+
+// TestProcessMemberSIGKILL: three member processes; the raft leader is
+// SIGKILLed; the other two elect a leader and take writes, and the killed
+// member is reported as not running.
+func TestProcessMemberSIGKILL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three etcd processes with default timings: ~4 s")
+	}
+	c := etcdtest.StartProcesses(t, 3)
+	cli := c.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "k", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	lead := c.Leader(ctx, cli)
+	if lead < 0 {
+		t.Fatal("no raft leader")
+	}
+	c.Kill(lead)
+	if c.Running(lead) {
+		t.Fatalf("member %d still running after Kill", lead)
+	}
+	for {
+		_, err := cli.Put(ctx, "k", "v2")
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("put after the leader was killed: %v", err)
+		}
+	}
+	if got := c.Leader(ctx, cli); got < 0 || got == lead {
+		t.Fatalf("leader after the kill: %d (killed %d)", got, lead)
 	}
 }

@@ -176,7 +176,7 @@ func waitReady(addr string, done <-chan struct{}) error {
 			return errExited
 		default:
 		}
-		if err = ping(addr); err == nil {
+		if err = Ping(addr); err == nil {
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -184,8 +184,8 @@ func waitReady(addr string, done <-chan struct{}) error {
 	return fmt.Errorf("redistest: no PONG from %s within %v: %v", addr, readyTimeout, err)
 }
 
-// ping sends one inline PING and expects +PONG.
-func ping(addr string) error {
+// Ping sends one inline PING to addr and expects +PONG (a second at most).
+func Ping(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return err

@@ -122,3 +122,38 @@ func TestMissingBinaryFails(t *testing.T) {
 		t.Fatalf("Fatalf message %q does not say what is missing", rec.msg)
 	}
 }
+
+// TestStartCluster: three masters form one cluster (cluster_size:3 on
+// every node); each key is stored by exactly one node (the others answer
+// MOVED), and eight keys spread over all three.
+func TestStartCluster(t *testing.T) {
+	c := StartCluster(t, 3)
+	addrs := c.Addrs()
+	if len(addrs) != 3 || c.Spec() != "cluster://"+strings.Join(addrs, ",") {
+		t.Fatalf("addrs %v, spec %q", addrs, c.Spec())
+	}
+	owners := map[string]int{}
+	for _, key := range []string{"{a}", "{b}", "{c}", "{d}", "{e}", "{f}", "{g}", "{h}"} {
+		var served []string
+		for _, addr := range addrs {
+			if _, err := command(addr, "SET", key, "v"); err == nil {
+				served = append(served, addr)
+			} else if !strings.Contains(err.Error(), "MOVED") {
+				t.Fatalf("SET %s at %s: %v", key, addr, err)
+			}
+		}
+		if len(served) != 1 {
+			t.Fatalf("%s stored by %v, want exactly one node", key, served)
+		}
+		owners[served[0]]++
+	}
+	if len(owners) != 3 {
+		t.Fatalf("8 keys landed on %d nodes, want all 3: %v", len(owners), owners)
+	}
+	for _, addr := range addrs {
+		info, err := command(addr, "CLUSTER", "INFO")
+		if err != nil || !strings.Contains(info, "cluster_size:3") {
+			t.Fatalf("%s: %q %v", addr, info, err)
+		}
+	}
+}

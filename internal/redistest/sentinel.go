@@ -54,17 +54,22 @@ type Sentinels struct {
 }
 
 type sentinelProc struct {
+	proc
+	id string // sentinel myid
+}
+
+// proc is a redis-server or redis-sentinel process the test started.
+type proc struct {
 	port int
-	id   string // sentinel myid
 	log  string
 	cmd  *exec.Cmd
 	done chan struct{}
 }
 
-func (p *sentinelProc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
+func (p *proc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
 
 // kill stops the process with SIGKILL and waits for it; idempotent.
-func (p *sentinelProc) kill() {
+func (p *proc) kill() {
 	if p.cmd == nil {
 		return
 	}
@@ -126,8 +131,8 @@ func (s *Sentinels) start(bin string, try int) error {
 		}
 		id := make([]byte, 20)
 		_, _ = rand.Read(id)
-		s.procs[i] = &sentinelProc{port: p, id: hex.EncodeToString(id),
-			log: filepath.Join(s.dir, fmt.Sprintf("sentinel-%d-%d.log", try, i))}
+		s.procs[i] = &sentinelProc{id: hex.EncodeToString(id),
+			proc: proc{port: p, log: filepath.Join(s.dir, fmt.Sprintf("sentinel-%d-%d.log", try, i))}}
 	}
 	for i, p := range s.procs {
 		var b strings.Builder
