@@ -43,6 +43,15 @@ func TestValidateLimitNamesTheField(t *testing.T) {
 			l.Fallback = map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL}}
 		}},
 		{"limit.lease.ttl", func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(2 * time.Minute)} }},
+		{"limit.limit_tokens", func(l *pb.Limit) { l.LimitTokens = vocab.MaxTokens + 1 }},
+		{"limit.lease.min_chunk", func(l *pb.Limit) {
+			l.LimitTokens = vocab.MaxTokens
+			l.Lease = &pb.LeaseSettings{MinChunk: vocab.MaxTokens + 1}
+		}},
+		{"limit.lease.max_chunk", func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{MaxChunk: vocab.MaxTokens + 1} }},
+		{"limit.fallback[eu].local_tokens", func(l *pb.Limit) {
+			l.Fallback = map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: vocab.MaxTokens + 1}}
+		}},
 		{"limit.tags", func(l *pb.Limit) {
 			l.Tags = map[string]string{}
 			for i := range MaxTags + 1 {
@@ -57,6 +66,18 @@ func TestValidateLimitNamesTheField(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Field != tc.field || !errors.Is(err, vocab.ErrInvalid) {
 			t.Errorf("%s: %v, want a FieldError naming it", tc.field, err)
 		}
+	}
+}
+
+// TestValidateLimitAtMaxTokens: every token amount of a limit may be
+// vocab.MaxTokens (the one maximum), and one more is refused (above).
+func TestValidateLimitAtMaxTokens(t *testing.T) {
+	l := &pb.Limit{Id: "tenant/max", LimitTokens: vocab.MaxTokens, Window: durationpb.New(time.Minute),
+		Regions: []string{"eu"}, Mode: pb.Mode_MODE_BOUNDED,
+		Lease:    &pb.LeaseSettings{MinChunk: vocab.MaxTokens, MaxChunk: vocab.MaxTokens},
+		Fallback: map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: vocab.MaxTokens}}}
+	if _, err := ValidateLimit(l, []string{"eu"}); err != nil {
+		t.Fatalf("a limit with every amount at MaxTokens: %v", err)
 	}
 }
 

@@ -22,6 +22,8 @@ const (
 	MaxDescriptionLen = 2000
 	MaxTags           = 32
 	MaxTagLen         = 200
+	// MaxRegions bounds the regions (and so the fallbacks) of one limit.
+	MaxRegions = 64
 	// MaxApplyChanges caps the changes of one ApplyLimits call. Each change
 	// costs two writes (the limit and its history entry) in the one etcd
 	// transaction that also carries the audit record and the limits
@@ -30,6 +32,51 @@ const (
 	// 128.
 	MaxApplyChanges = 100
 )
+
+// CheckSizes checks only the sizes of a limit's strings, maps and lists
+// against the bounds above (and vocab's for ids and regions), without
+// quoting any of them in its error: it is cheap, and it runs before
+// anything about the limit is authorized, written, audited or logged, so
+// nothing unbounded is ever copied. ValidateLimit runs it first. The
+// error is a *vocab.FieldError naming the field, e.g. "limit.description".
+func CheckSizes(l *pb.Limit) error {
+	if l == nil {
+		return nil
+	}
+	switch {
+	case len(l.Id) > vocab.MaxLimitIDLen:
+		return fieldErr("limit.id", "longer than %d bytes", vocab.MaxLimitIDLen)
+	case len(l.Owner) > MaxOwnerLen:
+		return fieldErr("limit.owner", "longer than %d bytes", MaxOwnerLen)
+	case len(l.Description) > MaxDescriptionLen:
+		return fieldErr("limit.description", "longer than %d bytes", MaxDescriptionLen)
+	case len(l.Tags) > MaxTags:
+		return fieldErr("limit.tags", "more than %d tags", MaxTags)
+	case len(l.Regions) > MaxRegions:
+		return fieldErr("limit.regions", "more than %d regions", MaxRegions)
+	case len(l.Fallback) > MaxRegions:
+		return fieldErr("limit.fallback", "more than %d regions", MaxRegions)
+	}
+	for i, r := range l.Regions {
+		if len(r) > vocab.MaxRegionLen {
+			return fieldErr(fmt.Sprintf("limit.regions[%d]", i), "longer than %d bytes", vocab.MaxRegionLen)
+		}
+	}
+	for r := range l.Fallback {
+		if len(r) > vocab.MaxRegionLen {
+			return fieldErr("limit.fallback", "a region name longer than %d bytes", vocab.MaxRegionLen)
+		}
+	}
+	for k, v := range l.Tags {
+		switch {
+		case k == "" || len(k) > MaxTagLen:
+			return fieldErr("limit.tags", "tag keys must be 1-%d bytes", MaxTagLen)
+		case len(v) > MaxTagLen:
+			return fieldErr("limit.tags["+k+"]", "longer than %d bytes", MaxTagLen)
+		}
+	}
+	return nil
+}
 
 func fieldErr(field, format string, args ...any) error {
 	return vocab.InvalidField(field, format, args...)
@@ -44,14 +91,17 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 	if in == nil {
 		return nil, fieldErr("limit", "required")
 	}
+	if err := CheckSizes(in); err != nil {
+		return nil, err
+	}
 	l := proto.Clone(in).(*pb.Limit)
 	// Set by the allocator, never by the caller.
 	l.Version, l.EffectiveFrom, l.Previous = 0, nil, nil
 	if err := vocab.ValidateLimitID("limit.id", l.Id); err != nil {
 		return nil, err
 	}
-	if l.LimitTokens < 1 {
-		return nil, fieldErr("limit.limit_tokens", "must be >= 1, got %d", l.LimitTokens)
+	if err := vocab.ValidateTokens("limit.limit_tokens", l.LimitTokens, 1); err != nil {
+		return nil, err
 	}
 	if l.Window == nil {
 		return nil, fieldErr("limit.window", "required")
@@ -110,6 +160,9 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 			if fb.LocalTokens < 1 {
 				return nil, fieldErr(f+".local_tokens", "local:A needs A >= 1, got %d", fb.LocalTokens)
 			}
+			if err := vocab.ValidateTokens(f+".local_tokens", fb.LocalTokens, 1); err != nil {
+				return nil, err
+			}
 		default:
 			return nil, fieldErr(f+".kind", "must be closed, local or open")
 		}
@@ -134,14 +187,14 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 		}
 	}
 	l.Lease.Ttl = durationpb.New(ttl)
-	if l.Lease.MinChunk < 0 {
-		return nil, fieldErr("limit.lease.min_chunk", "must be >= 0, got %d", l.Lease.MinChunk)
+	if err := vocab.ValidateTokens("limit.lease.min_chunk", l.Lease.MinChunk, 0); err != nil {
+		return nil, err
 	}
 	if l.Lease.MinChunk == 0 {
 		l.Lease.MinChunk = 1
 	}
-	if l.Lease.MaxChunk < 0 {
-		return nil, fieldErr("limit.lease.max_chunk", "must be >= 0, got %d", l.Lease.MaxChunk)
+	if err := vocab.ValidateTokens("limit.lease.max_chunk", l.Lease.MaxChunk, 0); err != nil {
+		return nil, err
 	}
 	if l.Lease.MaxChunk != 0 && l.Lease.MaxChunk < l.Lease.MinChunk {
 		return nil, fieldErr("limit.lease.max_chunk", "must be >= min_chunk (%d), got %d", l.Lease.MinChunk, l.Lease.MaxChunk)
@@ -149,19 +202,13 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 	if l.Lease.MinChunk > l.LimitTokens {
 		return nil, fieldErr("limit.lease.min_chunk", "must be <= limit_tokens (%d), got %d", l.LimitTokens, l.Lease.MinChunk)
 	}
-	if len(l.Owner) > MaxOwnerLen {
-		return nil, fieldErr("limit.owner", "longer than %d characters", MaxOwnerLen)
+	// The hash tag: the limit id means none (the keys' layout without
+	// tags), so it is stored empty.
+	if l.HashTag == l.Id {
+		l.HashTag = ""
 	}
-	if len(l.Description) > MaxDescriptionLen {
-		return nil, fieldErr("limit.description", "longer than %d characters", MaxDescriptionLen)
-	}
-	if len(l.Tags) > MaxTags {
-		return nil, fieldErr("limit.tags", "more than %d tags", MaxTags)
-	}
-	for k, v := range l.Tags {
-		if k == "" || len(k) > MaxTagLen || len(v) > MaxTagLen {
-			return nil, fieldErr("limit.tags["+k+"]", "keys must be 1-%d characters and values at most %d", MaxTagLen, MaxTagLen)
-		}
+	if err := vocab.ValidateHashTag("limit.hash_tag", l.HashTag); err != nil {
+		return nil, err
 	}
 	return l, nil
 }

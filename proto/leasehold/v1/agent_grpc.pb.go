@@ -35,7 +35,10 @@ type RegionAgentClient interface {
 	// Check asks whether a request of the given cost may pass a limit.
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
 	// CheckMulti checks several limits for one request: all pass and are
-	// charged, or none is charged.
+	// charged, or none is charged. When the region's Redis is a Cluster the
+	// limits must share a hash tag (Limit.hash_tag): limits of different
+	// tags are refused with INVALID_ARGUMENT naming them (never UNAVAILABLE:
+	// no retry can succeed).
 	CheckMulti(ctx context.Context, in *CheckMultiRequest, opts ...grpc.CallOption) (*CheckMultiResponse, error)
 	// Reserve takes up to `tokens` of the region's balance for one client to
 	// spend in process (a sub-lease): nobody else can spend them. The client
@@ -109,7 +112,10 @@ type RegionAgentServer interface {
 	// Check asks whether a request of the given cost may pass a limit.
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
 	// CheckMulti checks several limits for one request: all pass and are
-	// charged, or none is charged.
+	// charged, or none is charged. When the region's Redis is a Cluster the
+	// limits must share a hash tag (Limit.hash_tag): limits of different
+	// tags are refused with INVALID_ARGUMENT naming them (never UNAVAILABLE:
+	// no retry can succeed).
 	CheckMulti(context.Context, *CheckMultiRequest) (*CheckMultiResponse, error)
 	// Reserve takes up to `tokens` of the region's balance for one client to
 	// spend in process (a sub-lease): nobody else can spend them. The client

@@ -280,7 +280,14 @@ type Limit struct {
 	// previous is the version still in force until effective_from, while
 	// that time is in the future (a change scheduled for the next window
 	// boundary); unset otherwise. Set by the allocator.
-	Previous      *Limit `protobuf:"bytes,13,opt,name=previous,proto3" json:"previous,omitempty"`
+	Previous *Limit `protobuf:"bytes,13,opt,name=previous,proto3" json:"previous,omitempty"`
+	// hash_tag places the limit's keys in its region's Redis: limits checked
+	// together in one CheckMulti must share it when the region's Redis is a
+	// Cluster (e.g. the tenant: "atlas"). 1-64 characters of [A-Za-z0-9._-];
+	// empty means the limit id (the layout without hash tags). It cannot be
+	// changed on an existing limit (that would move its keys): delete the
+	// limit and create it again.
+	HashTag       string `protobuf:"bytes,14,opt,name=hash_tag,json=hashTag,proto3" json:"hash_tag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -406,6 +413,13 @@ func (x *Limit) GetPrevious() *Limit {
 	return nil
 }
 
+func (x *Limit) GetHashTag() string {
+	if x != nil {
+		return x.HashTag
+	}
+	return ""
+}
+
 var File_leasehold_v1_limits_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_limits_proto_rawDesc = "" +
@@ -417,7 +431,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xa8\x05\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xc3\x05\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -432,7 +446,8 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	" \x03(\v2\x1d.leasehold.v1.Limit.TagsEntryR\x04tags\x12\x18\n" +
 	"\aversion\x18\v \x01(\x03R\aversion\x12A\n" +
 	"\x0eeffective_from\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\reffectiveFrom\x12/\n" +
-	"\bprevious\x18\r \x01(\v2\x13.leasehold.v1.LimitR\bprevious\x1aS\n" +
+	"\bprevious\x18\r \x01(\v2\x13.leasehold.v1.LimitR\bprevious\x12\x19\n" +
+	"\bhash_tag\x18\x0e \x01(\tR\ahashTag\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +
