@@ -34,7 +34,8 @@ func (s *Server) principal(ctx context.Context, rpc string) (*auth.Principal, er
 }
 
 // allow authorizes a read; a refusal of an authenticated caller is
-// audited.
+// audited. Callers check the sizes of what they name first: nothing
+// unbounded reaches the audit log.
 func (s *Server) allow(ctx context.Context, rpc string, action auth.Action, limit string) (*auth.Principal, error) {
 	p, err := s.principal(ctx, rpc)
 	if err != nil {
@@ -119,10 +120,10 @@ func (s *Server) ApplyLimits(ctx context.Context, req *pb.ApplyLimitsRequest) (*
 // window shows as the limit with effective_from and previous (the version
 // in force until then).
 func (s *Server) GetLimit(ctx context.Context, req *pb.GetLimitRequest) (*pb.GetLimitResponse, error) {
-	if _, err := s.allow(ctx, "GetLimit", auth.ActionRead, req.GetId()); err != nil {
+	if err := vocab.ValidateLimitID("id", req.GetId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	if err := vocab.ValidateLimitID("id", req.GetId()); err != nil {
+	if _, err := s.allow(ctx, "GetLimit", auth.ActionRead, req.GetId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
 	l, err := s.a.store.GetLimit(ctx, req.Id)
@@ -145,15 +146,18 @@ func pageSize(n int32) (int, error) {
 
 // ListLimits implements pb.AdminServer.
 func (s *Server) ListLimits(ctx context.Context, req *pb.ListLimitsRequest) (*pb.ListLimitsResponse, error) {
-	if _, err := s.allow(ctx, "ListLimits", auth.ActionRead, req.GetPrefix()); err != nil {
-		return nil, toStatus(ctx, err)
-	}
 	size, err := pageSize(req.GetPageSize())
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
 	if len(req.GetPrefix()) > vocab.MaxLimitIDLen {
 		return nil, toStatus(ctx, fieldErr("prefix", "longer than %d characters", vocab.MaxLimitIDLen))
+	}
+	if len(req.GetPageToken()) > vocab.MaxLimitIDLen {
+		return nil, toStatus(ctx, fieldErr("page_token", "longer than %d characters", vocab.MaxLimitIDLen))
+	}
+	if _, err := s.allow(ctx, "ListLimits", auth.ActionRead, req.GetPrefix()); err != nil {
+		return nil, toStatus(ctx, err)
 	}
 	ls, next, err := s.a.store.ListLimits(ctx, req.GetPrefix(), size, req.GetPageToken())
 	if err != nil {
@@ -171,10 +175,10 @@ const maxReportWindows = 1000
 
 // ListWindows implements pb.AdminServer.
 func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*pb.ListWindowsResponse, error) {
-	if _, err := s.allow(ctx, "ListWindows", auth.ActionRead, req.GetLimitId()); err != nil {
+	if err := vocab.ValidateLimitID("limit_id", req.GetLimitId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	if err := vocab.ValidateLimitID("limit_id", req.GetLimitId()); err != nil {
+	if _, err := s.allow(ctx, "ListWindows", auth.ActionRead, req.GetLimitId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
 	last := int(req.GetLast())
@@ -197,10 +201,10 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 
 // LimitHistory implements pb.AdminServer: any replica answers from etcd.
 func (s *Server) LimitHistory(ctx context.Context, req *pb.LimitHistoryRequest) (*pb.LimitHistoryResponse, error) {
-	if _, err := s.allow(ctx, "LimitHistory", auth.ActionRead, req.GetId()); err != nil {
+	if err := vocab.ValidateLimitID("id", req.GetId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	if err := vocab.ValidateLimitID("id", req.GetId()); err != nil {
+	if _, err := s.allow(ctx, "LimitHistory", auth.ActionRead, req.GetId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
 	size, err := pageSize(req.GetPageSize())
@@ -217,15 +221,15 @@ func (s *Server) LimitHistory(ctx context.Context, req *pb.LimitHistoryRequest) 
 // ListAudit implements pb.AdminServer (admins only): any replica answers
 // from etcd.
 func (s *Server) ListAudit(ctx context.Context, req *pb.ListAuditRequest) (*pb.ListAuditResponse, error) {
-	if _, err := s.allow(ctx, "ListAudit", auth.ActionAudit, req.GetLimitPrefix()); err != nil {
-		return nil, toStatus(ctx, err)
-	}
 	size, err := pageSize(req.GetPageSize())
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
 	if len(req.GetLimitPrefix()) > vocab.MaxLimitIDLen {
 		return nil, toStatus(ctx, fieldErr("limit_prefix", "longer than %d characters", vocab.MaxLimitIDLen))
+	}
+	if _, err := s.allow(ctx, "ListAudit", auth.ActionAudit, req.GetLimitPrefix()); err != nil {
+		return nil, toStatus(ctx, err)
 	}
 	var since time.Time
 	if req.Since != nil {

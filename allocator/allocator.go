@@ -11,6 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -41,7 +42,7 @@ type options struct {
 	sessionTTL   int // seconds
 	maxOps       int
 	committers   int
-	commitTO     time.Duration
+	commit       commitTiming
 	retention    time.Duration
 	gcInterval   time.Duration
 	keepWindows  int
@@ -50,6 +51,7 @@ type options struct {
 	// audit log
 	auditRetention time.Duration
 	auditSweep     time.Duration
+	refusalAudit   refusalAudit
 }
 
 // Option changes an optional setting.
@@ -93,6 +95,34 @@ func WithAuditRetention(keep, sweep time.Duration) Option {
 	return func(o *options) { o.auditRetention, o.auditSweep = keep, sweep }
 }
 
+// WithCommitTimeouts sets how long an etcd transaction's first attempt
+// may take (a retry sends the transaction again beside the copies in
+// flight after each half of that without an answer, and waits up to 4x
+// it for any of them), and how long a transaction that etcd could not
+// answer is retried, fenced, within the term before the term ends. A raft
+// leader change of etcd costs its election, not the allocator's
+// leadership, while the election ends within the budget. Defaults 500ms
+// and the session TTL (budget 0): a leader that etcd could not answer for
+// that long may have lost its session anyway, and the fence would refuse
+// the retry.
+func WithCommitTimeouts(attempt, budget time.Duration) Option {
+	return func(o *options) {
+		o.commit.attempt, o.commit.hedge, o.commit.maxAttempt, o.commit.budget = attempt, attempt/2, 4*attempt, budget
+	}
+}
+
+// WithRefusalAudit sets the audit rate limit of refused admin attempts:
+// per principal, rate records per second with a burst; what is dropped is
+// summarized in one record per principal and outcome once no drop came
+// for quiet, or every interval while the flood lasts. At most 1000
+// principals are tracked (the rest share one bucket). Defaults 0.1/s
+// (6 a minute), burst 10, 2s, 1m.
+func WithRefusalAudit(rate float64, burst int, quiet, every time.Duration) Option {
+	return func(o *options) {
+		o.refusalAudit.rate, o.refusalAudit.burst, o.refusalAudit.quiet, o.refusalAudit.every = rate, burst, quiet, every
+	}
+}
+
 // DefaultAuditRetention is how long audit records are kept by default.
 const DefaultAuditRetention = 400 * 24 * time.Hour
 
@@ -108,7 +138,9 @@ type Allocator struct {
 	m     *metrics
 	am    *adminMetrics
 	ids   auditIDs
-	sync  syncCache
+	// refusals rate-limits the audit records of refused attempts.
+	refusals *refusalLimiter
+	sync     syncCache
 
 	changeMu sync.Mutex // serializes limit changes on this replica
 
@@ -151,11 +183,20 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 		cfg.Logger = slog.Default()
 	}
 	o := options{
-		now:          time.Now,
-		sessionTTL:   5,
-		maxOps:       128,
-		committers:   2,
-		commitTO:     5 * time.Second,
+		now:        time.Now,
+		sessionTTL: 5,
+		maxOps:     128,
+		committers: 2,
+		commit: commitTiming{
+			attempt: 500 * time.Millisecond, hedge: 250 * time.Millisecond, maxAttempt: 2 * time.Second, // budget: the session TTL
+			backoff: func() backoff.BackOff {
+				b := backoff.NewExponentialBackOff()
+				b.InitialInterval = 20 * time.Millisecond
+				b.MaxInterval = 200 * time.Millisecond
+				b.MaxElapsedTime = 0 // the budget bounds the retries
+				return b
+			},
+		},
 		retention:    time.Minute,
 		gcInterval:   10 * time.Second,
 		keepWindows:  60,
@@ -169,9 +210,19 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 		},
 		auditRetention: DefaultAuditRetention,
 		auditSweep:     time.Hour,
+		refusalAudit:   refusalAudit{rate: 0.1, burst: 10, quiet: 2 * time.Second, every: time.Minute, max: 1000},
 	}
 	for _, f := range opts {
 		f(&o)
+	}
+	if o.commit.budget == 0 {
+		o.commit.budget = time.Duration(o.sessionTTL) * time.Second
+	}
+	if o.commit.attempt <= 0 || o.commit.hedge <= 0 || o.commit.budget < 0 {
+		return nil, errors.New("allocator: the commit attempt timeout must be > 0 and the retry budget >= 0")
+	}
+	if ra := o.refusalAudit; ra.rate <= 0 || ra.burst < 1 || ra.quiet <= 0 || ra.every <= 0 {
+		return nil, errors.New("allocator: the refusal audit rate, burst, quiet time and interval must be > 0")
 	}
 	if o.auditRetention <= 0 || o.auditSweep <= 0 {
 		return nil, errors.New("allocator: the audit retention and its sweep interval must be > 0")
@@ -183,6 +234,7 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 		log:        cfg.Logger,
 		m:          newMetrics(cfg.Registerer),
 		am:         newAdminMetrics(cfg.Registerer),
+		refusals:   newRefusalLimiter(o.refusalAudit),
 		termChange: make(chan struct{}),
 	}
 	if cfg.Registerer != nil {
@@ -265,8 +317,9 @@ func (a *Allocator) currentTerm() (*term, error) {
 // again. It returns ctx's error.
 func (a *Allocator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); a.observeLeader(ctx) }()
+	go func() { defer wg.Done(); a.summarizeLoop(ctx) }()
 	defer wg.Wait()
 	bo := a.opt.retryBackoff()
 	for ctx.Err() == nil {
@@ -317,7 +370,8 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("session: %w", err)
 	}
-	defer sess.Close() // revokes the lease: leadership is released at once
+	cur := sess                    // the session keeping the lease alive; a resumed one replaces it
+	defer func() { cur.Close() }() // revokes the lease: leadership is released at once
 	a.mu.Lock()
 	a.sessionID = sess.Lease()
 	a.mu.Unlock()
@@ -338,6 +392,9 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	if err := a.store.ClearOnce(ctx); err != nil {
+		a.log.Warn("allocator: clearing earlier terms' commit marks", "err", err)
+	}
 	core := NewCore()
 	for _, lp := range st.Limits {
 		core.SetLimit(decodeLimit(lp))
@@ -354,7 +411,7 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 
 	tctx, cancel := context.WithCancelCause(ctx)
 	t := &term{ctx: tctx, cancel: cancel, fence: fence, core: core}
-	t.commit = newCommitter(a.store, fence, a.opt.maxOps, a.opt.committers, a.opt.commitTO, a.m,
+	t.commit = newCommitter(tctx, a.store, fence, a.opt.maxOps, a.opt.committers, a.opt.commit, a.m,
 		func(err error) { cancel(fmt.Errorf("commit failed: %w", err)) })
 	var wg sync.WaitGroup
 	wg.Add(3)
@@ -366,10 +423,25 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 	a.setTerm(t)
 	a.log.Info("allocator: leading", "advertise", a.cfg.Advertise, "limits", len(st.Limits), "grants", len(st.Grants), "revision", st.Revision)
 
-	select {
-	case <-sess.Done():
-		cancel(errors.New("etcd session lost"))
-	case <-tctx.Done():
+lead:
+	for {
+		select {
+		case <-cur.Done():
+			if tctx.Err() != nil {
+				break lead
+			}
+			next, err := a.resumeSession(ctx, tctx, cur.Lease())
+			if err != nil {
+				cancel(fmt.Errorf("etcd session lost: %w", err))
+				break lead
+			}
+			cur.Orphan() // its keep-alives ended; closing it would revoke the lease
+			cur = next
+			a.m.resumes.Inc()
+			a.log.Info("allocator: etcd session resumed on its live lease; still leading", "lease", cur.Lease())
+		case <-tctx.Done():
+			break lead
+		}
 	}
 	a.setTerm(nil)
 	cause := context.Cause(tctx)
@@ -387,32 +459,96 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 }
 
 // watchLimits applies limit changes to the term's core as etcd reports them.
+// A watch that fails while the term goes on (etcd had no raft leader, the
+// member it spoke to died) is started again from the revision after the
+// last one seen; only a compacted revision (changes were missed) ends the
+// term, whose successor reloads everything.
 func (a *Allocator) watchLimits(t *term, rev int64) {
-	wch := a.cfg.Client.Watch(clientv3.WithRequireLeader(t.ctx), a.store.limitsPrefix(),
-		clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	for resp := range wch {
-		if err := resp.Err(); err != nil {
-			t.cancel(fmt.Errorf("limits watch: %w", err))
+	next := rev + 1
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 20*time.Millisecond, time.Second, 0
+	for t.ctx.Err() == nil {
+		wch := a.cfg.Client.Watch(clientv3.WithRequireLeader(t.ctx), a.store.limitsPrefix(),
+			clientv3.WithPrefix(), clientv3.WithRev(next))
+		var werr error
+		for resp := range wch {
+			if resp.CompactRevision != 0 {
+				t.cancel(fmt.Errorf("limits watch: revision %d compacted: changes were missed", resp.CompactRevision))
+				return
+			}
+			if err := resp.Err(); err != nil {
+				werr = err
+				break
+			}
+			bo.Reset()
+			a.applyLimitEvents(t, resp.Events)
+			if n := len(resp.Events); n > 0 {
+				next = resp.Events[n-1].Kv.ModRevision + 1
+			}
+		}
+		if t.ctx.Err() != nil {
 			return
 		}
-		t.mu.Lock()
-		for _, ev := range resp.Events {
-			id := string(ev.Kv.Key[len(a.store.limitsPrefix()):])
-			if ev.Type == clientv3.EventTypeDelete {
-				t.core.DeleteLimit(id)
-				continue
-			}
-			l, err := decodeLimitEvent(ev.Kv.Value)
-			if err != nil {
-				a.log.Error("allocator: undecodable limit record; ignored", "id", id, "err", err)
-				continue
-			}
-			t.core.SetLimit(decodeLimit(l))
+		a.m.watchRestarts.Inc()
+		wait := bo.NextBackOff()
+		a.log.Warn("allocator: limits watch ended; watching again", "from_revision", next, "err", werr, "retry_in", wait)
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-time.After(wait):
 		}
-		t.mu.Unlock()
 	}
-	if t.ctx.Err() == nil {
-		t.cancel(errors.New("limits watch closed"))
+}
+
+func (a *Allocator) applyLimitEvents(t *term, events []*clientv3.Event) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, ev := range events {
+		id := string(ev.Kv.Key[len(a.store.limitsPrefix()):])
+		if ev.Type == clientv3.EventTypeDelete {
+			t.core.DeleteLimit(id)
+			continue
+		}
+		l, err := decodeLimitEvent(ev.Kv.Value)
+		if err != nil {
+			a.log.Error("allocator: undecodable limit record; ignored", "id", id, "err", err)
+			continue
+		}
+		t.core.SetLimit(decodeLimit(l))
+	}
+}
+
+// resumeSession is called when the leader's session stopped hearing
+// keep-alive answers: during an etcd election there is no raft leader to
+// answer them for a while, and the client gives the session up after its
+// TTL, although etcd extends every lease when a new raft leader takes
+// over. If the lease is still alive the term goes on with a new session
+// on the same lease (the election key, and so the fence, are unchanged);
+// if etcd says it is gone, or cannot tell within the commit retry budget,
+// the term ends. Safety never depends on this: every write is fenced.
+func (a *Allocator) resumeSession(ctx, tctx context.Context, id clientv3.LeaseID) (*concurrency.Session, error) {
+	start := time.Now()
+	bo := a.opt.commit.backoff()
+	for {
+		actx, cancel := context.WithTimeout(tctx, a.opt.commit.attempt)
+		resp, err := a.cfg.Client.KeepAliveOnce(actx, id)
+		cancel()
+		if err == nil && resp.TTL > 0 {
+			return concurrency.NewSession(a.cfg.Client, concurrency.WithLease(id), concurrency.WithTTL(a.opt.sessionTTL),
+				concurrency.WithContext(ctx))
+		}
+		if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || tctx.Err() != nil || !retryable(err) {
+			return nil, fmt.Errorf("lease %x: %v", id, err)
+		}
+		wait := bo.NextBackOff()
+		if time.Since(start)+wait >= a.opt.commit.budget {
+			return nil, fmt.Errorf("lease %x: no answer for %v: %w", id, time.Since(start).Round(time.Millisecond), err)
+		}
+		select {
+		case <-tctx.Done():
+			return nil, tctx.Err()
+		case <-time.After(wait):
+		}
 	}
 }
 

@@ -135,6 +135,10 @@ func (a *Allocator) applyChanges(ctx context.Context, p *auth.Principal, cs chan
 		a.recordRefusal(ctx, e, outcome, err)
 		return err
 	}
+	// Sizes first: nothing unbounded is authorized, audited or logged.
+	if it, err := a.checkSizes(&cs); err != nil {
+		return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, err)
+	}
 	for i := range cs.items {
 		it := &cs.items[i]
 		if err := p.Allow(auth.ActionWrite, it.id(), ""); err != nil {
@@ -172,6 +176,47 @@ func (a *Allocator) applyChanges(ctx context.Context, p *auth.Principal, cs chan
 			return nil, fmt.Errorf("%w: limits kept changing under this change; try again", ErrVersionMismatch)
 		}
 	}
+}
+
+// checkSizes checks the sizes of everything a change set names (reason,
+// count of changes, each limit's id and strings: limitspec.CheckSizes)
+// before anything else looks at it; on error it returns the change at
+// fault, as validateChanges does.
+func (a *Allocator) checkSizes(cs *changeSet) (*changeItem, error) {
+	switch {
+	case len(cs.reason) > maxReasonLen:
+		return firstItem(cs), fieldErr("reason", "longer than %d characters", maxReasonLen)
+	case len(cs.items) > a.maxChanges():
+		return firstItem(cs), fieldErr("changes", "at most %d changes per apply (etcd transaction of %d ops), got %d: split the file",
+			a.maxChanges(), a.opt.maxOps, len(cs.items))
+	}
+	for i := range cs.items {
+		it := &cs.items[i]
+		if len(it.id()) > vocab.MaxLimitIDLen {
+			return it, fieldErr(it.field+idField(it), "longer than %d characters", vocab.MaxLimitIDLen)
+		}
+		if it.deleting {
+			continue
+		}
+		if err := limitspec.CheckSizes(it.put); err != nil {
+			var fe *vocab.FieldError
+			if errors.As(err, &fe) && it.field != "limit" {
+				fe.Field = it.field + strings.TrimPrefix(fe.Field, "limit")
+			}
+			return it, err
+		}
+	}
+	return nil, nil
+}
+
+// idField is the suffix naming an item's limit id: ".id" for a put
+// ("limit.id", "changes[2].put.id"), nothing for a delete (its field is
+// the id).
+func idField(it *changeItem) string {
+	if it.deleting {
+		return ""
+	}
+	return ".id"
 }
 
 // validateChanges checks a change set; on error it returns the change at
@@ -310,6 +355,14 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 	if len(diffLimits(stored, next)) == 0 {
 		return nil, nil
 	}
+	if next.HashTag != stored.HashTag {
+		// The tag is in every Redis key of the limit: a new one would
+		// leave the running window's regional buckets (leases, counts,
+		// locks) behind under the old keys, mid-window.
+		return nil, fieldErr(it.field+".hash_tag", "%q -> %q: the hash tag of an existing limit cannot change "+
+			"(it names the limit's Redis keys); delete the limit and create it again with the new tag",
+			stored.HashTag, next.HashTag)
+	}
 	next.Version = stored.Version + 1
 	cur := inForce(stored, now)
 	if eff == pb.Effective_EFFECTIVE_NOW || len(diffLimits(cur, next)) == 0 {
@@ -417,6 +470,12 @@ func (a *Allocator) commitChanges(ctx context.Context, t *term, cs *changeSet, p
 		return false, err
 	}
 	ops = append(ops, clientv3.OpPut(a.store.auditKey(recordID), string(rec)), clientv3.OpPut(a.store.limitsRevKey(), ""))
+	if n := opsSize(ops); n > maxChangeBytes {
+		// etcd would refuse it as too large, an error that reads as
+		// etcd being unavailable: say what to do instead.
+		return false, fieldErr("changes", "%d changes encode to %d bytes with their history and audit, above the %d one etcd transaction may carry: split them",
+			len(events), n, maxChangeBytes)
+	}
 	start := time.Now()
 	resp, err := a.cfg.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	a.am.changeDur.Observe(time.Since(start).Seconds())
@@ -442,4 +501,18 @@ func (a *Allocator) commitChanges(ctx context.Context, t *term, cs *changeSet, p
 			"principal", events[k].Principal, "version", events[k].NewVersion, "reason", cs.reason)
 	}
 	return true, nil
+}
+
+// maxChangeBytes bounds the encoded writes of one change set: etcd's
+// default request limit (--max-request-bytes, 1.5 MiB) less room for the
+// transaction's framing.
+const maxChangeBytes = 1400 << 10
+
+// opsSize is the bytes of keys and values ops write.
+func opsSize(ops []clientv3.Op) int {
+	n := 0
+	for _, op := range ops {
+		n += len(op.KeyBytes()) + len(op.ValueBytes())
+	}
+	return n
 }

@@ -161,7 +161,9 @@ func TestTwoEditorsRace(t *testing.T) {
 // not stored.
 func TestRoleActionMatrix(t *testing.T) {
 	c := etcdtest.Start(t, 1)
-	a := startAllocator(t, c, "a")
+	// Every refusal is recorded here: the audit rate limit is tested in
+	// TestRefusalAuditFlood.
+	a := startAllocator(t, c, "a", WithRefusalAudit(1000, 1000, time.Second, time.Minute))
 	allocatortest.WaitLeader(t, a)
 	srv := NewServer(a.Allocator, WithAuthRequired(true))
 	ctxOf := func(p *auth.Principal) context.Context {

@@ -51,6 +51,7 @@ const (
 // adminMetrics count the Admin service's audit records and refusals.
 type adminMetrics struct {
 	audit           *prometheus.CounterVec
+	auditDropped    *prometheus.CounterVec
 	auditSwept      prometheus.Counter
 	unauthenticated prometheus.Counter
 	changeDur       prometheus.Histogram
@@ -61,6 +62,10 @@ func newAdminMetrics(reg prometheus.Registerer) *adminMetrics {
 		audit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_admin_audit_events_total",
 			Help: "Audit events recorded, by outcome: applied, denied, conflict, invalid.",
+		}, []string{"outcome"}),
+		auditDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_admin_audit_dropped_total",
+			Help: "Refused admin attempts not recorded in the audit log because their principal was over the audit rate limit, by outcome (a summary record counts them).",
 		}, []string{"outcome"}),
 		auditSwept: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_admin_audit_records_swept_total",
@@ -77,7 +82,7 @@ func newAdminMetrics(reg prometheus.Registerer) *adminMetrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.audit, m.auditSwept, m.unauthenticated, m.changeDur)
+		reg.MustRegister(m.audit, m.auditDropped, m.auditSwept, m.unauthenticated, m.changeDur)
 	}
 	return m
 }
@@ -215,27 +220,43 @@ func stamp(recordID string, now time.Time, events []*pb.AuditEvent) {
 	}
 }
 
-// recordRefusal writes one refused attempt in its own write. A failure to
-// record is logged: the caller is refused either way.
+// recordRefusal writes one refused attempt in its own write, its strings
+// capped (capEvent), unless the principal's audit rate limit drops it:
+// then it is counted, and a summary record says later how many were
+// dropped. A failure to record is logged: the caller is refused either
+// way.
 func (a *Allocator) recordRefusal(ctx context.Context, e *pb.AuditEvent, outcome pb.AuditOutcome, cause error) {
 	e.Outcome, e.Error = outcome, cause.Error()
+	capEvent(e)
+	now := a.opt.now()
+	if !a.refusals.allow(now, e.Principal, e.Role, outcome) {
+		a.am.auditDropped.WithLabelValues(outcomeName(outcome)).Inc()
+		return
+	}
 	if e.New != nil && proto.Size(e.New) > auditCap {
 		e.New = nil
 	}
-	now := a.opt.now()
 	id := a.ids.next(now)
 	stamp(id, now, []*pb.AuditEvent{e})
-	b, err := encodeAuditRecord([]*pb.AuditEvent{e})
-	if err == nil {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_, err = a.cfg.Client.Put(wctx, a.store.auditKey(id), string(b))
-		cancel()
-	}
+	err := a.putAuditRecord(ctx, id, []*pb.AuditEvent{e})
 	a.am.audit.WithLabelValues(outcomeName(outcome)).Inc()
 	if err != nil {
 		a.log.Error("allocator: refused attempt not recorded in the audit log", "principal", e.Principal,
 			"action", e.Action, "limit", e.LimitId, "outcome", outcome, "err", err)
 	}
+}
+
+// putAuditRecord writes one record on its own (not fenced: followers
+// record refusals too).
+func (a *Allocator) putAuditRecord(ctx context.Context, id string, events []*pb.AuditEvent) error {
+	b, err := encodeAuditRecord(events)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, err = a.cfg.Client.Put(wctx, a.store.auditKey(id), string(b))
+	return err
 }
 
 func outcomeName(o pb.AuditOutcome) string {

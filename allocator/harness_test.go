@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,7 +50,7 @@ func startAllocatorReg(t *testing.T, c *etcdtest.Cluster, name string, reg prome
 		Client:     c.Client(t),
 		Regions:    []string{"eu", "us", "ap"},
 		Advertise:  name,
-		Logger:     slog.New(slog.DiscardHandler),
+		Logger:     testLog(),
 		Registerer: reg,
 	}, opts...)
 	if err != nil {
@@ -134,3 +135,10 @@ func (l *ledger) net() map[poolKey]int64 {
 }
 
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
+
+func testLog() *slog.Logger {
+	if os.Getenv("ALLOC_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.DiscardHandler)
+}

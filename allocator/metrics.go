@@ -1,8 +1,6 @@
 package allocator
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -17,6 +15,9 @@ type metrics struct {
 	txnOps        prometheus.Histogram
 	txnDur        prometheus.Histogram
 	txnFailures   prometheus.Counter
+	txnRetries    prometheus.Counter
+	resumes       prometheus.Counter
+	watchRestarts prometheus.Counter
 	leader        prometheus.Gauge
 	leaderChanges prometheus.Counter
 	usageReports  prometheus.Counter
@@ -58,7 +59,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		txnFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_etcd_txn_failures_total",
-			Help: "Group commits that failed or were fenced (each ends the leadership term).",
+			Help: "Group commits that failed for good: fenced, refused by etcd, or not landed within the retry budget (each ends the leadership term).",
+		}),
+		txnRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_etcd_txn_retries_total",
+			Help: "Group commits sent again, still fenced, after etcd could not answer (raft leader changed or lost, member gone, attempt timed out).",
+		}),
+		resumes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_allocator_session_resumed_total",
+			Help: "Times the leader's etcd session stopped hearing keep-alives (e.g. during an etcd election) and was resumed on the same, still live, lease: the term went on.",
+		}),
+		watchRestarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_allocator_limits_watch_restarts_total",
+			Help: "Times the leader's watch of limit changes failed (e.g. etcd had no raft leader) and was started again from the last revision it saw.",
 		}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "leasehold_allocator_leader",
@@ -79,15 +92,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.grants, m.grantedTokens, m.returns, m.returnTokens, m.acquireDur,
-			m.txnOps, m.txnDur, m.txnFailures, m.leader, m.leaderChanges, m.usageReports, m.overBound)
+			m.txnOps, m.txnDur, m.txnFailures, m.txnRetries, m.resumes, m.watchRestarts, m.leader, m.leaderChanges, m.usageReports, m.overBound)
 	}
 	return m
-}
-
-func (m *metrics) observeCommit(ops int, d time.Duration, err error) {
-	m.txnOps.Observe(float64(ops))
-	m.txnDur.Observe(d.Seconds())
-	if err != nil {
-		m.txnFailures.Inc()
-	}
 }

@@ -88,10 +88,15 @@ func toStatus(ctx context.Context, err error) error {
 // allowLease authorizes a call of the Allocator service: only region's
 // own agent, whose region comes from its certificate, may lease, return,
 // report or sync limits for it. Refusals are logged, not audited (no
-// limit changes).
+// limit changes). The region is validated first, so that what is logged
+// (and said back) of it is at most vocab.MaxRegionLen bytes: a SyncLimits
+// naming a 4 MB region once wrote an 8.4 MB log line.
 func (s *Server) allowLease(ctx context.Context, rpc, region string) error {
 	p, err := s.principal(ctx, rpc)
 	if err != nil {
+		return err
+	}
+	if err := vocab.ValidateRegion("region", region); err != nil {
 		return err
 	}
 	if err := p.Allow(auth.ActionLease, "", region); err != nil {

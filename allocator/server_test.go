@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"net"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"leasehold/internal/allocatortest"
 	"leasehold/internal/etcdtest"
 	"leasehold/internal/limitspec"
+	"leasehold/internal/syncbuf"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -77,6 +79,9 @@ func TestAdminRejectsEachInvalidField(t *testing.T) {
 		{"limit.id", func(l *pb.Limit) { l.Id = strings.Repeat("a", 201) }},
 		{"limit.limit_tokens", func(l *pb.Limit) { l.LimitTokens = 0 }},
 		{"limit.limit_tokens", func(l *pb.Limit) { l.LimitTokens = -5 }},
+		{"limit.limit_tokens", func(l *pb.Limit) { l.LimitTokens = vocab.MaxTokens + 1 }},
+		{"limit.lease.max_chunk", func(l *pb.Limit) { l.Lease.MaxChunk = vocab.MaxTokens + 1 }},
+		{"limit.fallback[eu].local_tokens", func(l *pb.Limit) { l.Fallback["eu"].LocalTokens = vocab.MaxTokens + 1 }},
 		{"limit.window", func(l *pb.Limit) { l.Window = nil }},
 		{"limit.window", func(l *pb.Limit) { l.Window = durationpb.New(999 * time.Millisecond) }},
 		{"limit.window", func(l *pb.Limit) { l.Window = durationpb.New(time.Second + time.Microsecond) }},
@@ -100,7 +105,7 @@ func TestAdminRejectsEachInvalidField(t *testing.T) {
 		{"limit.lease.min_chunk", func(l *pb.Limit) { l.Lease.MinChunk = 2000; l.Lease.MaxChunk = 0 }},
 		{"limit.lease.max_chunk", func(l *pb.Limit) { l.Lease.MaxChunk = 2 }},
 		{"limit.owner", func(l *pb.Limit) { l.Owner = strings.Repeat("o", 201) }},
-		{"limit.tags[]", func(l *pb.Limit) { l.Tags = map[string]string{"": "x"} }},
+		{"limit.tags", func(l *pb.Limit) { l.Tags = map[string]string{"": "x"} }},
 	} {
 		l := validLimit()
 		tc.edit(l)
@@ -201,6 +206,8 @@ func TestAcquireRejectsEachMalformedRequest(t *testing.T) {
 		{"requests[0].demand_per_second", &pb.AcquireLeasesRequest{Region: "eu", Requests: []*pb.LeaseRequest{{RequestId: "r", LimitId: "t", DemandPerSecond: -1}}}},
 		{"requests[0].held_tokens", &pb.AcquireLeasesRequest{Region: "eu", Requests: []*pb.LeaseRequest{{RequestId: "r", LimitId: "t", HeldTokens: -1}}}},
 		{"requests[0].want_tokens", &pb.AcquireLeasesRequest{Region: "eu", Requests: []*pb.LeaseRequest{{RequestId: "r", LimitId: "t", WantTokens: -1}}}},
+		{"requests[0].want_tokens", &pb.AcquireLeasesRequest{Region: "eu", Requests: []*pb.LeaseRequest{{RequestId: "r", LimitId: "t", WantTokens: vocab.MaxTokens + 1}}}},
+		{"requests[0].held_tokens", &pb.AcquireLeasesRequest{Region: "eu", Requests: []*pb.LeaseRequest{{RequestId: "r", LimitId: "t", HeldTokens: vocab.MaxTokens + 1}}}},
 	} {
 		_, err := alloc.AcquireLeases(ctx, tc.req)
 		wantInvalid(t, err, tc.field)
@@ -311,4 +318,54 @@ func FuzzAcquireDecode(f *testing.F) {
 			_, _ = limitspec.ValidateLimit(pl.Limit, []string{"eu", "us"})
 		}
 	})
+}
+
+// TestRefusedLeaseCallLogBounded: an agent's call naming a region not its
+// own is refused and logged; one naming a 4 MB region is refused as
+// invalid before anything of it is logged or said back (it once wrote an
+// 8.4 MB log line: the region, twice). Counted in bytes.
+func TestRefusedLeaseCallLogBounded(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	var buf syncbuf.Buffer
+	a, err := New(Config{Client: c.Client(t), Regions: []string{"eu", "us"}, Advertise: "a",
+		Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(a, WithAuthRequired(true))
+	huge := strings.Repeat("r", 4<<20)
+	calls := map[string]func(region string) error{
+		"SyncLimits": func(r string) error {
+			_, err := srv.SyncLimits(as(agentEU), &pb.SyncLimitsRequest{Region: r})
+			return err
+		},
+		"AcquireLeases": func(r string) error {
+			_, err := srv.AcquireLeases(as(agentEU), &pb.AcquireLeasesRequest{Region: r})
+			return err
+		},
+		"ReturnLeases": func(r string) error {
+			_, err := srv.ReturnLeases(as(agentEU), &pb.ReturnLeasesRequest{Region: r})
+			return err
+		},
+		"ReportUsage": func(r string) error {
+			_, err := srv.ReportUsage(as(agentEU), &pb.ReportUsageRequest{Region: r})
+			return err
+		},
+	}
+	for name, call := range calls {
+		err := call(huge)
+		if status.Code(err) != codes.InvalidArgument || len(err.Error()) > 200 {
+			t.Errorf("%s with a 4 MB region: %v (%d bytes), want a short INVALID_ARGUMENT", name, status.Code(err), len(err.Error()))
+		}
+		if err := call("us"); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("%s of agent eu for us: %v, want PERMISSION_DENIED", name, err)
+		}
+	}
+	logged := buf.String()
+	if n := strings.Count(logged, "Allocator service call refused"); n != len(calls) {
+		t.Errorf("%d refusals logged, want %d (those naming us)", n, len(calls))
+	}
+	if len(logged) > len(calls)*300 {
+		t.Errorf("%d bytes logged for %d refusals: the huge region reached the log", len(logged), len(calls))
+	}
 }

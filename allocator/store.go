@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -113,6 +114,52 @@ func (s *Store) Commit(ctx context.Context, f Fence, ops []clientv3.Op) error {
 		return ErrFenced
 	}
 	return nil
+}
+
+// onceKey marks batch seq of the term fenced by f as committed by a retry
+// (CommitBatch). The term's batches are the only writers; a new term
+// clears the prefix (ClearOnce).
+func (s *Store) onceKey(f Fence, seq uint64) string {
+	return s.prefix + "once/" + strconv.FormatInt(f.Rev, 10) + "/" + strconv.FormatUint(seq, 10)
+}
+
+// CommitBatch commits ops, batch seq of the term fenced by f, at most once
+// in effect: the transaction applies only while no retry of the same batch
+// has marked it committed. A retry (mark) writes the mark with the batch.
+// So a copy of the batch that lands late (an attempt that timed out, a
+// hedged copy still in flight when another committed) does nothing once a
+// marked copy has committed, and cannot put back records that later
+// batches overwrote. A first attempt (mark false) writes no mark: the
+// normal path costs one compare. A copy refused because the batch is
+// marked committed returns nil; one refused by the fence, ErrFenced.
+func (s *Store) CommitBatch(ctx context.Context, f Fence, seq uint64, ops []clientv3.Op, mark bool) error {
+	once := s.onceKey(f, seq)
+	then := ops
+	if mark {
+		then = append(ops[:len(ops):len(ops)], clientv3.OpPut(once, ""))
+	}
+	resp, err := s.cli.Txn(ctx).
+		If(f.cmp(), clientv3.Compare(clientv3.CreateRevision(once), "=", 0)).
+		Then(then...).
+		Else(clientv3.OpGet(once, clientv3.WithCountOnly())).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("allocator: commit %d ops: %w", len(ops), err)
+	}
+	if !resp.Succeeded {
+		if r := resp.Responses; len(r) == 1 && r[0].GetResponseRange().GetCount() > 0 {
+			return nil // a retry of this batch committed it
+		}
+		return ErrFenced
+	}
+	return nil
+}
+
+// ClearOnce deletes the marks of earlier terms' retried batches (their
+// copies are fenced anyway).
+func (s *Store) ClearOnce(ctx context.Context) error {
+	_, err := s.cli.Delete(ctx, s.prefix+"once/", clientv3.WithPrefix())
+	return err
 }
 
 // State is everything a new leader loads before it serves.

@@ -47,11 +47,11 @@ func ValidateAcquire(req *pb.AcquireLeasesRequest) error {
 		if math.IsNaN(r.DemandPerSecond) || math.IsInf(r.DemandPerSecond, 0) || r.DemandPerSecond < 0 {
 			return fieldErr(f+".demand_per_second", "must be a finite number >= 0, got %v", r.DemandPerSecond)
 		}
-		if r.HeldTokens < 0 {
-			return fieldErr(f+".held_tokens", "must be >= 0, got %d", r.HeldTokens)
+		if err := vocab.ValidateTokens(f+".held_tokens", r.HeldTokens, 0); err != nil {
+			return err
 		}
-		if r.WantTokens < 0 {
-			return fieldErr(f+".want_tokens", "must be >= 0, got %d", r.WantTokens)
+		if err := vocab.ValidateTokens(f+".want_tokens", r.WantTokens, 0); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -82,8 +82,8 @@ func ValidateReturn(req *pb.ReturnLeasesRequest) error {
 		if len(r.LeaseId) > vocab.MaxLeaseIDLen {
 			return fieldErr(f+".lease_id", "too long")
 		}
-		if r.Unspent < 0 {
-			return fieldErr(f+".unspent", "must be >= 0, got %d", r.Unspent)
+		if err := vocab.ValidateTokens(f+".unspent", r.Unspent, 0); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -279,6 +279,12 @@ func TestBadRequestsNameTheField(t *testing.T) {
 		{"DELETE", "/v1/limits/tenant/atlas?reason=r&dryrun=true", nil, "", "dryrun"},
 		{"DELETE", "/v1/limits/tenant/atlas?reason=r&dry_run=maybe", nil, "", "dry_run"},
 		{"POST", "/v1/limits:apply", nil, `{"changes": [{"delete": "tenant/x"}, {"put": {"limit_tokens": "x"}}], "reason": "r"}`, "changes[1].put.limit_tokens"},
+		// Length caps (allocator.maxReasonLen, limitspec's), checked before anything else.
+		{"PUT", "/v1/limits/tenant/atlas", nil, `{"limit": {"limit_tokens": 5, "window": "60s", "regions": ["eu"], "mode": "MODE_STRICT"}, "reason": "` + strings.Repeat("r", 1001) + `"}`, "reason"},
+		{"DELETE", "/v1/limits/tenant/atlas?reason=" + strings.Repeat("r", 1001), nil, "", "reason"},
+		{"PUT", "/v1/limits/tenant/atlas", nil, `{"limit": {"limit_tokens": 5, "window": "60s", "regions": ["eu"], "mode": "MODE_STRICT", "description": "` + strings.Repeat("d", 2001) + `"}, "reason": "r"}`, "limit.description"},
+		{"PUT", "/v1/limits/tenant/atlas", nil, `{"limit": {"limit_tokens": 5, "window": "60s", "regions": ["eu"], "mode": "MODE_STRICT", "tags": {"t": "` + strings.Repeat("v", 201) + `"}}, "reason": "r"}`, "limit.tags[t]"},
+		{"GET", "/v1/limits?prefix=" + strings.Repeat("p", 201), nil, "", "prefix"},
 	} {
 		r := c.do(tc.method, tc.path, tc.hdr, tc.body)
 		if r.code != 400 {

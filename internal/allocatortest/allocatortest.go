@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+
+	"leasehold/internal/bounds"
 )
 
 // Allocator is what the harness runs: *allocator.Allocator.
@@ -98,7 +100,7 @@ func Serve(t testing.TB, lis net.Listener, svc Services, opts ...grpc.ServerOpti
 	if lis == nil {
 		lis = Listen(t)
 	}
-	gs := grpc.NewServer(opts...)
+	gs := grpc.NewServer(append(bounds.Allocator.ServerOptions(), opts...)...)
 	svc.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
