@@ -20,7 +20,9 @@ import (
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/client"
 	"leasehold/regionagent/core"
+	"leasehold/regionagent/store"
 )
 
 // Config is the required wiring of an Agent.
@@ -32,7 +34,10 @@ type Config struct {
 	Allocators []string
 	// DialOptions for the allocator connections (credentials at least).
 	DialOptions []grpc.DialOption
-	// Redis is the region's Redis (standalone, Sentinel or Cluster).
+	// Redis is the region's Redis (standalone, Sentinel or Cluster). A
+	// *redis.ClusterClient makes the agent refuse a CheckMulti of limits
+	// with different hash tags (InvalidArgument): they cannot be spent
+	// atomically in one slot.
 	Redis redis.UniversalClient
 	// ReplicaID names this agent replica (request ids and locks); default
 	// random.
@@ -63,6 +68,7 @@ type options struct {
 	maxBatch      int
 	debit         bool
 	snapshotFile  string
+	chunks        ChunkConfig
 }
 
 // Option changes an optional setting.
@@ -150,7 +156,7 @@ type Agent struct {
 
 	mu      sync.Mutex // protects core, waiters
 	core    *core.Core
-	waiters map[string][]chan struct{} // Checks waiting for a limit's state to change
+	waiters map[string][]*waiter // Checks waiting for a limit's state to change
 
 	// rh is Redis's health; while it is down, Checks are decided from
 	// the leases this replica holds in process.
@@ -175,6 +181,7 @@ type Agent struct {
 	calls    callQueues
 	notes    noteLog
 	running  atomic.Pointer[context.Context] // Run's context: background calls end with it
+	chunks   *client.Client                  // hot limits' chunks (chunks.go); nil: off
 }
 
 // New returns an agent; call Run to start its background work.
@@ -211,7 +218,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		opt:     o,
 		log:     cfg.Logger.With("region", cfg.Region, "replica", cfg.ReplicaID),
 		m:       newMetrics(cfg.Registerer),
-		waiters: map[string][]chan struct{}{},
+		waiters: map[string][]*waiter{},
 		rh:      newRedisHealth(),
 		lm:      newLocalMetrics(cfg.Registerer),
 		synced:  make(chan struct{}),
@@ -220,7 +227,12 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		syncNow: make(chan struct{}, 1),
 	}
 	a.localRep = localReporter(cfg.ReplicaID, a.nonce)
-	a.core = core.New(core.Config{Region: cfg.Region, RequestPrefix: cfg.ReplicaID + "-" + a.nonce, Seed: randomSeed()},
+	// On Redis Cluster one script call takes keys of one slot only, so a
+	// CheckMulti needs limits that share a hash tag (the core refuses
+	// others, naming them).
+	_, cluster := cfg.Redis.(*redis.ClusterClient)
+	a.core = core.New(core.Config{Region: cfg.Region, RequestPrefix: cfg.ReplicaID + "-" + a.nonce, Seed: randomSeed(),
+		SameSlotRequired: cluster},
 		core.WithLead(o.lead, o.slack), core.WithSafetyMargin(o.margin, o.driftPPM), core.WithWait(o.wait), core.WithLookupWait(o.lookupWait),
 		core.WithIdle(5*time.Second, o.idleAfter), core.WithReports(o.reportEvery, o.keyGrace))
 	a.alloc = newAllocClient(cfg.Allocators, o.allocTimeout, o.allocRetryFor, o.now, a.allocatorHealth, cfg.DialOptions...)
@@ -232,6 +244,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	a.calls.closes.send = a.closeAll
 	a.failover = newFailoverWatcher(a) // failover.go
 	a.m.registerCore(cfg.Registerer, a)
+	a.chunks = a.newChunks()
 	return a, nil
 }
 
@@ -248,6 +261,7 @@ func (a *Agent) Ready() <-chan struct{} { return a.synced }
 
 // Close releases the agent's connections; call after Run returned.
 func (a *Agent) Close() {
+	a.closeChunks()
 	a.inflight.wait()
 	a.shared.stop()
 	a.alloc.close()
@@ -301,7 +315,10 @@ type CheckItem struct {
 
 // Check decides one request of cost against limit. cost 0 means 1.
 func (a *Agent) Check(ctx context.Context, limit string, cost int64) (Decision, error) {
-	ds, err := a.CheckMulti(ctx, []CheckItem{{Limit: limit, Cost: cost}})
+	if d, ok := a.fromChunk(ctx, limit, cost); ok {
+		return d, nil
+	}
+	ds, err := a.checkMulti(ctx, []CheckItem{{Limit: limit, Cost: cost}})
 	if err != nil {
 		var fe *FieldError
 		if errors.As(err, &fe) {
@@ -309,7 +326,15 @@ func (a *Agent) Check(ctx context.Context, limit string, cost int64) (Decision, 
 		}
 		return Decision{}, err
 	}
+	a.asked(limit, cost, ds[0])
 	return ds[0], nil
+}
+
+// asked tells the chunks of a Check of one limit decided without them.
+func (a *Agent) asked(limit string, cost int64, d Decision) {
+	if a.chunks != nil && d.Limit > 0 {
+		a.chunks.Asked(limit, cost) // a limit the agent knows: its rate makes it hot
+	}
 }
 
 // maxMulti bounds the limits of one CheckMulti.
@@ -321,8 +346,24 @@ const maxMulti = 16
 const answerSlack = 5 * time.Millisecond
 
 // CheckMulti decides one request against several limits: every limit
-// admits it and is charged, or none is charged.
+// admits it and is charged, or none is charged. A request of one limit is
+// a Check (a hot limit's is decided from its chunk, in memory); a request
+// of several goes to the store.
 func (a *Agent) CheckMulti(ctx context.Context, items []CheckItem) ([]Decision, error) {
+	if len(items) != 1 {
+		return a.checkMulti(ctx, items)
+	}
+	if d, ok := a.fromChunk(ctx, items[0].Limit, items[0].Cost); ok {
+		return []Decision{d}, nil
+	}
+	ds, err := a.checkMulti(ctx, items)
+	if err == nil {
+		a.asked(items[0].Limit, items[0].Cost, ds[0])
+	}
+	return ds, err
+}
+
+func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, error) {
 	if len(items) == 0 {
 		return nil, fieldErr("checks", "at least one check is required")
 	}
@@ -354,6 +395,9 @@ func (a *Agent) CheckMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 		var ie *core.ItemError
 		if errors.As(chk.Err, &ie) && errors.Is(ie, core.ErrUnknownLimit) {
 			return nil, fmt.Errorf("%w: %s", ErrUnknownLimit, ie.Reason)
+		}
+		if errors.Is(chk.Err, store.ErrCrossSlot) {
+			a.m.checks.WithLabelValues(resultCrossSlot).Inc()
 		}
 		if errors.As(chk.Err, &ie) {
 			return nil, fieldErr("checks["+strconv.Itoa(ie.Index)+"]."+ie.Field, "%s", ie.Reason)
@@ -400,13 +444,22 @@ func (a *Agent) step(ctx context.Context, chk *core.Check) error {
 	return nil
 }
 
+// waiter is one waiting Check, listed under each limit it waits on (a
+// CheckMulti under several, or under one limit more than once): ch is
+// closed once, by the first of them to change. a.mu protects woken.
+type waiter struct {
+	ch    chan struct{}
+	woken bool
+}
+
 // wait blocks until one of the Check's limits changes (a Ready names it in
 // Wake), its Until passes, or ctx ends; then the Check resumes.
 func (a *Agent) wait(ctx context.Context, chk *core.Check) error {
-	ch := make(chan struct{})
+	wt := &waiter{ch: make(chan struct{})}
+	ch := wt.ch
 	a.mu.Lock()
 	for _, k := range chk.Keys {
-		a.waiters[k.Limit] = append(a.waiters[k.Limit], ch)
+		a.waiters[k.Limit] = append(a.waiters[k.Limit], wt)
 	}
 	a.mu.Unlock()
 	a.signal() // the round the core just kicked
@@ -429,7 +482,7 @@ func (a *Agent) wait(ctx context.Context, chk *core.Check) error {
 	for _, k := range chk.Keys {
 		ws := a.waiters[k.Limit]
 		for i, w := range ws {
-			if w == ch {
+			if w == wt {
 				ws = append(ws[:i], ws[i+1:]...)
 				break
 			}
@@ -450,8 +503,11 @@ func (a *Agent) wait(ctx context.Context, chk *core.Check) error {
 // wakeLocked ends the waits on limits; a.mu is held.
 func (a *Agent) wakeLocked(ids []string) {
 	for _, id := range ids {
-		for _, ch := range a.waiters[id] {
-			close(ch)
+		for _, w := range a.waiters[id] {
+			if !w.woken {
+				w.woken = true
+				close(w.ch)
+			}
 		}
 		delete(a.waiters, id)
 	}

@@ -17,7 +17,7 @@ import (
 // balance reads a bucket at the fake clock.
 func balance(t *testing.T, a *Agent, limit string, window int64, now time.Time) bucket.BalanceResult {
 	t.Helper()
-	b, err := a.shared.b.Balance(context.Background(), bucket.Key(limit, window), now.UnixMilli())
+	b, err := a.shared.b.Balance(context.Background(), bucket.Key("", limit, window), now.UnixMilli())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"leasehold/internal/bounds"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -37,6 +38,13 @@ type allocClient struct {
 	// succeeds again after that (true).
 	onHealth func(up bool)
 	now      func() time.Time // the agent's clock: the breaker's cooldowns run on it
+
+	// reconnected is told (without blocking) when a connection to an
+	// allocator becomes READY again (alloc_ready.go); the sync loop syncs
+	// on it. watchCtx ends the watchers on close.
+	reconnected chan struct{}
+	watchCtx    context.Context
+	stopWatch   context.CancelFunc
 }
 
 // errBreakerOpen fails a call at once while the allocator is known down.
@@ -128,9 +136,16 @@ var connectParams = grpc.ConnectParams{
 
 func newAllocClient(addrs []string, timeout, retryFor time.Duration, now func() time.Time, onHealth func(up bool),
 	opts ...grpc.DialOption) *allocClient {
-	opts = append([]grpc.DialOption{grpc.WithConnectParams(connectParams)}, opts...)
+	opts = append([]grpc.DialOption{
+		grpc.WithConnectParams(connectParams),
+		// A SyncLimits answer may be as large as the allocator sends.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(bounds.AllocatorMaxSend)),
+		grpc.WithKeepaliveParams(bounds.AgentClientKeepalive),
+	}, opts...)
+	ctx, cancel := context.WithCancel(context.Background())
 	return &allocClient{addrs: addrs, dialOpts: opts, timeout: timeout, retryFor: retryFor,
-		conns: map[string]*grpc.ClientConn{}, cur: addrs[0], onHealth: onHealth, now: now}
+		conns: map[string]*grpc.ClientConn{}, cur: addrs[0], onHealth: onHealth, now: now,
+		reconnected: make(chan struct{}, 1), watchCtx: ctx, stopWatch: cancel}
 }
 
 func (c *allocClient) conn(addr string) (*grpc.ClientConn, error) {
@@ -144,6 +159,7 @@ func (c *allocClient) conn(addr string) (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("regionagent: dial allocator %s: %w", addr, err)
 	}
 	c.conns[addr] = cc
+	go c.watchReady(cc)
 	return cc, nil
 }
 
@@ -173,6 +189,7 @@ func (c *allocClient) next(leader string) {
 func (c *allocClient) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.stopWatch()
 	for _, cc := range c.conns {
 		cc.Close()
 	}

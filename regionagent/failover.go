@@ -255,8 +255,9 @@ func (f *failoverWatcher) handle(ctx context.Context, now time.Time, c replCut) 
 
 // target is one (limit, window) a cut may have touched.
 type target struct {
-	key  failKey
-	loss windowLoss
+	key     failKey
+	hashTag string // the limit's (store.Key)
+	loss    windowLoss
 }
 
 // targets lists the active limits' windows that overlap the cut's span:
@@ -265,9 +266,10 @@ type target struct {
 // (see docs/design.md): an over-estimate for the limits of other shards.
 func (f *failoverWatcher) targets(c replCut) []target {
 	type lim struct {
-		id     string
-		length time.Duration
-		atCut  int64 // the window at the cut
+		id      string
+		hashTag string
+		length  time.Duration
+		atCut   int64 // the window at the cut
 	}
 	var lims []lim
 	f.a.mu.Lock()
@@ -276,7 +278,7 @@ func (f *failoverWatcher) targets(c replCut) []target {
 		if !ok {
 			continue
 		}
-		lims = append(lims, lim{id: id, length: l.Window, atCut: f.a.core.WindowOf(c.LossTo, &l).Index})
+		lims = append(lims, lim{id: id, hashTag: l.HashTag, length: l.Window, atCut: f.a.core.WindowOf(c.LossTo, &l).Index})
 	}
 	f.a.mu.Unlock()
 	f.mu.Lock()
@@ -309,7 +311,7 @@ func (f *failoverWatcher) targets(c replCut) []target {
 			if !end.After(c.LossFrom) || !start.Before(c.LossTo) {
 				continue // the window does not overlap the lost span
 			}
-			t := target{key: failKey{x.id, idx}, loss: windowLoss{Start: start, End: end, Rate: rate, After: -1}}
+			t := target{key: failKey{x.id, idx}, hashTag: x.hashTag, loss: windowLoss{Start: start, End: end, Rate: rate, After: -1, Ahead: f.a.chunkAhead()}}
 			if s := f.seen[t.key]; s != nil {
 				t.loss.Seen, t.loss.SeenAt = s.admitted, s.at
 			}
@@ -335,7 +337,7 @@ func (f *failoverWatcher) windowEnd(id string, idx int64, length time.Duration) 
 // the estimate and debits it. It returns the estimate, the observed part
 // and the tokens debited.
 func (f *failoverWatcher) settle(ctx context.Context, now time.Time, c replCut, t target) (est, obs, debited int64) {
-	key := bucket.Key(t.key.limit, t.key.window)
+	key := bucket.Key(t.hashTag, t.key.limit, t.key.window)
 	rctx, cancel := context.WithTimeout(ctx, f.timeout)
 	bal, err := f.a.shared.b.Balance(rctx, key, f.a.shared.nowMs())
 	cancel()

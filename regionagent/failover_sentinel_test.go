@@ -64,14 +64,15 @@ func TestFailoverSentinel(t *testing.T) {
 	a, err := New(Config{Region: "eu", Allocators: []string{w.addr},
 		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
 		Redis:       rdb, ReplicaID: "r1", Logger: testLogger(), Registerer: reg},
-		WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0), WithTimeouts(2*time.Second, 5*time.Second, 2*time.Second))
+		WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0), WithTimeouts(2*time.Second, 5*time.Second, 2*time.Second),
+		WithChunks(ChunkConfig{})) // spends only, as in TestFailoverLostWrites
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close)
 	w.sync(a)
 	win := lease.WindowOf(w.clock.Now(), time.Minute).Index
-	key := bucket.Key(l.Id, win)
+	key := bucket.Key("", l.Id, win)
 
 	var admitted int64 // counted from the Check answers
 	// spend makes Checks at rate per second for d (spendAt).

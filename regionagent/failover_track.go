@@ -275,6 +275,10 @@ type windowLoss struct {
 	// Exists says whether the new primary holds the bucket at all.
 	After  int64
 	Exists bool
+	// Ahead is how far past a write its tokens may be spent without
+	// another: a chunk reserved in the lost span is spent from memory for
+	// up to its horizon (the agent's ChunkConfig.Horizon; 0 without).
+	Ahead time.Duration
 }
 
 // estimateLoss returns the spends of window w that cut c may have
@@ -282,8 +286,8 @@ type windowLoss struct {
 // directly (observed):
 //
 //	observed = Seen - After                 (counted on the old primary, gone on the new)
-//	lagged   = ceil(Rate x |[LossFrom, LossTo] ∩ window|)
-//	spent    = Seen + ceil(Rate x (LossTo - SeenAt))   (what the window can have spent)
+//	lagged   = ceil(Rate x |[LossFrom, LossTo + Ahead] ∩ window|)
+//	spent    = Seen + ceil(Rate x (LossTo + Ahead - SeenAt))   (what the window can have spent)
 //	estimate = max(observed, min(lagged, spent))
 //
 // An unlinked cut (a restart, a node of unknown history) estimates 0: it
@@ -302,7 +306,7 @@ func estimateLoss(c replCut, w windowLoss) (estimate, observed int64) {
 	if from.IsZero() || from.Before(w.Start) {
 		from = w.Start
 	}
-	to := minTime(c.LossTo, w.End)
+	to := minTime(c.LossTo.Add(max(0, w.Ahead)), w.End)
 	var tail int64 // spends after the last reading, up to the cut
 	if !w.SeenAt.IsZero() {
 		tail = tokensIn(w.Rate, to.Sub(maxTime(w.SeenAt, w.Start)))

@@ -118,6 +118,12 @@ func (w *world) agentDial(region, replica string, dial []grpc.DialOption, opts .
 	w.t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: w.redis[region].Addr()})
 	w.t.Cleanup(func() { rdb.Close() })
+	return w.agentOn(rdb, region, replica, dial, opts...)
+}
+
+// agentOn is agentDial on a Redis of the test's (a Cluster, a wrapper).
+func (w *world) agentOn(rdb redis.UniversalClient, region, replica string, dial []grpc.DialOption, opts ...Option) *Agent {
+	w.t.Helper()
 	opts = append([]Option{WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0),
 		WithTimeouts(2*time.Second, 5*time.Second, 2*time.Second)}, opts...)
 	a, err := New(Config{Region: region, Allocators: []string{w.addr},

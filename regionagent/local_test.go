@@ -63,6 +63,44 @@ func admitN(t *testing.T, a *Agent, limit string, n int64) {
 	}
 }
 
+// checkAdvancing makes one Check of cost 1 of limit at a, moving the
+// world's clock on by 60 ms each time the Check waits on it: a replica that
+// finds the other renewing (it holds the limit's renewal lock) looks again
+// 50 ms later on its own clock, which in a world whose clock stands still
+// never comes. It fails the test after 1,000 such steps (a minute).
+func (w *world) checkAdvancing(t *testing.T, a *Agent, limit string) Decision {
+	t.Helper()
+	type result struct {
+		d   Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := a.Check(context.Background(), limit, 1)
+		done <- result{d, err}
+	}()
+	for steps := 0; ; {
+		select {
+		case r := <-done:
+			if r.err != nil {
+				t.Fatalf("%s: check: %v", a.ReplicaID(), r.err)
+			}
+			return r.d
+		case <-time.After(time.Millisecond): // looking whether the Check waits
+		}
+		a.mu.Lock()
+		waiting := len(a.waiters[limit]) > 0
+		a.mu.Unlock()
+		if !waiting {
+			continue
+		}
+		if steps++; steps > 1000 {
+			t.Fatalf("%s: a Check still waits after the clock moved on a minute", a.ReplicaID())
+		}
+		w.clock.Add(60 * time.Millisecond)
+	}
+}
+
 // TestRedisDownInProcessLeases: two replicas of eu share one redis-server.
 // It is SIGKILLed: after a few failed calls each replica serves the limit
 // from leases it acquires for itself and holds in process, with no Redis
@@ -200,13 +238,12 @@ func TestRedisDownInProcessLeases(t *testing.T) {
 			got, admitted, localAdmitted)
 	}
 
-	// 4. Drain the window: strict, and the dead Redis's tokens are lost.
+	// 4. Drain the window, both replicas in turn: strict, and the dead
+	// Redis's tokens are lost. (The clock moves while a Check waits on it:
+	// see checkAdvancing.)
 	var spent [2]bool // the replica's last answer said the pool is spent
 	for i := 0; i < 20*G && !(spent[0] && spent[1]); i++ {
-		d, err := agents[i%2].Check(ctx, l.Id, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := w.checkAdvancing(t, agents[i%2], l.Id)
 		if d.Allowed {
 			admitted++
 		}

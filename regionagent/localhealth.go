@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"leasehold/internal/vocab"
 	"leasehold/regionagent/bucket"
 	"leasehold/regionagent/core"
 )
@@ -120,7 +121,7 @@ func (a *Agent) observeRedis(err error) {
 	if now := a.opt.now(); a.rh.fail(now) {
 		a.lm.redisUp.Set(0)
 		a.log.Warn("Redis unreachable: serving strict limits from in-process leases until it answers again",
-			"err", capString(err.Error(), maxLogValue))
+			"err", vocab.Cap(err.Error(), maxLogValue))
 		a.withCore(func(c *core.Core) { c.SetRedisHealth(now, false) })
 	}
 }

@@ -6,9 +6,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// resultCrossSlot is the checks_total result of a CheckMulti refused
+// because its limits cannot be spent in one Redis Cluster slot.
+const resultCrossSlot = "cross_slot"
+
 // metrics are the agent's Prometheus metrics, on the Registerer of Config.
 type metrics struct {
 	checks       *prometheus.CounterVec
+	checkOK      prometheus.Counter // checks{result="ok"}, bound once
+	chunkChecks  prometheus.Counter
 	checkDur     prometheus.Histogram
 	batch        prometheus.Histogram
 	leaseTokens  prometheus.Counter
@@ -21,7 +27,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_agent_checks_total",
-			Help: "Check decisions, by result: ok, over_limit, unavailable, fallback, fallback_denied, redis_error.",
+			Help: "Check decisions, by result: ok, over_limit, unavailable, fallback, fallback_denied, redis_error; cross_slot: a CheckMulti refused (InvalidArgument) because its limits do not share a hash tag on Redis Cluster.",
 		}, []string{"result"}),
 		checkDur: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "leasehold_agent_check_duration_seconds",
@@ -50,8 +56,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Usage reports sent to the allocator, by result.",
 		}, []string{"result"}),
 	}
+	m.checkOK = m.checks.WithLabelValues("ok")
+	m.chunkChecks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "leasehold_agent_chunk_checks_total",
+		Help: "Checks decided in memory from a chunk of a hot limit (also counted in leasehold_agent_checks_total as ok).",
+	})
 	if reg != nil {
-		reg.MustRegister(m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports)
+		reg.MustRegister(m.chunkChecks, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports)
 	}
 	return m
 }

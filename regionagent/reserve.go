@@ -63,7 +63,7 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 		return out, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	r, err := a.shared.b.Reserve(rctx, bucket.Key(key.Limit, key.Window), id, tokens, minTokens, a.shared.nowMs())
+	r, err := a.shared.b.ReserveLasting(rctx, bucket.KeyOf(key), id, tokens, minTokens, reserveLast(l.TTL).Milliseconds(), a.shared.nowMs())
 	cancel()
 	a.observeRedis(err)
 	if err != nil {
@@ -80,6 +80,16 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 		out.ExpiresIn = time.Duration(max(0, r.DeadlineMs-r.NowMs)) * time.Millisecond
 	}
 	return out, nil
+}
+
+// reserveLast: a reservation is taken from leases that last at least this
+// long, when they hold enough: 1 s, or half the limit's lease ttl if that
+// is shorter. A chunk ends 500 ms before its lease and is given back at
+// once if it could not be half spent in its life; one taken from the
+// region's oldest lease, a moment from its end, was given back at once
+// and the limit then went to Redis until that lease had ended.
+func reserveLast(ttl time.Duration) time.Duration {
+	return min(time.Second, ttl/2)
 }
 
 // Release ends a reservation made by Reserve; unspent tokens go back to the
@@ -111,9 +121,12 @@ func (a *Agent) Release(ctx context.Context, limit, id string, unspent int64) (i
 	}
 	for _, idx := range []int64{key.Window, key.Window - 1} {
 		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-		r, err := a.shared.b.Release(rctx, bucket.Key(limit, idx), id, unspent, a.shared.nowMs())
+		r, err := a.shared.b.Release(rctx, bucket.Key(key.HashTag, limit, idx), id, unspent, a.shared.nowMs())
 		cancel()
 		a.observeRedis(err)
+		if errors.Is(err, bucket.ErrUnspentTooLarge) {
+			return 0, fieldErr("unspent", "%d is more than reservation %q holds", unspent, id)
+		}
 		if err != nil {
 			return 0, fmt.Errorf("regionagent: release: %w", err)
 		}

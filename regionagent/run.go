@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
 	"leasehold/regionagent/core"
@@ -70,17 +71,21 @@ func (a *Agent) syncLoop(ctx context.Context) {
 	defer t.Stop()
 	last := a.opt.now()
 	for {
+		asked := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-a.syncNow:
-			if d := minSyncGap - a.opt.now().Sub(last); d > 0 {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(d): // batching the syncs Checks ask for
-				}
+			asked = true
+		case <-a.alloc.reconnected: // the allocator is back (alloc_ready.go)
+			asked = true
+		}
+		if d := minSyncGap - a.opt.now().Sub(last); asked && d > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(d): // batching the syncs Checks (and reconnects) ask for
 			}
 		}
 		last = a.opt.now()
@@ -147,7 +152,7 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 // limitOf is what the core needs of a limit, for region.
 func limitOf(l *pb.Limit, region string) core.Limit {
 	out := core.Limit{ID: l.Id, Tokens: l.LimitTokens, Window: dur(l.Window), TTL: dur(l.GetLease().GetTtl()),
-		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions)}
+		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag}
 	if fb := l.Fallback[region]; fb != nil {
 		out.Fallback = core.Fallback{Kind: core.FallbackKind(fb.Kind), LocalTokens: fb.LocalTokens}
 	}
@@ -161,7 +166,7 @@ func (a *Agent) clockLoop(ctx context.Context) {
 			return // the prober syncs the clock when Redis answers again
 		}
 		if err := a.syncClock(ctx); err != nil && ctx.Err() == nil {
-			a.log.Warn("Redis clock sync failed", "err", capString(err.Error(), maxLogValue))
+			a.log.Warn("Redis clock sync failed", "err", vocab.Cap(err.Error(), maxLogValue))
 		}
 	})
 }

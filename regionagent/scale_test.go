@@ -167,7 +167,10 @@ func TestColdLimitsBatched(t *testing.T) {
 	w := startWorldOpts(t, false, []grpc.ServerOption{grpc.ChainUnaryInterceptor(calls.intercept)}, "eu", "us")
 	const n = 5000
 	ids := w.putLimits(n, "tenant/cold-%05d", 1000, time.Minute, 30*time.Second, "eu", "us")
-	a := w.liveAgentOpts("eu", "r1")
+	// A first Check waits up to 3 s for its lease (default 500 ms): under
+	// CI's load (-race, other packages' tests) some first leases took
+	// longer, and their Checks were UNAVAILABLE, as they should be.
+	a := w.liveAgentOpts("eu", "r1", WithColdWait(3*time.Second))
 	waitAllSynced(t, a, ids)
 	before := calls.get("AcquireLeases")
 	start := time.Now()

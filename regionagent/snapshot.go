@@ -35,9 +35,8 @@ func (a *Agent) saveSnapshot(ctx context.Context, resp *pb.SyncLimitsResponse) {
 	if err != nil {
 		return
 	}
-	rev, taken := snapshotOrder(resp)
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	_, err = a.shared.b.SaveSnapshot(rctx, a.cfg.Region, rev, taken.UnixMilli(), data)
+	_, err = a.shared.b.SaveSnapshot(rctx, a.cfg.Region, core.EtcdRevision(resp.Revision), resp.AllocatorUnixNanos/int64(time.Millisecond), data)
 	cancel()
 	a.observeRedis(err)
 	if err != nil {
@@ -48,16 +47,6 @@ func (a *Agent) saveSnapshot(ctx context.Context, resp *pb.SyncLimitsResponse) {
 			a.notes.callFailed(a.log, "saving the limits snapshot file", 1, err)
 		}
 	}
-}
-
-// snapshotOrder is a snapshot's etcd revision (>= 0) and when the
-// allocator took it.
-func snapshotOrder(resp *pb.SyncLimitsResponse) (int64, time.Time) {
-	rev := resp.Revision
-	if rev < 0 {
-		rev = -rev >> 20
-	}
-	return rev, time.Unix(0, resp.AllocatorUnixNanos)
 }
 
 // restoreSnapshot loads the newest kept snapshot (Redis, the file) into

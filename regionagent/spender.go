@@ -2,6 +2,7 @@ package regionagent
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -77,10 +78,49 @@ func release(r *spendReq) {
 	spendReqPool.Put(r)
 }
 
+// errBatchAbandoned: a spend batch's Redis call did not return within
+// twice its timeout (a client that ignores its deadline); its spends are
+// not decided, and the flusher goes on with a new caller.
+var errBatchAbandoned = errors.New("redis: spend batch did not return in time; abandoned")
+
+// batchCall is a flusher's caller of SpendBatch: a goroutine of its own,
+// so that a call wedged past its deadline (a Redis client bug: it has been
+// seen in a Cluster pipeline) holds up that goroutine only, not the
+// flusher and every Check that queues behind it.
+type batchCall struct {
+	ops chan []bucket.SpendOp // closed when the flusher abandons or stops the caller
+	out chan batchResult      // buffered (1): an abandoned call's late result is dropped
+}
+
+type batchResult struct {
+	res []bucket.SpendResult
+	err error
+}
+
+func (s *spender) newBatchCall() *batchCall {
+	c := &batchCall{ops: make(chan []bucket.SpendOp), out: make(chan batchResult, 1)}
+	go func() {
+		for ops := range c.ops {
+			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+			res, err := s.b.SpendBatch(ctx, ops)
+			cancel()
+			c.out <- batchResult{res, err}
+		}
+	}()
+	return c
+}
+
 func (s *spender) flusher() {
 	defer s.wg.Done()
 	batch := make([]*spendReq, 0, s.maxBatch)
 	ops := make([]bucket.SpendOp, 0, s.maxBatch)
+	call := s.newBatchCall()
+	defer func() { close(call.ops) }()
+	// A call gets twice its timeout (at least 1 s) before it is abandoned:
+	// the Redis client's own deadline comes first unless it is broken.
+	abandonAfter := max(2*s.timeout, time.Second)
+	timer := time.NewTimer(abandonAfter)
+	timer.Stop()
 	for {
 		select {
 		case r := <-s.queue:
@@ -100,9 +140,21 @@ func (s *spender) flusher() {
 		for _, r := range batch {
 			ops = append(ops, r.op)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		res, err := s.b.SpendBatch(ctx, ops)
-		cancel()
+		call.ops <- ops
+		timer.Reset(abandonAfter)
+		var res []bucket.SpendResult
+		var err error
+		select {
+		case r := <-call.out:
+			timer.Stop()
+			res, err = r.res, r.err
+		case <-timer.C:
+			// The wedged caller keeps its ops; the flusher takes new ones.
+			err = errBatchAbandoned
+			close(call.ops)
+			call = s.newBatchCall()
+			ops = make([]bucket.SpendOp, 0, s.maxBatch)
+		}
 		if s.onBatch != nil {
 			s.onBatch(len(batch), err)
 		}

@@ -3,8 +3,11 @@ package regionagent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
@@ -27,9 +30,9 @@ type leaseStore interface {
 	// admitFallback admits one request under its limits' fallback modes,
 	// all or nothing, never past a cap (store.FallbackAdd).
 	admitFallback(ctx context.Context, adds []store.FallbackAdd) (bool, []int64, error)
-	// tryLock takes a limit's renewal lock (the in-process store has none
-	// to take: only this replica spends it).
-	tryLock(ctx context.Context, limit string, ttl time.Duration) (bool, error)
+	// tryLock takes the renewal lock of key's limit (the in-process store
+	// has none to take: only this replica spends it).
+	tryLock(ctx context.Context, key store.Key, ttl time.Duration) (bool, error)
 	// usage reads the counts the reads ask for, and names their reporter
 	// at the allocator; out[i] answers reads[i].
 	usage(ctx context.Context, reads []core.ReportRead) []usageOut
@@ -61,6 +64,10 @@ func newRedisStore(a *Agent, b *bucket.Buckets) *redisStore {
 	s := &redisStore{a: a, b: b}
 	s.spender = newSpender(b, a.opt.flushers, a.opt.maxBatch, a.opt.redisTimeout, func(n int, err error) {
 		a.m.batch.Observe(float64(n))
+		if errors.Is(err, errBatchAbandoned) {
+			a.log.Warn("a spend batch's Redis call did not return in twice its timeout: its Checks are answered by the fail mode, the call is left behind",
+				"checks", n, "timeout", a.opt.redisTimeout)
+		}
 		a.observeRedis(err)
 	})
 	return s
@@ -79,15 +86,26 @@ func (s *redisStore) nowMs() int64 {
 func (s *redisStore) spend(ctx context.Context, keys []store.Key, costs []int64) (store.SpendResult, error) {
 	ks := make([]string, len(keys))
 	for i, k := range keys {
-		ks[i] = bucket.Key(k.Limit, k.Window)
+		ks[i] = bucket.KeyOf(k)
 	}
 	r, err := s.spender.spend(ctx, ks, costs, s.nowMs())
 	if err != nil {
 		return store.SpendResult{}, err
 	}
-	res, serr := r.res, r.err
+	res, serr := r.res, crossSlot(r.err)
+	res.Err = crossSlot(res.Err)
 	release(r) // res.Keys is the batch's, not the pooled request's
 	return res, serr
+}
+
+// crossSlot marks a Redis Cluster's CROSSSLOT refusal (keys of several
+// slots in one call) as store.ErrCrossSlot, for the core: no retry can
+// succeed.
+func crossSlot(err error) error {
+	if err != nil && redis.HasErrorPrefix(err, "CROSSSLOT") {
+		return fmt.Errorf("%w: %w", store.ErrCrossSlot, err)
+	}
+	return err
 }
 
 func (s *redisStore) syncedClock(ctx context.Context) (bucket.ClockSync, error) {
@@ -135,7 +153,7 @@ func (s *redisStore) deposit(ctx context.Context, d core.Deposit) (store.Deposit
 		s.a.observeRedis(err)
 		return store.DepositResult{}, err
 	}
-	dep := bucket.Deposit{Key: bucket.Key(d.Key.Limit, d.Key.Window), LeaseID: d.LeaseID, Tokens: d.Tokens,
+	dep := bucket.Deposit{Key: bucket.KeyOf(d.Key), LeaseID: d.LeaseID, Tokens: d.Tokens,
 		DeadlineMs: cs.ToRedis(d.Deadline), NowMs: s.nowMs()}
 	if !d.Start.IsZero() {
 		dep.StartMs = cs.ToRedisStart(d.Start)
@@ -150,20 +168,20 @@ func (s *redisStore) deposit(ctx context.Context, d core.Deposit) (store.Deposit
 }
 
 func (s *redisStore) close(ctx context.Context, key store.Key, id string) (store.CloseResult, error) {
-	r, err := s.b.Close(ctx, bucket.Key(key.Limit, key.Window), id, s.nowMs())
+	r, err := s.b.Close(ctx, bucket.KeyOf(key), id, s.nowMs())
 	s.a.observeRedis(err)
 	return r, err
 }
 
 func (s *redisStore) read(ctx context.Context, key store.Key) (store.BalanceResult, int64, error) {
 	now := s.a.opt.now()
-	r, err := s.b.Balance(ctx, bucket.Key(key.Limit, key.Window), s.nowMs())
+	r, err := s.b.Balance(ctx, bucket.KeyOf(key), s.nowMs())
 	s.a.observeRedis(err)
 	return r, s.msAt(now), err
 }
 
 func (s *redisStore) add(ctx context.Context, key store.Key, name string, delta int64) (int64, error) {
-	v, err := s.b.AddCounter(ctx, bucket.Key(key.Limit, key.Window), name, delta)
+	v, err := s.b.AddCounter(ctx, bucket.KeyOf(key), name, delta)
 	s.a.observeRedis(err)
 	return v, err
 }
@@ -171,21 +189,21 @@ func (s *redisStore) add(ctx context.Context, key store.Key, name string, delta 
 func (s *redisStore) admitFallback(ctx context.Context, adds []store.FallbackAdd) (bool, []int64, error) {
 	in := make([]bucket.FallbackAdd, len(adds))
 	for i, x := range adds {
-		in[i] = bucket.FallbackAdd{Key: bucket.Key(x.Key.Limit, x.Key.Window), Cost: x.Cost, Cap: x.Cap, Mode: x.Mode}
+		in[i] = bucket.FallbackAdd{Key: bucket.KeyOf(x.Key), Cost: x.Cost, Cap: x.Cap, Mode: x.Mode}
 	}
 	ok, vals, err := s.b.AdmitFallback(ctx, in)
 	s.a.observeRedis(err)
-	return ok, vals, err
+	return ok, vals, crossSlot(err)
 }
 
-func (s *redisStore) tryLock(ctx context.Context, limit string, ttl time.Duration) (bool, error) {
-	ok, err := s.b.TryLock(ctx, bucket.LockKey(limit), s.a.cfg.ReplicaID, ttl)
+func (s *redisStore) tryLock(ctx context.Context, key store.Key, ttl time.Duration) (bool, error) {
+	ok, err := s.b.TryLock(ctx, bucket.LockKey(key.HashTag, key.Limit), s.a.cfg.ReplicaID, ttl)
 	s.a.observeRedis(err)
 	return ok, err
 }
 
-func (s *redisStore) unlock(ctx context.Context, limit string) {
-	_ = s.b.Unlock(ctx, bucket.LockKey(limit), s.a.cfg.ReplicaID)
+func (s *redisStore) unlock(ctx context.Context, u core.Unlock) {
+	_ = s.b.Unlock(ctx, bucket.LockKey(u.HashTag, u.Limit), s.a.cfg.ReplicaID)
 }
 
 // usage reads each limit's windows and epoch in one call. The reporter
@@ -203,7 +221,7 @@ func (s *redisStore) usage(ctx context.Context, reads []core.ReportRead) []usage
 		var counts []bucket.WindowCounts
 		for off := 0; off < len(r.Windows); off += maxUsageWindows {
 			rctx, cancel := context.WithTimeout(ctx, s.a.opt.redisTimeout)
-			epoch, c, err := s.b.Usage(rctx, r.Limit, r.Windows[off:min(len(r.Windows), off+maxUsageWindows)])
+			epoch, c, err := s.b.Usage(rctx, bucket.LimitRef{ID: r.Limit, HashTag: r.HashTag}, r.Windows[off:min(len(r.Windows), off+maxUsageWindows)])
 			cancel()
 			s.a.observeRedis(err)
 			switch {
@@ -240,12 +258,12 @@ func (s *redisStore) usage(ctx context.Context, reads []core.ReportRead) []usage
 	if len(missing) == 0 {
 		return out
 	}
-	ids := make([]string, len(missing))
+	refs := make([]bucket.LimitRef, len(missing))
 	for k, i := range missing {
-		ids[k] = reads[i].Limit
+		refs[k] = bucket.LimitRef{ID: reads[i].Limit, HashTag: reads[i].HashTag}
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.a.opt.redisTimeout)
-	err := s.b.SetEpochs(rctx, ids)
+	err := s.b.SetEpochs(rctx, refs)
 	cancel()
 	s.a.observeRedis(err)
 	for _, i := range missing {
@@ -367,7 +385,7 @@ func (s *memStore) admitFallback(_ context.Context, adds []store.FallbackAdd) (b
 	return s.mem.AdmitFallback(adds, nowMs)
 }
 
-func (s *memStore) tryLock(context.Context, string, time.Duration) (bool, error) { return true, nil }
+func (s *memStore) tryLock(context.Context, store.Key, time.Duration) (bool, error) { return true, nil }
 
 // usage reads this replica's in-process counts, reported under its own
 // name.
@@ -379,7 +397,7 @@ func (s *memStore) usage(_ context.Context, reads []core.ReportRead) []usageOut 
 	for i, r := range reads {
 		out[i].reporter = s.rep
 		for _, w := range r.Windows {
-			b := s.mem.Balance(store.Key{Limit: r.Limit, Window: w}, nowMs)
+			b := s.mem.Balance(store.Key{Limit: r.Limit, Window: w, HashTag: r.HashTag}, nowMs)
 			if u := usageOf(r.Limit, w, b.Admitted, b.Denied, b.Counters); u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
 				out[i].usage = append(out[i].usage, u)
 			}

@@ -2,15 +2,16 @@ package regionagent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/core"
 	"leasehold/regionagent/store"
@@ -139,11 +140,11 @@ func (a *Agent) execute(ctx context.Context, rd core.Ready) {
 			_, _ = a.store(op.Store).add(rctx, op.Key, op.Name, op.Delta)
 		})
 	}
-	for _, id := range rd.Unlocks {
+	for _, u := range rd.Unlocks {
 		jobs = append(jobs, func() {
 			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opt.redisTimeout)
 			defer cancel()
-			a.shared.unlock(uctx, id)
+			a.shared.unlock(uctx, u)
 		})
 	}
 	runAll(jobs, storeWorkers)
@@ -180,7 +181,7 @@ func (a *Agent) round(ctx context.Context, r core.Round) {
 	defer cancel()
 	res := core.RoundResult{Locked: true}
 	if r.Lock {
-		res.Locked, res.Err = s.tryLock(rctx, r.Limit, a.lockTTL())
+		res.Locked, res.Err = s.tryLock(rctx, r.Key, a.lockTTL())
 	}
 	if res.Err == nil && res.Locked {
 		res.Balance, res.NowMs, res.Err = s.read(rctx, r.Key)
@@ -408,8 +409,27 @@ func (a *Agent) runCtx() context.Context {
 // kind per call of log (a window boundary in a partition makes thousands
 // of limits fail at once: one line says so, with a count and an example).
 type noteLog struct {
-	mu       sync.Mutex // protects lastFail
+	mu       sync.Mutex // protects lastFail, quieted
 	lastFail map[string]time.Time
+	quieted  map[string]int // lines left out since the last of their kind
+}
+
+// every reports whether a line of kind what may be logged now (at most
+// one a second), and how many were left out since the last one.
+func (n *noteLog) every(what string, count int) (bool, int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lastFail == nil {
+		n.lastFail, n.quieted = map[string]time.Time{}, map[string]int{}
+	}
+	now := time.Now()
+	if now.Sub(n.lastFail[what]) < time.Second {
+		n.quieted[what] += count
+		return false, 0
+	}
+	left := n.quieted[what]
+	n.lastFail[what], n.quieted[what] = now, 0
+	return true, left
 }
 
 func (n *noteLog) log(l *slog.Logger, notes []core.Note) {
@@ -433,12 +453,12 @@ func (n *noteLog) log(l *slog.Logger, notes []core.Note) {
 	}
 	for _, k := range order {
 		g := byKind[k]
-		attrs := []any{"limits", g.count, "limit", capString(g.first.Limit, maxLogValue)}
+		attrs := []any{"limits", g.count, "limit", vocab.Cap(g.first.Limit, maxLogValue)}
 		if g.first.Lease != "" {
-			attrs = append(attrs, "lease", capString(g.first.Lease, maxLogValue))
+			attrs = append(attrs, "lease", vocab.Cap(g.first.Lease, maxLogValue))
 		}
 		if g.first.Text != "" {
-			attrs = append(attrs, "detail", capString(g.first.Text, maxLogValue))
+			attrs = append(attrs, "detail", vocab.Cap(g.first.Text, maxLogValue))
 		}
 		switch k {
 		case core.NoteRefused:
@@ -453,34 +473,27 @@ func (n *noteLog) log(l *slog.Logger, notes []core.Note) {
 			l.Info("returning in-process leases", attrs...)
 		case core.NoteReturnLost:
 			l.Warn("unacknowledged lease returns dropped over the cap; their tokens stay stranded", attrs...)
+		case core.NoteCrossSlot:
+			// Every such Check is refused (InvalidArgument): once a second
+			// is enough to find the callers, or the Envoy mapping, to fix.
+			if ok, left := n.every("cross-slot", g.count); ok {
+				l.Warn("CheckMulti refused: its limits do not share a hash tag, which Redis Cluster needs",
+					append(attrs, "refused_since_last_line", left)...)
+			}
 		}
 	}
 }
 
 // callFailed logs a failed allocator call, at most once a second per kind.
 func (n *noteLog) callFailed(l *slog.Logger, what string, items int, err error) {
-	n.mu.Lock()
-	if n.lastFail == nil {
-		n.lastFail = map[string]time.Time{}
+	if errors.Is(err, errBreakerOpen) {
+		return // the breaker's opening was logged once (allocatorHealth)
 	}
-	now := time.Now()
-	quiet := now.Sub(n.lastFail[what]) < time.Second
-	if !quiet {
-		n.lastFail[what] = now
-	}
-	n.mu.Unlock()
-	if !quiet {
-		l.Warn("allocator call failed: "+what, "items", items, "err", capString(err.Error(), maxLogValue))
+	if ok, _ := n.every(what, 1); ok {
+		l.Warn("allocator call failed: "+what, "items", items, "err", vocab.Cap(err.Error(), maxLogValue))
 	}
 }
 
 // maxLogValue caps every string the agent logs from its input or from
 // other services (ids, messages, errors).
 const maxLogValue = 512
-
-func capString(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "...(" + strconv.Itoa(len(s)-n) + " more bytes)"
-}

@@ -548,7 +548,7 @@ func closedMarkers(t *testing.T, redisAddr, limit string, w int64, leases []faul
 	var unspent int64
 	for _, l := range leases {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		v, err := c.HGet(ctx, bucket.Key(limit, w), "c:"+l.LeaseID).Int64()
+		v, err := c.HGet(ctx, bucket.Key("", limit, w), "c:"+l.LeaseID).Int64()
 		cancel()
 		if err == redis.Nil {
 			continue

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"leasehold/internal/etcdtest"
 	"leasehold/internal/ports"
 	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
@@ -51,8 +52,10 @@ func Binary(t testing.TB) string {
 }
 
 // Main runs the tests and removes the binary Binary built. Use it from
-// TestMain: os.Exit(faulttest.Main(m)).
+// TestMain: os.Exit(faulttest.Main(m)). A copy of the test binary started
+// as an etcd member (etcdtest.StartProcesses) runs the member instead.
 func Main(m *testing.M) int {
+	etcdtest.RunMemberIfChild() // a member process of etcdtest.StartProcesses never returns
 	code := m.Run()
 	if build.dir != "" {
 		_ = os.RemoveAll(build.dir)

@@ -504,7 +504,7 @@ func depositedOf(t *testing.T, recs []faulttest.GrantRecord, from, to time.Time,
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		vals, err := clients[r.Region].HMGet(ctx, bucket.Key(r.Limit, r.Window), "r:"+r.LeaseID, "c:"+r.LeaseID).Result()
+		vals, err := clients[r.Region].HMGet(ctx, bucket.Key("", r.Limit, r.Window), "r:"+r.LeaseID, "c:"+r.LeaseID).Result()
 		cancel()
 		if err != nil {
 			t.Logf("reading %s's bucket: %v", r.Region, err)

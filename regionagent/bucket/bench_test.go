@@ -29,7 +29,7 @@ func benchBuckets(b *testing.B, opts *redis.Options, limits int) (*Buckets, []st
 	now := time.Now().UnixMilli()
 	keys := make([]string, limits)
 	for l := range keys {
-		keys[l] = Key(fmt.Sprint("bench", l), 1)
+		keys[l] = Key("", fmt.Sprint("bench", l), 1)
 		for i := range 3 { // three leases, as an active window has
 			_, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L" + strconv.Itoa(i), Tokens: 1 << 50,
 				StartMs: now - 1000, DeadlineMs: now + int64(i+1)*3_600_000, ExpireAtMs: now + 4*3_600_000})
@@ -163,7 +163,7 @@ func TestMemoryPerKey(t *testing.T) {
 		return 0
 	}
 	fill := func(limit string) string {
-		key := Key(limit, 28_333_333)
+		key := Key("", limit, 28_333_333)
 		for i := range 3 {
 			_, err := b.Deposit(ctx, Deposit{Key: key, LeaseID: fmt.Sprintf("01JDX3ZK%018d", i), Tokens: 1000,
 				StartMs: now - 1000, DeadlineMs: now + int64(i+1)*20_000, ExpireAtMs: now + 120_000})
@@ -211,7 +211,7 @@ func BenchmarkBaseline(b *testing.B) {
 	if err := trivial.Load(ctx, rdb).Err(); err != nil {
 		b.Fatal(err)
 	}
-	keys := []string{Key("base", 1)}
+	keys := []string{Key("", "base", 1)}
 	b.Run("evalsha", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -3,8 +3,11 @@
 //
 // # Model
 //
-// One Redis hash per (limit, window), under [Key] = lh:{<limitID>}:w:<window>.
-// The braces are a Redis Cluster hash tag: all keys of a limit share one slot.
+// One Redis hash per (limit, window), under [Key]: lh:{<limitID>}:w:<window>,
+// or lh:{<hashTag>}:<limitID>:w:<window> for a limit with a hash tag of its
+// own. The braces are a Redis Cluster hash tag: all keys of a limit share one
+// slot, and so do the keys of limits that share a hash tag (which one
+// CheckMulti needs on Cluster).
 // Every value is an integer (milliseconds on Redis's clock, tokens). Per lease
 // id L the hash holds
 //
@@ -50,7 +53,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -84,19 +86,6 @@ const DefaultOrphanTTL = 24 * time.Hour
 // maxReloads bounds how often one call reloads a script after NOSCRIPT.
 const maxReloads = 3
 
-// Key returns the bucket key of (limitID, window): lh:{<limitID>}:w:<window>.
-// limitID should be non-empty and free of '{' and '}', so that it is the
-// whole Redis Cluster hash tag.
-func Key(limitID string, window int64) string {
-	return "lh:{" + limitID + "}:w:" + strconv.FormatInt(window, 10)
-}
-
-// LockKey returns the renewal lock key of a limit: lh:{<limitID>}:renew. It
-// shares the limit's hash slot with its buckets.
-func LockKey(limitID string) string {
-	return "lh:{" + limitID + "}:renew"
-}
-
 // Buckets runs the bucket scripts against one Redis deployment (a single
 // node, Sentinel or Cluster through redis.UniversalClient).
 //
@@ -106,6 +95,10 @@ type Buckets struct {
 	rdb       redis.UniversalClient
 	orphanTTL int64 // ms
 	ttlArg    any   // orphanTTL boxed once, so Spend does not allocate it
+	// anySlot: rdb is one Redis (not a Cluster), where one script call may
+	// touch keys of any hash tags: SpendBatch then puts the spends of
+	// several limits in one call.
+	anySlot bool
 }
 
 // Option configures a Buckets.
@@ -125,7 +118,8 @@ func WithOrphanTTL(d time.Duration) Option {
 // New returns a Buckets using rdb. It does not contact Redis; scripts load
 // on first use, or up front with [Buckets.Load].
 func New(rdb redis.UniversalClient, opts ...Option) *Buckets {
-	b := &Buckets{rdb: rdb, orphanTTL: DefaultOrphanTTL.Milliseconds()}
+	_, cluster := rdb.(*redis.ClusterClient)
+	b := &Buckets{rdb: rdb, orphanTTL: DefaultOrphanTTL.Milliseconds(), anySlot: !cluster}
 	for _, o := range opts {
 		o(b)
 	}

@@ -279,7 +279,7 @@ func TestScripts(t *testing.T) {
 				t.Run(c.name, func(t *testing.T) {
 					limit := fmt.Sprintf("case%d", ci)
 					keyOf := func(name string) string {
-						return Key(limit, int64(name[0]-'a'+1))
+						return Key("", limit, int64(name[0]-'a'+1))
 					}
 					for i, s := range c.steps {
 						got, err := s.run(ctx, b, keyOf)
@@ -293,15 +293,6 @@ func TestScripts(t *testing.T) {
 				})
 			}
 		})
-	}
-}
-
-func TestKeys(t *testing.T) {
-	if got, want := Key("tenant/atlas", 28_333_333), "lh:{tenant/atlas}:w:28333333"; got != want {
-		t.Errorf("Key = %q, want %q", got, want)
-	}
-	if got, want := LockKey("tenant/atlas"), "lh:{tenant/atlas}:renew"; got != want {
-		t.Errorf("LockKey = %q, want %q", got, want)
 	}
 }
 
@@ -330,7 +321,7 @@ func TestExpiry(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			b := New(be.rdb, WithOrphanTTL(time.Minute))
-			key := Key("expiry", 1)
+			key := Key("", "expiry", 1)
 			pexpiretime := func(k string) int64 {
 				t.Helper()
 				v, err := be.rdb.PExpireTime(ctx, k).Result()
@@ -380,7 +371,7 @@ func TestExpiry(t *testing.T) {
 			}
 
 			// A key expiry at or before Redis's TIME is refused, nothing written.
-			past := Key("expiry", 2)
+			past := Key("", "expiry", 2)
 			mustDeposit(t, ctx, b, Deposit{Key: past, LeaseID: "L1", Tokens: 10, StartMs: T0,
 				DeadlineMs: T0 + 1000, ExpireAtMs: T0 + 1000, NowMs: T0}, RefusedKeyExpiry)
 			if n := be.rdb.Exists(ctx, past).Val(); n != 0 {
@@ -393,7 +384,7 @@ func TestExpiry(t *testing.T) {
 				func(k string) error { _, err := b.Close(ctx, k, "Lx", T0); return err },
 				func(k string) error { _, err := b.AddCounter(ctx, k, "fallback_admitted", 1); return err },
 			} {
-				k := Key("orphan", int64(i))
+				k := Key("", "orphan", int64(i))
 				if err := create(k); err != nil {
 					t.Fatal(err)
 				}
@@ -409,7 +400,7 @@ func TestExpiry(t *testing.T) {
 			}
 
 			// A zero-cost spend on a missing key creates nothing.
-			zero := Key("zero", 1)
+			zero := Key("", "zero", 1)
 			if _, err := b.Spend(ctx, []string{zero}, []int64{0}, T0); err != nil {
 				t.Fatal(err)
 			}
@@ -443,7 +434,7 @@ func TestLock(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			b := New(be.rdb)
-			key := LockKey("tenant/atlas")
+			key := LockKey("", "tenant/atlas")
 			if ok, err := b.TryLock(ctx, key, "r1", 10*time.Second); err != nil || !ok {
 				t.Fatalf("r1 TryLock = %v, %v; want true", ok, err)
 			}
@@ -551,7 +542,7 @@ func TestClosedMarkerWins(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			b := New(be.rdb)
-			key := Key("marker", 1)
+			key := Key("", "marker", 1)
 			err := be.rdb.HSet(ctx, key, "r:L1", 50, "s:L1", T0, "d:L1", T0+1000, "c:L1", 7,
 				"r:L2", 5, "s:L2", T0, "d:L2", T0+1000, "r:L3", 9, "s:L3", T0).Err() // L3 lacks its deadline
 			if err != nil {
@@ -580,7 +571,7 @@ func TestOpenLeases(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			b := New(be.rdb)
-			key := Key("open", 1)
+			key := Key("", "open", 1)
 			for _, d := range []Deposit{
 				{LeaseID: "late", Tokens: 30, StartMs: T0, DeadlineMs: T0 + 9000},
 				{LeaseID: "soon", Tokens: 10, StartMs: T0, DeadlineMs: T0 + 1000},

@@ -10,18 +10,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// EpochKey returns the key that names the incarnation of a limit's buckets
-// in one Redis deployment: lh:{<limitID>}:epoch. It shares the limit's hash
-// slot with its buckets, so on Redis Cluster it lives and dies with them.
-func EpochKey(limitID string) string {
-	return "lh:{" + limitID + "}:epoch"
-}
-
 // epochTries bounds how often Epoch retries when the key vanishes between
 // its SET NX and its GET (a restart in between).
 const epochTries = 3
 
-// Epoch returns the epoch of limitID's buckets: an id that stays the same
+// Epoch returns the epoch of the limit's buckets: an id that stays the same
 // while Redis keeps its data and changes when the data is lost. It is the
 // key EpochKey, set when missing (a new Redis, or one restarted empty) to
 // the server's run_id (INFO server; a random id if Redis gives none).
@@ -33,11 +26,11 @@ const epochTries = 3
 // every agent replica, choose the same epoch. (On Redis Cluster INFO
 // answers from one node; the epoch then changes with that node's
 // restarts, which only costs an extra reporter name.)
-func (b *Buckets) Epoch(ctx context.Context, limitID string) (string, error) {
-	if limitID == "" {
+func (b *Buckets) Epoch(ctx context.Context, l LimitRef) (string, error) {
+	if l.ID == "" {
 		return "", invalid("empty limit id")
 	}
-	key := EpochKey(limitID)
+	key := EpochKey(l.HashTag, l.ID)
 	for range epochTries {
 		v, err := b.rdb.Get(ctx, key).Result()
 		if err == nil {
@@ -88,17 +81,17 @@ const maxUsageWindows = 64
 // incarnation they belong to cannot come from two different ones. The
 // epoch is "" when the key is missing (a limit never reported, or Redis
 // lost its data): set it with SetEpochs and read again.
-func (b *Buckets) Usage(ctx context.Context, limitID string, windows []int64) (string, []WindowCounts, error) {
+func (b *Buckets) Usage(ctx context.Context, l LimitRef, windows []int64) (string, []WindowCounts, error) {
 	switch {
-	case limitID == "":
+	case l.ID == "":
 		return "", nil, invalid("empty limit id")
 	case len(windows) == 0 || len(windows) > maxUsageWindows:
 		return "", nil, invalid("%d windows, want 1..%d", len(windows), maxUsageWindows)
 	}
 	keys := make([]string, 0, 1+len(windows))
-	keys = append(keys, EpochKey(limitID))
+	keys = append(keys, EpochKey(l.HashTag, l.ID))
 	for _, w := range windows {
-		keys = append(keys, Key(limitID, w))
+		keys = append(keys, Key(l.HashTag, l.ID, w))
 	}
 	v, err := b.eval(ctx, usageScript, keys)
 	if err != nil {
@@ -110,17 +103,17 @@ func (b *Buckets) Usage(ctx context.Context, limitID string, windows []int64) (s
 // SetEpochs sets the epoch keys of limits that have none (as Epoch does)
 // with one read of the server's run_id for them all: when many limits are
 // reported for the first time at once, one INFO serves every one.
-func (b *Buckets) SetEpochs(ctx context.Context, limitIDs []string) error {
-	if len(limitIDs) == 0 {
+func (b *Buckets) SetEpochs(ctx context.Context, limits []LimitRef) error {
+	if len(limits) == 0 {
 		return nil
 	}
 	candidate := b.runID(ctx)
 	pipe := b.rdb.Pipeline()
-	for _, id := range limitIDs {
-		if id == "" {
+	for _, l := range limits {
+		if l.ID == "" {
 			return invalid("empty limit id")
 		}
-		pipe.SetNX(ctx, EpochKey(id), candidate, 0)
+		pipe.SetNX(ctx, EpochKey(l.HashTag, l.ID), candidate, 0)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return wrapRedis("epoch", err)

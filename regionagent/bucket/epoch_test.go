@@ -12,22 +12,22 @@ func TestEpoch(t *testing.T) {
 	srv, rdb := realRedis(t)
 	ctx := testCtx(t)
 	b := New(rdb)
-	e1, err := b.Epoch(ctx, "tenant/a")
+	e1, err := b.Epoch(ctx, LimitRef{ID: "tenant/a"})
 	if err != nil || e1 == "" {
 		t.Fatalf("epoch: %q, %v", e1, err)
 	}
-	if again, err := New(rdb).Epoch(ctx, "tenant/a"); err != nil || again != e1 {
+	if again, err := New(rdb).Epoch(ctx, LimitRef{ID: "tenant/a"}); err != nil || again != e1 {
 		t.Fatalf("second caller: %q, %v; want %q", again, err, e1)
 	}
-	if other, err := b.Epoch(ctx, "tenant/b"); err != nil || other != e1 {
+	if other, err := b.Epoch(ctx, LimitRef{ID: "tenant/b"}); err != nil || other != e1 {
 		t.Fatalf("another limit of the same server: %q, %v; want %q (its run_id)", other, err, e1)
 	}
 	srv.Restart()
-	e2, err := b.Epoch(ctx, "tenant/a")
+	e2, err := b.Epoch(ctx, LimitRef{ID: "tenant/a"})
 	if err != nil || e2 == "" || e2 == e1 {
 		t.Fatalf("after a restart: %q, %v; want a new epoch (was %q)", e2, err, e1)
 	}
-	if _, err := b.Epoch(ctx, ""); err == nil {
+	if _, err := b.Epoch(ctx, LimitRef{ID: ""}); err == nil {
 		t.Fatal("empty limit id accepted")
 	}
 }
@@ -39,11 +39,11 @@ func TestEpochMiniredis(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			b := New(be.rdb)
 			ctx := testCtx(t)
-			e1, err := b.Epoch(ctx, "tenant/m")
+			e1, err := b.Epoch(ctx, LimitRef{ID: "tenant/m"})
 			if err != nil || e1 == "" {
 				t.Fatalf("epoch: %q, %v", e1, err)
 			}
-			if e2, err := b.Epoch(ctx, "tenant/m"); err != nil || e2 != e1 {
+			if e2, err := b.Epoch(ctx, LimitRef{ID: "tenant/m"}); err != nil || e2 != e1 {
 				t.Fatalf("epoch changed without a restart: %q -> %q (%v)", e1, e2, err)
 			}
 		})
@@ -58,7 +58,7 @@ func TestUsage(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			b := New(be.rdb)
-			k := Key("tenant/u", 5)
+			k := Key("", "tenant/u", 5)
 			if _, err := b.Deposit(ctx, Deposit{Key: k, LeaseID: "L1", Tokens: 10, DeadlineMs: T0 + 1000, ExpireAtMs: farExpiry(), NowMs: T0}); err != nil {
 				t.Fatal(err)
 			}
@@ -71,7 +71,7 @@ func TestUsage(t *testing.T) {
 			if _, err := b.AddCounter(ctx, k, "fallback_admitted", 2); err != nil {
 				t.Fatal(err)
 			}
-			epoch, counts, err := b.Usage(ctx, "tenant/u", []int64{5, 6})
+			epoch, counts, err := b.Usage(ctx, LimitRef{ID: "tenant/u"}, []int64{5, 6})
 			if err != nil || epoch != "" {
 				t.Fatalf("before any epoch: %q, %v", epoch, err)
 			}
@@ -79,18 +79,18 @@ func TestUsage(t *testing.T) {
 			if !reflect.DeepEqual(counts, want) {
 				t.Fatalf("counts %+v, want %+v", counts, want)
 			}
-			if err := b.SetEpochs(ctx, []string{"tenant/u", "tenant/v"}); err != nil {
+			if err := b.SetEpochs(ctx, []LimitRef{{ID: "tenant/u"}, {ID: "tenant/v"}}); err != nil {
 				t.Fatal(err)
 			}
-			e, err := b.Epoch(ctx, "tenant/v")
+			e, err := b.Epoch(ctx, LimitRef{ID: "tenant/v"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			epoch, _, err = b.Usage(ctx, "tenant/u", []int64{5})
+			epoch, _, err = b.Usage(ctx, LimitRef{ID: "tenant/u"}, []int64{5})
 			if err != nil || epoch == "" || epoch != e {
 				t.Fatalf("after SetEpochs: %q, %v; want %q for every limit", epoch, err, e)
 			}
-			if _, _, err := b.Usage(ctx, "tenant/u", nil); err == nil {
+			if _, _, err := b.Usage(ctx, LimitRef{ID: "tenant/u"}, nil); err == nil {
 				t.Fatal("no windows accepted")
 			}
 		})

@@ -8,8 +8,8 @@ import (
 )
 
 func ExampleKey() {
-	fmt.Println(bucket.Key("tenant/atlas", 28_333_333))
-	fmt.Println(bucket.LockKey("tenant/atlas"))
+	fmt.Println(bucket.Key("", "tenant/atlas", 28_333_333))
+	fmt.Println(bucket.LockKey("", "tenant/atlas"))
 	// Output:
 	// lh:{tenant/atlas}:w:28333333
 	// lh:{tenant/atlas}:renew

@@ -87,7 +87,7 @@ func FuzzParse(f *testing.F) {
 			}
 			r, next, err := parseSpendAt(a, off, make([]KeyResult, n))
 			check("spend at", err)
-			if err == nil && (next != off+1+3*n || len(r.Keys) != n) {
+			if err == nil && (next != off+1+keyFields*n || len(r.Keys) != n) {
 				t.Fatalf("parseSpendAt(off %d, n %d) = %+v, next %d", off, n, r, next)
 			}
 		}
@@ -96,6 +96,11 @@ func FuzzParse(f *testing.F) {
 			batch[i].Keys = make([]KeyResult, (n+i)%4)
 		}
 		check("spend call", parseSpendCall(v, []int{2, 0}, batch))
+		_, counts, err := parseUsage(v, make([]int64, n))
+		check("usage", err)
+		if err == nil && len(counts) != n {
+			t.Fatalf("parseUsage gave %d windows, want %d", len(counts), n)
+		}
 		_, err = parseClose(v)
 		check("close", err)
 		_, err = parseBalance(v)

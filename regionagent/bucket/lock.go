@@ -6,7 +6,7 @@ import (
 )
 
 // The renewal lock lets exactly one agent replica renew a limit at a time.
-// It is a plain SET NX PX under LockKey(limitID); only its owner may delete
+// It is a plain SET NX PX under LockKey(hashTag, limitID); only its owner may delete
 // or extend it (compare-and-delete, compare-and-expire in one script each).
 // Owners must be unique per replica and attempt (e.g. hostname + random).
 // The lock is advisory and time-bounded: a holder that pauses longer than the

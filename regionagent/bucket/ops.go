@@ -12,7 +12,7 @@ import (
 // Deposit describes one lease to store in a bucket. All times are
 // milliseconds on Redis's clock (see [ClockSync]).
 type Deposit struct {
-	Key        string // bucket key, from Key(limitID, window)
+	Key        string // bucket key, from Key(hashTag, limitID, window)
 	LeaseID    string // the allocator's lease id; deposits are idempotent by it
 	Tokens     int64  // > 0
 	StartMs    int64  // >= 0; the lease is spendable from StartMs on
@@ -97,7 +97,7 @@ type SpendOp struct {
 // denied counter; keys that had enough count neither. On success every key
 // adds its cost to admitted. A key may appear twice (its costs add up).
 // Costs must be >= 0. The keys must share one hash slot on Redis Cluster
-// (one limit's keys do; different limits need a common hash tag).
+// (one limit's keys do; different limits need a common hash tag: see Key).
 //
 // A denied spend is a result (Allowed false), not an error.
 func (b *Buckets) Spend(ctx context.Context, keys []string, costs []int64, nowMs int64) (SpendResult, error) {
@@ -137,15 +137,16 @@ type spendCall struct {
 // trip to Redis for the whole batch (two or more only after NOSCRIPT, when
 // the calls that failed with NOSCRIPT, and only those, are re-sent).
 //
-// Ops whose keys share one hash tag and NowMs are decided by one script
-// call (up to 128 per call), in slice order, each op atomic and
-// all-or-nothing by itself and seeing the effect of the ops before it,
-// exactly as separate Spend calls would; they share one reading of Redis's
-// TIME. This is what makes a batch on a few hot limits cheap for Redis. Ops
-// of different tags are separate calls in the same pipeline, sent in the
-// order of their first op. An op whose keys span several hash tags gets a
-// call of its own (on Redis Cluster it then fails with CROSSSLOT, alone,
-// unless the tags share a slot).
+// Ops with the same NowMs are decided by one script call (up to 128 per
+// call), in slice order, each op atomic and all-or-nothing by itself and
+// seeing the effect of the ops before it, exactly as separate Spend calls
+// would; they share one reading of Redis's TIME. This is what makes a
+// batch cheap for Redis: one call, not one per limit. On a Redis Cluster
+// client a call holds the ops of one hash tag only: ops of different tags
+// are separate calls in the same pipeline, sent in the order of their
+// first op, and an op whose keys span several hash tags gets a call of
+// its own (it then fails with CROSSSLOT, alone, unless the tags share a
+// slot).
 //
 // The results have one entry per op, in order. An op that was not decided
 // has its Err set (an invalid op alone; a failed script call every op of
@@ -230,12 +231,14 @@ func (b *Buckets) SpendBatch(ctx context.Context, ops []SpendOp) ([]SpendResult,
 // call, and appends its arguments.
 func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall {
 	op := ops[i]
-	tag := hashTag(op.Keys[0])
-	solo := false
-	for _, k := range op.Keys[1:] {
-		if hashTag(k) != tag {
-			solo = true
-			break
+	tag, solo := "", false
+	if !b.anySlot {
+		tag = hashTag(op.Keys[0])
+		for _, k := range op.Keys[1:] {
+			if hashTag(k) != tag {
+				solo = true
+				break
+			}
 		}
 	}
 	ci := -1
@@ -359,7 +362,7 @@ func (b *Buckets) AddCounter(ctx context.Context, key, name string, delta int64)
 	return asInt(v)
 }
 
-// FallbackAdd is store.FallbackAdd (Key is a bucket key: Key(limit, window)).
+// FallbackAdd is store.FallbackAdd (Key is a bucket key: Key(hashTag, limit, window)).
 type FallbackAdd struct {
 	Key  string
 	Cost int64

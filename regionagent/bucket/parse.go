@@ -205,7 +205,7 @@ func parseBalance(v any) (BalanceResult, error) {
 	}
 	r.Live = int(live)
 	rest := a[head:]
-	if nc < 0 || nc > int64(len(rest)-1)/2 {
+	if nc < 0 || len(rest) < 1 || nc > int64(len(rest)-1)/2 {
 		return BalanceResult{}, fmt.Errorf("%w: %d counters", ErrBadReply, nc)
 	}
 	if nc > 0 {
@@ -225,7 +225,7 @@ func parseBalance(v any) (BalanceResult, error) {
 		return BalanceResult{}, err
 	}
 	rest = rest[1:]
-	if ne < 0 || int64(len(rest)) < 2*ne+1 {
+	if ne < 0 || len(rest) < 1 || ne > (int64(len(rest))-1)/2 {
 		return BalanceResult{}, fmt.Errorf("%w: %d expired leases in %d elements", ErrBadReply, ne, len(rest))
 	}
 	if ne > 0 {
@@ -245,7 +245,7 @@ func parseBalance(v any) (BalanceResult, error) {
 		return BalanceResult{}, err
 	}
 	rest = rest[1:]
-	if no < 0 || int64(len(rest)) != 4*no {
+	if len(rest)%4 != 0 || no != int64(len(rest)/4) {
 		return BalanceResult{}, fmt.Errorf("%w: %d open leases in %d elements", ErrBadReply, no, len(rest))
 	}
 	if no > 0 {
@@ -288,7 +288,7 @@ func parseUsage(v any, windows []int64) (string, []WindowCounts, error) {
 			return "", nil, err
 		}
 		p += 3
-		if n < 0 || int64(len(a)-p) < 2*n {
+		if n < 0 || n > int64(len(a)-p)/2 {
 			return "", nil, fmt.Errorf("%w: usage reply: %d counters", ErrBadReply, n)
 		}
 		for range n {

@@ -25,13 +25,13 @@ func TestSpendBatch(t *testing.T) {
 			if err := b.Load(ctx); err != nil {
 				t.Fatal(err)
 			}
-			a, c, o := Key("batch", 1), Key("batch", 2), Key("other", 1)
+			a, c, o := Key("", "batch", 1), Key("", "batch", 2), Key("", "other", 1)
 			mustDeposit(t, ctx, b, Deposit{Key: a, LeaseID: "L1", Tokens: 10, StartMs: T0, DeadlineMs: T0 + 1000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
 			mustDeposit(t, ctx, b, Deposit{Key: c, LeaseID: "L2", Tokens: 3, StartMs: T0, DeadlineMs: T0 + 2000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
 			mustDeposit(t, ctx, b, Deposit{Key: o, LeaseID: "L3", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 3000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
 
-			var pipelines atomic.Int64
-			be.rdb.AddHook(countHook{pipelines: &pipelines})
+			var pipelines, calls atomic.Int64
+			be.rdb.AddHook(countHook{pipelines: &pipelines, calls: &calls})
 			ops := []SpendOp{
 				{Keys: []string{a}, Costs: []int64{4}, NowMs: T0},
 				{Keys: []string{a, c}, Costs: []int64{4, 4}, NowMs: T0},
@@ -67,6 +67,11 @@ func TestSpendBatch(t *testing.T) {
 			if n := pipelines.Load(); n != 1 {
 				t.Fatalf("%d pipelines sent, want 1", n)
 			}
+			// One Redis, not a Cluster: one script call for every op of
+			// one now, whatever their hash tags, and one for the other now.
+			if n := calls.Load(); n != 2 {
+				t.Fatalf("%d script calls sent, want 2 (one per now)", n)
+			}
 			if res, err := b.SpendBatch(ctx, nil); err != nil || len(res) != 0 || pipelines.Load() != 1 {
 				t.Fatalf("empty SpendBatch = %v, %v, or sent a pipeline", res, err)
 			}
@@ -81,9 +86,11 @@ func TestSpendBatch(t *testing.T) {
 	}
 }
 
-// countHook counts pipelines of EVALSHA sent.
+// countHook counts pipelines of EVALSHA sent, and (if calls is set) the
+// EVALSHA calls in them.
 type countHook struct {
 	pipelines *atomic.Int64
+	calls     *atomic.Int64
 }
 
 func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -94,6 +101,9 @@ func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if len(cmds) > 0 && cmds[0].Name() == "evalsha" {
 			h.pipelines.Add(1)
+			if h.calls != nil {
+				h.calls.Add(int64(len(cmds)))
+			}
 		}
 		return next(ctx, cmds)
 	}
@@ -118,7 +128,7 @@ func TestNoScript(t *testing.T) {
 					t.Fatalf("script still cached after SCRIPT FLUSH: %v", ok)
 				}
 			}
-			key := Key("noscript", 1)
+			key := Key("", "noscript", 1)
 			flush()
 			mustDeposit(t, ctx, b, Deposit{Key: key, LeaseID: "L1", Tokens: 100, StartMs: T0, DeadlineMs: T0 + 1000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
 			flush()
@@ -151,7 +161,7 @@ func TestNoScript(t *testing.T) {
 				t.Fatalf("Balance after flush = %+v, %v; want admitted 41", got, err)
 			}
 			flush()
-			lk := LockKey("noscript")
+			lk := LockKey("", "noscript")
 			if ok, err := b.TryLock(ctx, lk, "o", time.Second); err != nil || !ok {
 				t.Fatal(ok, err)
 			}
@@ -210,10 +220,11 @@ func TestNoScriptPartialPipeline(t *testing.T) {
 	if err := b.Load(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Seven limits: the batch is seven script calls in one pipeline.
+	// Seven limits, each spent at its own now: the batch is seven script
+	// calls in one pipeline (on one Redis, ops of one now share a call).
 	const limits = 7
 	for l := range limits {
-		mustDeposit(t, ctx, b, Deposit{Key: Key(fmt.Sprint("partial", l), 1), LeaseID: "L1", Tokens: 1000,
+		mustDeposit(t, ctx, b, Deposit{Key: Key("", fmt.Sprint("partial", l), 1), LeaseID: "L1", Tokens: 1000,
 			StartMs: T0, DeadlineMs: T0 + 1000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
 	}
 	hook := &dropHook{left: 2}
@@ -222,7 +233,7 @@ func TestNoScriptPartialPipeline(t *testing.T) {
 	var sum [limits]int64
 	for i := range ops {
 		cost := int64(i + 1)
-		ops[i] = SpendOp{Keys: []string{Key(fmt.Sprint("partial", i%limits), 1)}, Costs: []int64{cost}, NowMs: T0}
+		ops[i] = SpendOp{Keys: []string{Key("", fmt.Sprint("partial", i%limits), 1)}, Costs: []int64{cost}, NowMs: T0 + int64(i%limits)}
 		sum[i%limits] += cost
 	}
 	res, err := b.SpendBatch(ctx, ops)
@@ -238,7 +249,7 @@ func TestNoScriptPartialPipeline(t *testing.T) {
 		t.Fatalf("hook dropped %d calls over %d pipelines; the test did not exercise re-sending", hook.dropped, 2-hook.left)
 	}
 	for l := range limits {
-		got, err := b.Balance(ctx, Key(fmt.Sprint("partial", l), 1), T0)
+		got, err := b.Balance(ctx, Key("", fmt.Sprint("partial", l), 1), T0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -260,7 +271,7 @@ func TestSpendBatchMatchesSequential(t *testing.T) {
 			b := New(be.rdb)
 			rng := rand.New(rand.NewPCG(7, 11))
 			const limits, windows = 3, 2
-			key := func(prefix string, l, w int) string { return Key(fmt.Sprintf("%s%d", prefix, l), int64(w)) }
+			key := func(prefix string, l, w int) string { return Key("", fmt.Sprintf("%s%d", prefix, l), int64(w)) }
 			for _, prefix := range []string{"seq", "bat"} {
 				for l := range limits {
 					for w := range windows {
@@ -345,7 +356,7 @@ func TestRedisRestart(t *testing.T) {
 	srv, rdb := realRedis(t)
 	ctx := testCtx(t)
 	b := New(rdb)
-	key := Key("restart", 1)
+	key := Key("", "restart", 1)
 	d := Deposit{Key: key, LeaseID: "L1", Tokens: 10, StartMs: T0, DeadlineMs: T0 + 1000, ExpireAtMs: farExpiry(), NowMs: T0}
 	mustDeposit(t, ctx, b, d, Deposited)
 	srv.Kill()
@@ -374,7 +385,7 @@ func TestConcurrentSpend(t *testing.T) {
 	ctx := testCtx(t)
 	rdb2 := newClient(t, rdb1.Options().Addr)
 	clients := []*Buckets{New(rdb1), New(rdb2)}
-	key := Key("hammer", 1)
+	key := Key("", "hammer", 1)
 
 	const (
 		leases     = 5
@@ -474,7 +485,7 @@ func TestConcurrentClose(t *testing.T) {
 	_, rdb := realRedis(t)
 	ctx := testCtx(t)
 	b := New(rdb)
-	key := Key("close-race", 1)
+	key := Key("", "close-race", 1)
 	now := time.Now().UnixMilli()
 	_, err := b.Deposit(ctx, Deposit{Key: key, LeaseID: "L1", Tokens: 10_000, StartMs: now - 1000,
 		DeadlineMs: now + 600_000, ExpireAtMs: now + 3_600_000})
@@ -535,7 +546,7 @@ func TestSpendBatchRedisDown(t *testing.T) {
 	defer rdb.Close()
 	b := New(rdb)
 	srv.Kill()
-	ops := []SpendOp{{Keys: []string{Key("a", 1)}, Costs: []int64{1}}, {Keys: []string{Key("b", 1)}, Costs: []int64{1}}}
+	ops := []SpendOp{{Keys: []string{Key("", "a", 1)}, Costs: []int64{1}}, {Keys: []string{Key("", "b", 1)}, Costs: []int64{1}}}
 	res, err := b.SpendBatch(ctx, ops)
 	if err == nil {
 		t.Fatal("SpendBatch with Redis down: nil error")

@@ -2,8 +2,11 @@ package bucket
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 
 	"leasehold/regionagent/store"
 )
@@ -38,7 +41,17 @@ type Reservation struct {
 // lease its tokens came from. Taken tokens count as admitted until
 // Release gives the unspent back. Idempotent by id.
 func (b *Buckets) Reserve(ctx context.Context, key, id string, want, min, nowMs int64) (Reservation, error) {
+	return b.ReserveLasting(ctx, key, id, want, min, 0, nowMs)
+}
+
+// ReserveLasting is Reserve taking only from leases that last at least
+// lastMs more, when those hold min tokens or more (else as Reserve): a
+// reservation taken from a lease about to end would have to be given back
+// before its holder could spend it, and Checks spend those leases first.
+func (b *Buckets) ReserveLasting(ctx context.Context, key, id string, want, min, lastMs, nowMs int64) (Reservation, error) {
 	switch {
+	case lastMs < 0 || !checkInt(lastMs):
+		return Reservation{}, invalid("last %d", lastMs)
 	case key == "":
 		return Reservation{}, invalid("empty key")
 	case id == "" || strings.Contains(id, ":") || len(id) > 200:
@@ -48,7 +61,7 @@ func (b *Buckets) Reserve(ctx context.Context, key, id string, want, min, nowMs 
 	case nowMs < 0 || !checkInt(nowMs):
 		return Reservation{}, invalid("now %d", nowMs)
 	}
-	v, err := b.eval(ctx, reserveScript, []string{key}, nowMs, id, want, min)
+	v, err := b.eval(ctx, reserveScript, []string{key}, nowMs, id, want, min, lastMs)
 	if err != nil {
 		return Reservation{}, err
 	}
@@ -87,6 +100,22 @@ type ReleaseResult struct {
 	Status   ReleaseStatus
 }
 
+// ErrUnspentTooLarge reports a Release whose unspent tokens exceed what the
+// reservation holds. It matches ErrInvalid: the caller's input is wrong,
+// and retrying it cannot help.
+var ErrUnspentTooLarge = fmt.Errorf("%w: unspent exceeds the reservation", ErrInvalid)
+
+// releaseUnspentTooLarge is the error release.lua raises for it.
+const releaseUnspentTooLarge = "bucket: unspent out of range"
+
+// isScriptError reports whether err is the error a script raised with msg
+// (Redis and miniredis wrap the message differently, so it is looked for
+// inside the reply's text).
+func isScriptError(err error, msg string) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.Contains(re.Error(), msg)
+}
+
 // Release ends a reservation: unspent tokens leave the admitted count and,
 // before the reservation's deadline, return to the bucket as a lease of
 // their own with that deadline. Idempotent by id.
@@ -103,6 +132,9 @@ func (b *Buckets) Release(ctx context.Context, key, id string, unspent, nowMs in
 	}
 	v, err := b.eval(ctx, releaseScript, []string{key}, nowMs, id, unspent)
 	if err != nil {
+		if isScriptError(err, releaseUnspentTooLarge) {
+			return ReleaseResult{}, fmt.Errorf("%w: unspent %d", ErrUnspentTooLarge, unspent)
+		}
 		return ReleaseResult{}, err
 	}
 	a, err := replyArray(v, 2)

@@ -15,7 +15,7 @@ func TestReserveRelease(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			b := New(be.rdb)
-			key := Key("res", 1)
+			key := Key("", "res", 1)
 			for _, d := range []Deposit{
 				{LeaseID: "early", Tokens: 10, StartMs: T0, DeadlineMs: T0 + 1000},
 				{LeaseID: "late", Tokens: 50, StartMs: T0, DeadlineMs: T0 + 9000},
@@ -97,6 +97,94 @@ func TestReserveRelease(t *testing.T) {
 	}
 }
 
+// TestReleaseGoesBackToItsLeases: unspent tokens of a sub-lease go back
+// to the leases they came from (at most what each gave, earliest deadline
+// first) while those are open, so the lease's close returns them to the
+// allocator; only what came from a closed lease becomes a "sub:" lease,
+// lost after the reservation's deadline. (Before, every release became a
+// "sub:" lease with the earliest deadline, never returned: the gateway
+// stranded half of a window's G.)
+func TestReleaseGoesBackToItsLeases(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			key := Key("", "back", 1)
+			for _, d := range []Deposit{
+				{LeaseID: "a", Tokens: 10, StartMs: T0, DeadlineMs: T0 + 1000},
+				{LeaseID: "b", Tokens: 50, StartMs: T0, DeadlineMs: T0 + 9000},
+				{LeaseID: "c", Tokens: 20, StartMs: T0, DeadlineMs: T0 + 9500},
+			} {
+				d.Key, d.ExpireAtMs, d.NowMs = key, farExpiry(), T0
+				if _, err := b.Deposit(ctx, d); err != nil {
+					t.Fatal(err)
+				}
+			}
+			spendable := func(at int64) int64 {
+				t.Helper()
+				bal, err := b.Balance(ctx, key, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return bal.Spendable
+			}
+			closeLease := func(id string, at int64) int64 {
+				t.Helper()
+				r, err := b.Close(ctx, key, id, at)
+				if err != nil || r.AlreadyClosed {
+					t.Fatalf("close %s: %+v %v", id, r, err)
+				}
+				return r.Unspent
+			}
+			// c1 takes 10 from a and 20 from b, spends 5: 10 back to a, 15 to b.
+			if r, _ := b.Reserve(ctx, key, "c1", 30, 1, T0+10); r.Granted != 30 || r.DeadlineMs != T0+1000 {
+				t.Fatalf("reserve c1: %+v", r)
+			}
+			if rel, _ := b.Release(ctx, key, "c1", 25, T0+500); rel != (ReleaseResult{Returned: 25, Status: Released}) {
+				t.Fatalf("release c1: %+v", rel)
+			}
+			if got := spendable(T0 + 500); got != 80-5 {
+				t.Fatalf("spendable after c1: %d, want 75", got)
+			}
+			if got := spendable(T0 + 1000); got != 45+20 {
+				t.Fatalf("spendable at a's deadline: %d, want b's 45 and c's 20", got)
+			}
+			if n := closeLease("a", T0+1000); n != 10 {
+				t.Fatalf("a closed with %d unspent, want its 10 (returned to the allocator)", n)
+			}
+			// c2 takes 45 from b and 5 from c; b closes before c2 is
+			// released with 50 unspent: 45 stay a sub-lease until b's
+			// deadline (b's return has gone), 5 go back to c.
+			if r, _ := b.Reserve(ctx, key, "c2", 50, 1, T0+2000); r.Granted != 50 || r.DeadlineMs != T0+9000 {
+				t.Fatalf("reserve c2: %+v", r)
+			}
+			if n := closeLease("b", T0+2100); n != 0 {
+				t.Fatalf("b closed with %d unspent, want 0 (all reserved)", n)
+			}
+			if rel, _ := b.Release(ctx, key, "c2", 50, T0+2200); rel != (ReleaseResult{Returned: 50, Status: Released}) {
+				t.Fatalf("release c2: %+v", rel)
+			}
+			if got := spendable(T0 + 8999); got != 45+20 {
+				t.Fatalf("spendable before b's deadline: %d", got)
+			}
+			if got := spendable(T0 + 9000); got != 20 {
+				t.Fatalf("spendable at b's deadline: %d, want c's 20 only", got)
+			}
+			// c3 takes 5 from c, released after c's deadline but before c
+			// is closed: not spendable, but c's close returns it.
+			if r, _ := b.Reserve(ctx, key, "c3", 5, 1, T0+9100); r.Granted != 5 {
+				t.Fatalf("reserve c3: %+v", r)
+			}
+			if rel, _ := b.Release(ctx, key, "c3", 5, T0+9600); rel != (ReleaseResult{Returned: 0, Status: Released}) {
+				t.Fatalf("release c3 after c's deadline: %+v", rel)
+			}
+			if n := closeLease("c", T0+9700); n != 20 {
+				t.Fatalf("c closed with %d unspent, want 20 (its own 15 and c3's 5)", n)
+			}
+		})
+	}
+}
+
 // TestAdmitFallback: a fallback admission is all or nothing and never
 // takes a counter past its cap, on redis-server, miniredis and the
 // in-memory store alike.
@@ -136,11 +224,11 @@ func TestAdmitFallback(t *testing.T) {
 			check(t, func(adds []store.FallbackAdd) (bool, []int64, error) {
 				in := make([]FallbackAdd, len(adds))
 				for i, x := range adds {
-					in[i] = FallbackAdd{Key: Key("case-fb", x.Key.Window), Cost: x.Cost, Cap: x.Cap, Mode: x.Mode}
+					in[i] = FallbackAdd{Key: Key("", "case-fb", x.Key.Window), Cost: x.Cost, Cap: x.Cap, Mode: x.Mode}
 				}
 				return bk.AdmitFallback(ctx, in)
 			})
-			bal, _ := bk.Balance(ctx, Key("case-fb", 1), T0)
+			bal, _ := bk.Balance(ctx, Key("", "case-fb", 1), T0)
 			if len(bal.Counters) != 2 || bal.Counters[1].Name != "mode_local" {
 				t.Fatalf("counters %+v: want fallback_admitted and the mode mark", bal.Counters)
 			}
@@ -160,7 +248,7 @@ func TestAdmitFallbackNeverOverCap(t *testing.T) {
 	_, rdb := realRedis(t)
 	ctx := testCtx(t)
 	b := New(rdb)
-	key := Key("cap", 1)
+	key := Key("", "cap", 1)
 	var admitted, worst atomic.Int64
 	stop := make(chan struct{})
 	var readers sync.WaitGroup
@@ -200,5 +288,43 @@ func TestAdmitFallbackNeverOverCap(t *testing.T) {
 	readers.Wait()
 	if admitted.Load() != 50 || worst.Load() > 50 {
 		t.Fatalf("admitted %d, highest reading %d: want exactly 50, never above", admitted.Load(), worst.Load())
+	}
+}
+
+// TestReserveLasting: with two spendable leases, one ending in 300 ms and
+// one in 9 s, a reservation that wants leases lasting 1 s takes from the
+// late one only (its deadline is the late lease's), at most what it holds;
+// when no lasting lease holds min, from the ending one, as Reserve does.
+func TestReserveLasting(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			key := Key("", "lasting", 1)
+			mustDeposit(t, ctx, b, Deposit{Key: key, LeaseID: "ending", Tokens: 40, StartMs: T0, DeadlineMs: T0 + 300, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
+			mustDeposit(t, ctx, b, Deposit{Key: key, LeaseID: "late", Tokens: 30, StartMs: T0, DeadlineMs: T0 + 9000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
+			r, err := b.ReserveLasting(ctx, key, "c1", 20, 1, 1000, T0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r != (Reservation{Granted: 20, DeadlineMs: T0 + 9000, Balance: 50, NowMs: T0, Status: Reserved}) {
+				t.Fatalf("reserve lasting 1 s: %+v, want 20 from the late lease", r)
+			}
+			// Want 50: the late lease has 10 left (>= min 5): those only.
+			if r, _ = b.ReserveLasting(ctx, key, "c2", 50, 5, 1000, T0); r.Granted != 10 || r.DeadlineMs != T0+9000 {
+				t.Fatalf("reserve lasting, late lease short of want: %+v, want its 10", r)
+			}
+			// Nothing lasting left: from the ending lease, as Reserve.
+			if r, _ = b.ReserveLasting(ctx, key, "c3", 15, 1, 1000, T0); r.Granted != 15 || r.DeadlineMs != T0+300 {
+				t.Fatalf("reserve lasting with only an ending lease: %+v, want 15 from it", r)
+			}
+			bal, _ := b.Balance(ctx, key, T0)
+			if bal.Spendable != 25 || bal.Admitted != 45 {
+				t.Fatalf("after the reservations: spendable %d admitted %d, want 25 and 45", bal.Spendable, bal.Admitted)
+			}
+			if _, err := b.ReserveLasting(ctx, key, "c4", 1, 1, -1, T0); err == nil {
+				t.Fatal("a negative last was accepted")
+			}
+		})
 	}
 }

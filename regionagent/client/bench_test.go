@@ -2,13 +2,18 @@ package client
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"leasehold/regionagent/client/clienttest"
 )
+
+var errDenied = errors.New("denied")
 
 // benchClient is a client of a fake agent on loopback TCP with a limit
 // too large to run dry; with sub-leases it is warmed up until decisions
@@ -131,5 +136,29 @@ func BenchmarkAllowCheckParallel(b *testing.B) {
 	measure(b, true, func() error {
 		_, err := c.Allow(ctx, testLimit, 1)
 		return err
+	})
+}
+
+// BenchmarkRateAllow is the floor the sub-lease decision is held to:
+// golang.org/x/time/rate's Limiter.Allow, a single-process token bucket
+// with a mutex, in the same run on the same machine.
+func BenchmarkRateAllow(b *testing.B) {
+	l := rate.NewLimiter(rate.Limit(1e12), 1<<40) // never dry, the arithmetic runs
+	measure(b, false, func() error {
+		if !l.Allow() {
+			return errDenied
+		}
+		return nil
+	})
+}
+
+// BenchmarkRateAllowParallel: the same from GOMAXPROCS goroutines.
+func BenchmarkRateAllowParallel(b *testing.B) {
+	l := rate.NewLimiter(rate.Limit(1e12), 1<<40) // never dry, the arithmetic runs
+	measure(b, true, func() error {
+		if !l.Allow() {
+			return errDenied
+		}
+		return nil
 	})
 }

@@ -60,6 +60,7 @@ type options struct {
 	reprobe     time.Duration // how long Reserve is not tried after Unimplemented
 	sweepEvery  time.Duration // 0: no background sweeper (tests call sweep)
 	margin      time.Duration // fixed part of a chunk's safety margin
+	releaseLead time.Duration // a chunk ends this long before its lease (WithReleaseLead)
 	driftPPM    float64       // clock rate error covered, per million
 	stateTTL    time.Duration // an idle limit's state is forgotten after this
 }
@@ -115,6 +116,16 @@ func WithRetry(maxElapsed time.Duration) Option {
 	return func(o *options) { o.retryFor = max(0, maxElapsed) }
 }
 
+// WithReleaseLead ends every chunk d before the lease it came from, so
+// that what is left of it goes back while that lease is still open
+// (spendable by the rest of the region, and returned to the allocator
+// with the lease) rather than after it, when it is lost to the window.
+// d should cover the sweep interval (a quarter of IdleAfter, at most
+// 250 ms) plus a Release's round trip. Default 0.
+func WithReleaseLead(d time.Duration) Option {
+	return func(o *options) { o.releaseLead = max(0, d) }
+}
+
 // WithClock replaces the client's clock (tests). Chunk deadlines and the
 // denial cache are measured on it; the default is time.Now's monotonic
 // clock.
@@ -165,17 +176,7 @@ type Client struct {
 // "127.0.0.1:7410" or "dns:///agent.eu.internal:7410"). It does not wait
 // for a connection.
 func New(target string, opts ...Option) (*Client, error) {
-	o := options{
-		timeout: 250 * time.Millisecond, denial: true, denialFloor: 250 * time.Millisecond,
-		retryFor: time.Second, reprobe: reprobeAfter, sweepEvery: 250 * time.Millisecond,
-		margin: 2 * time.Millisecond, driftPPM: 1000, stateTTL: time.Minute,
-	}
-	for _, f := range opts {
-		f(&o)
-	}
-	if o.sub != nil && o.sweepEvery > 0 {
-		o.sweepEvery = min(o.sweepEvery, max(o.sub.IdleAfter/4, 10*time.Millisecond))
-	}
+	o := defaultOptions(opts)
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// A service config from the resolver could add a retry policy,
@@ -189,10 +190,36 @@ func New(target string, opts ...Option) (*Client, error) {
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
+	return start(conn, pb.NewRegionAgentClient(conn), "gw-"+hex.EncodeToString(b[:])+"-", o), nil
+}
+
+// NewInProcess returns a client that calls rpc directly, with no
+// connection: the agent itself uses one to decide hot limits from chunks
+// it reserves from its region's bucket. Reservation ids start with
+// idPrefix (unique per process). Close does not close rpc.
+func NewInProcess(rpc pb.RegionAgentClient, idPrefix string, opts ...Option) *Client {
+	return start(nil, rpc, idPrefix, defaultOptions(opts))
+}
+
+func defaultOptions(opts []Option) options {
+	o := options{
+		timeout: 250 * time.Millisecond, denial: true, denialFloor: 250 * time.Millisecond,
+		retryFor: time.Second, reprobe: reprobeAfter, sweepEvery: 250 * time.Millisecond,
+		margin: 2 * time.Millisecond, driftPPM: 1000, stateTTL: time.Minute,
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.sub != nil && o.sweepEvery > 0 {
+		o.sweepEvery = min(o.sweepEvery, max(o.sub.IdleAfter/4, 10*time.Millisecond))
+	}
+	return o
+}
+
+func start(conn *grpc.ClientConn, rpc pb.RegionAgentClient, idPrefix string, o options) *Client {
 	c := &Client{
-		conn: conn, rpc: pb.NewRegionAgentClient(conn), opt: o,
-		idPrefix: "gw-" + hex.EncodeToString(b[:]) + "-",
-		stop:     make(chan struct{}), swept: make(chan struct{}),
+		conn: conn, rpc: rpc, opt: o, idPrefix: idPrefix,
+		stop: make(chan struct{}), swept: make(chan struct{}),
 	}
 	if o.now != nil {
 		c.base = o.now()
@@ -204,7 +231,7 @@ func New(target string, opts ...Option) (*Client, error) {
 	} else {
 		close(c.swept)
 	}
-	return c, nil
+	return c
 }
 
 // mono is the client's clock: ns since base. With the default clock it
@@ -216,7 +243,8 @@ func (c *Client) mono() int64 {
 	return int64(c.opt.now().Sub(c.base))
 }
 
-// Conn returns the client's gRPC connection (its state, for health pages).
+// Conn returns the client's gRPC connection (its state, for health pages;
+// nil for an in-process client).
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
 // limitState is the client's view of one limit.
@@ -285,16 +313,8 @@ func (c *Client) Allow(ctx context.Context, limit string, cost int64) (Decision,
 	}
 	st := c.state(limit)
 	now := c.mono()
-	if r := st.cur.Load(); r != nil {
-		if left, ok := r.take(now, cost); ok {
-			if now-st.lastUse.Load() > touchEvery {
-				st.lastUse.Store(now)
-			}
-			if (left < r.low || now >= r.renewAt) && r.kicked.CompareAndSwap(false, true) {
-				c.kickRefill(st)
-			}
-			return r.decision(now, left), nil
-		}
+	if d, ok := c.fromChunk(st, now, cost); ok {
+		return d, nil
 	}
 	st.lastUse.Store(now)
 	if c.opt.denial {
@@ -308,6 +328,68 @@ func (c *Client) Allow(ctx context.Context, limit string, cost int64) (Decision,
 		}
 	}
 	return c.check(ctx, st, cost)
+}
+
+// AllowSubLease decides from a sub-lease only: from the chunk this client
+// holds, or, if the limit is hot and nothing is on its way, from one it
+// reserves now. ok false: no sub-lease could decide, and the caller
+// decides otherwise (then tells Asked). It knows only limits Asked named
+// before: an unknown id costs one map read and leaves nothing behind. No
+// Check is sent and no denial is cached.
+func (c *Client) AllowSubLease(ctx context.Context, limit string, cost int64) (d Decision, ok bool) {
+	if cost == 0 {
+		cost = 1
+	}
+	if cost < 0 || c.opt.sub == nil || c.closed.Load() {
+		return Decision{}, false
+	}
+	v, found := c.states.Load(limit)
+	if !found {
+		return Decision{}, false
+	}
+	st := v.(*limitState)
+	now := c.mono()
+	if d, ok := c.fromChunk(st, now, cost); ok {
+		return d, true
+	}
+	st.lastUse.Store(now)
+	if now >= c.noReserveUntil.Load() {
+		return c.subSlow(ctx, st, now, cost)
+	}
+	return Decision{}, false
+}
+
+// Asked tells the client that cost of limit was decided without it (its
+// rate decides when the limit is hot).
+func (c *Client) Asked(limit string, cost int64) {
+	if cost == 0 {
+		cost = 1
+	}
+	if cost > 0 && limit != "" && !c.closed.Load() {
+		st := c.state(limit)
+		st.asked.Add(cost)
+		st.lastUse.Store(c.mono())
+	}
+}
+
+// fromChunk decides from the chunk st holds, if it is alive and holds
+// cost: the fast path, one atomic update.
+func (c *Client) fromChunk(st *limitState, now, cost int64) (Decision, bool) {
+	r := st.cur.Load()
+	if r == nil {
+		return Decision{}, false
+	}
+	left, ok := r.take(now, cost)
+	if !ok {
+		return Decision{}, false
+	}
+	if now-st.lastUse.Load() > touchEvery {
+		st.lastUse.Store(now)
+	}
+	if (left < r.low || now >= r.renewAt) && r.kicked.CompareAndSwap(false, true) {
+		c.kickRefill(st)
+	}
+	return r.decision(now, left), true
 }
 
 func invalid(limit string, cost int64) error {
@@ -369,7 +451,9 @@ type Item struct {
 // every limit admits it and is charged, or none is charged. It always asks
 // the agent (sub-leases are per limit), unless one of the limits has a
 // cached denial: then every decision is that denial. A denial is not
-// cached from here (the agent does not say which limit denied).
+// cached from here (the agent does not say which limit denied). When the
+// region's Redis is a Cluster the limits must share a hash tag: limits of
+// different tags are refused (ErrInvalid, naming them).
 func (c *Client) AllowMulti(ctx context.Context, items []Item) ([]Decision, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
@@ -437,9 +521,23 @@ func (c *Client) sweeper() {
 func (c *Client) sweep(now int64) {
 	c.states.Range(func(k, v any) bool {
 		st := v.(*limitState)
+		idleFor := now - st.lastUse.Load()
+		// A limit that holds nothing (no chunk, no Reserve in flight, no
+		// denial) costs two loads here, however many there are: only its
+		// age is looked at.
+		if st.cur.Load() == nil && !st.pending.Load() && st.deny.Load() == nil {
+			if idleFor >= int64(c.opt.stateTTL) {
+				st.mu.Lock()
+				if st.cur.Load() == nil && st.next == nil && !st.pending.Load() && st.deny.Load() == nil {
+					st.dead = true
+					c.states.CompareAndDelete(k, st)
+				}
+				st.mu.Unlock()
+			}
+			return true
+		}
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		idleFor := now - st.lastUse.Load()
 		if c.opt.sub != nil {
 			idle := idleFor >= int64(c.opt.sub.IdleAfter)
 			// Hysteresis: held while the caller is above half the hot
@@ -495,7 +593,7 @@ func (c *Client) Close(ctx context.Context) error {
 			if h := c.onRetire; h != nil && unspent >= 0 {
 				h(r, unspent, now)
 			}
-			if unspent > 0 && now < r.deadline {
+			if unspent > 0 {
 				rels = append(rels, rel{r, unspent})
 			}
 		}
@@ -523,7 +621,10 @@ func (c *Client) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	err = errors.Join(append(errs, err, c.conn.Close())...)
+	if c.conn != nil {
+		errs = append(errs, c.conn.Close())
+	}
+	err = errors.Join(append(errs, err)...)
 	if err != nil {
 		return fmt.Errorf("client: close: %w", err)
 	}

@@ -152,8 +152,9 @@ func (c *Client) subSlow(ctx context.Context, st *limitState, now, cost int64) (
 
 // shortLived: at the caller's rate, less than half the chunk could be
 // spent before its deadline. The agent takes tokens earliest deadline
-// first and gives the chunk the deadline of the first lease it took from,
-// so a chunk can come from a lease about to expire; kept, most of it
+// first and gives the chunk the deadline of the first lease it took from;
+// it skips leases about to end when the others hold enough, but a chunk
+// can still come from one (or from an older agent); kept, most of it
 // would expire unspent, and reserved tokens that expire are lost to the
 // window.
 func shortLived(r *reservation, rate float64, now int64) bool {
@@ -175,6 +176,9 @@ func (c *Client) backOffLocked(st *limitState, now int64, resp *pb.ReserveRespon
 	wait := time.Second
 	if err == nil && resp != nil {
 		wait = max(dur(resp.RetryAfter), 250*time.Millisecond)
+		if reset := dur(resp.ResetAfter); reset > 0 {
+			wait = min(wait, reset) // the next window has a pool of its own
+		}
 	}
 	st.reserveAfter = now + int64(wait)
 }
@@ -267,7 +271,7 @@ func (c *Client) refill(st *limitState) {
 			h(r, unspent, now)
 		}
 		st.mu.Unlock()
-		if unspent > 0 && now < r.deadline {
+		if unspent > 0 {
 			_, _ = c.releaseRPC(ctx, r, unspent)
 		}
 		return
@@ -285,8 +289,10 @@ func (c *Client) refill(st *limitState) {
 }
 
 // retireLocked closes a chunk no longer held and gives back what is left
-// if it is still alive (in the background). After its deadline nothing is
-// released: the agent counts an expired reservation as spent.
+// (in the background), also after its deadline: nothing is spent from it
+// then, and the agent puts the tokens back into the leases they came from
+// while those are not closed, whose close returns them to the allocator (a
+// release not sent would count them as admitted and strand them).
 func (c *Client) retireLocked(st *limitState, r *reservation, now int64) {
 	if r == nil {
 		return
@@ -299,7 +305,7 @@ func (c *Client) retireLocked(st *limitState, r *reservation, now int64) {
 	if h := c.onRetire; h != nil {
 		h(r, unspent, now)
 	}
-	if unspent > 0 && now < r.deadline {
+	if unspent > 0 {
 		c.goRelease(r, unspent)
 	}
 }
@@ -359,7 +365,7 @@ func (c *Client) reserve(ctx context.Context, st *limitState, want, least int64,
 		return nil, resp, nil
 	}
 	exp := dur(resp.ExpiresIn)
-	margin := c.opt.margin + time.Duration(float64(exp)*c.opt.driftPPM/1e6)
+	margin := c.opt.margin + c.opt.releaseLead + time.Duration(float64(exp)*c.opt.driftPPM/1e6)
 	r := &reservation{
 		id: req.ReservationId, limit: st.id, granted: resp.Granted, sent: sent, deadline: sent,
 		resetAt: sent + int64(dur(resp.ResetAfter)), regionLeft: max(0, resp.Remaining),

@@ -70,9 +70,10 @@ func (r *rig) hotUntilReserved() clienttest.Reservation {
 	return clienttest.Reservation{}
 }
 
-// TestSubLeaseDeadline: a chunk is spent before sent + expires_in -
-// margin and never at or after it (margin 2 ms + 1000 ppm of 500 ms).
-func TestSubLeaseDeadline(t *testing.T) {
+// oneChunk is a rig whose fake agent reserves from 500 ms leases, made hot
+// until it holds one chunk, after which every Reserve is refused.
+func oneChunk(t *testing.T, opts ...Option) (*rig, clienttest.Reservation) {
+	t.Helper()
 	var refuse atomic.Bool
 	r := newRig(t, func(a *clienttest.Agent) {
 		a.SetLimit(testLimit, 100000, 10*time.Second, 500*time.Millisecond)
@@ -82,9 +83,16 @@ func TestSubLeaseDeadline(t *testing.T) {
 			}
 			return nil
 		}
-	}, WithSubLeases(SubLeaseConfig{HotRate: 50, Horizon: 300 * time.Millisecond}))
+	}, append([]Option{WithSubLeases(SubLeaseConfig{HotRate: 50, Horizon: 300 * time.Millisecond})}, opts...)...)
 	res := r.hotUntilReserved()
 	refuse.Store(true)
+	return r, res
+}
+
+// TestSubLeaseDeadline: a chunk is spent before sent + expires_in -
+// margin and never at or after it (margin 2 ms + 1000 ppm of 500 ms).
+func TestSubLeaseDeadline(t *testing.T) {
+	r, res := oneChunk(t)
 	if got := res.Deadline.Sub(res.Made); got != 500*time.Millisecond {
 		t.Fatalf("fake lease of %v", got)
 	}
@@ -231,16 +239,26 @@ func TestUnspentReleasedOnClose(t *testing.T) {
 	}
 }
 
-func TestExpiredChunkNotReleased(t *testing.T) {
+// TestExpiredChunkReleased: a chunk that reaches its deadline unspent is
+// released (nothing is spent from it after the deadline, so the count is
+// final): the agent puts the tokens back into the leases they came from
+// while those are open. It was once never released, which counted its
+// tokens as admitted and stranded them.
+func TestExpiredChunkReleased(t *testing.T) {
 	r := newRig(t, nil, WithSubLeases(SubLeaseConfig{HotRate: 50, IdleAfter: time.Minute}))
-	r.hotUntilReserved()
+	res := r.hotUntilReserved()
+	spent := r.spentFromChunks()
 	r.clock.Advance(6 * time.Second) // the chunk lived 5s
+	if d := r.allow(1); d.Source == SourceSubLease {
+		t.Fatalf("spent from a chunk after its deadline: %+v", d)
+	}
 	r.sweep()
 	if err := r.c.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, releases := r.agent.Calls(); releases != 0 {
-		t.Fatalf("%d Releases of an expired chunk", releases)
+	got := r.reservations()[0]
+	if _, _, releases := r.agent.Calls(); releases != 1 || !got.Released || got.Unspent != res.Granted-spent {
+		t.Fatalf("%d Releases of an expired chunk, %+v: want one with its %d unspent", releases, got, res.Granted-spent)
 	}
 }
 
@@ -387,5 +405,40 @@ func TestCloseDuringRefill(t *testing.T) {
 		if !x.Released || x.Returned != x.Unspent || x.Unspent == 0 {
 			t.Fatalf("not given back: %+v", x)
 		}
+	}
+}
+
+// spentFromChunks is what the current chunk of the test limit has spent.
+func (r *rig) spentFromChunks() int64 {
+	v, ok := r.c.states.Load(testLimit)
+	if !ok {
+		return 0
+	}
+	if cur := v.(*limitState).cur.Load(); cur != nil {
+		return cur.spent()
+	}
+	return 0
+}
+
+// TestReleaseLead: WithReleaseLead ends a chunk that long before its
+// lease (here 100 ms before the fake agent's 500 ms reservation, less the
+// safety margin), so that what is left goes back while the lease is open.
+func TestReleaseLead(t *testing.T) {
+	r, res := oneChunk(t, WithReleaseLead(100*time.Millisecond))
+	end := 400*time.Millisecond - 2*time.Millisecond - 500*time.Microsecond // lead, fixed margin, 1,000 ppm of 500 ms
+	for i, s := range []struct {
+		at  time.Duration
+		src Source
+	}{
+		{time.Millisecond, SourceSubLease},
+		{end - time.Microsecond, SourceSubLease},
+		{end, SourceAgent},
+		{450 * time.Millisecond, SourceAgent},
+	} {
+		r.clock.Set(res.Made.Add(s.at))
+		if d := r.allow(1); d.Source != s.src {
+			t.Fatalf("step %d at +%v: source %v, want %v", i, s.at, d.Source, s.src)
+		}
+		r.settle()
 	}
 }

@@ -13,12 +13,13 @@ import (
 var ErrUnknownLimit = errors.New("core: unknown limit")
 
 // ItemError is bad input in one item of a Check. It wraps ErrUnknownLimit
-// for an unknown limit; otherwise it is invalid input in Field.
+// for an unknown limit; otherwise it is invalid input in Field (wrapping
+// store.ErrCrossSlot for limits that cannot be spent in one call).
 type ItemError struct {
 	Index  int    // the item
 	Field  string // "limit_id" or "cost"
 	Reason string
-	Err    error // ErrUnknownLimit, or nil for invalid input
+	Err    error // ErrUnknownLimit; store.ErrCrossSlot (limits not checkable together); nil for other invalid input
 }
 
 func (e *ItemError) Error() string { return e.Field + ": " + e.Reason }
@@ -155,6 +156,16 @@ func (c *Core) resolve(now time.Time, chk *Check) {
 		return
 	}
 	chk.lookup = false
+	if c.cfg.SameSlotRequired {
+		if j := splitTag(items, func(i int) *Limit { return c.limits[items[i].Limit] }); j > 0 {
+			a, b := c.limits[items[0].Limit], c.limits[items[j].Limit]
+			reason := describeTag(a) + " and " + describeTag(b) + " do not share a hash tag, and this region's Redis" +
+				" is a Cluster: one CheckMulti spends its limits atomically, in one slot. "
+			chk.fail(&ItemError{Index: j, Field: "limit_id", Reason: reason + fixTags, Err: store.ErrCrossSlot})
+			c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteCrossSlot, Limit: a.ID, Text: reason})
+			return
+		}
+	}
 	chk.sts = make([]*limitState, len(items))
 	chk.wins = make([]lease.Window, len(items))
 	for i, it := range items {
@@ -180,6 +191,45 @@ func (c *Core) resolve(now time.Time, chk *Check) {
 	chk.Step, chk.Store = StepSpend, c.store()
 }
 
+// fixTags says how to make limits checkable together.
+const fixTags = "Give the limits checked together one hash_tag (e.g. the tenant; set when a limit is created), or check them in separate calls"
+
+// splitTag returns the first item whose limit (limitOf(i)) has another
+// hash tag than the first item's, or -1.
+func splitTag(items []Item, limitOf func(i int) *Limit) int {
+	tag := limitOf(0).Tag()
+	for j := 1; j < len(items); j++ {
+		if limitOf(j).Tag() != tag {
+			return j
+		}
+	}
+	return -1
+}
+
+// describeTag names a limit and its hash tag for an error message.
+func describeTag(l *Limit) string {
+	if l.HashTag == "" || l.HashTag == l.ID {
+		return strconv.Quote(l.ID) + " (no hash_tag: its id is its tag)"
+	}
+	return strconv.Quote(l.ID) + " (hash_tag " + strconv.Quote(l.HashTag) + ")"
+}
+
+// crossSlot refuses a Check whose keys the store would not take in one
+// call (a Redis Cluster's CROSSSLOT, where the Core was not told to
+// require one slot): invalid input, named, never a fallback or a retry,
+// and noted for the log.
+func (c *Core) crossSlot(chk *Check) {
+	j := splitTag(chk.items, func(i int) *Limit { return &chk.sts[i].l })
+	reason := "the region's Redis refused to spend these limits in one call (CROSSSLOT: their keys are in different Redis Cluster slots). "
+	if j > 0 {
+		reason = "the region's Redis refused to spend " + describeTag(&chk.sts[0].l) + " and " + describeTag(&chk.sts[j].l) +
+			" in one call (CROSSSLOT: their keys are in different Redis Cluster slots). "
+	}
+	note := Note{Kind: NoteCrossSlot, Limit: chk.sts[0].id, Text: reason}
+	chk.fail(&ItemError{Index: max(j, 0), Field: "limit_id", Reason: reason + fixTags, Err: store.ErrCrossSlot})
+	c.ready.Notes = append(c.ready.Notes, note)
+}
+
 // notSynced answers a Check UNAVAILABLE: the agent does not know.
 func (c *Core) notSynced(chk *Check, n int) {
 	chk.Answers = make([]Answer, n)
@@ -198,7 +248,7 @@ func (chk *Check) fail(err *ItemError) *Check {
 func (c *Core) name(now time.Time, chk *Check) {
 	for i, st := range chk.sts {
 		chk.wins[i] = c.WindowOf(now, &st.l)
-		chk.Keys[i] = store.Key{Limit: st.id, Window: chk.wins[i].Index}
+		chk.Keys[i] = st.l.key(chk.wins[i].Index)
 	}
 }
 
@@ -215,6 +265,10 @@ func (c *Core) answer(now time.Time, chk *Check, reason Reason) {
 // Spent hands a Check the result of its spend (err: the store did not
 // decide it).
 func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error) {
+	if errors.Is(err, store.ErrCrossSlot) || errors.Is(res.Err, store.ErrCrossSlot) {
+		c.crossSlot(chk)
+		return
+	}
 	if err != nil || res.Err != nil || len(res.Keys) != len(chk.sts) {
 		// The store cannot answer, so the region cannot decide from it: the
 		// fail mode applies (the caller's Redis health tracking moves
@@ -379,6 +433,10 @@ func (c *Core) fallback(now time.Time, chk *Check) {
 // counters after it (values[i] belongs to Count[i]); err: the store did
 // not decide it.
 func (c *Core) Counted(now time.Time, chk *Check, ok bool, values []int64, err error) {
+	if errors.Is(err, store.ErrCrossSlot) {
+		c.crossSlot(chk)
+		return
+	}
 	if err != nil || len(values) != len(chk.Count) {
 		c.unavailable(now, chk, time.Second, time.Second)
 		return
@@ -464,7 +522,7 @@ func (c *Core) Reservation(now time.Time, limit string) (l Limit, key store.Key,
 	if !wasActive {
 		c.schedule(st, now)
 	}
-	return *lp, store.Key{Limit: limit, Window: c.WindowOf(now, lp).Index}, !c.redisDown, nil
+	return *lp, lp.key(c.WindowOf(now, lp).Index), !c.redisDown, nil
 }
 
 // Reserved learns from a reservation's outcome (granted, and the bucket's

@@ -23,6 +23,13 @@ type Config struct {
 	// Seed seeds the jitter of retry-after answers (0: random). The
 	// simulator and the explorer pass one so that runs repeat.
 	Seed uint64
+	// SameSlotRequired: the region's shared store takes the keys of one
+	// atomic call only from one slot (a Redis Cluster), so a Check of
+	// several limits must name limits that share a hash tag; one that
+	// does not is refused as invalid input, naming the limits, rather
+	// than answered UNAVAILABLE with a retry that can never succeed. On a
+	// single Redis (or Sentinel) any limits may be checked together.
+	SameSlotRequired bool
 }
 
 // The shell's allocator calls: each attempt times out after
@@ -196,7 +203,13 @@ type limitState struct {
 	failing     bool  // the last acquire failed for good
 	failedAt    time.Time
 	kickCost    int64 // largest cost denied since the last grant
-	fallbackOn  bool  // a fallback mode was applied since the last grant
+	// comingBack: tokens of window comingBackWin the region held when it
+	// last asked (in leases that end before the window does): they go
+	// back to the pool, so an empty pool then is not a spent one.
+	comingBack    int64
+	comingBackWin int64
+	awaitReturn   bool // renew once a return is acknowledged
+	fallbackOn    bool // a fallback mode was applied since the last grant
 
 	holdings   []holding // leases this replica deposited and has not closed
 	unreturned []Return  // returns the allocator has not acknowledged
@@ -316,14 +329,15 @@ func (c *Core) RestoreLimits(rev int64, ls []Limit, taken time.Time) bool {
 // taken. The allocator's revision is negative while changes wait for a
 // window boundary (see SyncLimits): -(etcd revision << 20 | changes).
 func SnapshotNewer(rev int64, taken time.Time, rev0 int64, taken0 time.Time) bool {
-	e, e0 := etcdRevision(rev), etcdRevision(rev0)
+	e, e0 := EtcdRevision(rev), EtcdRevision(rev0)
 	if e != e0 {
 		return e > e0
 	}
 	return taken.After(taken0)
 }
 
-func etcdRevision(rev int64) int64 {
+// EtcdRevision is the etcd revision a snapshot revision was read at.
+func EtcdRevision(rev int64) int64 {
 	if rev < 0 {
 		return -rev >> 20
 	}
@@ -490,7 +504,7 @@ type Ready struct {
 	// Counters are counter writes that need no answer (marks).
 	Counters []CounterOp
 	// Unlocks name limits whose renewal lock this replica releases.
-	Unlocks []string
+	Unlocks []Unlock
 	Reports []ReportRead
 	// Wake names limits whose waiting Checks should look again.
 	Wake []string
@@ -504,6 +518,13 @@ type Ready struct {
 func (r *Ready) Empty() bool {
 	return len(r.Rounds)+len(r.Acquires)+len(r.Deposits)+len(r.Closes)+len(r.Returns)+len(r.Counters)+
 		len(r.Unlocks)+len(r.Reports)+len(r.Wake)+len(r.Fallback)+len(r.Notes) == 0
+}
+
+// Unlock names a limit whose renewal lock this replica releases; the
+// limit's hash tag places the lock (as store.Key's does a bucket).
+type Unlock struct {
+	Limit   string
+	HashTag string
 }
 
 // CounterOp adds Delta to the named counter of a bucket.
@@ -540,6 +561,7 @@ const (
 	NoteReturning                      // a deposit failed: the lease is returned whole
 	NoteDrained                        // in-process leases closed after Redis came back
 	NoteReturnLost                     // returns dropped: more than the limit's cap were unacknowledged
+	NoteCrossSlot                      // a Check's limits cannot be spent in one call: different hash tags on Redis Cluster (Text: the limits)
 )
 
 // Ready takes the actions accumulated since the last call.

@@ -532,3 +532,33 @@ func TestRestoredSnapshot(t *testing.T) {
 		t.Fatal("the allocator's snapshot did not replace the restored one")
 	}
 }
+
+// TestOwnExpiringLeaseIsNotASpentPool: the region took the whole pool in
+// one lease that expires (TTL 2.5 s) long before the window's end. Its
+// renewal finds the pool empty, but the pool is not spent: the region's
+// own lease holds it and returns its unspent tokens when it expires. No
+// Check is OVER_LIMIT; after the expiry the return refills the pool and
+// the next lease is granted from it. (The agent once marked the window
+// spent, and the gateway's denial cache held that OVER_LIMIT for the
+// rest of the window: 430 of 700 requests refused with 390 tokens free.)
+func TestOwnExpiringLeaseIsNotASpentPool(t *testing.T) {
+	w := newWorld(t, 100, strictLimit("a", 100, 10*time.Second, 2500*time.Millisecond))
+	w.advance(time.Second) // 1 s into the window
+	admitted := 0
+	for i := range 60 { // 10 Checks a second for 6 s
+		got := w.check("a", 1)
+		if got.Reason == ReasonOverLimit {
+			t.Fatalf("Check %d at %v: OVER_LIMIT with %d of 100 admitted", i, w.now.Sub(t0), admitted)
+		}
+		if got.Allowed {
+			admitted++
+		}
+		w.advance(100 * time.Millisecond)
+	}
+	if admitted < 55 {
+		t.Fatalf("%d of 60 Checks admitted (the pool had 100)", admitted)
+	}
+	if w.alloc.returns == 0 {
+		t.Fatal("the expired lease was never returned")
+	}
+}

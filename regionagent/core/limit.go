@@ -1,6 +1,10 @@
 package core
 
-import "time"
+import (
+	"time"
+
+	"leasehold/regionagent/store"
+)
 
 // Mode is a limit's mode (see the architecture brief: strict or bounded).
 type Mode int8
@@ -50,6 +54,27 @@ type Limit struct {
 	Fallback Fallback // this region's
 	Version  int64
 	Regions  int // how many regions share G
+	// HashTag places the limit's keys in the region's store ("" or the
+	// id: the id is its tag). Limits checked together must share one when
+	// the store is a Redis Cluster (Config.SameSlotRequired).
+	HashTag string
+}
+
+// Tag is the limit's effective hash tag: HashTag, or the id.
+func (l *Limit) Tag() string {
+	if l.HashTag == "" {
+		return l.ID
+	}
+	return l.HashTag
+}
+
+// key names the limit's bucket of window in a store.
+func (l *Limit) key(window int64) store.Key {
+	k := store.Key{Limit: l.ID, Window: window}
+	if l.HashTag != l.ID {
+		k.HashTag = l.HashTag
+	}
+	return k
 }
 
 // prior is the demand assumed for a limit before any is observed: the

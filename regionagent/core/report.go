@@ -14,6 +14,7 @@ import (
 type ReportRead struct {
 	Store   Store
 	Limit   string
+	HashTag string // the limit's (store.Key)
 	Windows []int64
 }
 
@@ -69,7 +70,7 @@ func (c *Core) report(now time.Time, all bool) {
 		for s, ws := range byStore {
 			if len(ws) > 0 {
 				slices.Sort(ws)
-				c.ready.Reports = append(c.ready.Reports, ReportRead{Store: Store(s), Limit: id, Windows: ws})
+				c.ready.Reports = append(c.ready.Reports, ReportRead{Store: Store(s), Limit: id, HashTag: st.l.key(0).HashTag, Windows: ws})
 			}
 		}
 		for k, u := range st.windows {

@@ -12,6 +12,7 @@ import (
 type round struct {
 	seq     uint64
 	store   Store
+	lock    Unlock // the renewal lock the round takes, if Lock
 	locked  bool
 	waiting int // acquires, deposits and closes not yet answered
 }
@@ -124,10 +125,10 @@ func (c *Core) kick(st *limitState, now time.Time) {
 	}
 	s := c.store()
 	c.roundSeq++
-	st.round = &round{seq: c.roundSeq, store: s}
+	st.round = &round{seq: c.roundSeq, store: s, lock: Unlock{Limit: st.id, HashTag: l.key(0).HashTag}}
 	c.stats.Rounds++
 	c.ready.Rounds = append(c.ready.Rounds, Round{Limit: st.id, Store: s, Lock: s == Shared,
-		Key: store.Key{Limit: st.id, Window: c.WindowOf(now, l).Index}, seq: c.roundSeq})
+		Key: l.key(c.WindowOf(now, l).Index), seq: c.roundSeq})
 }
 
 // Renew starts a renewal round of a limit now (unless one is in flight):
@@ -168,7 +169,7 @@ func (c *Core) RoundRead(now time.Time, r Round, res RoundResult) {
 	st := c.states[r.Limit]
 	if st == nil || st.round == nil || st.round.seq != r.seq {
 		if res.Err == nil && res.Locked && r.Lock {
-			c.ready.Unlocks = append(c.ready.Unlocks, r.Limit)
+			c.ready.Unlocks = append(c.ready.Unlocks, Unlock{Limit: r.Limit, HashTag: r.Key.HashTag})
 		}
 		return
 	}
@@ -215,6 +216,10 @@ func (c *Core) RoundRead(now time.Time, r Round, res RoundResult) {
 		Spent:   st.spentWindow == w.Index && now.Sub(st.spentAt) < c.opt.spentRetry,
 		Pending: st.pending != nil, NextDone: next == w.Index+1, KickCost: st.kickCost})
 	if p.Acquire {
+		// Only what comes back in time to be spent counts: a lease
+		// ending in the window's last moments returns after it.
+		useful := c.WindowEnd(w).Sub(now) - boundaryWait - 2*maxOneWay
+		st.comingBack, st.comingBackWin = returnable(bal, res.NowMs+useful.Milliseconds()), w.Index
 		c.acquire(st, rd, false, rate, p.Held, p.Want)
 	}
 	if p.AcquireNext && (c.busy(st, now) || st.pendingNext != nil) {
@@ -228,6 +233,25 @@ func (c *Core) RoundRead(now time.Time, r Round, res RoundResult) {
 	if rd.waiting == 0 {
 		c.endRound(st, now)
 	}
+}
+
+// returnable is what the region's leases in b will give back to the pool
+// before endMs (the store's clock): the unspent tokens of its expired
+// leases and of the leases that end before endMs (sub-leases are not the
+// allocator's).
+func returnable(b store.BalanceResult, endMs int64) int64 {
+	var n int64
+	for _, e := range b.Expired {
+		if !strings.HasPrefix(e.ID, store.SubLeasePrefix) {
+			n += e.Remaining
+		}
+	}
+	for _, o := range b.Open {
+		if o.DeadlineMs < endMs && !strings.HasPrefix(o.ID, store.SubLeasePrefix) {
+			n += o.Remaining
+		}
+	}
+	return n
 }
 
 func counter(b store.BalanceResult, name string) int64 {
@@ -271,7 +295,7 @@ func (c *Core) step(st *limitState, rd *round, now time.Time) {
 
 func (c *Core) endRound(st *limitState, now time.Time) {
 	if rd := st.round; rd != nil && rd.locked {
-		c.ready.Unlocks = append(c.ready.Unlocks, st.id)
+		c.ready.Unlocks = append(c.ready.Unlocks, rd.lock)
 	}
 	st.round = nil
 	c.changed[st.id] = true
@@ -321,13 +345,20 @@ func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
 						w++
 					}
 				}
+				if !req.Next && !g.ShareSpent && st.comingBackWin == w && st.comingBack > 0 {
+					// The region's own leases hold the pool and give their
+					// unspent tokens back when they end: renew then.
+					st.awaitReturn = true
+					c.step(st, rd, recv)
+					continue
+				}
 				if w >= st.spentWindow {
 					st.spentWindow, st.spentAt, st.shareSpent = w, recv, g.ShareSpent && g.PoolLeft > 0
 				}
 				if !req.Next && !st.shareSpent {
 					// Every replica's spends then say the pool is spent.
 					c.ready.Counters = append(c.ready.Counters, CounterOp{Store: c.store(),
-						Key: store.Key{Limit: st.id, Window: w}, Name: store.CounterPoolSpent, Delta: 1})
+						Key: st.l.key(w), Name: store.CounterPoolSpent, Delta: 1})
 				}
 			}
 			c.step(st, rd, recv)
@@ -365,7 +396,7 @@ func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
 			expiry = deadline
 		}
 		c.ready.Deposits = append(c.ready.Deposits, Deposit{Limit: st.id, Store: c.store(),
-			Key: store.Key{Limit: st.id, Window: g.Window}, LeaseID: g.LeaseID, Tokens: g.Tokens,
+			Key: st.l.key(g.Window), LeaseID: g.LeaseID, Tokens: g.Tokens,
 			Start: start, Deadline: deadline, KeyExpiry: expiry.Add(c.opt.keyGrace), next: req.Next})
 	}
 }
@@ -494,6 +525,13 @@ func (c *Core) queueUnreturned(st *limitState) {
 // or on the retry timer.
 func (c *Core) ReturnsDone(now time.Time, rets []Return, err error) {
 	if err == nil {
+		for _, r := range rets {
+			if st := c.states[r.Limit]; st != nil && st.awaitReturn {
+				// The pool has the tokens back: the renewal it waited for.
+				st.awaitReturn = false
+				c.kick(st, now)
+			}
+		}
 		return
 	}
 	for _, r := range rets {

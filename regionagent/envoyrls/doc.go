@@ -6,9 +6,10 @@
 // A YAML mapping (Load, docs/envoy.md) maps a request's domain and each
 // descriptor's entries to a limit id template such as "tenant/{tenant_id}".
 // The descriptors that map to limits are decided together with one
-// CheckMulti (all are charged or none); hits_addend is the cost. A
-// descriptor that maps to no limit is allowed, not charged, and counted in
-// leasehold_envoy_unmapped_descriptors_total. When the agent cannot decide
+// CheckMulti (all are charged or none; on Redis Cluster their limits must
+// share a hash tag, else the call is INVALID_ARGUMENT); hits_addend is the
+// cost. A descriptor that maps to no limit is allowed, not charged, and
+// counted in leasehold_envoy_unmapped_descriptors_total. When the agent cannot decide
 // (a limit fails closed with no lease, Redis down), the call fails with
 // gRPC UNAVAILABLE so the gateway's own failure mode applies.
 //

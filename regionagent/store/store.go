@@ -16,12 +16,25 @@
 // (milliseconds on the store's own clock).
 package store
 
-import "strconv"
+import (
+	"errors"
+	"strconv"
+)
+
+// ErrCrossSlot reports a call whose keys a store cannot take in one
+// atomic call: a Redis Cluster's CROSSSLOT (keys of different hash tags,
+// in different slots). Retrying never helps; the keys must share a hash
+// tag.
+var ErrCrossSlot = errors.New("store: keys in different slots")
 
 // Key names one bucket: the leases and counters of one (limit, window).
+// HashTag is the limit's hash tag, "" when it has none of its own (the id
+// is its tag): it places the bucket in the region's Redis (package bucket,
+// Key), and limits that share one can be spent together on Redis Cluster.
 type Key struct {
-	Limit  string
-	Window int64
+	Limit   string
+	Window  int64
+	HashTag string
 }
 
 // CounterPoolSpent is the counter an agent replica sets in a window's

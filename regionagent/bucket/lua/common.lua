@@ -63,7 +63,7 @@ local function load(key, counters)
         all[#all + 1] = l
       end
       l[string.sub(f, 1, 1)] = tonumber(flat[i + 1])
-    elseif counters and p ~= 'v:' and p ~= 'w:' and p ~= 'x:' then
+    elseif counters and p ~= 'v:' and p ~= 'w:' and p ~= 'x:' and p ~= 'f:' then
       counters[f] = tonumber(flat[i + 1])
     end
   end

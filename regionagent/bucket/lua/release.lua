@@ -8,14 +8,19 @@
 -- counter (admitted minus released is what was admitted; every counter
 -- only grows, so a usage report read at any moment is never above a later
 -- one).
--- Before the reservation's deadline they go back to the bucket as a lease
--- of their own ("sub:<id>") with the reservation's deadline, so nobody can
--- spend them later than the leases they came from; after it they are
--- lost to the window (undershoot). Idempotent: a retry returns what the
--- first release returned.
+-- They go back to the leases they came from (f:<id>, earliest deadline
+-- first, at most what each gave) while those are not closed: spendable
+-- until the lease's own deadline, and returned to the allocator with the
+-- lease when it closes, so a sub-lease strands nothing the region could
+-- give back. Only the part whose lease is already closed (its return has
+-- gone) stays in the bucket as a lease of its own ("sub:<id>") with the
+-- reservation's deadline, so nobody can spend it later than the lease it
+-- came from; after that deadline it is lost to the window (undershoot).
+-- Idempotent: a retry returns what the first release returned.
 --
--- Reply {returned, status}: status 1 released now, 2 released before,
---   3 unknown reservation (nothing written)
+-- Reply {returned, status}: returned is what is spendable again now;
+--   status 1 released now, 2 released before, 3 unknown reservation
+--   (nothing written)
 local key = KEYS[1]
 local now = now_ms(ARGV[1])
 local id = ARGV[2]
@@ -37,12 +42,33 @@ end
 local returned = 0
 if unspent > 0 then
   redis.call('HINCRBY', key, 'released', fmt(unspent))
-  if now < deadline then
+  local left = unspent
+  local from = redis.call('HGET', key, 'f:' .. id)
+  if from then
+    for lid, n in string.gmatch(from, '([^=,]+)=(%d+)') do
+      if left == 0 then
+        break
+      end
+      local t = tonumber(n)
+      if t > left then
+        t = left
+      end
+      local f = redis.call('HMGET', key, 'r:' .. lid, 'd:' .. lid)
+      if f[1] and f[2] then -- not closed: back into the lease
+        redis.call('HINCRBY', key, 'r:' .. lid, fmt(t))
+        if now < tonumber(f[2]) then
+          returned = returned + t
+        end
+        left = left - t
+      end
+    end
+  end
+  if left > 0 and now < deadline then
     local sub = 'sub:' .. id
-    redis.call('HSET', key, 'r:' .. sub, fmt(unspent), 's:' .. sub, '0', 'd:' .. sub, fmt(deadline))
-    returned = unspent
+    redis.call('HSET', key, 'r:' .. sub, fmt(left), 's:' .. sub, '0', 'd:' .. sub, fmt(deadline))
+    returned = returned + left
   end
 end
 redis.call('HSET', key, 'x:' .. id, fmt(returned))
-redis.call('HDEL', key, 'v:' .. id, 'w:' .. id)
+redis.call('HDEL', key, 'v:' .. id, 'w:' .. id, 'f:' .. id)
 return {returned, 1}

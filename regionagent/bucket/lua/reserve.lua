@@ -5,10 +5,17 @@
 -- ARGV[2]  reservation id (no ':')
 -- ARGV[3]  want (>= 1)
 -- ARGV[4]  min (1 <= min <= want): below it nothing is taken
+-- ARGV[5]  last ms (>= 0, optional): prefer leases that last this long
 --
 -- Tokens are taken like a spend: from spendable leases, earliest deadline
--- first. The reservation's deadline is the deadline of the first lease
--- taken from, so it is never later than any lease its tokens came from.
+-- first; but when the leases that last at least `last` ms more hold min
+-- tokens or more, only from those (a reservation taken from a lease about
+-- to end would be given back at once: its holder could not spend it in
+-- time; Checks spend those leases first anyway). The reservation's
+-- deadline is the deadline of the first lease taken from, so it is never
+-- later than any lease its tokens came from;
+-- what came from which lease is kept (f:<id>, "lease=n,..." in the order
+-- taken) so that release.lua can give unspent tokens back to their leases.
 -- Taken tokens count as admitted at once (a client that never releases is
 -- counted as having spent them all); release.lua subtracts what comes
 -- back. A retried reservation id answers as the first call did.
@@ -28,8 +35,27 @@ local min = int(ARGV[4], 'min')
 if want < 1 or min < 1 or min > want then
   error('bucket: bad reservation size')
 end
+local last = 0
+if ARGV[5] ~= nil then
+  last = int(ARGV[5], 'last')
+end
+if last < 0 then
+  error('bucket: bad reservation last')
+end
 local leases = load(key)
 local bal = spendable(leases, now)
+local from_ms, avail = now, bal
+if last > 0 then
+  local lasting = 0
+  for _, l in ipairs(leases) do
+    if l.s <= now and now + last <= l.d and l.r > 0 then
+      lasting = lasting + l.r
+    end
+  end
+  if lasting >= min then
+    from_ms, avail = now + last, lasting -- only leases ending at or after it
+  end
+end
 local prev = redis.call('HMGET', key, 'v:' .. id, 'w:' .. id, 'x:' .. id)
 if prev[3] then
   return {0, 0, bal, now, 3}
@@ -41,16 +67,16 @@ if bal < min then
   return {0, 0, bal, now, 0}
 end
 local take = want
-if take > bal then
-  take = bal
+if take > avail then
+  take = avail
 end
 local left, deadline = take, 0
-local set = {}
+local set, from = {}, {}
 for _, l in ipairs(leases) do
   if left == 0 then
     break
   end
-  if l.s <= now and now < l.d and l.r > 0 then
+  if l.s <= now and now < l.d and from_ms <= l.d and l.r > 0 then
     if deadline == 0 then
       deadline = l.d
     end
@@ -62,8 +88,11 @@ for _, l in ipairs(leases) do
     left = left - t
     set[#set + 1] = 'r:' .. l.id
     set[#set + 1] = fmt(l.r)
+    from[#from + 1] = l.id .. '=' .. fmt(t)
   end
 end
+set[#set + 1] = 'f:' .. id
+set[#set + 1] = table.concat(from, ',')
 set[#set + 1] = 'v:' .. id
 set[#set + 1] = fmt(take)
 set[#set + 1] = 'w:' .. id

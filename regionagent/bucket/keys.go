@@ -1,0 +1,53 @@
+package bucket
+
+import (
+	"strconv"
+
+	"leasehold/regionagent/store"
+)
+
+// Keys. Every key of a limit starts with its hash tag in braces, so on
+// Redis Cluster all of them live in one slot, the slot of the tag:
+//
+//	no hash tag (or the id itself)   with hash tag T
+//	lh:{<id>}:w:<window>             lh:{T}:<id>:w:<window>   a bucket (Key)
+//	lh:{<id>}:renew                  lh:{T}:<id>:renew        the renewal lock (LockKey)
+//	lh:{<id>}:epoch                  lh:{T}:<id>:epoch        the buckets' incarnation (EpochKey)
+//
+// A limit without a tag keeps the names it had before hash tags existed,
+// so an upgraded agent finds the buckets, locks and epochs of the running
+// window. Neither an id nor a tag may hold '{', '}' or ':' (see
+// vocab.ValidateHashTag), so the two forms cannot meet: a tagged key has
+// one more ':'-separated part than an untagged key of the same kind, and
+// a bucket's last part is a number where a lock's or an epoch's is a word.
+
+// Key returns the bucket key of (limitID, window) under the limit's hash
+// tag ("" or limitID: none).
+func Key(hashTag, limitID string, window int64) string {
+	return prefix(hashTag, limitID) + ":w:" + strconv.FormatInt(window, 10)
+}
+
+// KeyOf is Key of a store key.
+func KeyOf(k store.Key) string { return Key(k.HashTag, k.Limit, k.Window) }
+
+// LockKey returns the renewal lock key of a limit. It shares the limit's
+// hash slot with its buckets.
+func LockKey(hashTag, limitID string) string { return prefix(hashTag, limitID) + ":renew" }
+
+// EpochKey returns the key that names the incarnation of a limit's buckets
+// in one Redis deployment. It shares the limit's hash slot with its
+// buckets, so on Redis Cluster it lives and dies with them.
+func EpochKey(hashTag, limitID string) string { return prefix(hashTag, limitID) + ":epoch" }
+
+func prefix(hashTag, limitID string) string {
+	if hashTag == "" || hashTag == limitID {
+		return "lh:{" + limitID + "}"
+	}
+	return "lh:{" + hashTag + "}:" + limitID
+}
+
+// LimitRef names a limit's keys: its id and its hash tag ("": the id).
+type LimitRef struct {
+	ID      string
+	HashTag string
+}

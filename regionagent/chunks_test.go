@@ -1,0 +1,251 @@
+package regionagent
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/client"
+)
+
+// windowOf is the window a decision at now with resetAfter was made in
+// (windows are aligned on the epoch; the end is a multiple of w, so a
+// millisecond of error either way names the same window).
+func windowOf(now time.Time, resetAfter, w time.Duration) int64 {
+	end := now.Add(resetAfter).UnixNano()
+	return (end+int64(w)/2)/int64(w) - 1
+}
+
+// TestChunksNeverDoubleSpend: two replicas of one region on one real
+// redis-server, 64 goroutines each, random costs 1-5, G = 5,000 per 2 s
+// window and demand of about 1.5 G (each goroutine 10 Checks a second), so
+// that the limit is hot on both replicas and most decisions come from
+// chunks.
+// Per window: what the callers were admitted is at most G and at most what
+// the allocator granted minus what was returned (the rest is stranded,
+// never negative), and equal to what the region reported admitted net of
+// chunk releases.
+func TestChunksNeverDoubleSpend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three 2 s windows on the wall clock")
+	}
+	w := startWorld(t, false, "eu")
+	const g, win = 5000, 2 * time.Second
+	l := w.putLimit(limit("tenant/chunks", g, win, win, "eu"))
+	var agents []*Agent
+	for _, r := range []string{"r1", "r2"} {
+		agents = append(agents, w.liveAgentOpts("eu", r, WithChunks(DefaultChunks)))
+	}
+	// From the next boundary, three whole windows.
+	first := time.Now().UnixNano()/int64(win) + 1
+	end := time.Unix(0, (first+3)*int64(win))
+	var mu sync.Mutex
+	admitted := map[int64]int64{}
+	var wg sync.WaitGroup
+	for i, a := range agents {
+		for c := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(c)))
+				mine := map[int64]int64{}
+				tick := time.NewTicker(100 * time.Millisecond) // the demand's pace
+				defer tick.Stop()
+				for n := 0; n < 1000 && time.Now().Before(end); n++ {
+					<-tick.C
+					cost := rng.Int64N(5) + 1
+					d, err := a.Check(context.Background(), l.Id, cost)
+					now := time.Now()
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.Allowed {
+						mine[windowOf(now, d.ResetAfter, win)] += cost
+					}
+				}
+				mu.Lock()
+				for k, v := range mine {
+					admitted[k] += v
+				}
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	var chunked, checks float64
+	for _, a := range agents {
+		checks += testutil.ToFloat64(a.m.checks.WithLabelValues("ok")) + testutil.ToFloat64(a.m.checks.WithLabelValues("over_limit"))
+		chunked += testutil.ToFloat64(a.m.chunkChecks)
+	}
+	if chunked == 0 {
+		t.Fatal("no Check was decided from a chunk: the test measured Redis spends only")
+	}
+	// Every lease of the three windows has ended and been returned, and
+	// every window's final usage report sent, within a few seconds.
+	for k := first; k < first+3; k++ {
+		var st struct{ granted, returned, net int64 }
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			s := w.stats(l.Id, k)
+			u := w.regionUsage(l.Id, "eu", k)
+			st.granted, st.returned, st.net = s.Granted, s.Credited+s.ReturnedLate, u.Admitted-u.Released
+			if st.net == admitted[k] || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond) // polling the agents' reports
+		}
+		stranded := st.granted - st.returned - admitted[k]
+		t.Logf("window %d: admitted %d of G %d (reported %d), granted %d, returned %d, stranded %d (%.2f%% of G)",
+			k-first, admitted[k], g, st.net, st.granted, st.returned, stranded, 100*float64(stranded)/g)
+		if admitted[k] > g {
+			t.Errorf("window %d: %d admitted, above G = %d", k-first, admitted[k], g)
+		}
+		if stranded < 0 {
+			t.Errorf("window %d: admitted %d > granted %d - returned %d: tokens spent twice", k-first, admitted[k], st.granted, st.returned)
+		}
+		if st.net != admitted[k] {
+			t.Errorf("window %d: the region reported %d admitted net of releases, the callers were admitted %d", k-first, st.net, admitted[k])
+		}
+	}
+	t.Logf("%.0f of %.0f Checks decided from chunks", chunked, checks)
+}
+
+// refusingRPC is the agent's own service for its chunk client, recording
+// each Reserve and refusing new ones once refuse is set.
+type refusingRPC struct {
+	selfRPC
+	now    func() time.Time
+	refuse *atomic.Bool
+	mu     *sync.Mutex
+	last   *reserved
+}
+
+type reserved struct {
+	sent    time.Time
+	expires time.Duration
+	granted int64
+}
+
+func (r refusingRPC) Reserve(ctx context.Context, req *pb.ReserveRequest, opts ...grpc.CallOption) (*pb.ReserveResponse, error) {
+	if r.refuse.Load() {
+		return nil, status.Error(codes.FailedPrecondition, "no more chunks")
+	}
+	sent := r.now()
+	resp, err := r.selfRPC.Reserve(ctx, req, opts...)
+	if err == nil && resp.Granted > 0 {
+		r.mu.Lock()
+		*r.last = reserved{sent, resp.ExpiresIn.AsDuration(), resp.Granted}
+		r.mu.Unlock()
+	}
+	return resp, err
+}
+
+// TestChunkDeadline: on the test's clock, with a real allocator and
+// redis-server, a chunk decides Checks until its deadline (the
+// reservation's expiry measured from its send, minus the safety margin)
+// and never at or after it.
+func TestChunkDeadline(t *testing.T) {
+	w := newWorld(t, "eu")
+	l := w.putLimit(limit("tenant/chunk-deadline", 100000, 10*time.Second, 2*time.Second, "eu"))
+	w.clock.Add(time.Second)
+	a := w.agent("eu", "r1")
+	runWork(t, a)
+	var refuse atomic.Bool
+	var mu sync.Mutex
+	var last reserved
+	a.chunks = client.NewInProcess(refusingRPC{selfRPC{NewServer(a)}, a.opt.now, &refuse, &mu, &last}, "test-",
+		client.WithSubLeases(ChunkConfig{HotRate: 1, Horizon: 200 * time.Millisecond, IdleAfter: time.Hour}),
+		client.WithClock(a.opt.now), client.WithoutDenialCache())
+	fromChunk := func() bool {
+		t.Helper()
+		before := testutil.ToFloat64(a.m.chunkChecks)
+		if _, err := a.Check(context.Background(), l.Id, 1); err != nil {
+			t.Fatal(err)
+		}
+		return testutil.ToFloat64(a.m.chunkChecks) > before
+	}
+	for i := 0; !fromChunk(); i++ {
+		if i == 2000 {
+			t.Fatal("no chunk after 2,000 Checks")
+		}
+		w.clock.Add(time.Millisecond)
+	}
+	refuse.Store(true)
+	mu.Lock()
+	res := last
+	mu.Unlock()
+	deadline := res.sent.Add(res.expires - a.opt.safetyMargin(res.expires))
+	if res.expires <= 0 || res.expires > 2*time.Second {
+		t.Fatalf("chunk expires in %v: want within the lease's 2 s", res.expires)
+	}
+	now := w.clock.Now()
+	if res.granted < 3 {
+		t.Fatalf("a chunk of %d: too small for the steps", res.granted)
+	}
+	if !now.Before(deadline.Add(-time.Millisecond)) {
+		t.Fatalf("the chunk's deadline %v is not ahead of the clock", deadline.Sub(now))
+	}
+	for i, s := range []struct {
+		at    time.Time
+		chunk bool
+	}{
+		{now.Add(deadline.Sub(now) / 2), true},
+		{deadline.Add(-time.Microsecond), true},
+		{deadline, false},
+		{deadline.Add(time.Millisecond), false},
+		{res.sent.Add(res.expires), false},
+	} {
+		w.clock.ns.Store(s.at.UnixNano())
+		if got := fromChunk(); got != s.chunk {
+			t.Fatalf("step %d at deadline%+v: from a chunk %v, want %v", i, s.at.Sub(deadline), got, s.chunk)
+		}
+	}
+}
+
+// TestCheckMultiOfOneLimitUsesChunks: a CheckMulti of one limit (the
+// gRPC CheckMulti, and the Envoy API's requests of one descriptor) is
+// decided from the limit's chunk like a Check; a CheckMulti of two limits
+// never is (it is all or nothing in the store).
+func TestCheckMultiOfOneLimitUsesChunks(t *testing.T) {
+	w := newWorld(t, "eu")
+	l := w.putLimit(limit("tenant/multi-one", 100000, 10*time.Second, 5*time.Second, "eu"))
+	other := w.putLimit(limit("tenant/multi-other", 100000, 10*time.Second, 5*time.Second, "eu"))
+	w.clock.Add(time.Second)
+	a := w.agent("eu", "r1", WithChunks(ChunkConfig{HotRate: 1, Horizon: 200 * time.Millisecond, IdleAfter: time.Hour}))
+	runWork(t, a)
+	checkMulti := func(items ...CheckItem) bool {
+		t.Helper()
+		before := testutil.ToFloat64(a.m.chunkChecks)
+		ds, err := a.CheckMulti(context.Background(), items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chunked := testutil.ToFloat64(a.m.chunkChecks) > before
+		if chunked && (len(ds) != 1 || !ds[0].Allowed || ds[0].Limit != l.LimitTokens) {
+			t.Fatalf("CheckMulti %v decided from a chunk: %+v", items, ds)
+		}
+		return chunked
+	}
+	one := CheckItem{Limit: l.Id, Cost: 1}
+	for i := 0; !checkMulti(one); i++ {
+		if i == 2000 {
+			t.Fatal("no CheckMulti of one limit decided from a chunk after 2,000 calls")
+		}
+		w.clock.Add(time.Millisecond)
+	}
+	for range 20 {
+		if checkMulti(one, CheckItem{Limit: other.Id, Cost: 1}) {
+			t.Fatal("a CheckMulti of two limits was decided from a chunk")
+		}
+	}
+}
