@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"leasehold/allocator/auth"
+	"leasehold/internal/bounds"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
@@ -33,6 +33,7 @@ type agentConfig struct {
 	envoyMapping              string
 	snapshotFile              string
 	lead, renewEvery          time.Duration
+	chunkHotRate              float64
 	tls                       tlsFlags
 	allocCert, allocKey       string
 	log                       logFlags
@@ -49,6 +50,7 @@ func (c *agentConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.snapshotFile, "snapshot-file", "", "`FILE` keeping the region's last snapshot of its limits (besides Redis), for a restart while the allocator and Redis are both unreachable")
 	fs.DurationVar(&c.lead, "renew-lead", 2*time.Second, "renew when the balance would last less than this at the current demand, and this long before a busy limit's lease expires")
 	fs.DurationVar(&c.renewEvery, "renew-interval", 250*time.Millisecond, "slack: a busy limit's next window's lease is fetched -renew-lead plus this before its window ends (the agent checks nothing on an interval; the name is kept for existing command lines)")
+	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", 0, "decide a limit this replica is asked more than this cost per second in memory, from chunks of the region's bucket (0: off, every Check goes to Redis; 50 turns them on, see docs/design.md)")
 	c.tls.registerServe(fs, "-grpc-addr and -http-addr")
 	c.tls.registerCA(fs, "the allocator and a rediss:// Redis")
 	c.tls.registerClientCA(fs, "callers of -grpc-addr (gateways) must present a certificate of (mutual TLS)")
@@ -129,7 +131,7 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 		gl.Close()
 		return err
 	}
-	var gopts []grpc.ServerOption
+	gopts := bounds.Agent.ServerOptions()
 	if sec.grpc != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(sec.grpc.Config())))
 		hl = tls.NewListener(hl, sec.http.Config())
@@ -139,7 +141,8 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 		Region: c.region, Allocators: splitList(c.allocators),
 		DialOptions: []grpc.DialOption{dialCreds(sec.alloc)},
 		Redis:       rdb, ReplicaID: c.replicaID, Logger: log, Registerer: reg,
-	}, regionagent.WithRenewal(c.lead, c.renewEvery), regionagent.WithSnapshotFile(c.snapshotFile))
+	}, regionagent.WithRenewal(c.lead, c.renewEvery), regionagent.WithSnapshotFile(c.snapshotFile),
+		regionagent.WithChunks(chunkConfig(c.chunkHotRate)))
 	if err != nil {
 		gl.Close()
 		hl.Close()
@@ -156,7 +159,7 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	hs.SetServingStatus(pb.RegionAgent_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	mux := metricsMux(reg, a.Status)
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: httpErrorLog(log)}
+	httpSrv := bounds.Service.Server(mux, httpErrorLog(log))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	onHangup(ctx, log, sec.reloads)
@@ -260,4 +263,11 @@ func checkAgentCert(file, region string) error {
 		return fmt.Errorf("-allocator-cert %s names %s, not agent/%s (-region)", file, id, region)
 	}
 	return nil
+}
+
+// chunkConfig is the agent's chunk settings with -chunk-hot-rate.
+func chunkConfig(hotRate float64) regionagent.ChunkConfig {
+	cfg := regionagent.DefaultChunks
+	cfg.HotRate = hotRate
+	return cfg
 }

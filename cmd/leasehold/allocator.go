@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -20,6 +19,7 @@ import (
 	"leasehold/allocator/auth"
 	"leasehold/allocator/embedded"
 	"leasehold/allocator/statuspage"
+	"leasehold/internal/bounds"
 	"leasehold/internal/vocab"
 )
 
@@ -172,7 +172,7 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 		return err
 	}
 	guard := auth.NewGuard(sec.authn, log, reg)
-	gopts := guard.ServerOptions()
+	gopts := append(bounds.Allocator.ServerOptions(), guard.ServerOptions()...)
 	if sec.tls != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(sec.tls.Config())))
 		hl = tls.NewListener(hl, sec.tls.Config())
@@ -192,7 +192,7 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 		return true, "ok: follower; leader " + a.Leader()
 	})
 	mux.Handle("GET /status", guard.Require(auth.ActionRead, statuspage.Handler(a)))
-	httpSrv := &http.Server{Handler: adminHTTP.Mount(mux), ReadHeaderTimeout: 5 * time.Second, ErrorLog: httpErrorLog(log)}
+	httpSrv := bounds.Service.Server(adminHTTP.Mount(mux), httpErrorLog(log))
 
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = a.Run(ctx) }()

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
+	"leasehold/internal/bounds"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
@@ -219,16 +220,16 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 	if err != nil {
 		return err
 	}
-	upSrv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upSrv := bounds.Service.Server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from the upstream: %s %s\n", r.Method, r.URL.Path)
-	})}
+	}), nil)
 	go func() { _ = upSrv.Serve(upstream) }()
 	defer upSrv.Close()
 	gateways := map[string]string{"eu": c.euGateway, "us": c.usGateway}
 	for _, region := range []string{"eu", "us"} {
 		gc := &gatewayConfig{listen: gateways[region], upstream: "http://" + upstream.Addr().String(), agent: got[region][0],
 			keyHeader: "X-Tenant", limitTemplate: "demo/{key}", subLeases: "on", missingKey: "reject", unknownLimit: "pass",
-			timeout: 250 * time.Millisecond, jitter: time.Second}
+			timeout: 250 * time.Millisecond, jitter: time.Second, http: bounds.Gateway}
 		if c.tls {
 			gc.tls = tlsFlags{cert: serve.cert, key: serve.key, ca: serve.ca}
 		}

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"leasehold/internal/bounds"
 	"leasehold/internal/vocab"
 	"leasehold/regionagent/client"
 	"leasehold/regionagent/httplimit"
@@ -36,6 +37,7 @@ type gatewayConfig struct {
 	unknownLimit            string
 	remainingHeader         string
 	timeout, jitter         time.Duration
+	http                    bounds.HTTP // the server's bounds (-read-timeout and co.)
 	tls                     tlsFlags
 	log                     logFlags
 
@@ -59,6 +61,13 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.remainingHeader, "remaining-only-with", "", "send the RateLimit header (remaining quota) only to requests carrying this header, e.g. Authorization")
 	fs.DurationVar(&c.timeout, "timeout", 250*time.Millisecond, "deadline of each call to the agent")
 	fs.DurationVar(&c.jitter, "jitter", time.Second, "most random delay added to Retry-After before rounding up")
+	c.http = bounds.Gateway
+	fs.DurationVar(&c.http.ReadTimeout, "read-timeout", bounds.Gateway.ReadTimeout,
+		"longest a request's body may take to arrive, after its headers (0: no limit)")
+	fs.DurationVar(&c.http.WriteTimeout, "write-timeout", bounds.Gateway.WriteTimeout,
+		"longest wait for the start of a response and between two writes of it, so streams run on while a client that stops reading is cut off (0: no limit)")
+	fs.DurationVar(&c.http.IdleTimeout, "idle-timeout", bounds.Gateway.IdleTimeout, "keep-alive connections idle this long are closed (0: no limit)")
+	fs.Int64Var(&c.http.MaxBodyBytes, "max-body-bytes", bounds.Gateway.MaxBodyBytes, "largest request body passed to the upstream; a larger one is refused 413 (0: no limit)")
 	c.tls.registerServe(fs, "-listen (HTTPS), also presented to an agent that asks for a client certificate")
 	c.tls.registerCA(fs, "the agent (-agent)")
 	c.log.register(fs)
@@ -95,6 +104,8 @@ func (c *gatewayConfig) validate() error {
 		return usagef("-agent is required")
 	case c.timeout <= 0 || c.jitter < 0:
 		return usagef("-timeout must be > 0 and -jitter >= 0")
+	case c.http.ReadTimeout < 0 || c.http.WriteTimeout < 0 || c.http.IdleTimeout < 0 || c.http.MaxBodyBytes < 0:
+		return usagef("-read-timeout, -write-timeout, -idle-timeout and -max-body-bytes must be >= 0")
 	}
 	if err := vocab.ValidateLimitID("-limit-template", strings.ReplaceAll(c.limitTemplate, "{key}", "key")); err != nil {
 		return usagef("%v", err)
@@ -159,7 +170,7 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 		l.Close()
 		return fmt.Errorf("-agent %s: %w", c.agent, err)
 	}
-	srv := &http.Server{Handler: gatewayHandler(c, cl, log), ReadHeaderTimeout: 10 * time.Second, ErrorLog: httpErrorLog(log)}
+	srv := c.http.ProxyServer(gatewayHandler(c, cl, log), httpErrorLog(log))
 	hctx, hcancel := context.WithCancel(ctx)
 	defer hcancel()
 	onHangup(hctx, log, reloads)
@@ -243,6 +254,16 @@ func gatewayHandler(c *gatewayConfig, lim httplimit.Limiter, log *slog.Logger) h
 			pr.SetXForwarded()
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+				writeBodyTooLarge(w, tooLarge.Limit)
+				return
+			}
+			if bounds.BodyTimedOut(r.Context()) {
+				w.Header().Set("Connection", "close")
+				writeProblem(w, http.StatusRequestTimeout, "urn:leasehold:problem:body-timeout", "Request Timeout",
+					"The request body did not arrive within -read-timeout.")
+				return
+			}
 			log.Warn("upstream failed", "path", r.URL.Path, "err", err)
 			writeProblem(w, http.StatusBadGateway, "urn:leasehold:problem:upstream", "Bad Gateway", "The upstream service did not answer.")
 		},
@@ -267,6 +288,10 @@ func gatewayHandler(c *gatewayConfig, lim httplimit.Limiter, log *slog.Logger) h
 				"The request names no limit: "+where+" must be 1-100 of [A-Za-z0-9._-].")
 			return
 		}
+		if max := c.http.MaxBodyBytes; max > 0 && r.ContentLength > max {
+			writeBodyTooLarge(w, max) // before the limiter: it costs no tokens
+			return
+		}
 		if _, ok := cost(r); !ok {
 			writeProblem(w, http.StatusBadRequest, "urn:leasehold:problem:bad-cost", "Bad Request",
 				"Header "+c.costHeader+" must be an integer >= 1.")
@@ -284,6 +309,13 @@ func peerIn(a netip.Addr, trusted []netip.Prefix) bool {
 		}
 	}
 	return false
+}
+
+// writeBodyTooLarge answers a request whose body is over -max-body-bytes.
+func writeBodyTooLarge(w http.ResponseWriter, max int64) {
+	w.Header().Set("Connection", "close")
+	writeProblem(w, http.StatusRequestEntityTooLarge, "urn:leasehold:problem:body-too-large", "Content Too Large",
+		"The request body is larger than "+strconv.FormatInt(max, 10)+" bytes (-max-body-bytes).")
 }
 
 // writeProblem answers an RFC 9457 problem of the gateway itself.

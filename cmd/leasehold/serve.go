@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+
+	"leasehold/internal/logcap"
 )
 
 var errHelp = errors.New("help requested")
@@ -77,19 +79,26 @@ func (l *logFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.format, "log-format", "text", "log format: text or json")
 }
 
+// logger is the process's logger, capped (leasehold/internal/logcap):
+// every message and string value at most 1 KiB, a record's strings at
+// most 8 KiB, 64 attributes, and each message at most 10 lines a second
+// after a burst of 100, so no input can make a line or a flood unbounded.
 func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(l.level)); err != nil {
 		return nil, usagef("-log-level %q: want debug, info, warn or error", l.level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	var h slog.Handler
 	switch l.format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		h = slog.NewTextHandler(w, opts)
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		h = slog.NewJSONHandler(w, opts)
+	default:
+		return nil, usagef("-log-format %q: want text or json", l.format)
 	}
-	return nil, usagef("-log-format %q: want text or json", l.format)
+	return slog.New(logcap.New(h, logcap.Defaults)), nil
 }
 
 // newRegistry returns a registry of its own with the Go and process

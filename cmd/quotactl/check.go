@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -63,8 +64,8 @@ completes. Until the first answer, any error ends the run (exit 1).`,
 		})
 		f.value("cost", "`C`: tokens each call asks for, >= 1 (default 1)", func(s string) error {
 			n, err := strconv.ParseInt(s, 10, 64)
-			if err != nil || n < 1 {
-				return errors.New("want a whole number, 1 or more")
+			if err != nil || n < 1 || n > vocab.MaxTokens {
+				return fmt.Errorf("want a whole number from 1 to %d", vocab.MaxTokens)
 			}
 			o.cost = n
 			return nil

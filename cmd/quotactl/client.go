@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"leasehold/internal/bounds"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -95,7 +96,8 @@ func (e *env) conn(addr string) (*grpc.ClientConn, error) {
 		if err != nil {
 			return nil, err
 		}
-		e.dial = opts
+		// A page of limits may be as large as the allocator sends.
+		e.dial = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(bounds.AllocatorMaxSend)))
 	}
 	c, err := grpc.NewClient(addr, e.dial...)
 	if err != nil {

@@ -19,7 +19,7 @@ func TestFallbackRoundTrip(t *testing.T) {
 		"eu=open",
 		"eu=local:1",
 		"eu=closed,us=local:100",
-		"ap=open,eu=local:9223372036854775807,us=closed",
+		"ap=open,eu=local:1125899906842624,us=closed", // vocab.MaxTokens
 	} {
 		m := map[string]*pb.Fallback{}
 		if err := parseFallbacks(s, m); err != nil {

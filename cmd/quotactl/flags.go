@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"leasehold/internal/vocab"
 )
 
 // errNotUTF8: the allocator's strings are protobuf strings, UTF-8 only.
@@ -69,6 +71,22 @@ func (f *flagSet) int64Var(p *int64, name, usage string) {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return errors.New("want a whole number")
+		}
+		*p = n
+		return nil
+	})
+}
+
+// tokensVar is int64Var for an amount of tokens: min..vocab.MaxTokens, the
+// allocator's one maximum, so an amount it would refuse is a usage error.
+func (f *flagSet) tokensVar(p *int64, name, usage string, min int64) {
+	f.value(name, usage, func(s string) error {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return errors.New("want a whole number")
+		}
+		if n < min || n > vocab.MaxTokens {
+			return fmt.Errorf("want a whole number from %d to %d", min, vocab.MaxTokens)
 		}
 		*p = n
 		return nil

@@ -25,7 +25,7 @@ change and its effect on the current window, and writes nothing.`,
 		l := &pb.Limit{Lease: &pb.LeaseSettings{}}
 		var window, ttl time.Duration
 		var expect int64
-		f.int64Var(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required)")
+		f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required)", 1)
 		f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required, >= 1s)")
 		f.listVar(&l.Regions, "regions", "`R,...`: regions that spend the limit, e.g. eu,us (required; repeatable)")
 		f.value("mode", "`strict|bounded`: strict admits only leased tokens; bounded allows fallbacks (required)", func(s string) error {
@@ -38,10 +38,11 @@ change and its effect on the current window, and writes nothing.`,
 			return parseFallbacks(s, l.Fallback)
 		})
 		f.durationVar(&ttl, "ttl", "`DUR`: lease lifetime, <= the window (default: a quarter of the window)")
-		f.int64Var(&l.Lease.MinChunk, "min-chunk", "`N`: smallest grant while the pool has tokens (default 1)")
-		f.int64Var(&l.Lease.MaxChunk, "max-chunk", "`N`: largest single grant; 0 means no cap (default 0)")
+		f.tokensVar(&l.Lease.MinChunk, "min-chunk", "`N`: smallest grant while the pool has tokens (default 1)", 0)
+		f.tokensVar(&l.Lease.MaxChunk, "max-chunk", "`N`: largest single grant; 0 means no cap (default 0)", 0)
 		f.stringVar(&l.Owner, "owner", "`S`: who owns the limit, e.g. a team or a contract")
 		f.stringVar(&l.Description, "description", "`S`: free text")
+		f.stringVar(&l.HashTag, "hash-tag", "`T`: the Redis hash tag of the limit's keys: limits checked together in one CheckMulti share it on Redis Cluster, e.g. the tenant (default: the id; cannot change later)")
 		l.Tags = map[string]string{}
 		f.value("tag", "`KEY=VALUE`: a tag; repeatable", func(s string) error { return parseTag(s, l.Tags) })
 		f.int64Var(&expect, "expect-version", "`V`: write only if the stored version is V (0: only if the limit does not exist)")

@@ -1,15 +1,22 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/etcdtest"
+	"leasehold/internal/limitspec"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -206,7 +213,9 @@ func TestListFollowsPages(t *testing.T) {
 }
 
 // TestServerValidation: the allocator's INVALID_ARGUMENT is an operation
-// failure (exit 1) whose one line names the field.
+// failure (exit 1) whose one line names the field; what quotactl can tell
+// without the allocator (a token count outside 1..vocab.MaxTokens) is a
+// usage error (exit 2) naming the flag, and nothing is sent.
 func TestServerValidation(t *testing.T) {
 	ta := startAllocator(t, etcdtest.Start(t, 1))
 	waitLeader(t, ta)
@@ -222,16 +231,12 @@ func TestServerValidation(t *testing.T) {
 		{[]string{"--allocator", ta.addr, "limits", "set", "--reason", "test", "tenant/atlas", "--limit", "100",
 			"--window", "1m", "--regions", "mars", "--mode", "strict"}, "limit.regions[0]"},
 		{base("--regions", "mars"), "limit.regions[2]"},
-		{base("--limit", "0"), "limit.limit_tokens"},
-		{base("--limit", "-5"), "limit.limit_tokens"},
 		{base("--window", "500ms"), "limit.window"},
 		{base("--window", "-1m"), "limit.window"},
 		{base("--ttl", "2m"), "limit.lease.ttl"},
-		{base("--fallback", "eu=local:0"), "limit.fallback[eu].local_tokens"},
 		{base("--fallback", "ap=open"), "limit.fallback[ap]"},
 		{base("--mode", "strict", "--fallback", "us=open"), "limit.fallback[us]"},
 		{base("--min-chunk", "500"), "limit.lease.min_chunk"},
-		{base("--max-chunk", "-1"), "limit.lease.max_chunk"},
 		{[]string{"--allocator", ta.addr, "limits", "set", "--reason", "test", "tenant//atlas", "--limit", "1",
 			"--window", "1m", "--regions", "eu", "--mode", "strict"}, "limit.id"},
 		{[]string{"--allocator", ta.addr, "limits", "get", "bad id!"}, "id"},
@@ -243,5 +248,86 @@ func TestServerValidation(t *testing.T) {
 				t.Fatalf("stderr %q does not name %s", r.stderr, tc.field)
 			}
 		})
+	}
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{base("--limit", "0"), `--limit "0"`},
+		{base("--limit", "-5"), `--limit "-5"`},
+		{base("--limit", "9223372036854775807"), `--limit "9223372036854775807"`},
+		{base("--fallback", "eu=local:0"), `--fallback "eu=local:0"`},
+		{base("--max-chunk", "-1"), `--max-chunk "-1"`},
+	} {
+		t.Run(strings.Join(tc.args[2:], " "), func(t *testing.T) {
+			r := quotactl(tc.args...).want(t, 2)
+			if !strings.Contains(r.stderr, tc.flag) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+				t.Fatalf("stderr %q: want one line naming %s", r.stderr, tc.flag)
+			}
+		})
+	}
+}
+
+// TestListLargePage: a change too large for one etcd transaction is
+// refused as InvalidArgument naming the changes; a page of limits larger than gRPC's default 4 MiB
+// receive limit (400 limits with the largest description and tags, about
+// 6 MB) is listed in one call: quotactl accepts what the allocator may
+// send.
+func TestListLargePage(t *testing.T) {
+	ta := startAllocator(t, etcdtest.Start(t, 1))
+	waitLeader(t, ta)
+	conn, err := grpc.NewClient(ta.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tags := map[string]string{}
+	for i := range limitspec.MaxTags {
+		k := fmt.Sprintf("k%02d", i)
+		tags[k+strings.Repeat("k", limitspec.MaxTagLen-len(k))] = strings.Repeat("v", limitspec.MaxTagLen)
+	}
+	big := func(j int) *pb.LimitChange {
+		return &pb.LimitChange{Change: &pb.LimitChange_Put{Put: &pb.Limit{
+			Id: fmt.Sprintf("tenant/big-%03d", j), LimitTokens: 100, Window: durationpb.New(time.Minute),
+			Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT,
+			Description: strings.Repeat("d", limitspec.MaxDescriptionLen), Tags: tags,
+		}}}
+	}
+	// 40 such limits in one change are more than one etcd transaction may
+	// carry: a clear InvalidArgument, not etcd's "request is too large"
+	// as UNAVAILABLE.
+	tooBig := &pb.ApplyLimitsRequest{Reason: "large page", Effective: pb.Effective_EFFECTIVE_NOW}
+	for j := range 40 {
+		tooBig.Changes = append(tooBig.Changes, big(j))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = pb.NewAdminClient(conn).ApplyLimits(ctx, tooBig)
+	cancel()
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "changes") {
+		t.Fatalf("40 largest limits in one change: %v, want InvalidArgument naming changes", err)
+	}
+	const n = 400
+	for i := 0; i < n; i += 10 { // etcd takes requests up to 1.5 MiB
+		req := &pb.ApplyLimitsRequest{Reason: "large page", Effective: pb.Effective_EFFECTIVE_NOW}
+		for j := i; j < i+10; j++ {
+			req.Changes = append(req.Changes, big(j))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := pb.NewAdminClient(conn).ApplyLimits(ctx, req)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := ta.gate.served.Load()
+	r := quotactl("--allocator", ta.addr, "--json", "limits", "list", "--prefix", "tenant/big-", "--page-size", "1000").want(t, 0)
+	if got := strings.Count(r.stdout, `"tenant/big-`); got != n {
+		t.Fatalf("%d limits listed, want %d (%d bytes of output)", got, n, len(r.stdout))
+	}
+	if calls := ta.gate.served.Load() - before; calls != 1 {
+		t.Fatalf("%d ListLimits calls, want 1 (one large page)", calls)
+	}
+	if len(r.stdout) < 5<<20 {
+		t.Fatalf("%d bytes listed: the page was not above 4 MiB", len(r.stdout))
 	}
 }

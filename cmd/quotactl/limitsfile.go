@@ -35,6 +35,7 @@ import (
 //	    owner: finance
 //	    description: Atlas contract
 //	    tags: {plan: gold}
+//	    hash_tag: atlas        # Redis keys: limits checked together share it
 //
 // Decoding is strict: unknown keys, duplicate keys, aliases, a second
 // document and values of the wrong shape are refused with the file, the
@@ -354,7 +355,7 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 }
 
 // limitKeys are the keys of one limit, in the order export writes them.
-var limitKeys = []string{"id", "limit", "window", "regions", "mode", "fallback", "lease", "owner", "description", "tags"}
+var limitKeys = []string{"id", "limit", "window", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
 // allocator's field names (limit_tokens, lease.ttl, ...) to lines, so a
@@ -430,7 +431,7 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 			return nil, err
 		}
 	}
-	for _, key := range []string{"owner", "description"} {
+	for _, key := range []string{"owner", "description", "hash_tag"} {
 		fv, ok := f[key]
 		if !ok {
 			continue
@@ -440,10 +441,13 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 			return nil, err
 		}
 		lines[key] = fv.val.Line
-		if key == "owner" {
+		switch key {
+		case "owner":
 			l.Owner = s
-		} else {
+		case "description":
 			l.Description = s
+		default:
+			l.HashTag = s
 		}
 	}
 	if fv, ok := f["tags"]; ok {
@@ -547,6 +551,9 @@ func decodeFallback(n *yaml.Node, what string, lines map[string]int) (map[string
 			return nil, err
 		}
 		fb, err := parseFallbackKind(s)
+		if err != nil && strings.HasPrefix(s, "local:") {
+			return nil, errAt(v, "%s: %q: %v", w, s, err)
+		}
 		if err != nil {
 			return nil, errAt(v, "%s: %q: want closed, open or local:A (A a whole number)", w, s)
 		}
@@ -702,6 +709,9 @@ func limitNode(l *pb.Limit) *yaml.Node {
 			tags.Content = append(tags.Content, str(k), str(l.GetTags()[k]))
 		}
 		add("tags", tags)
+	}
+	if l.GetHashTag() != "" {
+		add("hash_tag", str(l.GetHashTag()))
 	}
 	return n
 }

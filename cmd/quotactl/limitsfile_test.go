@@ -28,6 +28,7 @@ limits:
     description: |
       Atlas contract, 2026
     tags: {plan: gold, tenant: atlas}
+    hash_tag: atlas
   - id: tenant/beta
     limit: 50
     window: 1s
@@ -47,8 +48,8 @@ func TestDecodeLimitsFile(t *testing.T) {
 		t.Fatalf("manage %q, %d limits", lf.manage, len(lf.limits))
 	}
 	a, b := lf.limits[0], lf.limits[1]
-	if a.line != 4 || b.line != 15 {
-		t.Errorf("lines %d, %d; want 4, 15", a.line, b.line)
+	if a.line != 4 || b.line != 16 {
+		t.Errorf("lines %d, %d; want 4, 16", a.line, b.line)
 	}
 	want := &pb.Limit{
 		Id: "tenant/atlas", LimitTokens: 1000, Window: durationpb.New(time.Minute),
@@ -61,6 +62,7 @@ func TestDecodeLimitsFile(t *testing.T) {
 		Owner:       "finance",
 		Description: "Atlas contract, 2026\n",
 		Tags:        map[string]string{"plan": "gold", "tenant": "atlas"},
+		HashTag:     "atlas",
 	}
 	if !proto.Equal(a.limit, want) {
 		t.Errorf("atlas decoded to %v\nwant %v", a.limit, want)
@@ -103,7 +105,7 @@ func TestDecodeLimitsFileErrors(t *testing.T) {
 		{"missing window", "limits:\n  - id: x\n    limit: 5\n    regions: [eu]\n    mode: strict\n", `x: "window" is required`, 2},
 		{"bad id", "limits:\n  - id: bad id!\n", `limits[0]: id: "bad id!"`, 2},
 		{"limit not a number", strings.Replace(head, "limit: 10", "limit: ten", 1), `tenant/a: limit: "ten": want a whole number`, 3},
-		{"limit zero", strings.Replace(head, "limit: 10", "limit: 0", 1), "tenant/a: limit: must be >= 1, got 0", 3},
+		{"limit zero", strings.Replace(head, "limit: 10", "limit: 0", 1), "tenant/a: limit: must be 1..1125899906842624, got 0", 3},
 		{"window without unit", strings.Replace(head, "window: 1m", "window: 60", 1), `tenant/a: window: "60": want a duration with a unit`, 4},
 		{"window too short", strings.Replace(head, "window: 1m", "window: 10ms", 1), "tenant/a: window: must be >= 1s", 4},
 		{"regions not a list", strings.Replace(head, "regions: [eu]", "regions: eu", 1), `tenant/a: regions: want a list, e.g. [eu, us], got "eu"`, 5},
@@ -111,11 +113,12 @@ func TestDecodeLimitsFileErrors(t *testing.T) {
 		{"mode", strings.Replace(head, "mode: bounded", "mode: loose", 1), `tenant/a: mode: "loose": want strict or bounded`, 6},
 		{"fallback kind", head + "    fallback: {eu: loose}\n", `tenant/a: fallback.eu: "loose": want closed, open or local:A`, 7},
 		{"fallback region", head + "    fallback:\n      eu: closed\n      us: open\n", `tenant/a: fallback.us: region "us" is not in limit.regions`, 9},
-		{"fallback local 0", head + "    fallback: {eu: \"local:0\"}\n", "tenant/a: fallback.eu.local_tokens: local:A needs A >= 1", 7},
+		{"fallback local 0", head + "    fallback: {eu: \"local:0\"}\n", `tenant/a: fallback.eu: "local:0": want local:A with A a whole number from 1 to 1125899906842624, got "0"`, 7},
 		{"strict with open", strings.Replace(head, "bounded", "strict", 1) + "    fallback: {eu: open}\n", "tenant/a: fallback.eu: strict limits admit only leased tokens", 7},
 		{"ttl over window", head + "    lease:\n      ttl: 2m\n", "tenant/a: lease.ttl: must be <= the window", 8},
 		{"min chunk", head + "    lease: {min_chunk: 50}\n", "tenant/a: lease.min_chunk: must be <= limit_tokens (10), got 50", 7},
 		{"tags", head + "    tags: [a]\n", "tenant/a: tags: want a mapping of key to value", 7},
+		{"hash tag", head + "    hash_tag: \"{atlas}\"\n", `tenant/a: hash_tag: "{atlas}": use [A-Za-z0-9._-]`, 7},
 		{"owner not text", head + "    owner: {a: b}\n", "tenant/a: owner: want a text value, got a mapping", 7},
 		{"duplicate id", head + "  - id: tenant/a\n    limit: 5\n    window: 1s\n    regions: [eu]\n    mode: strict\n", "limits[1]: tenant/a: declared twice (first at line 2)", 7},
 		{"outside manage", "manage: [tenant/]\n" + strings.Replace(head, "tenant/a", "other/a", 1), "limits[0]: other/a: outside the file's scope (manage: tenant/)", 3},
@@ -173,7 +176,7 @@ func TestEncodeLimitsFile(t *testing.T) {
 		"  - id: tenant/atlas\n    limit: 1000\n    window: 1m\n    regions: [eu, us]\n    mode: bounded\n",
 		`    fallback: {eu: closed, us: "local:100"}` + "\n",
 		"    lease: {ttl: 15s, min_chunk: 1, max_chunk: 0}\n",
-		"    tags: {plan: gold, tenant: atlas}\n",
+		"    tags: {plan: gold, tenant: atlas}\n    hash_tag: atlas\n",
 		"    fallback: {eu: closed}\n",
 	} {
 		if !strings.Contains(out, want) {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/limitspec"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -74,8 +75,11 @@ func (e *env) printLimit(l *pb.Limit) error {
 		{"owner", l.GetOwner()},
 		{"description", l.GetDescription()},
 		{"tags", formatTags(l.GetTags())},
-		{"version", strconv.FormatInt(l.GetVersion(), 10)},
 	}
+	if t := l.GetHashTag(); t != "" {
+		rows = append(rows, [2]string{"hash-tag", t})
+	}
+	rows = append(rows, [2]string{"version", strconv.FormatInt(l.GetVersion(), 10)})
 	if ts := formatTS(l.GetEffectiveFrom()); ts != "" {
 		rows = append(rows, [2]string{"effective-from", ts})
 	}
@@ -161,6 +165,9 @@ func parseFallbacks(s string, m map[string]*pb.Fallback) error {
 			return usagef("--fallback %q: %s", item, fallbackWant)
 		}
 		fb, err := parseFallbackKind(kind)
+		if err != nil && strings.HasPrefix(kind, "local:") {
+			return usagef("--fallback %q: %v", item, err)
+		}
 		if err != nil {
 			return usagef("--fallback %q: %s", item, fallbackWant)
 		}
@@ -184,8 +191,8 @@ func parseFallbackKind(s string) (*pb.Fallback, error) {
 		return nil, fmt.Errorf("unknown fallback %q", s)
 	}
 	n, err := strconv.ParseInt(a, 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("local:A needs a whole number, got %q", a)
+	if err != nil || n < 1 || n > vocab.MaxTokens {
+		return nil, fmt.Errorf("want local:A with A a whole number from 1 to %d, got %q", vocab.MaxTokens, a)
 	}
 	return &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: n}, nil
 }
