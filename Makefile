@@ -47,6 +47,10 @@ test: ## Run every test (real redis-server and embedded etcd; needs redis-server
 bench: ## Run the benchmarks (results in bench.txt; compare runs with benchstat).
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./... | tee bench.txt
 
+.PHONY: bench-check
+bench-check: ## The agent against a do-nothing gRPC server, real processes, same driver: one table (docs/benchmarks.md; BENCH_CHECK_FLAGS).
+	$(GO) run ./internal/benchcheck $(BENCH_CHECK_FLAGS)
+
 .PHONY: fuzz
 fuzz: ## Run every fuzzer for FUZZTIME each (default 20s).
 	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' .); do \
