@@ -41,7 +41,8 @@ lint: ## go vet, staticcheck, gofmt, and go.mod kept tidy.
 .PHONY: test
 test: ## Run every test (real redis-server and embedded etcd; needs redis-server on PATH).
 	@command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install -y redis-server" >&2; exit 1; }
-	$(GO) test -race -count=1 -timeout 25m $(TEST_FLAGS) ./...
+	@set -o pipefail; $(GO) test -race -count=1 -timeout 25m $(TEST_FLAGS) ./... 2>&1 | tee test.log || \
+	  { rc=$$?; $(GO) run ./internal/testsummary < test.log; exit $$rc; }
 
 .PHONY: bench
 bench: ## Run the benchmarks (results in bench.txt; compare runs with benchstat).
