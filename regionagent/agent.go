@@ -259,10 +259,18 @@ func (a *Agent) ReplicaID() string { return a.cfg.ReplicaID }
 // when it started while the allocator was unreachable.
 func (a *Agent) Ready() <-chan struct{} { return a.synced }
 
-// Close releases the agent's connections; call after Run returned.
+// closeWait bounds how long Close waits for the work in flight.
+const closeWait = 10 * time.Second
+
+// Close releases the agent's connections; call after Run returned. It
+// waits for the calls in flight, at most closeWait.
 func (a *Agent) Close() {
 	a.closeChunks()
-	a.inflight.wait()
+	// Every call in flight has its own timeout; this bound only keeps a
+	// bug (work that never ends) from hanging the process's shutdown.
+	if !a.inflight.waitFor(closeWait) {
+		a.log.Warn("closing with work still in flight", "waited", closeWait)
+	}
 	a.shared.stop()
 	a.alloc.close()
 }

@@ -3,6 +3,8 @@ package regionagent
 import (
 	"context"
 	"log/slog"
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,7 +151,7 @@ func (w *world) agentOn(rdb redis.UniversalClient, region, replica string, dial 
 			}
 		}
 	}()
-	w.t.Cleanup(func() { cancel(); <-done })
+	w.t.Cleanup(func() { cancel(); awaitStopped(w.t, done, "the sync loop") })
 	return a
 }
 
@@ -186,7 +188,7 @@ func runWork(t *testing.T, a *Agent) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); a.workLoop(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); awaitStopped(t, done, "the work loop") })
 }
 
 // sync refreshes an agent's limits and Redis clock.
@@ -212,4 +214,31 @@ func (w *world) pool(limit string, window int64) int64 {
 	var p int64
 	_ = w.alloc.View(func(_ time.Time, c *allocator.Core) { p = c.Pool(limit, window) })
 	return p
+}
+
+// awaitStopped waits for a loop the test started to stop after its
+// context was cancelled. A loop that does not stop within 30 s is a bug
+// that would otherwise hang the package until go test's timeout: the test
+// fails, naming the loop, with the stacks of the agent's goroutines.
+func awaitStopped(t testing.TB, done <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Errorf("%s did not stop within 30 s of its context's end; the agent's goroutines:\n%s", what, agentStacks())
+	}
+}
+
+// agentStacks is the stacks of the goroutines running this package's
+// code (not etcd's or Redis's clients' hundreds).
+func agentStacks() string {
+	buf := make([]byte, 8<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "leasehold/regionagent.") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }

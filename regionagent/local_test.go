@@ -67,7 +67,10 @@ func admitN(t *testing.T, a *Agent, limit string, n int64) {
 // world's clock on by 60 ms each time the Check waits on it: a replica that
 // finds the other renewing (it holds the limit's renewal lock) looks again
 // 50 ms later on its own clock, which in a world whose clock stands still
-// never comes. It fails the test after 1,000 such steps (a minute).
+// never comes. It fails the test after 1,000 such steps (a minute), or
+// when the Check has not returned within 30 s of real time wherever it
+// waits (a Check blocked elsewhere than on the clock is a bug, not a
+// reason to hang the package).
 func (w *world) checkAdvancing(t *testing.T, a *Agent, limit string) Decision {
 	t.Helper()
 	type result struct {
@@ -75,8 +78,10 @@ func (w *world) checkAdvancing(t *testing.T, a *Agent, limit string) Decision {
 		err error
 	}
 	done := make(chan result, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	go func() {
-		d, err := a.Check(context.Background(), limit, 1)
+		d, err := a.Check(ctx, limit, 1)
 		done <- result{d, err}
 	}()
 	for steps := 0; ; {
@@ -86,6 +91,8 @@ func (w *world) checkAdvancing(t *testing.T, a *Agent, limit string) Decision {
 				t.Fatalf("%s: check: %v", a.ReplicaID(), r.err)
 			}
 			return r.d
+		case <-ctx.Done():
+			t.Fatalf("%s: a Check of %s did not return within 30 s (%d clock steps)", a.ReplicaID(), limit, steps)
 		case <-time.After(time.Millisecond): // looking whether the Check waits
 		}
 		a.mu.Lock()

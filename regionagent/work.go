@@ -254,6 +254,22 @@ func (t *tracker) done() {
 	t.mu.Unlock()
 }
 
+// waitFor waits like wait, but at most d; it reports whether nothing was
+// in flight when it returned. (A wait that times out leaves one goroutine
+// behind until the work ends.)
+func (t *tracker) waitFor(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { t.wait(); close(done) }()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
 func (t *tracker) wait() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
