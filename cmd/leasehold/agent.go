@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"time"
 
@@ -73,6 +74,9 @@ func (c *agentConfig) validate() error {
 	}
 	if c.lead <= 0 || c.renewEvery <= 0 {
 		return usagef("-renew-lead and -renew-interval must be > 0")
+	}
+	if c.chunkHotRate < 0 || math.IsNaN(c.chunkHotRate) || math.IsInf(c.chunkHotRate, 0) {
+		return usagef("-chunk-hot-rate must be a number >= 0 (0: off)")
 	}
 	if _, err := regionagent.ParseRedis(c.redis); err != nil {
 		return usagef("-redis: %v", err)

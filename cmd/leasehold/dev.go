@@ -41,6 +41,7 @@ type devConfig struct {
 	trafficEU, trafficUS float64
 	trafficFor           time.Duration
 	tls                  bool
+	chunkHotRate         float64
 	log                  logFlags
 }
 
@@ -65,6 +66,7 @@ func (c *devConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.trafficUS, "traffic-us", 400, "us demand, requests per minute")
 	fs.DurationVar(&c.trafficFor, "traffic-for", 30*time.Minute, "stop the traffic after this long")
 	fs.BoolVar(&c.tls, "tls", false, "TLS and mutual TLS everywhere, authentication on: a dev CA in DATA-DIR/tls (made once, reused), a new admin token each run")
+	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", 0, "the agents' -chunk-hot-rate (0: off)")
 	c.log.register(fs)
 }
 
@@ -92,6 +94,9 @@ func runDevCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		if c.trafficEU < 0 || c.trafficUS < 0 || math.IsNaN(c.trafficEU+c.trafficUS) || c.trafficFor <= 0 {
 			return usagef("-traffic-eu/-traffic-us must be >= 0 and -traffic-for > 0")
+		}
+		if c.chunkHotRate < 0 || math.IsNaN(c.chunkHotRate) || math.IsInf(c.chunkHotRate, 0) {
+			return usagef("-chunk-hot-rate must be a number >= 0 (0: off)")
 		}
 		return nil
 	}
@@ -191,7 +196,7 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		}
 		defer rdb.Close()
 		agc := agentConfig{region: region, allocators: ar.grpc, grpcAddr: agentAddrs[region][0], httpAddr: agentAddrs[region][1],
-			replicaID: region + "-dev", lead: 2 * time.Second, renewEvery: 250 * time.Millisecond}
+			replicaID: region + "-dev", lead: 2 * time.Second, renewEvery: 250 * time.Millisecond, chunkHotRate: c.chunkHotRate}
 		if c.tls {
 			agc.tls = serve
 			agc.allocCert, agc.allocKey = agentFiles(region)

@@ -131,6 +131,9 @@ func TestAgentUsageErrors(t *testing.T) {
 		{"agent", "--region", "eu", "--renew-lead", "0s"},
 		{"dev", "--redis", "mars=1.2.3.4:5"},
 		{"dev", "--traffic-eu", "-5"},
+		{"agent", "--region", "eu", "--chunk-hot-rate", "-1"},
+		{"agent", "--region", "eu", "--chunk-hot-rate", "NaN"},
+		{"dev", "--chunk-hot-rate", "+Inf"},
 	} {
 		var stderr syncbuf.Buffer
 		if code := run(context.Background(), args, nil, &stderr); code != 2 || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
