@@ -45,10 +45,20 @@ func newClusterWorld(t *testing.T) *clusterWorld {
 	return &clusterWorld{world: newWorld(t, "eu"), cluster: c, rdb: cc}
 }
 
+// callCtx bounds one of the test's own calls to the cluster (10 s), so a
+// call that never returns fails the test instead of hanging the package
+// (go-redis's Cluster client once waited minutes on a reply: see
+// docs/design.md). It is cancelled when the test ends.
+func (cw *clusterWorld) callCtx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	cw.t.Cleanup(cancel)
+	return ctx
+}
+
 // master is the address of the master that holds key.
 func (cw *clusterWorld) master(key string) string {
 	cw.t.Helper()
-	m, err := cw.rdb.MasterForKey(context.Background(), key)
+	m, err := cw.rdb.MasterForKey(cw.callCtx(), key)
 	if err != nil {
 		cw.t.Fatal(err)
 	}
@@ -77,7 +87,7 @@ func (cw *clusterWorld) keysByNode() map[string]string {
 	cw.t.Helper()
 	var mu sync.Mutex
 	out := map[string]string{}
-	err := cw.rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+	err := cw.rdb.ForEachMaster(cw.callCtx(), func(ctx context.Context, c *redis.Client) error {
 		keys, err := c.Keys(ctx, "lh:*").Result()
 		mu.Lock()
 		defer mu.Unlock()
@@ -99,7 +109,7 @@ func (cw *clusterWorld) keysByNode() map[string]string {
 func (cw *clusterWorld) bal(tag, limit string) bucket.BalanceResult {
 	cw.t.Helper()
 	win := lease.WindowOf(cw.clock.Now(), time.Minute).Index
-	b, err := bucket.New(cw.rdb).Balance(context.Background(), bucket.Key(tag, limit, win), cw.clock.Now().UnixMilli())
+	b, err := bucket.New(cw.rdb).Balance(cw.callCtx(), bucket.Key(tag, limit, win), cw.clock.Now().UnixMilli())
 	if err != nil {
 		cw.t.Fatal(err)
 	}

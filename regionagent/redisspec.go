@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // ParseRedis turns a --redis value into a client:
@@ -19,7 +20,11 @@ import (
 // Every client respects its calls' context deadlines on the socket too
 // (ContextTimeoutEnabled): the agent's short per-call timeout then bounds a
 // call to a Redis that accepts connections and never answers, instead of
-// go-redis's 3 s read timeout per attempt.
+// go-redis's 3 s read timeout per attempt. And none takes part in
+// go-redis's maintenance notifications (its default "auto" mode asks every
+// new connection for them, and relaxes a connection's timeouts while the
+// server announces a migration): the agent bounds every call itself, and
+// a Redis that moves a slot answers MOVED/ASK, which every client follows.
 func ParseRedis(spec string) (redis.UniversalClient, error) { return ParseRedisTLS(spec, nil) }
 
 // ParseRedisTLS is ParseRedis with the TLS configuration of rediss://
@@ -39,7 +44,7 @@ func ParseRedisTLS(spec string, cfg *tls.Config) (redis.UniversalClient, error) 
 			c.ServerName = o.TLSConfig.ServerName
 			o.TLSConfig = c
 		}
-		o.ContextTimeoutEnabled = true
+		o.ContextTimeoutEnabled, o.MaintNotificationsConfig = true, noMaint()
 		return redis.NewClient(o), nil
 	case strings.HasPrefix(spec, "sentinel://"):
 		rest := strings.TrimPrefix(spec, "sentinel://")
@@ -52,13 +57,14 @@ func ParseRedisTLS(spec string, cfg *tls.Config) (redis.UniversalClient, error) 
 			return nil, err
 		}
 		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: addrs,
-			ContextTimeoutEnabled: true}), nil
+			ContextTimeoutEnabled: true}), nil // (go-redis turns maintenance notifications off for Sentinel)
 	case strings.HasPrefix(spec, "cluster://"):
 		addrs, err := hostPorts(strings.TrimPrefix(spec, "cluster://"))
 		if err != nil {
 			return nil, err
 		}
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true}), nil
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true,
+			MaintNotificationsConfig: noMaint()}), nil
 	case strings.Contains(spec, "://"):
 		return nil, fmt.Errorf("redis: %q: unknown scheme (use HOST:PORT, redis://, sentinel:// or cluster://)", spec)
 	}
@@ -69,7 +75,12 @@ func ParseRedisTLS(spec string, cfg *tls.Config) (redis.UniversalClient, error) 
 	if len(addrs) != 1 {
 		return nil, fmt.Errorf("redis: %q: several addresses need sentinel:// or cluster://", spec)
 	}
-	return redis.NewClient(&redis.Options{Addr: addrs[0], ContextTimeoutEnabled: true}), nil
+	return redis.NewClient(&redis.Options{Addr: addrs[0], ContextTimeoutEnabled: true, MaintNotificationsConfig: noMaint()}), nil
+}
+
+// noMaint turns go-redis's maintenance notifications off (see ParseRedis).
+func noMaint() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 func hostPorts(s string) ([]string, error) {

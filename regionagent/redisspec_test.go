@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 func TestParseRedis(t *testing.T) {
@@ -35,11 +36,18 @@ func TestParseRedis(t *testing.T) {
 			continue
 		}
 		var got string
-		switch c.(type) {
+		var ctxTimeouts bool
+		var maint *maintnotifications.Config
+		switch c := c.(type) {
 		case *redis.Client:
 			got = "*redis.Client"
+			ctxTimeouts, maint = c.Options().ContextTimeoutEnabled, c.Options().MaintNotificationsConfig
 		case *redis.ClusterClient:
 			got = "*redis.ClusterClient"
+			ctxTimeouts, maint = c.Options().ContextTimeoutEnabled, c.Options().MaintNotificationsConfig
+		}
+		if !ctxTimeouts || maint == nil || maint.Mode != maintnotifications.ModeDisabled {
+			t.Errorf("%q: ContextTimeoutEnabled %v, maintenance notifications %+v; want true and disabled", tc.spec, ctxTimeouts, maint)
 		}
 		if got != tc.kind {
 			t.Errorf("%q: client %T, want %s", tc.spec, c, tc.kind)
