@@ -29,8 +29,9 @@ type ChunkConfig = client.SubLeaseConfig
 
 // DefaultChunks is the setting to turn chunks on with: a limit is hot
 // at 50 cost/s on one replica; a chunk covers 250 ms of that replica's
-// rate and is given back after 1 s unused. Chunks are off unless
-// WithChunks turns them on (docs/design.md says why).
+// rate and is given back after 1 s unused. In this package chunks are
+// off unless WithChunks turns them on; `leasehold agent` turns them on
+// with this setting (its -chunk-hot-rate).
 var DefaultChunks = ChunkConfig{HotRate: 50, Horizon: 250 * time.Millisecond, IdleAfter: time.Second}
 
 // WithChunks turns deciding hot limits in memory on (cfg.HotRate > 0,
@@ -46,7 +47,8 @@ func (a *Agent) newChunks() *client.Client {
 	}
 	return client.NewInProcess(selfRPC{NewServer(a)}, "ag-"+a.cfg.ReplicaID+"-"+a.nonce+"-",
 		client.WithSubLeases(a.opt.chunks), client.WithClock(a.opt.now), client.WithReleaseLead(chunkReleaseLead),
-		client.WithTimeout(a.opt.redisTimeout+time.Second), client.WithoutDenialCache())
+		client.WithTimeout(a.opt.redisTimeout+time.Second), client.WithoutDenialCache(),
+		client.WithReleaseObserver(a.m.observeChunkRelease))
 }
 
 // chunkReleaseLead ends each chunk this long before the lease it came

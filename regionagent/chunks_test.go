@@ -117,7 +117,12 @@ func TestChunksNeverDoubleSpend(t *testing.T) {
 			t.Errorf("window %d: the region reported %d admitted net of releases, the callers were admitted %d", k-first, st.net, admitted[k])
 		}
 	}
-	t.Logf("%.0f of %.0f Checks decided from chunks", chunked, checks)
+	var lost, failed float64
+	for _, a := range agents {
+		lost += testutil.ToFloat64(a.m.chunkReleased.WithLabelValues("lost"))
+		failed += testutil.ToFloat64(a.m.chunkReleased.WithLabelValues("failed"))
+	}
+	t.Logf("%.0f of %.0f Checks decided from chunks; chunk releases lost %.0f tokens, failed %.0f", chunked, checks, lost, failed)
 }
 
 // refusingRPC is the agent's own service for its chunk client, recording

@@ -12,15 +12,17 @@ const resultCrossSlot = "cross_slot"
 
 // metrics are the agent's Prometheus metrics, on the Registerer of Config.
 type metrics struct {
-	checks       *prometheus.CounterVec
-	checkOK      prometheus.Counter // checks{result="ok"}, bound once
-	chunkChecks  prometheus.Counter
-	checkDur     prometheus.Histogram
-	batch        prometheus.Histogram
-	leaseTokens  prometheus.Counter
-	returned     prometheus.Counter
-	fallbackMode *prometheus.GaugeVec
-	reports      *prometheus.CounterVec
+	checks      *prometheus.CounterVec
+	checkOK     prometheus.Counter // checks{result="ok"}, bound once
+	chunkChecks prometheus.Counter
+	// chunkReleased counts what chunks gave back, by outcome.
+	chunkReleased *prometheus.CounterVec
+	checkDur      prometheus.Histogram
+	batch         prometheus.Histogram
+	leaseTokens   prometheus.Counter
+	returned      prometheus.Counter
+	fallbackMode  *prometheus.GaugeVec
+	reports       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -61,8 +63,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "leasehold_agent_chunk_checks_total",
 		Help: "Checks decided in memory from a chunk of a hot limit (also counted in leasehold_agent_checks_total as ok).",
 	})
+	m.chunkReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_agent_chunk_released_tokens_total",
+		Help: "Unspent tokens of chunks given back, by outcome: returned (spendable again), lost (their leases had closed and the chunk's deadline passed: stranded), failed (the release failed: counted as spent).",
+	}, []string{"outcome"})
+	for _, o := range []string{"returned", "lost", "failed"} {
+		m.chunkReleased.WithLabelValues(o) // every series from the start
+	}
 	if reg != nil {
-		reg.MustRegister(m.chunkChecks, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports)
+		reg.MustRegister(m.chunkChecks, m.chunkReleased, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports)
 	}
 	return m
 }
@@ -122,4 +131,16 @@ func (c coreCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(roundsDesc, st.Rounds, "tried")
 	counter(roundsDesc, st.RoundsLocked, "taken")
 	ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(active))
+}
+
+// observeChunkRelease counts one chunk release's outcome.
+func (m *metrics) observeChunkRelease(unspent, returned int64, err error) {
+	if err != nil {
+		m.chunkReleased.WithLabelValues("failed").Add(float64(unspent))
+		return
+	}
+	m.chunkReleased.WithLabelValues("returned").Add(float64(returned))
+	if lost := unspent - returned; lost > 0 {
+		m.chunkReleased.WithLabelValues("lost").Add(float64(lost))
+	}
 }

@@ -51,7 +51,7 @@ func (c *agentConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.snapshotFile, "snapshot-file", "", "`FILE` keeping the region's last snapshot of its limits (besides Redis), for a restart while the allocator and Redis are both unreachable")
 	fs.DurationVar(&c.lead, "renew-lead", 2*time.Second, "renew when the balance would last less than this at the current demand, and this long before a busy limit's lease expires")
 	fs.DurationVar(&c.renewEvery, "renew-interval", 250*time.Millisecond, "slack: a busy limit's next window's lease is fetched -renew-lead plus this before its window ends (the agent checks nothing on an interval; the name is kept for existing command lines)")
-	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", 0, "decide a limit this replica is asked more than this cost per second in memory, from chunks of the region's bucket (0: off, every Check goes to Redis; 50 turns them on, see docs/design.md)")
+	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", regionagent.DefaultChunks.HotRate, "decide a limit this replica is asked more than this cost per second in memory, from chunks of the region's bucket (0: off, every Check goes to Redis; see docs/design.md)")
 	c.tls.registerServe(fs, "-grpc-addr and -http-addr")
 	c.tls.registerCA(fs, "the allocator and a rediss:// Redis")
 	c.tls.registerClientCA(fs, "callers of -grpc-addr (gateways) must present a certificate of (mutual TLS)")

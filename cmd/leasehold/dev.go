@@ -66,7 +66,7 @@ func (c *devConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.trafficUS, "traffic-us", 400, "us demand, requests per minute")
 	fs.DurationVar(&c.trafficFor, "traffic-for", 30*time.Minute, "stop the traffic after this long")
 	fs.BoolVar(&c.tls, "tls", false, "TLS and mutual TLS everywhere, authentication on: a dev CA in DATA-DIR/tls (made once, reused), a new admin token each run")
-	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", 0, "the agents' -chunk-hot-rate (0: off)")
+	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", regionagent.DefaultChunks.HotRate, "the agents' -chunk-hot-rate (0: off)")
 	c.log.register(fs)
 }
 

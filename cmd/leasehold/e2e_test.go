@@ -153,6 +153,11 @@ func TestEndToEnd(t *testing.T) {
 			t.Errorf("window %s admitted %d: want 594..600 while demand (~2000) exceeds 600", s.Format("15:04:05"), n)
 		}
 	}
+	if t.Failed() {
+		// What the allocator saw per window and region (stranded tokens).
+		b, err := exec.Command(quotactl, "--allocator", alloc, "windows", "tenant/e2e", "--last", "8").CombinedOutput()
+		t.Logf("quotactl windows: %v\n%s", err, b)
+	}
 	for i, r := range reports {
 		if r.Calls < int64(drive.Seconds())*50 {
 			t.Errorf("checker %d made only %d calls: demand did not exceed the limit", i, r.Calls)

@@ -16,7 +16,8 @@ type ReserveStatus int
 
 // Outcomes of Reserve.
 const (
-	// NotEnough: fewer than min tokens were spendable; nothing was taken.
+	// NotEnough: fewer than min tokens were spendable (in leases lasting
+	// lastMs, for ReserveLasting); nothing was taken.
 	NotEnough ReserveStatus = 0
 	// Reserved: tokens were taken now.
 	Reserved ReserveStatus = 1
@@ -45,9 +46,10 @@ func (b *Buckets) Reserve(ctx context.Context, key, id string, want, min, nowMs 
 }
 
 // ReserveLasting is Reserve taking only from leases that last at least
-// lastMs more, when those hold min tokens or more (else as Reserve): a
+// lastMs more, and nothing (NotEnough) when those hold fewer than min: a
 // reservation taken from a lease about to end would have to be given back
-// before its holder could spend it, and Checks spend those leases first.
+// before its holder could spend it, and lost to the window if that lease
+// closed first; Checks spend those leases' last moments.
 func (b *Buckets) ReserveLasting(ctx context.Context, key, id string, want, min, lastMs, nowMs int64) (Reservation, error) {
 	switch {
 	case lastMs < 0 || !checkInt(lastMs):

@@ -314,9 +314,14 @@ func TestReserveLasting(t *testing.T) {
 			if r, _ = b.ReserveLasting(ctx, key, "c2", 50, 5, 1000, T0); r.Granted != 10 || r.DeadlineMs != T0+9000 {
 				t.Fatalf("reserve lasting, late lease short of want: %+v, want its 10", r)
 			}
-			// Nothing lasting left: from the ending lease, as Reserve.
-			if r, _ = b.ReserveLasting(ctx, key, "c3", 15, 1, 1000, T0); r.Granted != 15 || r.DeadlineMs != T0+300 {
-				t.Fatalf("reserve lasting with only an ending lease: %+v, want 15 from it", r)
+			// Nothing lasting left: nothing taken from the ending lease (its
+			// 40 are for Checks), the balance says what is spendable.
+			if r, _ = b.ReserveLasting(ctx, key, "c3", 15, 1, 1000, T0); r != (Reservation{Balance: 40, NowMs: T0, Status: NotEnough}) {
+				t.Fatalf("reserve lasting with only an ending lease: %+v, want nothing taken", r)
+			}
+			// Without last (Reserve), from the ending lease.
+			if r, _ = b.Reserve(ctx, key, "c5", 15, 1, T0); r.Granted != 15 || r.DeadlineMs != T0+300 {
+				t.Fatalf("reserve with only an ending lease: %+v, want 15 from it", r)
 			}
 			bal, _ := b.Balance(ctx, key, T0)
 			if bal.Spendable != 25 || bal.Admitted != 45 {

@@ -59,10 +59,12 @@ type options struct {
 	retryFor    time.Duration // Reserve/Release retry budget
 	reprobe     time.Duration // how long Reserve is not tried after Unimplemented
 	sweepEvery  time.Duration // 0: no background sweeper (tests call sweep)
-	margin      time.Duration // fixed part of a chunk's safety margin
-	releaseLead time.Duration // a chunk ends this long before its lease (WithReleaseLead)
-	driftPPM    float64       // clock rate error covered, per million
-	stateTTL    time.Duration // an idle limit's state is forgotten after this
+	// releaseObserver, if set, sees every release's outcome.
+	releaseObserver func(unspent, returned int64, err error)
+	margin          time.Duration // fixed part of a chunk's safety margin
+	releaseLead     time.Duration // a chunk ends this long before its lease (WithReleaseLead)
+	driftPPM        float64       // clock rate error covered, per million
+	stateTTL        time.Duration // an idle limit's state is forgotten after this
 }
 
 // Option changes an optional setting.
@@ -124,6 +126,16 @@ func WithRetry(maxElapsed time.Duration) Option {
 // 250 ms) plus a Release's round trip. Default 0.
 func WithReleaseLead(d time.Duration) Option {
 	return func(o *options) { o.releaseLead = max(0, d) }
+}
+
+// WithReleaseObserver calls f after each release of a chunk's unspent
+// tokens (from the goroutine that released them; f must not block):
+// returned is what the region can spend again. Less than unspent means the
+// rest was lost to the window: the leases it came from had closed and the
+// chunk's deadline had passed. A failed release (err non-nil, returned 0)
+// leaves all of unspent counted as spent.
+func WithReleaseObserver(f func(unspent, returned int64, err error)) Option {
+	return func(o *options) { o.releaseObserver = f }
 }
 
 // WithClock replaces the client's clock (tests). Chunk deadlines and the

@@ -433,6 +433,13 @@ func (c *Client) releaseRPC(ctx context.Context, r *reservation, unspent int64) 
 		defer cancel()
 		return c.rpc.Release(actx, req)
 	})
+	if f := c.opt.releaseObserver; f != nil {
+		var returned int64
+		if err == nil {
+			returned = resp.Returned
+		}
+		f(unspent, returned, err)
+	}
 	if h := c.onRelease; h != nil {
 		var returned int64 = -1
 		if err == nil {

@@ -201,7 +201,8 @@ func TestSubLeaseNeverOverspends(t *testing.T) {
 
 // Unspent tokens come back when the limit goes idle.
 func TestUnspentReleasedOnIdle(t *testing.T) {
-	r := newRig(t, nil, WithSubLeases(subCfg))
+	var obs releaseLog
+	r := newRig(t, nil, WithSubLeases(subCfg), WithReleaseObserver(obs.observe))
 	res := r.hotUntilReserved()
 	var spent int64
 	for range 10 {
@@ -223,6 +224,7 @@ func TestUnspentReleasedOnIdle(t *testing.T) {
 	if r.c.state(testLimit).cur.Load() != nil {
 		t.Fatal("still holds a chunk")
 	}
+	obs.expect(t, got[0].Unspent, got[0].Returned)
 }
 
 // Unspent tokens come back on Close; an expired chunk is not released
@@ -245,7 +247,8 @@ func TestUnspentReleasedOnClose(t *testing.T) {
 // while those are open. It was once never released, which counted its
 // tokens as admitted and stranded them.
 func TestExpiredChunkReleased(t *testing.T) {
-	r := newRig(t, nil, WithSubLeases(SubLeaseConfig{HotRate: 50, IdleAfter: time.Minute}))
+	var obs releaseLog
+	r := newRig(t, nil, WithSubLeases(SubLeaseConfig{HotRate: 50, IdleAfter: time.Minute}), WithReleaseObserver(obs.observe))
 	res := r.hotUntilReserved()
 	spent := r.spentFromChunks()
 	r.clock.Advance(6 * time.Second) // the chunk lived 5s
@@ -259,6 +262,33 @@ func TestExpiredChunkReleased(t *testing.T) {
 	got := r.reservations()[0]
 	if _, _, releases := r.agent.Calls(); releases != 1 || !got.Released || got.Unspent != res.Granted-spent {
 		t.Fatalf("%d Releases of an expired chunk, %+v: want one with its %d unspent", releases, got, res.Granted-spent)
+	}
+	obs.expect(t, got.Unspent, got.Returned)
+}
+
+// releaseLog records what WithReleaseObserver saw.
+type releaseLog struct {
+	mu   sync.Mutex
+	seen [][2]int64 // unspent, returned
+	errs int
+}
+
+func (l *releaseLog) observe(unspent, returned int64, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.errs++
+	}
+	l.seen = append(l.seen, [2]int64{unspent, returned})
+}
+
+// expect: exactly one release was observed, with these counts.
+func (l *releaseLog) expect(t *testing.T, unspent, returned int64) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.seen) != 1 || l.errs != 0 || l.seen[0] != [2]int64{unspent, returned} {
+		t.Fatalf("release observer saw %v (%d errors), want one release of %d unspent, %d returned", l.seen, l.errs, unspent, returned)
 	}
 }
 
