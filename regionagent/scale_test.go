@@ -3,6 +3,7 @@ package regionagent
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -205,7 +206,16 @@ func TestIdleCostFollowsTraffic(t *testing.T) {
 	ids := w.putLimits(n, "tenant/idle-%05d", 100, window, ttl, "eu")
 	a := w.liveAgentOpts("eu", "r1")
 	waitAllSynced(t, a, ids)
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr()})
+	defer rdb.Close()
+	heap0, redis0 := heapInUse(), redisMemory(t, rdb)
 	got := firstChecks(t, a, ids, 64)
+	// What 10,000 active limits cost in memory (measured, not asserted):
+	// Redis's used_memory, and the Go heap of this process, which holds
+	// the test's allocator as well as the agent.
+	heap1, redis1 := heapInUse(), redisMemory(t, rdb)
+	t.Logf("%d active limits: Redis %d bytes per limit (used_memory %d -> %d), process heap %d bytes per limit (agent and allocator, %d -> %d)",
+		n, (redis1-redis0)/n, redis0, redis1, (heap1-heap0)/n, heap0, heap1)
 	// Every pool is full: none may be OVER_LIMIT. (A first Check that gets
 	// no lease within its wait, which -race and a busy machine can cause
 	// for some of 10,000 at once, says UNAVAILABLE; TestColdLimitsBatched
@@ -219,8 +229,6 @@ func TestIdleCostFollowsTraffic(t *testing.T) {
 	// take a few seconds more.
 	quiet := used.Add(2*window + 8*time.Second)
 	time.Sleep(time.Until(quiet)) // waiting for the agent's own timers (wall clock)
-	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr()})
-	defer rdb.Close()
 	const span = 10 * time.Second
 	r0, c0 := redisCalls(t, rdb), calls.total()
 	time.Sleep(span) // the measured idle span
@@ -239,6 +247,34 @@ func TestIdleCostFollowsTraffic(t *testing.T) {
 	if unreturned != 0 {
 		t.Fatalf("%d returns still unacknowledged", unreturned)
 	}
+}
+
+// heapInUse is the Go heap in use after a collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapInuse)
+}
+
+// redisMemory is Redis's used_memory (INFO memory).
+func redisMemory(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("used_memory %q: %v", v, err)
+			}
+			return n
+		}
+	}
+	t.Fatal("INFO memory has no used_memory")
+	return 0
 }
 
 // redisCalls sums the calls of every command Redis has run (INFO
