@@ -56,6 +56,9 @@ type settings struct {
 	idleAfter   time.Duration
 	keyGrace    time.Duration
 	reportEvery time.Duration
+	// maxProgress bounds the limits whose windows in progress one report
+	// round reads (windows that ended are read regardless).
+	maxProgress int
 	retryEvery  time.Duration // unacknowledged returns are sent again this often
 	maxReturns  int           // unacknowledged returns kept per limit
 }
@@ -113,6 +116,18 @@ func WithReports(every, keyGrace time.Duration) Option {
 	return func(s *settings) { s.reportEvery, s.keyGrace = max(every, time.Millisecond), max(keyGrace, 0) }
 }
 
+// WithReportBudget bounds how many limits one report round reads the
+// windows in progress of (at least 1): with more limits busy than that,
+// the ones that waited longest go first, and each is still read at least
+// every ceil(busy/n) rounds. A window that ended is read once more
+// regardless, so every window's final count is as prompt as before.
+// Default 1000 (500 reads a second at the default 2 s rounds): an agent
+// deciding 10,000 limits spread thin otherwise read each limit's counters
+// about once per Check.
+func WithReportBudget(n int) Option {
+	return func(s *settings) { s.maxProgress = max(n, 1) }
+}
+
 // Core is one agent replica's decision state machine; see the package
 // documentation. The zero value is not usable; call New. Not safe for
 // concurrent use.
@@ -165,7 +180,7 @@ func New(cfg Config, opts ...Option) *Core {
 	o := settings{lead: 2 * time.Second, every: 250 * time.Millisecond, marginFixed: 2 * time.Millisecond, driftPPM: 1000,
 		wait: 500 * time.Millisecond, lookupWait: time.Second, spentRetry: time.Second, lockRetry: 50 * time.Millisecond,
 		activeFor: 5 * time.Second, idleAfter: 5 * time.Minute, keyGrace: 2 * time.Minute,
-		reportEvery: 2 * time.Second, retryEvery: 5 * time.Second, maxReturns: 1024}
+		reportEvery: 2 * time.Second, maxProgress: 1000, retryEvery: 5 * time.Second, maxReturns: 1024}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -214,6 +229,9 @@ type limitState struct {
 	holdings   []holding // leases this replica deposited and has not closed
 	unreturned []Return  // returns the allocator has not acknowledged
 	windows    map[winKey]*winUse
+	// reportedAt: when the limit's windows in progress were last asked
+	// for (the report budget serves the longest waiting first).
+	reportedAt time.Time
 
 	wakeAt  time.Time // when the limit's timer is due (zero: none)
 	wakeGen uint64

@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -560,5 +561,70 @@ func TestOwnExpiringLeaseIsNotASpentPool(t *testing.T) {
 	}
 	if w.alloc.returns == 0 {
 		t.Fatal("the expired lease was never returned")
+	}
+}
+
+// TestReportBudget: with more limits in progress than the report budget,
+// a round reads the windows in progress of the budget's worth, those read
+// longest ago first, so each limit is read at least every ceil(busy /
+// budget) rounds; windows that ended are read regardless, all in the
+// round after their end.
+func TestReportBudget(t *testing.T) {
+	var ls []Limit
+	for _, id := range []string{"a", "b", "c", "d", "e"} {
+		ls = append(ls, strictLimit(id, 1000, time.Minute, time.Minute))
+	}
+	w := newWorld(t, 100, ls...)
+	w.c = New(Config{Region: "eu", RequestPrefix: "eu-1-n", Seed: 1}, WithReportBudget(2))
+	w.c.SetLimits(w.c.SyncStart(), 1, ls, w.now)
+	w.c.SetAllocatorClock(w.now, w.now, w.now)
+	round := func(spend bool) []string {
+		t.Helper()
+		if spend {
+			for _, l := range ls {
+				if a := w.check(l.ID, 1); !a.Allowed {
+					t.Fatalf("check %s: %+v", l.ID, a)
+				}
+			}
+		}
+		w.now = w.now.Add(2 * time.Second)
+		w.c.Tick(w.now)
+		rd := w.c.Ready()
+		var ids []string
+		for _, r := range rd.Reports {
+			ids = append(ids, r.Limit)
+		}
+		w.run(rd)
+		w.drain()
+		return ids
+	}
+	// (Reported in id order; picked by when last read, then id.)
+	want := [][]string{{"a", "b"}, {"c", "d"}, {"a", "e"}, {"b", "c"}, {"a", "d"}}
+	for i, wnt := range want {
+		if got := round(true); !slices.Equal(got, wnt) {
+			t.Fatalf("round %d read %v, want %v (the two read longest ago)", i, got, wnt)
+		}
+	}
+	// No more spends: the two rounds after read what is still unread (e,
+	// read longest ago, and b; then c); then nothing until the window (t0's minute) has ended, and
+	// in the round after its end every limit's window once more, whatever
+	// the budget.
+	if got := round(false); !slices.Equal(got, []string{"b", "e"}) {
+		t.Fatalf("first quiet round read %v, want b, e", got)
+	}
+	if got := round(false); !slices.Equal(got, []string{"c"}) {
+		t.Fatalf("second quiet round read %v, want c", got)
+	}
+	end := t0.Add(time.Minute + 2*time.Second)
+	for w.now.Add(2 * time.Second).Before(end) {
+		if got := round(false); len(got) != 0 {
+			t.Fatalf("at %v, before the window's end, read %v", w.now.Sub(t0), got)
+		}
+	}
+	if got := round(false); !slices.Equal(got, []string{"a", "b", "c", "d", "e"}) {
+		t.Fatalf("the round after the window's end (%v) read %v, want every limit", w.now.Sub(t0), got)
+	}
+	if got := round(false); len(got) != 0 {
+		t.Fatalf("read again after the final reads: %v", got)
 	}
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"leasehold/lease"
@@ -41,8 +42,13 @@ func (c *Core) hasReports(st *limitState) bool { return len(st.windows) > 0 }
 // crashed); all asks for every window still kept (the agent is stopping).
 func (c *Core) report(now time.Time, all bool) {
 	pending := false
+	progress := c.progressAllowed(now, all)
 	for _, id := range sortedIDs(c.pending) {
 		st := c.pending[id]
+		readProgress := progress == nil || progress[id]
+		if readProgress {
+			st.reportedAt = now
+		}
 		c.queueUnreturned(st)
 		pending = pending || len(st.unreturned) > 0
 		if len(st.windows) == 0 {
@@ -58,7 +64,7 @@ func (c *Core) report(now time.Time, all bool) {
 			case now.After(u.end.Add(c.opt.keyGrace)):
 				delete(st.windows, k) // its bucket has expired: nothing left to read
 				continue
-			case all || u.dirty || ended && !u.final:
+			case all || ended && !u.final || u.dirty && (readProgress || ended):
 				u.dirty = false
 				u.final = u.final || ended
 				byStore[k.store] = append(byStore[k.store], k.window)
@@ -88,6 +94,46 @@ func (c *Core) report(now time.Time, all bool) {
 	if pending && !all {
 		c.reportAt = now.Add(c.opt.reportEvery)
 	}
+}
+
+// progressAllowed returns the limits whose windows in progress this
+// round reads, or nil for all of them: at most maxProgress of the limits
+// with such windows to read, those read longest ago first (ties by id).
+// A limit whose ended window is read anyway is not counted: its windows
+// in progress go in the same read.
+func (c *Core) progressAllowed(now time.Time, all bool) map[string]bool {
+	if all || len(c.pending) <= c.opt.maxProgress {
+		return nil
+	}
+	var want []*limitState
+	for _, st := range c.pending {
+		progress, ended := false, false
+		for _, u := range st.windows {
+			e := !now.Before(u.end.Add(c.opt.reportEvery))
+			ended = ended || e && !u.final
+			progress = progress || u.dirty && !e
+		}
+		if progress && !ended {
+			want = append(want, st)
+		}
+	}
+	if len(want) <= c.opt.maxProgress {
+		return nil
+	}
+	slices.SortFunc(want, func(a, b *limitState) int {
+		if c := a.reportedAt.Compare(b.reportedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	ok := make(map[string]bool, len(c.pending))
+	for _, st := range c.pending {
+		ok[st.id] = true
+	}
+	for _, st := range want[c.opt.maxProgress:] {
+		ok[st.id] = false
+	}
+	return ok
 }
 
 // ReportDone hands the Core a report's outcome: a report that did not
