@@ -39,8 +39,8 @@ lint: ## go vet, staticcheck, gofmt, and go.mod kept tidy.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); test -z "$$out" || { echo "gofmt needed: $$out" >&2; exit 1; }
 
 .PHONY: test
-test: ## Run every test (real redis-server and embedded etcd; needs redis-server on PATH).
-	@command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install -y redis-server" >&2; exit 1; }
+test: ## Run every test (real redis-server, installed with apt-get when missing, and embedded etcd).
+	@./.ci/install-deps
 	@set -o pipefail; $(GO) test -race -count=1 -timeout 25m $(TEST_FLAGS) ./... 2>&1 | tee test.log || \
 	  { rc=$$?; $(GO) run ./internal/testsummary < test.log; exit $$rc; }
 
