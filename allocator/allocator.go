@@ -107,7 +107,7 @@ func WithAuditRetention(keep, sweep time.Duration) Option {
 // the retry.
 func WithCommitTimeouts(attempt, budget time.Duration) Option {
 	return func(o *options) {
-		o.commit.attempt, o.commit.hedge, o.commit.maxAttempt, o.commit.budget = attempt, attempt/2, 4*attempt, budget
+		o.commit.attempt, o.commit.budget = attempt, budget
 	}
 }
 
@@ -188,7 +188,7 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 		maxOps:     128,
 		committers: 2,
 		commit: commitTiming{
-			attempt: 500 * time.Millisecond, hedge: 250 * time.Millisecond, maxAttempt: 2 * time.Second, // budget: the session TTL
+			attempt: 500 * time.Millisecond, // budget: the session TTL
 			backoff: func() backoff.BackOff {
 				b := backoff.NewExponentialBackOff()
 				b.InitialInterval = 20 * time.Millisecond
@@ -218,7 +218,7 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 	if o.commit.budget == 0 {
 		o.commit.budget = time.Duration(o.sessionTTL) * time.Second
 	}
-	if o.commit.attempt <= 0 || o.commit.hedge <= 0 || o.commit.budget < 0 {
+	if o.commit.hedge() <= 0 || o.commit.budget < 0 {
 		return nil, errors.New("allocator: the commit attempt timeout must be > 0 and the retry budget >= 0")
 	}
 	if ra := o.refusalAudit; ra.rate <= 0 || ra.burst < 1 || ra.quiet <= 0 || ra.every <= 0 {

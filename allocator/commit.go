@@ -53,18 +53,21 @@ type commitTiming struct {
 	// that an etcd member forwarded to a raft leader that then died waits
 	// out its timeout, so it is short: within an election.
 	attempt time.Duration
-	// hedge is how long a retry waits for an answer before it sends the
-	// same transaction once more beside the copies in flight (see hedged).
-	hedge time.Duration
-	// maxAttempt is how long one retry waits for any of its copies, so a
-	// slow but healthy etcd still gets through.
-	maxAttempt time.Duration
 	// budget bounds the retries of a failed transaction, from its first
 	// failure; then the term ends.
 	budget time.Duration
 	// backoff between retries that failed fast.
 	backoff func() backoff.BackOff
 }
+
+// hedge is how long a retry waits for an answer before it sends the same
+// transaction once more beside the copies in flight (see hedged): half an
+// attempt.
+func (t commitTiming) hedge() time.Duration { return t.attempt / 2 }
+
+// maxAttempt is how long one retry waits for any of its copies, so a slow
+// but healthy etcd still gets through: four attempts.
+func (t commitTiming) maxAttempt() time.Duration { return 4 * t.attempt }
 
 // batch is the writes of one transaction, numbered in the order taken.
 type batch struct {
@@ -166,7 +169,7 @@ func (c *committer) worker() {
 		if b == nil {
 			return
 		}
-		err := c.attempt(b, c.timing.attempt)
+		err := c.attempt(b)
 		if err != nil && retryable(err) && c.ctx.Err() == nil {
 			c.retryLater(b, err)
 			continue
@@ -175,13 +178,13 @@ func (c *committer) worker() {
 	}
 }
 
-// attempt runs b's first fenced transaction with timeout.
-func (c *committer) attempt(b *batch, timeout time.Duration) error {
+// attempt runs b's first fenced transaction, within the attempt timeout.
+func (c *committer) attempt(b *batch) error {
 	txn := make([]clientv3.Op, len(b.ops))
 	for i, p := range b.ops {
 		txn[i] = p.op
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.timing.attempt)
 	start := time.Now()
 	err := c.store.CommitBatch(ctx, c.fence, b.seq, txn, false)
 	cancel()
@@ -324,7 +327,7 @@ func (c *committer) recover(failed []*batch, committed map[uint64][]clientv3.Op,
 }
 
 // hedged retries one transaction: it sends it, and sends it again beside
-// the copies in flight each time attempt passes without an answer, until
+// the copies in flight each time hedge passes without an answer, until
 // one commits or fails for good, all failed, or maxAttempt passed (every
 // hedge interval, at most maxAttempt / hedge copies). Why
 // copies rather than a longer timeout: a proposal that an etcd member
@@ -336,9 +339,9 @@ func (c *committer) recover(failed []*batch, committed map[uint64][]clientv3.Op,
 // the first to commit makes every other copy of the batch, and the timed
 // out first attempt, do nothing if they land later, after newer batches.
 func (c *committer) hedged(seq uint64, txn []clientv3.Op) error {
-	ctx, cancel := context.WithTimeout(c.ctx, c.timing.maxAttempt)
+	ctx, cancel := context.WithTimeout(c.ctx, c.timing.maxAttempt())
 	defer cancel()
-	results := make(chan error, 1+int(c.timing.maxAttempt/max(c.timing.hedge, time.Millisecond)))
+	results := make(chan error, 1+int(c.timing.maxAttempt()/max(c.timing.hedge(), time.Millisecond)))
 	send := func() {
 		c.metrics.txnRetries.Inc()
 		c.metrics.txnOps.Observe(float64(len(txn)))
@@ -351,7 +354,7 @@ func (c *committer) hedged(seq uint64, txn []clientv3.Op) error {
 	}
 	send()
 	sent, answered := 1, 0
-	again := time.NewTimer(c.timing.hedge)
+	again := time.NewTimer(c.timing.hedge())
 	defer again.Stop()
 	var last error
 	for {
@@ -369,13 +372,13 @@ func (c *committer) hedged(seq uint64, txn []clientv3.Op) error {
 			if sent < cap(results) {
 				send()
 				sent++
-				again.Reset(c.timing.hedge)
+				again.Reset(c.timing.hedge())
 			}
 		case <-ctx.Done():
 			if last == nil || c.ctx.Err() != nil {
 				last = ctx.Err()
 			}
-			return fmt.Errorf("allocator: commit %d ops: no copy answered within %v: %w", len(txn), c.timing.maxAttempt, last)
+			return fmt.Errorf("allocator: commit %d ops: no copy answered within %v: %w", len(txn), c.timing.maxAttempt(), last)
 		}
 	}
 }
@@ -490,37 +493,22 @@ func retryable(err error) bool {
 	switch {
 	case err == nil, errors.Is(err, ErrFenced), errors.Is(err, context.Canceled):
 		return false
-	case isTimeout(err):
+	case errors.Is(err, context.DeadlineExceeded):
 		return true
 	}
 	var ee rpctypes.EtcdError
 	if errors.As(err, &ee) {
 		return ee.Code() == codes.Unavailable
 	}
-	if st, ok := status.FromError(unwrapAll(err)); ok {
-		switch st.Code() {
-		case codes.Unavailable, codes.DeadlineExceeded:
-			return true
-		}
+	switch status.Code(err) { // (it looks through wraps)
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return true
 	}
 	// A member without a raft leader drops proposals ("raft proposal
 	// dropped"), and a member being stopped fails them ("raft: stopped");
 	// etcd passes raft's errors on without a code.
 	msg := err.Error()
 	return strings.Contains(msg, "raft proposal dropped") || strings.Contains(msg, "raft: stopped")
-}
-
-func isTimeout(err error) bool { return errors.Is(err, context.DeadlineExceeded) }
-
-// unwrapAll returns the innermost error of a chain of single wraps.
-func unwrapAll(err error) error {
-	for {
-		u := errors.Unwrap(err)
-		if u == nil {
-			return err
-		}
-		err = u
-	}
 }
 
 // close fails every queued write with err and stops the workers once their

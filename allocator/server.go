@@ -154,10 +154,7 @@ func (s *Server) ReportUsage(ctx context.Context, req *pb.ReportUsageRequest) (*
 // SyncLimits implements pb.AllocatorServer. Any replica answers it from
 // etcd, with the version of each limit in force now (Allocator.SyncLimits).
 func (s *Server) SyncLimits(ctx context.Context, req *pb.SyncLimitsRequest) (*pb.SyncLimitsResponse, error) {
-	if err := s.allowLease(ctx, "SyncLimits", req.GetRegion()); err != nil {
-		return nil, toStatus(ctx, err)
-	}
-	if err := vocab.ValidateRegion("region", req.GetRegion()); err != nil {
+	if err := s.allowLease(ctx, "SyncLimits", req.GetRegion()); err != nil { // validates the region too
 		return nil, toStatus(ctx, err)
 	}
 	out, err := s.a.SyncLimits(ctx, req.Region, req.KnownRevision)
