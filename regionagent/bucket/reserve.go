@@ -2,11 +2,8 @@ package bucket
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/redis/go-redis/v9"
 
 	"leasehold/regionagent/store"
 )
@@ -107,16 +104,8 @@ type ReleaseResult struct {
 // and retrying it cannot help.
 var ErrUnspentTooLarge = fmt.Errorf("%w: unspent exceeds the reservation", ErrInvalid)
 
-// releaseUnspentTooLarge is the error release.lua raises for it.
-const releaseUnspentTooLarge = "bucket: unspent out of range"
-
-// isScriptError reports whether err is the error a script raised with msg
-// (Redis and miniredis wrap the message differently, so it is looked for
-// inside the reply's text).
-func isScriptError(err error, msg string) bool {
-	var re redis.Error
-	return errors.As(err, &re) && strings.Contains(re.Error(), msg)
-}
+// releaseOutOfRange is release.lua's status for it.
+const releaseOutOfRange = 4
 
 // Release ends a reservation: unspent tokens leave the admitted count and,
 // before the reservation's deadline, return to the bucket as a lease of
@@ -134,9 +123,6 @@ func (b *Buckets) Release(ctx context.Context, key, id string, unspent, nowMs in
 	}
 	v, err := b.eval(ctx, releaseScript, []string{key}, nowMs, id, unspent)
 	if err != nil {
-		if isScriptError(err, releaseUnspentTooLarge) {
-			return ReleaseResult{}, fmt.Errorf("%w: unspent %d", ErrUnspentTooLarge, unspent)
-		}
 		return ReleaseResult{}, err
 	}
 	a, err := replyArray(v, 2)
@@ -148,7 +134,10 @@ func (b *Buckets) Release(ctx context.Context, key, id string, unspent, nowMs in
 	if err := ints(a, &r.Returned, &st); err != nil {
 		return ReleaseResult{}, err
 	}
-	if st < 1 || st > 3 {
+	switch {
+	case st == releaseOutOfRange:
+		return ReleaseResult{}, fmt.Errorf("%w: unspent %d", ErrUnspentTooLarge, unspent)
+	case st < 1 || st > 3:
 		return ReleaseResult{}, fmt.Errorf("%w: release status %d", ErrBadReply, st)
 	}
 	r.Status = ReleaseStatus(st)

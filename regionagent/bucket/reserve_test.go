@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"errors"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -329,6 +330,29 @@ func TestReserveLasting(t *testing.T) {
 			}
 			if _, err := b.ReserveLasting(ctx, key, "c4", 1, 1, -1, T0); err == nil {
 				t.Fatal("a negative last was accepted")
+			}
+		})
+	}
+}
+
+// TestReleaseOutOfRange: releasing more than a reservation holds is
+// ErrUnspentTooLarge (and ErrInvalid), from the script's own status, and
+// writes nothing: a right-sized release afterwards is the first.
+func TestReleaseOutOfRange(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			key := Key("", "range", 1)
+			mustDeposit(t, ctx, b, Deposit{Key: key, LeaseID: "l", Tokens: 40, StartMs: T0, DeadlineMs: T0 + 9000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
+			if r, err := b.Reserve(ctx, key, "c1", 10, 10, T0); err != nil || r.Granted != 10 {
+				t.Fatalf("reserve: %+v %v", r, err)
+			}
+			if _, err := b.Release(ctx, key, "c1", 11, T0); !errors.Is(err, ErrUnspentTooLarge) || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("release of 11 from 10: %v, want ErrUnspentTooLarge", err)
+			}
+			if r, err := b.Release(ctx, key, "c1", 4, T0); err != nil || r != (ReleaseResult{Returned: 4, Status: Released}) {
+				t.Fatalf("release of 4 after the refused one: %+v %v, want the first release", r, err)
 			}
 		})
 	}

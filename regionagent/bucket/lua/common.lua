@@ -84,12 +84,19 @@ local function load(key, counters)
   return leases, #flat > 0
 end
 
--- spendable sums the tokens of leases with start <= now < deadline and
--- returns (sum, earliest deadline among them holding tokens, or 0).
-local function spendable(leases, now)
+-- usable: lease l holds tokens spendable at now (start <= now <
+-- deadline), and lasts until at least from (from <= deadline).
+local function usable(l, now, from)
+  return l.s <= now and now < l.d and from <= l.d and l.r > 0
+end
+
+-- spendable sums the tokens of leases usable at now (and until from, if
+-- given) and returns (sum, earliest deadline among them, or 0).
+local function spendable(leases, now, from)
   local sum, earliest = 0, 0
+  from = from or now
   for _, l in ipairs(leases) do
-    if l.s <= now and now < l.d and l.r > 0 then
+    if usable(l, now, from) then
       sum = sum + l.r
       if earliest == 0 then
         earliest = l.d

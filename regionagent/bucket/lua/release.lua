@@ -19,8 +19,9 @@
 -- Idempotent: a retry returns what the first release returned.
 --
 -- Reply {returned, status}: returned is what is spendable again now;
---   status 1 released now, 2 released before, 3 unknown reservation
---   (nothing written)
+--   status 1 released now, 2 released before, 3 unknown reservation,
+--   4 unspent out of range (more than the reservation holds); nothing
+--   written for 3 and 4
 local key = KEYS[1]
 local now = now_ms(ARGV[1])
 local id = ARGV[2]
@@ -37,7 +38,7 @@ if not cur[1] then
 end
 local reserved, deadline = tonumber(cur[1]), tonumber(cur[2])
 if unspent < 0 or unspent > reserved then
-  error('bucket: unspent out of range')
+  return {0, 4}
 end
 local returned = 0
 if unspent > 0 then

@@ -49,13 +49,8 @@ local leases = load(key)
 local bal = spendable(leases, now)
 local from_ms, avail = now, bal
 if last > 0 then
-  local lasting = 0
-  for _, l in ipairs(leases) do
-    if l.s <= now and now + last <= l.d and l.r > 0 then
-      lasting = lasting + l.r
-    end
-  end
-  from_ms, avail = now + last, lasting -- only leases ending at or after it
+  from_ms = now + last -- only leases ending at or after it
+  avail = spendable(leases, now, from_ms)
 end
 local prev = redis.call('HMGET', key, 'v:' .. id, 'w:' .. id, 'x:' .. id)
 if prev[3] then
@@ -77,7 +72,7 @@ for _, l in ipairs(leases) do
   if left == 0 then
     break
   end
-  if l.s <= now and now < l.d and from_ms <= l.d and l.r > 0 then
+  if usable(l, now, from_ms) then
     if deadline == 0 then
       deadline = l.d
     end
