@@ -323,26 +323,31 @@ type CheckItem struct {
 
 // Check decides one request of cost against limit. cost 0 means 1.
 func (a *Agent) Check(ctx context.Context, limit string, cost int64) (Decision, error) {
-	if d, ok := a.fromChunk(ctx, limit, cost); ok {
-		return d, nil
-	}
-	ds, err := a.checkMulti(ctx, []CheckItem{{Limit: limit, Cost: cost}})
+	d, err := a.checkOne(ctx, CheckItem{Limit: limit, Cost: cost})
 	if err != nil {
 		var fe *FieldError
 		if errors.As(err, &fe) {
 			fe.Field = fe.Field[len("checks[0]."):]
 		}
-		return Decision{}, err
 	}
-	a.asked(limit, cost, ds[0])
-	return ds[0], nil
+	return d, err
 }
 
-// asked tells the chunks of a Check of one limit decided without them.
-func (a *Agent) asked(limit string, cost int64, d Decision) {
-	if a.chunks != nil && d.Limit > 0 {
-		a.chunks.Asked(limit, cost) // a limit the agent knows: its rate makes it hot
+// checkOne decides a request of one limit: from the limit's chunk if one
+// can (in memory), else by the store, after which the chunks are told (a
+// limit the agent knows: its rate makes it hot).
+func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) {
+	if d, ok := a.fromChunk(ctx, item.Limit, item.Cost); ok {
+		return d, nil
 	}
+	ds, err := a.checkMulti(ctx, []CheckItem{item})
+	if err != nil {
+		return Decision{}, err
+	}
+	if a.chunks != nil && ds[0].Limit > 0 {
+		a.chunks.Asked(item.Limit, item.Cost)
+	}
+	return ds[0], nil
 }
 
 // maxMulti bounds the limits of one CheckMulti.
@@ -361,14 +366,11 @@ func (a *Agent) CheckMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 	if len(items) != 1 {
 		return a.checkMulti(ctx, items)
 	}
-	if d, ok := a.fromChunk(ctx, items[0].Limit, items[0].Cost); ok {
-		return []Decision{d}, nil
+	d, err := a.checkOne(ctx, items[0])
+	if err != nil {
+		return nil, err
 	}
-	ds, err := a.checkMulti(ctx, items)
-	if err == nil {
-		a.asked(items[0].Limit, items[0].Cost, ds[0])
-	}
-	return ds, err
+	return []Decision{d}, nil
 }
 
 func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, error) {

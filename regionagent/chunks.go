@@ -81,7 +81,9 @@ func (a *Agent) chunkAhead() time.Duration {
 	if a.chunks == nil {
 		return 0
 	}
-	return max(a.opt.chunks.Horizon, time.Second) // the client's default horizon when unset
+	// The horizon sizes a chunk at the replica's rate; a chunk may be spent
+	// for longer (the rate fell, the renewal lead), so at least 1 s counts.
+	return max(a.opt.chunks.Horizon, time.Second)
 }
 
 // closeChunks gives back what the chunks hold.

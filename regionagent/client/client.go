@@ -372,16 +372,24 @@ func (c *Client) AllowSubLease(ctx context.Context, limit string, cost int64) (d
 }
 
 // Asked tells the client that cost of limit was decided without it (its
-// rate decides when the limit is hot).
+// rate decides when the limit is hot), after AllowSubLease said it could
+// not: that call already marked a known limit used, so only a limit new
+// here reads the clock.
 func (c *Client) Asked(limit string, cost int64) {
 	if cost == 0 {
 		cost = 1
 	}
-	if cost > 0 && limit != "" && !c.closed.Load() {
-		st := c.state(limit)
-		st.asked.Add(cost)
-		st.lastUse.Store(c.mono())
+	if cost <= 0 || limit == "" || c.closed.Load() {
+		return
 	}
+	if v, ok := c.states.Load(limit); ok {
+		v.(*limitState).asked.Add(cost)
+		return
+	}
+	st := &limitState{id: limit}
+	st.lastUse.Store(c.mono())
+	v, _ := c.states.LoadOrStore(limit, st)
+	v.(*limitState).asked.Add(cost)
 }
 
 // fromChunk decides from the chunk st holds, if it is alive and holds
@@ -535,17 +543,9 @@ func (c *Client) sweep(now int64) {
 		st := v.(*limitState)
 		idleFor := now - st.lastUse.Load()
 		// A limit that holds nothing (no chunk, no Reserve in flight, no
-		// denial) costs two loads here, however many there are: only its
-		// age is looked at.
-		if st.cur.Load() == nil && !st.pending.Load() && st.deny.Load() == nil {
-			if idleFor >= int64(c.opt.stateTTL) {
-				st.mu.Lock()
-				if st.cur.Load() == nil && st.next == nil && !st.pending.Load() && st.deny.Load() == nil {
-					st.dead = true
-					c.states.CompareAndDelete(k, st)
-				}
-				st.mu.Unlock()
-			}
+		// denial) costs a few loads here, however many there are, until it
+		// is old enough to forget (below).
+		if st.cur.Load() == nil && !st.pending.Load() && st.deny.Load() == nil && idleFor < int64(c.opt.stateTTL) {
 			return true
 		}
 		st.mu.Lock()
