@@ -42,10 +42,10 @@ func (c *Core) hasReports(st *limitState) bool { return len(st.windows) > 0 }
 // crashed); all asks for every window still kept (the agent is stopping).
 func (c *Core) report(now time.Time, all bool) {
 	pending := false
-	progress := c.progressAllowed(now, all)
+	deferred := c.progressDeferred(now, all)
 	for _, id := range sortedIDs(c.pending) {
 		st := c.pending[id]
-		readProgress := progress == nil || progress[id]
+		readProgress := !deferred[id]
 		if readProgress {
 			st.reportedAt = now
 		}
@@ -96,12 +96,12 @@ func (c *Core) report(now time.Time, all bool) {
 	}
 }
 
-// progressAllowed returns the limits whose windows in progress this
-// round reads, or nil for all of them: at most maxProgress of the limits
-// with such windows to read, those read longest ago first (ties by id).
-// A limit whose ended window is read anyway is not counted: its windows
-// in progress go in the same read.
-func (c *Core) progressAllowed(now time.Time, all bool) map[string]bool {
+// progressDeferred returns the limits whose windows in progress wait for
+// a later round (nil: none do): beyond the maxProgress limits with such
+// windows to read, those read longest ago first (ties by id). A limit
+// whose ended window is read anyway is not counted: its windows in
+// progress go in the same read.
+func (c *Core) progressDeferred(now time.Time, all bool) map[string]bool {
 	if all || len(c.pending) <= c.opt.maxProgress {
 		return nil
 	}
@@ -126,14 +126,11 @@ func (c *Core) progressAllowed(now time.Time, all bool) map[string]bool {
 		}
 		return strings.Compare(a.id, b.id)
 	})
-	ok := make(map[string]bool, len(c.pending))
-	for _, st := range c.pending {
-		ok[st.id] = true
-	}
+	deferred := make(map[string]bool, len(want)-c.opt.maxProgress)
 	for _, st := range want[c.opt.maxProgress:] {
-		ok[st.id] = false
+		deferred[st.id] = true
 	}
-	return ok
+	return deferred
 }
 
 // ReportDone hands the Core a report's outcome: a report that did not
