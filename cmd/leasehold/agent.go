@@ -75,8 +75,8 @@ func (c *agentConfig) validate() error {
 	if c.lead <= 0 || c.renewEvery <= 0 {
 		return usagef("-renew-lead and -renew-interval must be > 0")
 	}
-	if c.chunkHotRate < 0 || math.IsNaN(c.chunkHotRate) || math.IsInf(c.chunkHotRate, 0) {
-		return usagef("-chunk-hot-rate must be a number >= 0 (0: off)")
+	if err := checkChunkHotRate(c.chunkHotRate); err != nil {
+		return err
 	}
 	if _, err := regionagent.ParseRedis(c.redis); err != nil {
 		return usagef("-redis: %v", err)
@@ -265,6 +265,14 @@ func checkAgentCert(file, region string) error {
 	}
 	if id.Kind != auth.KindAgent || id.Name != region {
 		return fmt.Errorf("-allocator-cert %s names %s, not agent/%s (-region)", file, id, region)
+	}
+	return nil
+}
+
+// checkChunkHotRate refuses a -chunk-hot-rate that is not a number >= 0.
+func checkChunkHotRate(r float64) error {
+	if r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
+		return usagef("-chunk-hot-rate must be a number >= 0 (0: off)")
 	}
 	return nil
 }

@@ -95,10 +95,7 @@ func runDevCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if c.trafficEU < 0 || c.trafficUS < 0 || math.IsNaN(c.trafficEU+c.trafficUS) || c.trafficFor <= 0 {
 			return usagef("-traffic-eu/-traffic-us must be >= 0 and -traffic-for > 0")
 		}
-		if c.chunkHotRate < 0 || math.IsNaN(c.chunkHotRate) || math.IsInf(c.chunkHotRate, 0) {
-			return usagef("-chunk-hot-rate must be a number >= 0 (0: off)")
-		}
-		return nil
+		return checkChunkHotRate(c.chunkHotRate)
 	}
 	log, err := setup("dev", c.register, &c.log, validate, args, stdout, stderr)
 	if err != nil {

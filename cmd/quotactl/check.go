@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -62,14 +61,7 @@ completes. Until the first answer, any error ends the run (exit 1).`,
 			o.limit = s
 			return nil
 		})
-		f.value("cost", "`C`: tokens each call asks for, >= 1 (default 1)", func(s string) error {
-			n, err := strconv.ParseInt(s, 10, 64)
-			if err != nil || n < 1 || n > vocab.MaxTokens {
-				return fmt.Errorf("want a whole number from 1 to %d", vocab.MaxTokens)
-			}
-			o.cost = n
-			return nil
-		})
+		f.tokensVar(&o.cost, "cost", "`C`: tokens each call asks for, >= 1 (default 1)", 1)
 		f.value("count", "`N`: calls to make in total, >= 1 (default 1, or 1000000 with --duration)", func(s string) error {
 			n, err := strconv.ParseInt(s, 10, 64)
 			if err != nil || n < 1 {

@@ -157,9 +157,6 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 				return nil, fieldErr(f+".local_tokens", "only local fallbacks take tokens")
 			}
 		case pb.FallbackKind_FALLBACK_KIND_LOCAL:
-			if fb.LocalTokens < 1 {
-				return nil, fieldErr(f+".local_tokens", "local:A needs A >= 1, got %d", fb.LocalTokens)
-			}
 			if err := vocab.ValidateTokens(f+".local_tokens", fb.LocalTokens, 1); err != nil {
 				return nil, err
 			}
