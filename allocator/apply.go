@@ -445,7 +445,7 @@ func (a *Allocator) commitChanges(ctx context.Context, t *term, cs *changeSet, p
 		}
 		pl.result.changeID = recordID
 	}
-	cmps := []clientv3.Cmp{t.fence.cmp()}
+	cmps := []clientv3.Cmp{t.fence.Cmp()}
 	var ops []clientv3.Op
 	for k, i := range eventItems {
 		key := a.store.limitKey(cs.items[i].id())

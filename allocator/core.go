@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"leasehold/internal/seeded"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -286,7 +287,7 @@ func demandTTL(l *Limit) time.Duration { return max(2*l.TTL, 5*time.Second) }
 // Acquire decides one lease request of region at now.
 func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision {
 	rk := requestKey{region, r.RequestID}
-	if g, ok := c.byRequest[rk]; ok {
+	if g, ok := c.byRequest[rk]; ok && !seeded.On(seeded.RegrantRetry) {
 		if g.Limit != r.Limit {
 			return Decision{Code: pb.ItemCode_ITEM_CODE_CONFLICT,
 				Message: fmt.Sprintf("request id %q was used for limit %q", r.RequestID, g.Limit)}
@@ -447,7 +448,7 @@ func (c *Core) Return(now time.Time, region string, r ReturnRequest) (ReturnDeci
 	if g.pending != nil && !g.pending.isDone() {
 		return ReturnDecision{Wait: g.pending}, nil
 	}
-	if g.Returned {
+	if g.Returned && !seeded.On(seeded.DoubleCredit) {
 		return ReturnDecision{Credited: g.Credited, Duplicate: true}, nil
 	}
 	if r.Unspent > g.Tokens {

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
+	"leasehold/internal/seeded"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -65,7 +66,13 @@ type Fence struct {
 	Rev int64
 }
 
-func (f Fence) cmp() clientv3.Cmp {
+// Cmp is the fence as an etcd compare: every commit of a term is a
+// transaction If(Cmp()). (The protocol explorer evaluates the same compare
+// against its model of etcd.)
+func (f Fence) Cmp() clientv3.Cmp {
+	if seeded.On(seeded.NoFence) {
+		return clientv3.Compare(clientv3.CreateRevision(f.Key), ">", -1) // holds for any key: no fence
+	}
 	return clientv3.Compare(clientv3.CreateRevision(f.Key), "=", f.Rev)
 }
 
@@ -106,7 +113,7 @@ func (s *Store) putSummaryOp(w *WindowSummary) (clientv3.Op, error) {
 // Commit applies ops in one transaction, only if the fence holds. It returns
 // ErrFenced when leadership was lost: nothing was written.
 func (s *Store) Commit(ctx context.Context, f Fence, ops []clientv3.Op) error {
-	resp, err := s.cli.Txn(ctx).If(f.cmp()).Then(ops...).Commit()
+	resp, err := s.cli.Txn(ctx).If(f.Cmp()).Then(ops...).Commit()
 	if err != nil {
 		return fmt.Errorf("allocator: commit %d ops: %w", len(ops), err)
 	}
@@ -139,7 +146,7 @@ func (s *Store) CommitBatch(ctx context.Context, f Fence, seq uint64, ops []clie
 		then = append(ops[:len(ops):len(ops)], clientv3.OpPut(once, ""))
 	}
 	resp, err := s.cli.Txn(ctx).
-		If(f.cmp(), clientv3.Compare(clientv3.CreateRevision(once), "=", 0)).
+		If(f.Cmp(), clientv3.Compare(clientv3.CreateRevision(once), "=", 0)).
 		Then(then...).
 		Else(clientv3.OpGet(once, clientv3.WithCountOnly())).
 		Commit()

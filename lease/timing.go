@@ -3,6 +3,8 @@ package lease
 import (
 	"math"
 	"time"
+
+	"leasehold/internal/seeded"
 )
 
 // Timing says when a lease becomes spendable and when it expires, as
@@ -49,6 +51,9 @@ func Schedule(now time.Time, w Window, ttl time.Duration) Timing {
 	}
 	startsIn := max(start.Sub(now), 0)
 	expiresIn := min(addSat(startsIn, max(ttl, 0)), left)
+	if seeded.On(seeded.NoClamp) {
+		expiresIn = addSat(startsIn, max(ttl, 0))
+	}
 	return Timing{StartsIn: startsIn, ExpiresIn: expiresIn}
 }
 

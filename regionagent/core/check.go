@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"leasehold/internal/seeded"
 	"leasehold/lease"
 	"leasehold/regionagent/store"
 )
@@ -424,6 +425,9 @@ func (c *Core) fallback(now time.Time, chk *Check) {
 		add := store.FallbackAdd{Key: chk.Keys[i], Cost: chk.Costs[i], Mode: store.CounterModeOpen}
 		if f := st.l.Fallback; f.kind() == FallbackLocal {
 			add.Cap, add.Mode = f.LocalTokens, store.CounterModeLocal
+			if seeded.On(seeded.UncountedFallback) {
+				add.Mode = ""
+			}
 		}
 		chk.Count[i] = add
 	}

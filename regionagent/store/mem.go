@@ -3,8 +3,11 @@ package store
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+
+	"leasehold/internal/seeded"
 )
 
 // Deposit describes one lease to store in a [Mem]: the arguments of
@@ -123,7 +126,7 @@ func (h *memHash) spendable(nowMs int64) (sum, earliest int64) {
 		return 0, 0
 	}
 	for _, l := range h.leases {
-		if l.s <= nowMs && nowMs < l.d && l.r > 0 {
+		if l.s <= nowMs && (nowMs < l.d || seeded.On(seeded.SpendAtDeadline) && nowMs == l.d) && l.r > 0 {
 			sum += l.r
 			if earliest == 0 {
 				earliest = l.d
@@ -159,7 +162,7 @@ func (h *memHash) charge(cost, nowMs int64) {
 		if left == 0 {
 			break
 		}
-		if l.s <= nowMs && nowMs < l.d && l.r > 0 {
+		if l.s <= nowMs && (nowMs < l.d || seeded.On(seeded.SpendAtDeadline) && nowMs == l.d) && l.r > 0 {
 			take := min(l.r, left)
 			l.r -= take
 			left -= take
@@ -431,4 +434,26 @@ func (b *Mem) AdmitFallback(adds []FallbackAdd, nowMs int64) (bool, []int64, err
 		vals[i] = h.counters[CounterFallback]
 	}
 	return true, vals, nil
+}
+
+// Clone returns a deep copy of b: a replica's view of the same Redis, for
+// models of a failover that loses the writes made since the copy.
+func (b *Mem) Clone() *Mem {
+	c := &Mem{keys: make(map[Key]*memHash, len(b.keys)), orphanTTL: b.orphanTTL}
+	for k, h := range b.keys {
+		n := *h
+		n.leases = make([]*memLease, len(h.leases))
+		for i, l := range h.leases {
+			cl := *l
+			n.leases[i] = &cl
+		}
+		if h.closed != nil {
+			n.closed = maps.Clone(h.closed)
+		}
+		if h.counters != nil {
+			n.counters = maps.Clone(h.counters)
+		}
+		c.keys[k] = &n
+	}
+	return c
 }

@@ -1,0 +1,5 @@
+//go:build leasehold_seeded
+
+package seeded
+
+const enabled = true
