@@ -43,6 +43,13 @@ test: ## Run every test (real redis-server, installed with apt-get when missing,
 	@./.ci/install-deps
 	@set -o pipefail; $(GO) test -race -count=1 -timeout 25m $(TEST_FLAGS) ./... 2>&1 | tee test.log || \
 	  { rc=$$?; $(GO) run ./internal/testsummary < test.log; exit $$rc; }
+	@$(MAKE) --no-print-directory explore
+
+.PHONY: explore
+explore: ## Explore the protocol's CI scopes (clean build: no violation) and find every seeded bug (docs/verification.md).
+	@set -o pipefail; $(GO) test -count=1 -timeout 15m -tags leasehold_seeded -run '^(TestCIScopes|TestSeededBugsFound)$$' -v ./simulations/explore/ 2>&1 | \
+	  tee -a test.log | grep -E '^(---|ok|FAIL|panic)|_test.go:[0-9]+: [a-z]' || \
+	  { rc=$$?; $(GO) run ./internal/testsummary < test.log; exit $$rc; }
 
 .PHONY: bench
 bench: ## Run the benchmarks (results in bench.txt; compare runs with benchstat).
