@@ -25,13 +25,14 @@ const (
 	EvLeader                      // the allocator's leader is deposed; a new one rebuilds from etcd
 	EvRedisDown                   // a region's Redis stops answering
 	EvRedisUp                     // it answers again
+	EvRedisTimeout                // a region's Redis takes writes but its answers are lost, unnoticed
 	EvRollback                    // a region's Redis fails over, losing what its replica had not copied
 	EvLimit                       // G changes, at once everywhere
 )
 
 var kindNames = map[Kind]string{EvCheck: "check", EvAdvance: "advance", EvServe: "serve", EvCommit: "commit",
 	EvDeliver: "deliver", EvDropRequest: "drop-request", EvDropAnswer: "drop-answer", EvRetry: "retry", EvFail: "fail",
-	EvLeader: "leader", EvRedisDown: "redis-down", EvRedisUp: "redis-up", EvRollback: "rollback", EvLimit: "limit"}
+	EvLeader: "leader", EvRedisDown: "redis-down", EvRedisUp: "redis-up", EvRedisTimeout: "redis-timeout", EvRollback: "rollback", EvLimit: "limit"}
 
 // Event is one step of a trace. Its fields depend on Kind: Region and
 // Replica for a Check, Region for Redis events, At (from t0) for an
@@ -56,7 +57,7 @@ func (e Event) String() string {
 		return fmt.Sprintf("%s %s/%d", name, regionNames[e.Region], e.Replica)
 	case EvAdvance:
 		return fmt.Sprintf("%s t0+%dms", name, e.At.Milliseconds())
-	case EvRedisDown, EvRedisUp, EvRollback:
+	case EvRedisDown, EvRedisUp, EvRedisTimeout, EvRollback:
 		return name + " " + regionNames[e.Region]
 	case EvLeader:
 		return name
@@ -117,7 +118,7 @@ func ParseTrace(s string) ([]Event, error) {
 			var n int64
 			n, err = strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(arg, "t0+"), "ms"), 10, 64)
 			e.At = time.Duration(n) * time.Millisecond
-		case EvRedisDown, EvRedisUp, EvRollback:
+		case EvRedisDown, EvRedisUp, EvRedisTimeout, EvRollback:
 			e.Region, err = region(arg)
 		case EvLeader:
 		default:
@@ -193,10 +194,12 @@ func (w *world) events() []Event {
 		switch {
 		case r.down:
 			out = append(out, Event{Kind: EvRedisUp, Region: ri})
+		case r.timeouts:
+			out = append(out, Event{Kind: EvRedisUp, Region: ri}, Event{Kind: EvRedisDown, Region: ri})
 		case w.left.outage > 0:
-			out = append(out, Event{Kind: EvRedisDown, Region: ri})
+			out = append(out, Event{Kind: EvRedisDown, Region: ri}, Event{Kind: EvRedisTimeout, Region: ri})
 		}
-		if !r.down && w.left.rollback > 0 {
+		if !r.down && !r.timeouts && w.left.rollback > 0 {
 			out = append(out, Event{Kind: EvRollback, Region: ri})
 		}
 	}
@@ -298,17 +301,31 @@ func (w *world) apply1(e Event) error {
 		}
 		w.left.leader--
 		w.elect()
-	case EvRedisDown, EvRedisUp:
-		if e.Region < 0 || e.Region > 1 || w.regions[e.Region].down == (e.Kind == EvRedisDown) ||
-			e.Kind == EvRedisDown && w.left.outage == 0 {
+	case EvRedisDown, EvRedisUp, EvRedisTimeout:
+		if e.Region < 0 || e.Region > 1 {
 			return bad()
 		}
-		if e.Kind == EvRedisDown {
+		r := w.regions[e.Region]
+		healthy := !r.down && !r.timeouts
+		switch {
+		case e.Kind == EvRedisUp && healthy, e.Kind == EvRedisDown && r.down,
+			e.Kind == EvRedisTimeout && !healthy, healthy && w.left.outage == 0:
+			return bad()
+		}
+		if healthy {
 			w.left.outage--
+		}
+		if e.Kind == EvRedisTimeout {
+			r.timeouts = true // the replicas are not told
+			return nil
+		}
+		if e.Kind == EvRedisUp && r.timeouts {
+			r.timeouts = false // the replicas never noticed
+			return nil
 		}
 		w.setRedis(e.Region, e.Kind == EvRedisUp)
 	case EvRollback:
-		if e.Region < 0 || e.Region > 1 || w.regions[e.Region].down || w.left.rollback == 0 {
+		if e.Region < 0 || e.Region > 1 || w.regions[e.Region].down || w.regions[e.Region].timeouts || w.left.rollback == 0 {
 			return bad()
 		}
 		w.left.rollback--

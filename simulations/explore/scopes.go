@@ -12,9 +12,11 @@ var (
 	// LeaderScope: a leader change between any decision, its commit and
 	// its answer; the deposed term's commits are fenced.
 	LeaderScope = Scope{Name: "Leader", Tokens: 2, Replicas: [2]int{1, 1}, Depth: 9, Checks: 2, Retry: 1, LeaderChanges: 1}
-	// RedisScope: Redis down and back (in-process leases), and a failover
-	// that rolls back unreplicated writes.
-	RedisScope = Scope{Name: "Redis", Tokens: 2, Replicas: [2]int{1, 1}, Depth: 8, Checks: 3, RedisOutages: 1, Rollbacks: 1}
+	// RedisScope: Redis down and back (in-process leases), or taking
+	// writes whose answers are lost before the agent notices.
+	RedisScope = Scope{Name: "Redis", Tokens: 2, Replicas: [2]int{1, 1}, Depth: 8, Checks: 3, RedisOutages: 1}
+	// RollbackScope: a Redis failover that rolls back unreplicated writes.
+	RollbackScope = Scope{Name: "Rollback", Tokens: 2, Replicas: [2]int{1, 1}, Depth: 8, Checks: 3, Rollbacks: 1}
 	// FallbackScope: calls given up under local:1 fallback.
 	FallbackScope = Scope{Name: "Fallback", Tokens: 1, Replicas: [2]int{1, 1}, Depth: 9, Checks: 3, Fail: 1,
 		Fallback: core.Fallback{Kind: core.FallbackLocal, LocalTokens: 1}}
@@ -30,7 +32,7 @@ var (
 )
 
 // CIScopes are explored by every test run.
-var CIScopes = []Scope{LossyScope, LeaderScope, RedisScope, FallbackScope, ReplicasScope, LimitScope, ReturnsScope}
+var CIScopes = []Scope{LossyScope, LeaderScope, RedisScope, RollbackScope, FallbackScope, ReplicasScope, LimitScope, ReturnsScope}
 
 // LargeScopes go deeper, with two replicas in each region and several
 // fault kinds at once; they take from minutes to hours (go test

@@ -41,6 +41,7 @@ var regionNames = [2]string{"eu", "us"}
 
 var (
 	errRedisDown = errors.New("explore: redis down")
+	errTimeout   = errors.New("explore: redis timed out")
 	errCallFail  = errors.New("explore: allocator call failed")
 )
 
@@ -148,7 +149,10 @@ type region struct {
 	name      string
 	redis     *store.Mem
 	replicaOf *store.Mem // Redis's replica: the primary as of the last advance
-	down      bool
+	down      bool       // Redis does not answer, and the replicas know
+	// timeouts: Redis takes every write but its answers are lost (each
+	// call times out), and the replicas have not noticed yet.
+	timeouts bool
 	locks     map[string]lockHold
 	reps      []*replica
 }
@@ -253,7 +257,7 @@ func (w *world) execute(ri, i int, rd core.Ready) {
 	c := rep.core
 	for _, rr := range rd.Rounds {
 		switch {
-		case rr.Store == core.Shared && r.down:
+		case rr.Store == core.Shared && (r.down || r.timeouts):
 			c.RoundRead(now, rr, core.RoundResult{Err: errRedisDown})
 		case rr.Lock && !r.lock(rr.Limit, i, now):
 			c.RoundRead(now, rr, core.RoundResult{})
@@ -279,6 +283,10 @@ func (w *world) execute(ri, i int, rd core.Ready) {
 		if err == nil && res.Status == store.Deposited {
 			w.led.deposit(w, ri, i, d.Store, dep)
 		}
+		if d.Store == core.Shared && r.timeouts {
+			c.Deposited(now, d, store.DepositResult{}, errTimeout, true) // it landed; the agent cannot know
+			continue
+		}
 		c.Deposited(now, d, res, err, false)
 	}
 	for _, cl := range rd.Closes {
@@ -292,6 +300,9 @@ func (w *world) execute(ri, i int, rd core.Ready) {
 			res[j], errs[j] = r.store(rep, cl.Store).Close(cl.Key, id, nowMs)
 			if errs[j] == nil {
 				w.led.close(ri, i, cl.Store, cl.Key, id)
+			}
+			if cl.Store == core.Shared && r.timeouts {
+				res[j], errs[j] = store.CloseResult{}, errTimeout
 			}
 		}
 		c.Closed(now, cl, res, errs)
@@ -382,6 +393,11 @@ func (w *world) step(ri, i int, chk *core.Check) {
 				continue
 			}
 			res, err := r.store(rep, chk.Store).Spend(chk.Keys, chk.Costs, nowMs)
+			if chk.Store == core.Shared && r.timeouts {
+				// Spent in Redis, but the answer is lost: not admitted.
+				rep.core.Spent(w.now, chk, store.SpendResult{}, errTimeout)
+				continue
+			}
 			if err == nil && res.Allowed {
 				for j, k := range chk.Keys {
 					w.led.admit(w, ri, i, chk.Store, k, chk.Costs[j], false)
@@ -394,6 +410,10 @@ func (w *world) step(ri, i int, chk *core.Check) {
 				continue
 			}
 			ok, vals, err := r.store(rep, chk.Store).AdmitFallback(chk.Count, nowMs)
+			if chk.Store == core.Shared && r.timeouts {
+				rep.core.Counted(w.now, chk, false, nil, errTimeout)
+				continue
+			}
 			if err == nil && ok {
 				for _, a := range chk.Count {
 					w.led.admit(w, ri, i, chk.Store, a.Key, a.Cost, true)
@@ -708,7 +728,7 @@ func (w *world) instants() []time.Time {
 // notice at once (each agent's health probe).
 func (w *world) setRedis(ri int, up bool) {
 	r := w.regions[ri]
-	r.down = !up
+	r.down, r.timeouts = !up, false
 	for i, rep := range r.reps {
 		rep.core.SetRedisHealth(w.now, up)
 		w.drain(ri, i)
