@@ -13,21 +13,21 @@ type Kind uint8
 
 // The events a trace is made of.
 const (
-	EvCheck       Kind = iota + 1 // a gateway's Check of one token at a replica
-	EvAdvance                     // time moves to an instant (timers due on the way fire)
-	EvServe                       // the allocator takes a copy of a call's request
-	EvCommit                      // a batch of a leader term reaches etcd (or is fenced)
-	EvDeliver                     // a call's answer reaches its replica
-	EvDropRequest                 // a copy of a call's request is lost
-	EvDropAnswer                  // a call's answer is lost
-	EvRetry                       // the replica's client sends a call's request again (same request ids)
-	EvFail                        // the replica's client gives a call up
-	EvLeader                      // the allocator's leader is deposed; a new one rebuilds from etcd
-	EvRedisDown                   // a region's Redis stops answering
-	EvRedisUp                     // it answers again
-	EvRedisTimeout                // a region's Redis takes writes but its answers are lost, unnoticed
-	EvRollback                    // a region's Redis fails over, losing what its replica had not copied
-	EvLimit                       // G changes, at once everywhere
+	EvCheck        Kind = iota + 1 // a gateway's Check of one token at a replica
+	EvAdvance                      // time moves to an instant (timers due on the way fire)
+	EvServe                        // the allocator takes a copy of a call's request
+	EvCommit                       // a batch of a leader term reaches etcd (or is fenced)
+	EvDeliver                      // a call's answer reaches its replica
+	EvDropRequest                  // a copy of a call's request is lost
+	EvDropAnswer                   // a call's answer is lost
+	EvRetry                        // the replica's client sends a call's request again (same request ids)
+	EvFail                         // the replica's client gives a call up
+	EvLeader                       // the allocator's leader is deposed; a new one rebuilds from etcd
+	EvRedisDown                    // a region's Redis stops answering
+	EvRedisUp                      // it answers again
+	EvRedisTimeout                 // a region's Redis takes writes but its answers are lost, unnoticed
+	EvRollback                     // a region's Redis fails over, losing what its replica had not copied
+	EvLimit                        // G changes, at once everywhere
 )
 
 var kindNames = map[Kind]string{EvCheck: "check", EvAdvance: "advance", EvServe: "serve", EvCommit: "commit",

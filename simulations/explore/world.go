@@ -153,8 +153,8 @@ type region struct {
 	// timeouts: Redis takes every write but its answers are lost (each
 	// call times out), and the replicas have not noticed yet.
 	timeouts bool
-	locks     map[string]lockHold
-	reps      []*replica
+	locks    map[string]lockHold
+	reps     []*replica
 }
 
 type lockHold struct {
