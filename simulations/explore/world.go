@@ -537,8 +537,8 @@ func (w *world) commit(n *allocNode, b *batch) {
 		// Fenced: nothing written; the answers that wait on it are never
 		// sent (the agent retries with the same request ids).
 		for _, id := range b.waiting {
-			if c := w.calls[id]; c != nil {
-				c.needs = nil
+			if c := w.calls[id]; c != nil && c.term == n.term && !c.done {
+				c.needs, c.answering = nil, false // unless a newer term served it since
 			}
 		}
 		return
