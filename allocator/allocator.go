@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	hist "leasehold/internal/history"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -48,6 +50,7 @@ type options struct {
 	keepWindows  int
 	reportLimits int
 	retryBackoff func() backoff.BackOff
+	recorder     *hist.Recorder // nil: no history (WithHistory)
 	// audit log
 	auditRetention time.Duration
 	auditSweep     time.Duration
@@ -122,6 +125,13 @@ func WithRefusalAudit(rate float64, burst int, quiet, every time.Duration) Optio
 		o.refusalAudit.rate, o.refusalAudit.burst, o.refusalAudit.quiet, o.refusalAudit.every = rate, burst, quiet, every
 	}
 }
+
+// WithHistory records every grant (new or replayed), return and usage
+// report this replica answers, after their commit, to rec (package
+// internal/history checks them offline). Grants and returns are written
+// before the answer leaves (Recorder.Durable), so a replica killed after
+// answering loses none of them. Off by default.
+func WithHistory(rec *hist.Recorder) Option { return func(o *options) { o.recorder = rec } }
 
 // DefaultAuditRetention is how long audit records are kept by default.
 const DefaultAuditRetention = 400 * 24 * time.Hour
@@ -672,17 +682,42 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 	// Durations are measured from now, after the commit: the agent measured
 	// from its send, earlier, so its deadline stays before ours.
 	now = a.opt.now()
+	var recs []hist.Record
 	t.mu.Lock()
 	for i, d := range decs {
 		switch {
 		case d.Grant != nil:
 			results[i].Lease = d.Grant.ToProto(now)
+			if a.opt.recorder != nil {
+				recs = append(recs, a.grantRecord(now, d.Grant, d.Replayed))
+			}
 		case d.Code == pb.ItemCode_ITEM_CODE_OK && d.Window.Length > 0:
 			results[i].Lease = d.EmptyLease(now, reqs[i].LimitId, region, reqs[i].RequestId)
 		}
 	}
 	t.mu.Unlock()
+	a.durable(recs)
 	return results, nil
+}
+
+// grantRecord is the history's record of grant g answered at now (under
+// the term's lock: a return may change the grant).
+func (a *Allocator) grantRecord(now time.Time, g *Grant, replayed bool) hist.Record {
+	w := g.window()
+	return hist.Record{Kind: hist.KindGrant, T: now.UnixNano(), Proc: a.cfg.Advertise, Region: g.Region,
+		Limit: g.Limit, Window: g.Window, WindowLen: int64(w.Length), G: g.G, Request: g.RequestID, Lease: g.LeaseID,
+		Tokens: g.Tokens, Start: g.StartsAt, Expiry: g.ExpiresAt, End: w.End().UnixNano(), Replayed: replayed}
+}
+
+// durable writes history records before the answer they belong to leaves.
+// A history that cannot be written does not fail the call (the recorder
+// keeps its first error, and Close returns it).
+func (a *Allocator) durable(recs []hist.Record) {
+	if len(recs) > 0 {
+		if err := a.opt.recorder.Durable(recs...); err != nil {
+			a.log.Warn("history: writing grants and returns", "err", err)
+		}
+	}
 }
 
 // ReturnLeases closes leases of region and credits their unspent tokens.
@@ -758,7 +793,26 @@ func (a *Allocator) ReturnLeases(ctx context.Context, region string, rets []*pb.
 			return nil, unavailable(err)
 		}
 	}
+	if a.opt.recorder != nil {
+		now := a.opt.now().UnixNano()
+		recs := make([]hist.Record, 0, len(rets))
+		for i, r := range rets {
+			res := results[i]
+			rec := hist.Record{Kind: hist.KindReturn, T: now, Proc: a.cfg.Advertise, Region: region, Limit: r.LimitId,
+				Lease: r.LeaseId, Unspent: r.Unspent, Credited: res.Credited, Duplicate: res.Duplicate, Code: itemCode(res.Code)}
+			if w, _, _, err := ParseLeaseID(r.LeaseId); err == nil {
+				rec.Window = max(0, w)
+			}
+			recs = append(recs, rec)
+		}
+		a.durable(recs)
+	}
 	return results, nil
+}
+
+// itemCode names an item code for the history: ok, window_closed, ...
+func itemCode(c pb.ItemCode) string {
+	return strings.ToLower(strings.TrimPrefix(c.String(), "ITEM_CODE_"))
 }
 
 // ReportUsage merges usage reports of one reporter in region.
@@ -800,6 +854,23 @@ func (a *Allocator) ReportUsage(ctx context.Context, region, reporter string, us
 				return 0, err
 			}
 			return 0, unavailable(err)
+		}
+	}
+	if a.opt.recorder != nil {
+		at := a.opt.now().UnixNano()
+		wlens := make([]int64, len(usage))
+		t.mu.Lock()
+		for i, u := range usage {
+			if l, ok := t.core.Limit(u.LimitId); ok {
+				wlens[i] = int64(l.Window)
+			}
+		}
+		t.mu.Unlock()
+		for i, u := range usage {
+			a.opt.recorder.Record(hist.Record{Kind: hist.KindReport, T: at, Proc: a.cfg.Advertise, Region: region,
+				Reporter: reporter, Limit: u.LimitId, Window: max(0, u.WindowIndex), WindowLen: wlens[i], Admitted: max(0, u.Admitted),
+				Denied: max(0, u.Denied), FallbackAdmitted: max(0, u.FallbackAdmitted), Released: max(0, u.Released),
+				Rollback: max(0, u.RedisRollbackTokens)})
 		}
 	}
 	a.m.usageReports.Add(float64(len(waits)))

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
+	"leasehold/internal/history"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
@@ -69,6 +70,7 @@ type options struct {
 	debit         bool
 	snapshotFile  string
 	chunks        ChunkConfig
+	hist          *history.Recorder // nil: no history (history.go)
 }
 
 // Option changes an optional setting.
@@ -392,7 +394,11 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 	}
 	var chk *core.Check
 	a.withCore(func(c *core.Core) { chk = c.Begin(start, its, deadline) })
+	var spendAt time.Time // when the last spend was sent (the history's)
 	for chk.Step != core.StepDone {
+		if a.opt.hist != nil && chk.Step == core.StepSpend {
+			spendAt = a.opt.now()
+		}
 		if err := a.step(ctx, chk); err != nil {
 			return nil, err
 		}
@@ -415,6 +421,9 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 		return nil, chk.Err
 	}
 	a.m.checks.WithLabelValues(string(chk.Result)).Inc()
+	if a.opt.hist != nil {
+		a.recordCheck(items, chk, spendAt)
+	}
 	out := make([]Decision, len(chk.Answers))
 	for i, an := range chk.Answers {
 		out[i] = decisionOf(an)

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"leasehold/internal/history"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/client"
 )
@@ -45,10 +46,14 @@ func (a *Agent) newChunks() *client.Client {
 	if a.opt.chunks.HotRate <= 0 {
 		return nil
 	}
-	return client.NewInProcess(selfRPC{NewServer(a)}, "ag-"+a.cfg.ReplicaID+"-"+a.nonce+"-",
-		client.WithSubLeases(a.opt.chunks), client.WithClock(a.opt.now), client.WithReleaseLead(chunkReleaseLead),
-		client.WithTimeout(a.opt.redisTimeout+time.Second), client.WithoutDenialCache(),
-		client.WithReleaseObserver(a.m.observeChunkRelease))
+	opts := []client.Option{client.WithSubLeases(a.opt.chunks), client.WithClock(a.opt.now), client.WithReleaseLead(chunkReleaseLead),
+		client.WithTimeout(a.opt.redisTimeout + time.Second), client.WithoutDenialCache(),
+		client.WithReleaseObserver(a.m.observeChunkRelease)}
+	if a.opt.hist != nil {
+		opts = append(opts, client.WithLocalDecisionObserver(
+			ClientDecisionRecorder(a.opt.hist, a.cfg.ReplicaID, a.cfg.Region, history.PathChunk)))
+	}
+	return client.NewInProcess(selfRPC{NewServer(a)}, "ag-"+a.cfg.ReplicaID+"-"+a.nonce+"-", opts...)
 }
 
 // chunkReleaseLead ends each chunk this long before the lease it came

@@ -59,6 +59,11 @@ func startWorld(t testing.TB, fake bool, regions ...string) *world {
 
 // startWorldOpts is startWorld with options for the allocator's gRPC server.
 func startWorldOpts(t testing.TB, fake bool, serverOpts []grpc.ServerOption, regions ...string) *world {
+	return startWorldWith(t, fake, serverOpts, nil, regions...)
+}
+
+// startWorldWith is startWorldOpts with options for the allocator.
+func startWorldWith(t testing.TB, fake bool, serverOpts []grpc.ServerOption, allocOpts []allocator.Option, regions ...string) *world {
 	w := &world{t: t, clock: newFakeClock(), redis: map[string]*redistest.Server{}}
 	c := etcdtest.Start(t, 1)
 	clock := allocator.WithClock(w.clock.Now)
@@ -67,7 +72,7 @@ func startWorldOpts(t testing.TB, fake bool, serverOpts []grpc.ServerOption, reg
 		clock = allocator.WithClock(time.Now)
 	}
 	a, err := allocator.New(allocator.Config{Client: c.Client(t), Regions: regions, Advertise: "alloc",
-		Logger: slog.New(slog.DiscardHandler)}, clock)
+		Logger: slog.New(slog.DiscardHandler)}, append([]allocator.Option{clock}, allocOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

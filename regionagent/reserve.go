@@ -78,6 +78,9 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 	if granted {
 		out.Granted = r.Granted
 		out.ExpiresIn = time.Duration(max(0, r.DeadlineMs-r.NowMs)) * time.Millisecond
+		if a.opt.hist != nil {
+			a.recordReserve(now, l, key, id, out, r.Status == bucket.ReplayedReservation)
+		}
 	}
 	return out, nil
 }
@@ -131,6 +134,9 @@ func (a *Agent) Release(ctx context.Context, limit, id string, unspent int64) (i
 			return 0, fmt.Errorf("regionagent: release: %w", err)
 		}
 		if r.Status != bucket.UnknownReservation {
+			if a.opt.hist != nil {
+				a.recordRelease(limit, idx, id, unspent, r.Returned)
+			}
 			return r.Returned, nil
 		}
 	}

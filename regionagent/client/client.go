@@ -65,6 +65,8 @@ type options struct {
 	releaseLead     time.Duration // a chunk ends this long before its lease (WithReleaseLead)
 	driftPPM        float64       // clock rate error covered, per million
 	stateTTL        time.Duration // an idle limit's state is forgotten after this
+	// localObserver, if set, sees every decision made without the agent.
+	localObserver func(LocalDecision)
 }
 
 // Option changes an optional setting.
@@ -136,6 +138,35 @@ func WithReleaseLead(d time.Duration) Option {
 // leaves all of unspent counted as spent.
 func WithReleaseObserver(f func(unspent, returned int64, err error)) Option {
 	return func(o *options) { o.releaseObserver = f }
+}
+
+// LocalDecision is a decision the client made itself, without asking the
+// agent: from a sub-lease it holds (Source SubLease, an admit), or from
+// its denial cache (Source DenialCache, a denial).
+type LocalDecision struct {
+	Limit string
+	Cost  int64
+	// At is when it was decided, on the client's clock.
+	At time.Time
+	// Reservation is the sub-lease's reservation id ("" for a cached
+	// denial): the agent's Reserve answered it.
+	Reservation string
+	Decision    Decision
+}
+
+// WithLocalDecisionObserver calls f with every decision the client makes
+// without asking the agent (the agent knows those it made), from the
+// goroutine that decided: f must be quick and must not block (a history
+// recorder's queue). Without it the fast path pays one nil check.
+func WithLocalDecisionObserver(f func(LocalDecision)) Option {
+	return func(o *options) { o.localObserver = f }
+}
+
+// observe hands a local decision to the observer; callers check that
+// there is one (c.opt.localObserver != nil), so the fast path without it
+// pays one load and compare.
+func (c *Client) observe(limit string, cost, now int64, reservation string, d Decision) {
+	c.opt.localObserver(LocalDecision{Limit: limit, Cost: cost, At: c.base.Add(time.Duration(now)), Reservation: reservation, Decision: d})
 }
 
 // WithClock replaces the client's clock (tests). Chunk deadlines and the
@@ -331,7 +362,11 @@ func (c *Client) Allow(ctx context.Context, limit string, cost int64) (Decision,
 	st.lastUse.Store(now)
 	if c.opt.denial {
 		if dn := st.deny.Load(); dn != nil && now < dn.until && cost > dn.remaining {
-			return dn.answer(now), nil
+			d := dn.answer(now)
+			if c.opt.localObserver != nil {
+				c.observe(limit, cost, now, "", d)
+			}
+			return d, nil
 		}
 	}
 	if c.opt.sub != nil && now >= c.noReserveUntil.Load() {
@@ -408,6 +443,9 @@ func (c *Client) fromChunk(st *limitState, now, cost int64) (Decision, bool) {
 	}
 	if (left < r.low || now >= r.renewAt) && r.kicked.CompareAndSwap(false, true) {
 		c.kickRefill(st)
+	}
+	if c.opt.localObserver != nil {
+		return c.subDecision(st, r, now, cost, left), true
 	}
 	return r.decision(now, left), true
 }
@@ -496,8 +534,11 @@ func (c *Client) AllowMulti(ctx context.Context, items []Item) ([]Decision, erro
 		if c.opt.denial {
 			if dn := st.deny.Load(); dn != nil && now < dn.until && cost > dn.remaining {
 				out := make([]Decision, len(items))
-				for j := range out {
+				for j, it := range items {
 					out[j] = dn.answer(now)
+					if c.opt.localObserver != nil {
+						c.observe(it.Limit, max(1, it.Cost), now, "", out[j])
+					}
 				}
 				return out, nil
 			}

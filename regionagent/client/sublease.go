@@ -91,6 +91,17 @@ func (r *reservation) decision(now, left int64) Decision {
 	}
 }
 
+// subDecision is r's decision of cost at now, with left after it, told to
+// the local decision observer if there is one (the fast path, fromChunk,
+// returns r.decision itself when there is none).
+func (c *Client) subDecision(st *limitState, r *reservation, now, cost, left int64) Decision {
+	d := r.decision(now, left)
+	if c.opt.localObserver != nil {
+		c.observe(st.id, cost, now, r.id, d)
+	}
+	return d
+}
+
 // subSlow is the sub-lease path when the current chunk could not serve:
 // promote the chunk waiting next, or, if the limit is hot and nothing is
 // on its way, reserve one now (this caller pays one Reserve instead of a
@@ -108,7 +119,7 @@ func (c *Client) subSlow(ctx context.Context, st *limitState, now, cost int64) (
 			if (left < r.low || now >= r.renewAt) && r.kicked.CompareAndSwap(false, true) {
 				c.kickRefill(st)
 			}
-			return r.decision(now, left), true
+			return c.subDecision(st, r, now, cost, left), true
 		}
 	}
 	rate := st.observeLocked(now)
@@ -140,14 +151,14 @@ func (c *Client) subSlow(ctx context.Context, st *limitState, now, cost int64) (
 		if !ok {
 			return Decision{}, false
 		}
-		return r.decision(now, left), true
+		return c.subDecision(st, r, now, cost, left), true
 	}
 	c.retireLocked(st, st.cur.Swap(r), now)
 	left, ok := r.take(now, cost)
 	if !ok {
 		return Decision{}, false
 	}
-	return r.decision(now, left), true
+	return c.subDecision(st, r, now, cost, left), true
 }
 
 // shortLived: at the caller's rate, less than half the chunk could be

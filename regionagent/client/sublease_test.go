@@ -472,3 +472,54 @@ func TestReleaseLead(t *testing.T) {
 		r.settle()
 	}
 }
+
+// TestLocalDecisionObserver: every decision the client makes without the
+// agent is observed (from a sub-lease, with its reservation; from the
+// denial cache), at the client's clock; none the agent made is.
+func TestLocalDecisionObserver(t *testing.T) {
+	var mu sync.Mutex
+	var seen []LocalDecision
+	observe := WithLocalDecisionObserver(func(d LocalDecision) {
+		mu.Lock()
+		seen = append(seen, d)
+		mu.Unlock()
+	})
+	r := newRig(t, func(a *clienttest.Agent) { a.SetLimit(testLimit, 100000, 10*time.Second, 5*time.Second) },
+		WithSubLeases(subCfg), observe)
+	got := r.hot(200, time.Second)
+	mu.Lock()
+	obs := seen
+	seen = nil
+	mu.Unlock()
+	if len(obs) != got[SourceSubLease] || len(obs) == 0 {
+		t.Fatalf("%d observed, %v decided", len(obs), got)
+	}
+	ids := map[string]bool{}
+	for _, res := range r.reservations() {
+		ids[res.ID] = true
+	}
+	for _, d := range obs {
+		if d.Decision.Source != SourceSubLease || !d.Decision.Allowed || d.Cost != 1 || d.Limit != testLimit ||
+			!ids[d.Reservation] || d.At.Before(t0) || d.At.After(t0.Add(time.Second)) {
+			t.Fatalf("observed %+v (reservations %v)", d, ids)
+		}
+	}
+
+	// The denial cache's answers are observed too.
+	r = newRig(t, func(a *clienttest.Agent) {
+		a.SetLimit(testLimit, 5, 10*time.Second, time.Second)
+		a.DenyRetryAfter = 400 * time.Millisecond
+	}, observe)
+	r.allow(5)
+	r.allow(1) // the agent denies: cached
+	r.clock.Advance(100 * time.Millisecond)
+	if d := r.allow(1); d.Source != SourceDenialCache {
+		t.Fatalf("not from the cache: %+v", d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 || seen[0].Decision.Source != SourceDenialCache || seen[0].Reservation != "" ||
+		!seen[0].At.Equal(t0.Add(100*time.Millisecond)) {
+		t.Fatalf("observed %+v", seen)
+	}
+}
