@@ -20,6 +20,7 @@ import (
 
 	"leasehold/allocator/auth"
 	"leasehold/internal/bounds"
+	"leasehold/internal/history"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
@@ -33,6 +34,7 @@ type agentConfig struct {
 	replicaID                 string
 	envoyMapping              string
 	snapshotFile              string
+	history                   string
 	lead, renewEvery          time.Duration
 	chunkHotRate              float64
 	tls                       tlsFlags
@@ -49,6 +51,7 @@ func (c *agentConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.replicaID, "replica-id", "", "this replica's id, unique in the region (default: random)")
 	fs.StringVar(&c.envoyMapping, "envoy-mapping", "", "YAML `FILE` mapping Envoy rate limit descriptors to limits: serves envoy.service.ratelimit.v3 on -grpc-addr, reloaded on change (docs/envoy.md)")
 	fs.StringVar(&c.snapshotFile, "snapshot-file", "", "`FILE` keeping the region's last snapshot of its limits (besides Redis), for a restart while the allocator and Redis are both unreachable")
+	fs.StringVar(&c.history, "history", "", "record every decision, sub-lease reservation and release to `FILE` (*.jsonl, appended; check with leasehold history check; docs/operations.md)")
 	fs.DurationVar(&c.lead, "renew-lead", 2*time.Second, "renew when the balance would last less than this at the current demand, and this long before a busy limit's lease expires")
 	fs.DurationVar(&c.renewEvery, "renew-interval", 250*time.Millisecond, "slack: a busy limit's next window's lease is fetched -renew-lead plus this before its window ends (the agent checks nothing on an interval; the name is kept for existing command lines)")
 	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", regionagent.DefaultChunks.HotRate, "decide a limit this replica is asked more than this cost per second in memory, from chunks of the region's bucket (0: off, every Check goes to Redis; see docs/design.md)")
@@ -76,6 +79,9 @@ func (c *agentConfig) validate() error {
 		return usagef("-renew-lead and -renew-interval must be > 0")
 	}
 	if err := checkChunkHotRate(c.chunkHotRate); err != nil {
+		return err
+	}
+	if err := checkHistoryFlag("history", c.history); err != nil {
 		return err
 	}
 	if _, err := regionagent.ParseRedis(c.redis); err != nil {
@@ -126,6 +132,15 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 	if err != nil {
 		return err
 	}
+	name := c.replicaID
+	if name == "" {
+		name = "agent-" + c.region // the records name the replica
+	}
+	hf, err := openHistory(c.history, history.Process{Name: name, Role: history.RoleAgent, Region: c.region})
+	if err != nil {
+		return err
+	}
+	defer closeHistory(hf, log.Warn) // after the agent's Close: its last releases are recorded
 	gl, err := listen("grpc-addr", c.grpcAddr)
 	if err != nil {
 		return err
@@ -146,7 +161,7 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 		DialOptions: []grpc.DialOption{dialCreds(sec.alloc)},
 		Redis:       rdb, ReplicaID: c.replicaID, Logger: log, Registerer: reg,
 	}, regionagent.WithRenewal(c.lead, c.renewEvery), regionagent.WithSnapshotFile(c.snapshotFile),
-		regionagent.WithChunks(chunkConfig(c.chunkHotRate)))
+		regionagent.WithChunks(chunkConfig(c.chunkHotRate)), regionagent.WithHistory(hf.rec))
 	if err != nil {
 		gl.Close()
 		hl.Close()

@@ -20,6 +20,7 @@ import (
 	"leasehold/allocator/embedded"
 	"leasehold/allocator/statuspage"
 	"leasehold/internal/bounds"
+	"leasehold/internal/history"
 	"leasehold/internal/vocab"
 )
 
@@ -37,6 +38,7 @@ type allocatorConfig struct {
 	auditRetention                time.Duration
 	tls                           tlsFlags
 	authFile                      string
+	history                       string
 	etcdCA, etcdCert, etcdKey     string
 	log                           logFlags
 }
@@ -60,6 +62,7 @@ func (c *allocatorConfig) register(fs *flag.FlagSet) {
 	c.tls.registerServe(fs, "-grpc-addr and -http-addr")
 	c.tls.registerClientCA(fs, "callers' client certificates must chain to (agents: always; users: or a token); turns authentication on")
 	fs.StringVar(&c.authFile, "auth-file", "", "`FILE`: users, roles, scopes and token hashes (leasehold certs writes one); turns authentication on; reloaded on SIGHUP")
+	fs.StringVar(&c.history, "history", "", "record every grant, return and usage report this replica answers to `FILE` (*.jsonl, appended; grants and returns written before the answer leaves; docs/operations.md)")
 	fs.StringVar(&c.etcdCA, "etcd-ca", "", "`FILE`: PEM CA bundle that signs the -etcd-endpoints' certificates (turns etcd client TLS on)")
 	fs.StringVar(&c.etcdCert, "etcd-cert", "", "`FILE`: PEM client certificate presented to etcd (with -etcd-key)")
 	fs.StringVar(&c.etcdKey, "etcd-key", "", "`FILE`: PEM private key of -etcd-cert")
@@ -89,6 +92,9 @@ func (c *allocatorConfig) validate() error {
 	}
 	if c.reportWindows < 1 || c.reportLimits < 0 {
 		return usagef("-report-windows must be >= 1 and -report-limits >= 0")
+	}
+	if err := checkHistoryFlag("history", c.history); err != nil {
+		return err
 	}
 	if err := c.tls.validate(); err != nil {
 		return err
@@ -161,13 +167,20 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 	if advertise == "" {
 		advertise = gl.Addr().String()
 	}
+	hf, err := openHistory(c.history, history.Process{Name: advertise, Role: history.RoleAllocator})
+	if err != nil {
+		gl.Close()
+		hl.Close()
+		return err
+	}
+	defer closeHistory(hf, log.Warn)
 	reg := newRegistry()
 	a, err := allocator.New(allocator.Config{
 		Client: cli, Prefix: c.etcdPrefix, Regions: splitList(c.regions), Advertise: advertise,
 		Logger: log, Registerer: reg,
 	}, allocator.WithSessionTTL(c.sessionTTL), allocator.WithGroupCommit(c.maxTxnOps, 4),
 		allocator.WithRetention(c.retention, 10*time.Second), allocator.WithReports(c.reportWindows, c.reportLimits),
-		allocator.WithAuditRetention(c.auditRetention, time.Hour))
+		allocator.WithAuditRetention(c.auditRetention, time.Hour), allocator.WithHistory(hf.rec))
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 
 	"leasehold/allocator"
 	"leasehold/internal/bounds"
+	"leasehold/internal/history"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
@@ -42,6 +44,7 @@ type devConfig struct {
 	trafficFor           time.Duration
 	tls                  bool
 	chunkHotRate         float64
+	historyDir           string
 	log                  logFlags
 }
 
@@ -67,6 +70,7 @@ func (c *devConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.trafficFor, "traffic-for", 30*time.Minute, "stop the traffic after this long")
 	fs.BoolVar(&c.tls, "tls", false, "TLS and mutual TLS everywhere, authentication on: a dev CA in DATA-DIR/tls (made once, reused), a new admin token each run")
 	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", regionagent.DefaultChunks.HotRate, "the agents' -chunk-hot-rate (0: off)")
+	fs.StringVar(&c.historyDir, "history-dir", "", "record every component's history in `DIR` (allocator.jsonl, agent-eu.jsonl, gateway-eu.jsonl, ...); check it with leasehold history check DIR")
 	c.log.register(fs)
 }
 
@@ -94,6 +98,9 @@ func runDevCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		if c.trafficEU < 0 || c.trafficUS < 0 || math.IsNaN(c.trafficEU+c.trafficUS) || c.trafficFor <= 0 {
 			return usagef("-traffic-eu/-traffic-us must be >= 0 and -traffic-for > 0")
+		}
+		if err := checkHistoryDir(c.historyDir); err != nil {
+			return err
 		}
 		return checkChunkHotRate(c.chunkHotRate)
 	}
@@ -126,6 +133,20 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		etcdClientAddr: c.etcdClient, etcdPeerAddr: c.etcdPeer, etcdPrefix: "/leasehold/", regions: "eu,us",
 		sessionTTL: 2 * time.Second, retention: time.Minute, maxTxnOps: 128, reportWindows: 60, reportLimits: 1000,
 		auditRetention: allocator.DefaultAuditRetention}
+	// With -history-dir: one history file per component, as if each were
+	// a process of its own.
+	historyFile := func(name string) string {
+		if c.historyDir == "" {
+			return ""
+		}
+		return filepath.Join(c.historyDir, name+history.Suffix)
+	}
+	if c.historyDir != "" {
+		if err := os.MkdirAll(c.historyDir, 0o755); err != nil {
+			return fmt.Errorf("-history-dir: %w", err)
+		}
+	}
+	ac.history = historyFile("allocator")
 	// With -tls: the server certificate on every listener, agents calling
 	// the allocator with their region's certificate, gateways presenting
 	// the server certificate to agents, and the dev user's token.
@@ -193,7 +214,8 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		}
 		defer rdb.Close()
 		agc := agentConfig{region: region, allocators: ar.grpc, grpcAddr: agentAddrs[region][0], httpAddr: agentAddrs[region][1],
-			replicaID: region + "-dev", lead: 2 * time.Second, renewEvery: 250 * time.Millisecond, chunkHotRate: c.chunkHotRate}
+			replicaID: region + "-dev", lead: 2 * time.Second, renewEvery: 250 * time.Millisecond, chunkHotRate: c.chunkHotRate,
+			history: historyFile("agent-" + region)}
 		if c.tls {
 			agc.tls = serve
 			agc.allocCert, agc.allocKey = agentFiles(region)
@@ -231,7 +253,8 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 	for _, region := range []string{"eu", "us"} {
 		gc := &gatewayConfig{listen: gateways[region], upstream: "http://" + upstream.Addr().String(), agent: got[region][0],
 			keyHeader: "X-Tenant", limitTemplate: "demo/{key}", subLeases: "on", missingKey: "reject", unknownLimit: "pass",
-			timeout: 250 * time.Millisecond, jitter: time.Second, http: bounds.Gateway}
+			timeout: 250 * time.Millisecond, jitter: time.Second, http: bounds.Gateway,
+			history: historyFile("gateway-" + region), historyName: "gateway-" + region, historyRegion: region}
 		if c.tls {
 			gc.tls = tlsFlags{cert: serve.cert, key: serve.key, ca: serve.ca}
 		}

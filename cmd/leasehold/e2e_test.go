@@ -55,7 +55,8 @@ type checkReport struct {
 func TestEndToEnd(t *testing.T) {
 	leasehold, quotactl := buildBinaries(t)
 	alloc, eu, us := ports.Addr(t), ports.Addr(t), ports.Addr(t)
-	dev := exec.Command(leasehold, "dev", "--data-dir", filepath.Join(t.TempDir(), "dev"), "--no-demo",
+	histDir := filepath.Join(t.TempDir(), "history")
+	dev := exec.Command(leasehold, "dev", "--data-dir", filepath.Join(t.TempDir(), "dev"), "--no-demo", "--history-dir", histDir,
 		"--allocator-grpc", alloc, "--allocator-http", ports.Addr(t),
 		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t),
 		"--eu-grpc", eu, "--eu-http", ports.Addr(t), "--us-grpc", us, "--us-http", ports.Addr(t),
@@ -67,7 +68,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- dev.Wait() }()
-	defer func() {
+	stopDev := sync.OnceFunc(func() {
 		_ = dev.Process.Signal(syscall.SIGINT)
 		select {
 		case err := <-exited:
@@ -78,7 +79,8 @@ func TestEndToEnd(t *testing.T) {
 			_ = dev.Process.Kill()
 			t.Error("leasehold dev did not stop on Ctrl-C")
 		}
-	}()
+	})
+	defer stopDev()
 	for _, addr := range []string{eu, us} {
 		waitHealthy(t, addr, pb.RegionAgent_ServiceDesc.ServiceName, exited, &devErr)
 	}
@@ -162,6 +164,16 @@ func TestEndToEnd(t *testing.T) {
 		if r.Calls < int64(drive.Seconds())*50 {
 			t.Errorf("checker %d made only %d calls: demand did not exceed the limit", i, r.Calls)
 		}
+	}
+	// What every component recorded (-history-dir), checked offline
+	// against the per-window invariants: a clean stop leaves a complete
+	// history, and nothing in it breaks the strict limit.
+	stopDev()
+	var out, errs bytes.Buffer
+	code := run(context.Background(), []string{"history", "check", "--strict", "tenant/e2e", "--require-complete", histDir}, &out, &errs)
+	t.Logf("leasehold history check:\n%s", out.String())
+	if code != 0 {
+		t.Errorf("leasehold history check: exit %d: %s", code, errs.String())
 	}
 }
 

@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"leasehold/internal/bounds"
+	"leasehold/internal/history"
 	"leasehold/internal/vocab"
+	"leasehold/regionagent"
 	"leasehold/regionagent/client"
 	"leasehold/regionagent/httplimit"
 )
@@ -36,6 +38,7 @@ type gatewayConfig struct {
 	missingKey              string
 	unknownLimit            string
 	remainingHeader         string
+	history                 string
 	timeout, jitter         time.Duration
 	http                    bounds.HTTP // the server's bounds (-read-timeout and co.)
 	tls                     tlsFlags
@@ -44,6 +47,10 @@ type gatewayConfig struct {
 	// parsed by validate
 	upstreamURL *url.URL
 	trusted     []netip.Prefix
+
+	// set by leasehold dev: the history's process name and region
+	// (default "gateway-<listen>", no region: the reservations name it)
+	historyName, historyRegion string
 }
 
 func (c *gatewayConfig) register(fs *flag.FlagSet) {
@@ -59,6 +66,7 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.missingKey, "missing-key", "reject", "a request without a valid key: reject (400) or pass (unlimited)")
 	fs.StringVar(&c.unknownLimit, "unknown-limit", "pass", "a key whose limit does not exist: pass (unlimited) or reject (503)")
 	fs.StringVar(&c.remainingHeader, "remaining-only-with", "", "send the RateLimit header (remaining quota) only to requests carrying this header, e.g. Authorization")
+	fs.StringVar(&c.history, "history", "", "record the decisions the gateway makes itself (from sub-leases, from its denial cache) to `FILE` (*.jsonl, appended; docs/operations.md)")
 	fs.DurationVar(&c.timeout, "timeout", 250*time.Millisecond, "deadline of each call to the agent")
 	fs.DurationVar(&c.jitter, "jitter", time.Second, "most random delay added to Retry-After before rounding up")
 	c.http = bounds.Gateway
@@ -120,6 +128,9 @@ func (c *gatewayConfig) validate() error {
 	if err != nil {
 		return usagef("-trusted-proxies: %v", err)
 	}
+	if err := checkHistoryFlag("history", c.history); err != nil {
+		return err
+	}
 	return c.tls.validate()
 }
 
@@ -164,6 +175,20 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 	}
 	if c.subLeases == "on" {
 		opts = append(opts, client.WithSubLeases(client.SubLeaseConfig{}))
+	}
+	name := c.historyName
+	if name == "" {
+		name = "gateway-" + c.listen
+	}
+	hf, err := openHistory(c.history, history.Process{Name: name, Role: history.RoleGateway, Region: c.historyRegion})
+	if err != nil {
+		l.Close()
+		return err
+	}
+	defer closeHistory(hf, log.Warn)
+	if hf.rec != nil {
+		opts = append(opts, client.WithLocalDecisionObserver(
+			regionagent.ClientDecisionRecorder(hf.rec, name, c.historyRegion, history.PathSubLease)))
 	}
 	cl, err := client.New(c.agent, opts...)
 	if err != nil {

@@ -5,6 +5,7 @@
 //	leasehold dev         everything in one process: etcd, allocator, two agents
 //	leasehold gateway     a reverse proxy that puts a global limit in front of an HTTP service
 //	leasehold certs       a development CA, certificates and an auth file (docs/security.md)
+//	leasehold history     check histories the servers recorded (-history) against the invariants
 //
 // Run `leasehold COMMAND -h` for a command's flags. Exit codes: 0 on a clean
 // shutdown, 1 when a server fails, 2 on bad usage.
@@ -34,6 +35,7 @@ var commands = map[string]command{
 	"certs":     {"write a development CA, certificates and an auth file", runCertsCmd},
 	"dev":       {"run everything in one process on embedded defaults", runDevCmd},
 	"gateway":   {"run a reverse proxy that puts a global limit in front of an HTTP service", runGatewayCmd},
+	"history":   {"check histories recorded with -history against the per-window invariants", runHistoryCmd},
 }
 
 // usageError is bad usage: exit code 2 with a one-line reason.
