@@ -212,6 +212,7 @@ func runPartition(t *testing.T, sh *p2Shared, c partitionCase) {
 			Mode: c.mode, Fallback: c.fallback(localA),
 			Lease: &pb.LeaseSettings{Ttl: durationpb.New(longTTL), MinChunk: longChunk}},
 	} {
+		faulttest.HistoryLimit(t, l)
 		s.admin(func(ctx context.Context, a pb.AdminClient) error {
 			_, err := a.PutLimit(ctx, &pb.PutLimitRequest{Reason: "scenario 2", Limit: l})
 			return err

@@ -98,8 +98,10 @@ func (p *Process) Pid() int {
 	return p.cmd.Process.Pid
 }
 
-// launch starts p (its addresses already set) and stops it in t.Cleanup.
+// launch starts p (its addresses already set) and stops it in t.Cleanup;
+// the test's history check (history.go) runs after every process stopped.
 func launch(t testing.TB, p *Process) *Process {
+	historyOf(t)
 	p.t, p.bin = t, Binary(t)
 	p.start()
 	t.Cleanup(func() {
@@ -293,7 +295,7 @@ func StartGateway(t testing.TB, o GatewayOptions) *Process {
 	}
 	listen := ports.Addr(t)
 	args := []string{"gateway", "--listen", listen, "--upstream", o.Upstream, "--agent", o.Agent,
-		"--key-header", "X-Tenant", "--log-level", "warn"}
+		"--key-header", "X-Tenant", "--log-level", "warn", "--history", historyFile(t, "gateway")}
 	p := launch(t, &Process{name: "gateway", args: append(args, o.Args...), HTTPAddr: listen})
 	p.WaitServing(30 * time.Second)
 	return p
@@ -338,7 +340,7 @@ func StartAllocator(t testing.TB, o AllocatorOptions) *Process {
 	p := &Process{name: o.Name, service: pb.Admin_ServiceDesc.ServiceName,
 		GRPCAddr: o.GRPCAddr, HTTPAddr: ports.Addr(t), Advertise: o.Advertise}
 	args := []string{"allocator", "--grpc-addr", p.GRPCAddr, "--http-addr", p.HTTPAddr,
-		"--regions", strings.Join(o.Regions, ","), "--log-level", "warn"}
+		"--regions", strings.Join(o.Regions, ","), "--log-level", "warn", "--history", historyFile(t, o.Name)}
 	if len(o.EtcdEndpoints) > 0 {
 		args = append(args, "--etcd-endpoints", strings.Join(o.EtcdEndpoints, ","))
 	} else {
@@ -395,7 +397,7 @@ func StartAgent(t testing.TB, o AgentOptions) *Process {
 	grpcAddr, httpAddr := ports.Addr(t), ports.Addr(t)
 	args := []string{"agent", "--region", o.Region, "--allocator", strings.Join(o.Allocators, ","),
 		"--redis", o.Redis, "--grpc-addr", grpcAddr, "--http-addr", httpAddr,
-		"--replica-id", o.ReplicaID, "--log-level", "warn"}
+		"--replica-id", o.ReplicaID, "--log-level", "warn", "--history", historyFile(t, "agent "+o.ReplicaID)}
 	if o.RenewInterval > 0 {
 		args = append(args, "--renew-interval", o.RenewInterval.String())
 	}

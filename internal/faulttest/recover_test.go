@@ -49,10 +49,11 @@ func runRecover(t *testing.T, kill bool) {
 		SessionTTL: 2 * time.Second})
 	px := faulttest.NewProxy(t, alloc.GRPCAddr)
 	s := &scenario{t: t, G: 1 << 20, allocs: []*faulttest.Process{alloc}}
+	l := &pb.Limit{Id: limit, LimitTokens: s.G, Window: durationpb.New(win), Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT,
+		Lease: &pb.LeaseSettings{Ttl: durationpb.New(time.Second)}}
+	faulttest.HistoryLimit(t, l)
 	s.admin(func(ctx context.Context, a pb.AdminClient) error {
-		_, err := a.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: &pb.Limit{
-			Id: limit, LimitTokens: s.G, Window: durationpb.New(win), Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT,
-			Lease: &pb.LeaseSettings{Ttl: durationpb.New(time.Second)}}})
+		_, err := a.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: l})
 		return err
 	})
 	rs := redisOf(t)

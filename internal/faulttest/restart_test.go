@@ -45,6 +45,7 @@ func TestAgentRestartedWhileAllocatorDown(t *testing.T) {
 		{Id: "tenant/beta", LimitTokens: G, Window: durationpb.New(W), Regions: []string{"eu"}, Mode: pb.Mode_MODE_BOUNDED,
 			Fallback: map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: local}}},
 	} {
+		faulttest.HistoryLimit(t, l)
 		s.admin(func(ctx context.Context, a pb.AdminClient) error {
 			_, err := a.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: l})
 			return err

@@ -59,6 +59,7 @@ func (s *scenario) putLimit(ttl time.Duration) {
 	if ttl > 0 {
 		l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(ttl)}
 	}
+	faulttest.HistoryLimit(s.t, l)
 	s.admin(func(ctx context.Context, a pb.AdminClient) error {
 		_, err := a.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: l})
 		return err
