@@ -342,14 +342,35 @@ func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) 
 	if d, ok := a.fromChunk(ctx, item.Limit, item.Cost); ok {
 		return d, nil
 	}
-	ds, err := a.checkMulti(ctx, []CheckItem{item})
+	start := a.opt.now()
+	deadline := a.checkDeadline(ctx, start)
+	var chk *core.Check
+	a.withCore(func(c *core.Core) { chk = c.BeginOne(start, core.Item{Limit: item.Limit, Cost: item.Cost}, deadline) })
+	spendAt, err := a.runCheck(ctx, start, chk)
 	if err != nil {
 		return Decision{}, err
 	}
-	if a.chunks != nil && ds[0].Limit > 0 {
+	if a.opt.hist != nil {
+		a.recordCheck([]CheckItem{item}, chk, spendAt)
+	}
+	d := decisionOf(chk.Answers[0])
+	if chk.Store == core.Local && d.Reason == pb.Reason_REASON_OK {
+		a.lm.admitted.Add(float64(chk.Costs[0]))
+	}
+	if a.chunks != nil && d.Limit > 0 {
 		a.chunks.Asked(item.Limit, item.Cost)
 	}
-	return ds[0], nil
+	return d, nil
+}
+
+// checkDeadline is when a Check begun at start must be answered: the
+// caller's deadline (on the wall clock) less answerSlack, on our clock;
+// zero when the caller set none.
+func (a *Agent) checkDeadline(ctx context.Context, start time.Time) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return start.Add(time.Until(d) - answerSlack)
+	}
+	return time.Time{}
 }
 
 // maxMulti bounds the limits of one CheckMulti.
@@ -383,44 +404,17 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 		return nil, fieldErr("checks", "at most %d per call, got %d", maxMulti, len(items))
 	}
 	start := a.opt.now()
-	var deadline time.Time
-	if d, ok := ctx.Deadline(); ok {
-		// The caller's deadline is on the wall clock; the core's on ours.
-		deadline = start.Add(time.Until(d) - answerSlack)
-	}
+	deadline := a.checkDeadline(ctx, start)
 	its := make([]core.Item, len(items))
 	for i, it := range items {
 		its[i] = core.Item{Limit: it.Limit, Cost: it.Cost}
 	}
 	var chk *core.Check
 	a.withCore(func(c *core.Core) { chk = c.Begin(start, its, deadline) })
-	var spendAt time.Time // when the last spend was sent (the history's)
-	for chk.Step != core.StepDone {
-		if a.opt.hist != nil && chk.Step == core.StepSpend {
-			spendAt = a.opt.now()
-		}
-		if err := a.step(ctx, chk); err != nil {
-			return nil, err
-		}
+	spendAt, err := a.runCheck(ctx, start, chk)
+	if err != nil {
+		return nil, err
 	}
-	if chk.StoreErr {
-		a.m.checks.WithLabelValues(string(core.ResultStoreError)).Inc()
-	}
-	a.m.checkDur.Observe(a.opt.now().Sub(start).Seconds())
-	if chk.Err != nil {
-		var ie *core.ItemError
-		if errors.As(chk.Err, &ie) && errors.Is(ie, core.ErrUnknownLimit) {
-			return nil, fmt.Errorf("%w: %s", ErrUnknownLimit, ie.Reason)
-		}
-		if errors.Is(chk.Err, store.ErrCrossSlot) {
-			a.m.checks.WithLabelValues(resultCrossSlot).Inc()
-		}
-		if errors.As(chk.Err, &ie) {
-			return nil, fieldErr("checks["+strconv.Itoa(ie.Index)+"]."+ie.Field, "%s", ie.Reason)
-		}
-		return nil, chk.Err
-	}
-	a.m.checks.WithLabelValues(string(chk.Result)).Inc()
 	if a.opt.hist != nil {
 		a.recordCheck(items, chk, spendAt)
 	}
@@ -461,6 +455,39 @@ func (a *Agent) step(ctx context.Context, chk *core.Check) error {
 		a.withCore(func(c *core.Core) { c.Counted(now, chk, ok, vals, err) })
 	}
 	return nil
+}
+
+// runCheck carries a begun Check through its steps to its answer, counts
+// it, and maps its error; spendAt is when its last spend was sent (for
+// the history, only when one is recorded).
+func (a *Agent) runCheck(ctx context.Context, start time.Time, chk *core.Check) (spendAt time.Time, err error) {
+	for chk.Step != core.StepDone {
+		if a.opt.hist != nil && chk.Step == core.StepSpend {
+			spendAt = a.opt.now()
+		}
+		if err := a.step(ctx, chk); err != nil {
+			return spendAt, err
+		}
+	}
+	if chk.StoreErr {
+		a.m.checks.WithLabelValues(string(core.ResultStoreError)).Inc()
+	}
+	a.m.checkDur.Observe(a.opt.now().Sub(start).Seconds())
+	if chk.Err != nil {
+		var ie *core.ItemError
+		if errors.As(chk.Err, &ie) && errors.Is(ie, core.ErrUnknownLimit) {
+			return spendAt, fmt.Errorf("%w: %s", ErrUnknownLimit, ie.Reason)
+		}
+		if errors.Is(chk.Err, store.ErrCrossSlot) {
+			a.m.checks.WithLabelValues(resultCrossSlot).Inc()
+		}
+		if errors.As(chk.Err, &ie) {
+			return spendAt, fieldErr("checks["+strconv.Itoa(ie.Index)+"]."+ie.Field, "%s", ie.Reason)
+		}
+		return spendAt, chk.Err
+	}
+	a.m.checks.WithLabelValues(string(chk.Result)).Inc()
+	return spendAt, nil
 }
 
 // waiter is one waiting Check, listed under each limit it waits on (a

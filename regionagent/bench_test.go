@@ -157,3 +157,61 @@ func BenchmarkCheck(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCheckHandler counts what the agent's own Check path allocates:
+// Server.Check called directly (no gRPC), for one hot key decided from a
+// chunk in memory and for the same key through Redis (chunks off), beside
+// the do-nothing server's handler. gRPC's own allocations (streams,
+// frames, the codec) are the same for every server and are left out, so
+// allocs/op above the do-nothing handler's are the agent's.
+func BenchmarkCheckHandler(b *testing.B) {
+	w := startWorld(b, false, "eu")
+	hot := w.putLimit(limit("tenant/handler", 1<<40, time.Minute, 15*time.Second, "eu"))
+	ctx := context.Background()
+	servers := map[string]pb.RegionAgentServer{"noop": noopAgent{}}
+	for _, name := range []string{"agent-redis", "agent-chunks"} {
+		rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr(), PoolSize: 8})
+		b.Cleanup(func() { rdb.Close() })
+		opts := []Option{WithBatching(1, 128)}
+		if name == "agent-chunks" {
+			opts = append(opts, WithChunks(ChunkConfig{HotRate: 50}))
+		}
+		a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: name,
+			DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			Logger:      slog.New(slog.DiscardHandler)}, opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		actx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = a.Run(actx) }()
+		b.Cleanup(func() { cancel(); <-done; a.Close() })
+		<-a.Ready()
+		srv := NewServer(a)
+		// Warm up until the key is hot: chunks are taken after the rate
+		// passes HotRate.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			if resp, _ := srv.Check(ctx, &pb.CheckRequest{LimitId: hot.Id, Cost: 1}); resp != nil && resp.Allowed {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		for range 5000 {
+			_, _ = srv.Check(ctx, &pb.CheckRequest{LimitId: hot.Id, Cost: 1})
+		}
+		servers[name] = srv
+	}
+	for _, name := range []string{"noop", "agent-redis", "agent-chunks"} {
+		srv := servers[name]
+		b.Run("server="+name, func(b *testing.B) {
+			req := &pb.CheckRequest{LimitId: hot.Id, Cost: 1}
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := srv.Check(ctx, req)
+				if err != nil || !resp.Allowed {
+					b.Fatalf("%v %v", resp, err)
+				}
+			}
+		})
+	}
+}

@@ -89,6 +89,26 @@ type Check struct {
 	items    []Item
 	after    SyncToken // the syncs started before it arrived
 	lookup   bool      // waiting for a limit sync: a limit of the Check was not in the snapshot
+
+	// one backs the slices of a Check of one item (most Checks), so that
+	// such a Check allocates only itself.
+	one struct {
+		item [1]Item
+		key  [1]store.Key
+		cost [1]int64
+		st   [1]*limitState
+		win  [1]lease.Window
+		ans  [1]Answer
+	}
+}
+
+// answers returns n zero answers (in the Check itself when n is 1).
+func (chk *Check) answers(n int) []Answer {
+	if n == 1 {
+		chk.one.ans[0] = Answer{}
+		return chk.one.ans[:]
+	}
+	return make([]Answer, n)
 }
 
 // Lookup reports whether a Check at StepWait waits for a limit sync (one
@@ -100,7 +120,22 @@ func (chk *Check) Lookup() bool { return chk.Step == StepWait && chk.lookup }
 // Begin starts a Check of items at now; the caller must answer by
 // deadline (the Core's wait bound applies too).
 func (c *Core) Begin(now time.Time, items []Item, deadline time.Time) *Check {
+	if len(items) == 1 {
+		return c.BeginOne(now, items[0], deadline)
+	}
 	chk := &Check{Costs: make([]int64, len(items)), Keys: make([]store.Key, len(items))}
+	return c.begin(now, chk, items, deadline)
+}
+
+// BeginOne is Begin of one item; the Check allocates only itself.
+func (c *Core) BeginOne(now time.Time, it Item, deadline time.Time) *Check {
+	chk := &Check{}
+	chk.one.item[0] = it
+	chk.Costs, chk.Keys = chk.one.cost[:], chk.one.key[:]
+	return c.begin(now, chk, chk.one.item[:], deadline)
+}
+
+func (c *Core) begin(now time.Time, chk *Check, items []Item, deadline time.Time) *Check {
 	chk.deadline, chk.lookupBy = now.Add(c.opt.wait), now.Add(c.opt.lookupWait)
 	if !deadline.IsZero() {
 		chk.deadline, chk.lookupBy = minTime(chk.deadline, deadline), minTime(chk.lookupBy, deadline)
@@ -167,8 +202,11 @@ func (c *Core) resolve(now time.Time, chk *Check) {
 			return
 		}
 	}
-	chk.sts = make([]*limitState, len(items))
-	chk.wins = make([]lease.Window, len(items))
+	if len(items) == 1 {
+		chk.sts, chk.wins = chk.one.st[:], chk.one.win[:]
+	} else {
+		chk.sts, chk.wins = make([]*limitState, len(items)), make([]lease.Window, len(items))
+	}
 	for i, it := range items {
 		l := c.limits[it.Limit]
 		cost := it.Cost
@@ -233,7 +271,7 @@ func (c *Core) crossSlot(chk *Check) {
 
 // notSynced answers a Check UNAVAILABLE: the agent does not know.
 func (c *Core) notSynced(chk *Check, n int) {
-	chk.Answers = make([]Answer, n)
+	chk.Answers = chk.answers(n)
 	for i := range chk.Answers {
 		chk.Answers[i] = Answer{Reason: ReasonUnavailable, RetryAfter: c.jitter(time.Second, time.Second)}
 	}
@@ -254,7 +292,7 @@ func (c *Core) name(now time.Time, chk *Check) {
 }
 
 func (c *Core) answer(now time.Time, chk *Check, reason Reason) {
-	chk.Answers = make([]Answer, len(chk.sts))
+	chk.Answers = chk.answers(len(chk.sts))
 	for i, st := range chk.sts {
 		chk.Answers[i] = Answer{Allowed: reason == ReasonOK || reason == ReasonFallback, Reason: reason,
 			Limit: st.l.Tokens, Window: st.l.Window, Version: st.l.Version,
