@@ -28,11 +28,13 @@ const (
 	EvRedisTimeout                 // a region's Redis takes writes but its answers are lost, unnoticed
 	EvRollback                     // a region's Redis fails over, losing what its replica had not copied
 	EvLimit                        // G changes, at once everywhere
+	EvRestart                      // an agent replica is killed and started again (not synced)
+	EvSync                         // a restarted replica's first limit sync answers
 )
 
 var kindNames = map[Kind]string{EvCheck: "check", EvAdvance: "advance", EvServe: "serve", EvCommit: "commit",
 	EvDeliver: "deliver", EvDropRequest: "drop-request", EvDropAnswer: "drop-answer", EvRetry: "retry", EvFail: "fail",
-	EvLeader: "leader", EvRedisDown: "redis-down", EvRedisUp: "redis-up", EvRedisTimeout: "redis-timeout", EvRollback: "rollback", EvLimit: "limit"}
+	EvLeader: "leader", EvRedisDown: "redis-down", EvRedisUp: "redis-up", EvRedisTimeout: "redis-timeout", EvRollback: "rollback", EvLimit: "limit", EvRestart: "restart", EvSync: "sync"}
 
 // Event is one step of a trace. Its fields depend on Kind: Region and
 // Replica for a Check, Region for Redis events, At (from t0) for an
@@ -53,7 +55,7 @@ func (k Kind) onCall() bool {
 func (e Event) String() string {
 	name := kindNames[e.Kind]
 	switch e.Kind {
-	case EvCheck:
+	case EvCheck, EvRestart, EvSync:
 		return fmt.Sprintf("%s %s/%d", name, regionNames[e.Region], e.Replica)
 	case EvAdvance:
 		return fmt.Sprintf("%s t0+%dms", name, e.At.Milliseconds())
@@ -106,7 +108,7 @@ func ParseTrace(s string) ([]Event, error) {
 		}
 		var err error
 		switch k {
-		case EvCheck:
+		case EvCheck, EvRestart, EvSync:
 			r, rep, ok := strings.Cut(arg, "/")
 			if !ok {
 				return nil, fmt.Errorf("explore: %q: want region/replica", part)
@@ -201,6 +203,15 @@ func (w *world) events() []Event {
 		}
 		if !r.down && !r.timeouts && w.left.rollback > 0 {
 			out = append(out, Event{Kind: EvRollback, Region: ri})
+		}
+	}
+	for ri, r := range w.regions {
+		for i, rep := range r.reps {
+			if !rep.core.IsSynced() {
+				out = append(out, Event{Kind: EvSync, Region: ri, Replica: i})
+			} else if w.left.restart > 0 {
+				out = append(out, Event{Kind: EvRestart, Region: ri, Replica: i})
+			}
 		}
 	}
 	if w.left.limit > 0 {
@@ -330,6 +341,24 @@ func (w *world) apply1(e Event) error {
 		}
 		w.left.rollback--
 		w.rollback(e.Region)
+	case EvRestart, EvSync:
+		if e.Region < 0 || e.Region > 1 || e.Replica < 0 || e.Replica >= len(w.regions[e.Region].reps) {
+			return bad()
+		}
+		rep := w.regions[e.Region].reps[e.Replica]
+		if e.Kind == EvSync {
+			if rep.core.IsSynced() {
+				return bad()
+			}
+			w.sync(rep)
+			w.drain(e.Region, e.Replica)
+			return nil
+		}
+		if w.left.restart == 0 || !rep.core.IsSynced() {
+			return bad()
+		}
+		w.left.restart--
+		w.restart(e.Region, e.Replica)
 	case EvLimit:
 		if w.left.limit == 0 || e.N < 1 || (e.N != w.limit.Tokens-1 && e.N != w.limit.Tokens+1) {
 			return bad()

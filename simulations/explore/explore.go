@@ -27,6 +27,7 @@ type Scope struct {
 	RedisOutages  int // Redis down (and, at any later step, up again)
 	Rollbacks     int // Redis failovers that lose unreplicated writes
 	LimitChanges  int // G up or down by one
+	Restarts      int // agent replicas killed and started again
 	Fallback      core.Fallback
 	// Instants is how many of the next instants an advance may stop at
 	// (the next timer, a boundary, deadlines and the millisecond before

@@ -93,7 +93,7 @@ func TestStatesMerge(t *testing.T) {
 
 func TestTraceRoundTrip(t *testing.T) {
 	tr := "check eu/0; advance t0+4999ms; serve eu-0#1; commit 1; deliver eu-0#1; drop-request us-0#2; drop-answer eu-1#3; retry eu-0#4; fail us-0#5; " +
-		"leader; redis-down us; redis-up us; redis-timeout eu; rollback eu; limit 3"
+		"leader; redis-down us; redis-up us; redis-timeout eu; rollback eu; limit 3; restart eu/1; sync eu/1"
 	evs, err := ParseTrace(tr)
 	if err != nil {
 		t.Fatal(err)

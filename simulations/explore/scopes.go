@@ -26,13 +26,17 @@ var (
 	// LimitScope: G lowered or raised while leases are out.
 	LimitScope = Scope{Name: "Limit", Tokens: 2, Replicas: [2]int{1, 1}, Depth: 8, Checks: 3, LimitChanges: 1}
 
+	// RestartScope: an agent replica killed and started again, holding
+	// leases, with calls in flight; it must not admit before its first
+	// limit sync.
+	RestartScope = Scope{Name: "Restart", Tokens: 2, Replicas: [2]int{2, 1}, Depth: 8, Checks: 2, Restarts: 1}
 	// ReturnsScope: a lease returned with tokens left while its window is
 	// open, and the return sent again.
 	ReturnsScope = Scope{Name: "Returns", Tokens: 3, Replicas: [2]int{1, 1}, Depth: 10, Checks: 1, Retry: 1}
 )
 
 // CIScopes are explored by every test run.
-var CIScopes = []Scope{LossyScope, LeaderScope, RedisScope, RollbackScope, FallbackScope, ReplicasScope, LimitScope, ReturnsScope}
+var CIScopes = []Scope{LossyScope, LeaderScope, RedisScope, RollbackScope, FallbackScope, ReplicasScope, LimitScope, RestartScope, ReturnsScope}
 
 // LargeScopes go deeper, with two replicas in each region and several
 // fault kinds at once; they take from minutes to hours (go test
@@ -44,5 +48,5 @@ var LargeScopes = []Scope{
 	{Name: "FallbackDeep", Tokens: 2, Replicas: [2]int{2, 2}, Depth: 10, Checks: 4, Fail: 2,
 		Fallback: core.Fallback{Kind: core.FallbackLocal, LocalTokens: 1}},
 	{Name: "Everything", Tokens: 3, Replicas: [2]int{2, 2}, Depth: 9, Checks: 3, Lose: 1, Retry: 1, Fail: 1,
-		LeaderChanges: 1, RedisOutages: 1, Rollbacks: 1, LimitChanges: 1},
+		LeaderChanges: 1, RedisOutages: 1, Rollbacks: 1, LimitChanges: 1, Restarts: 1},
 }

@@ -74,7 +74,7 @@ type world struct {
 
 // budget counts the events of each kind a trace may still use.
 type budget struct {
-	checks, lose, retry, fail, leader, outage, rollback, limit int
+	checks, lose, retry, fail, leader, outage, rollback, limit, restart int
 }
 
 // etcd is the model of the allocator's etcd: the election keys (their
@@ -168,12 +168,14 @@ type replica struct {
 	local  *store.Mem
 	parked []*core.Check // Checks at StepWait
 	calls  int           // calls made
+	starts int           // restarts so far
+	seed   uint64
 }
 
 func newWorld(sc *Scope) *world {
 	w := &world{sc: sc, now: t0, calls: map[string]*call{}}
 	w.left = budget{checks: sc.Checks, lose: sc.Lose, retry: sc.Retry, fail: sc.Fail, leader: sc.LeaderChanges,
-		outage: sc.RedisOutages, rollback: sc.Rollbacks, limit: sc.LimitChanges}
+		outage: sc.RedisOutages, rollback: sc.Rollbacks, limit: sc.LimitChanges, restart: sc.Restarts}
 	w.limit = allocator.Limit{ID: limitID, Tokens: sc.Tokens, Window: window, Regions: regionNames[:], TTL: ttl, Version: 1}
 	w.etcd = etcd{election: map[string]int64{}, grants: map[string]allocator.Grant{}}
 	w.led = newLedger()
@@ -182,15 +184,45 @@ func newWorld(sc *Scope) *world {
 		r := &region{name: name, redis: store.NewMem(0), locks: map[string]lockHold{}}
 		r.replicaOf = r.redis.Clone()
 		for i := range sc.Replicas[ri] {
-			rep := &replica{name: fmt.Sprintf("%s-%d", name, i), local: store.NewMem(0)}
-			rep.core = core.New(core.Config{Region: name, RequestPrefix: rep.name, Seed: uint64(10*ri + i + 1)})
-			rep.core.SetLimits(rep.core.SyncStart(), 1, []core.Limit{w.coreLimit()}, w.now)
-			rep.core.SetAllocatorClock(w.now, w.now, w.now)
+			rep := &replica{name: fmt.Sprintf("%s-%d", name, i), local: store.NewMem(0), seed: uint64(10*ri + i + 1)}
+			rep.core = core.New(core.Config{Region: name, RequestPrefix: rep.name, Seed: rep.seed})
+			w.sync(rep)
 			r.reps = append(r.reps, rep)
 		}
 		w.regions[ri] = r
 	}
 	return w
+}
+
+// sync is a replica's limit sync answering: the limits, and the
+// allocator's clock read by its round trip.
+func (w *world) sync(rep *replica) {
+	rep.core.SetLimits(rep.core.SyncStart(), w.limit.Version, []core.Limit{w.coreLimit()}, w.now)
+	rep.core.SetAllocatorClock(w.now, w.now, w.now)
+}
+
+// restart is replica i of region ri killed and started again: a new core
+// (new request ids), not synced yet; its in-process leases, its waiting
+// Checks and its calls die with the old process (copies of a request
+// already sent may still reach the allocator). The renewal lock is the
+// replica id's, so the new process takes it again.
+func (w *world) restart(ri, i int) {
+	rep := w.regions[ri].reps[i]
+	rep.starts++
+	rep.core = core.New(core.Config{Region: regionNames[ri], RequestPrefix: fmt.Sprintf("%s-r%d", rep.name, rep.starts),
+		Seed: rep.seed + uint64(100*rep.starts)})
+	rep.local = store.NewMem(0)
+	rep.parked = nil
+	for _, c := range w.calls {
+		if c.region == ri && c.replica == i {
+			c.done, c.answering = true, false
+		}
+	}
+	for j := range w.led.leases {
+		if l := &w.led.leases[j]; l.region == ri && l.replica == i {
+			l.closed = true // gone with the process's memory
+		}
+	}
 }
 
 // coreLimit is the limit as the agents' limit sync gives it to their cores.
@@ -426,6 +458,9 @@ func (w *world) step(ri, i int, chk *core.Check) {
 		default: // StepDone
 			if chk.Err != nil {
 				w.fail("check", "%s: a Check of the limit failed as invalid: %v", rep.name, chk.Err)
+			}
+			if a := chk.Answers[0]; a.Allowed && !rep.core.IsSynced() {
+				w.fail("fail-open", "%s admitted a Check (%v) before its first limit sync", rep.name, a.Reason)
 			}
 			w.led.answers[chk.Answers[0].Reason]++
 			return
@@ -752,8 +787,10 @@ func (w *world) changeLimit(g int64) {
 	w.leader.core.SetLimit(&l)
 	for ri, r := range w.regions {
 		for i, rep := range r.reps {
-			rep.core.SetLimits(rep.core.SyncStart(), l.Version, []core.Limit{w.coreLimit()}, w.now)
-			w.drain(ri, i)
+			if rep.core.IsSynced() {
+				w.sync(rep)
+				w.drain(ri, i)
+			}
 		}
 	}
 }
