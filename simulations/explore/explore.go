@@ -29,6 +29,10 @@ type Scope struct {
 	LimitChanges  int // G up or down by one
 	Restarts      int // agent replicas killed and started again
 	Fallback      core.Fallback
+	// MaxStates, if set, stops the exploration once that many distinct
+	// states are reached (Result.Truncated): a bound on a large scope's
+	// time and memory.
+	MaxStates int
 	// Instants is how many of the next instants an advance may stop at
 	// (the next timer, a boundary, deadlines and the millisecond before
 	// them); 0 means 3.
@@ -61,6 +65,9 @@ type Result struct {
 	Transitions int // events applied
 	MaxDepth    int // the longest trace explored
 	Elapsed     time.Duration
+	// Truncated: MaxStates was reached; the depth MaxDepth was not
+	// explored in full.
+	Truncated bool
 	// Violation is the first invariant broken, nil if none; Trace is the
 	// shortest sequence of events that leads to it (breadth first).
 	Violation *Violation
@@ -174,6 +181,10 @@ func Explore(sc Scope) (Result, error) {
 				res.States++
 				next = append(next, c.trace)
 			}
+		}
+		if sc.MaxStates > 0 && res.States >= sc.MaxStates {
+			res.Truncated = true
+			break
 		}
 		frontier = next
 	}
