@@ -282,17 +282,18 @@ func (a *allocNode) acquire(region string, reqs []allocator.AcquireRequest, repl
 		now := w.sc.Home.At(w.eng.Now())
 		gs := make([]core.Grant, len(decs))
 		for i, d := range decs {
-			gs[i] = grantOf(now, region, reqs[i], d)
+			gs[i] = GrantOf(now, region, reqs[i], d)
 		}
 		reply(gs)
 	})
 }
 
-// grantOf is the answer to one request as AcquireLeases puts it on the
+// GrantOf is the answer to one request as AcquireLeases puts it on the
 // wire at now (allocator clock: Grant.ToProto, Decision.EmptyLease), in the
 // agent core's terms: an empty answer says which window it was for, what
-// its pool holds, and whether only the region's share of it is spent.
-func grantOf(now time.Time, region string, r allocator.AcquireRequest, d allocator.Decision) core.Grant {
+// its pool holds, and whether only the region's share of it is spent. The
+// protocol explorer (simulations/explore) answers with it too.
+func GrantOf(now time.Time, region string, r allocator.AcquireRequest, d allocator.Decision) core.Grant {
 	if d.Code != pb.ItemCode_ITEM_CODE_OK {
 		return core.Grant{Message: d.Code.String() + ": " + d.Message}
 	}

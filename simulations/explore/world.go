@@ -14,6 +14,7 @@ import (
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/core"
 	"leasehold/regionagent/store"
+	"leasehold/simulations"
 )
 
 // The model's fixed parameters. One limit, two regions, one clock (every
@@ -609,7 +610,8 @@ func (w *world) deliver(c *call) {
 	}
 	gs := make([]core.Grant, len(c.reqs))
 	for i, d := range c.decisions {
-		gs[i] = grantOf(w.now, regionNames[c.region], c.reqs[i].RequestID, c.reqs[i].Limit, d)
+		gs[i] = simulations.GrantOf(w.now, regionNames[c.region],
+			allocator.AcquireRequest{RequestID: c.reqs[i].RequestID, Limit: c.reqs[i].Limit}, d)
 		w.led.answered(w, c.reqs[i].RequestID, gs[i])
 	}
 	rep.core.Acquired(c.sent, w.now, c.reqs, gs)
@@ -626,27 +628,6 @@ func (w *world) giveUp(c *call) {
 		rep.core.ReturnsDone(w.now, c.rets, errCallFail)
 	}
 	w.drain(c.region, c.replica)
-}
-
-// grantOf is one item of AcquireLeases's answer as the allocator renders
-// it at now (Grant.ToProto, Decision.EmptyLease) and the agent's client
-// reads it, in the agent core's terms.
-func grantOf(now time.Time, region, reqID, limit string, d allocator.Decision) core.Grant {
-	if d.Code != pb.ItemCode_ITEM_CODE_OK {
-		return core.Grant{Message: d.Code.String() + ": " + d.Message}
-	}
-	var ls *pb.Lease
-	switch {
-	case d.Grant != nil:
-		ls = d.Grant.ToProto(now)
-	case d.Window.Length > 0:
-		ls = d.EmptyLease(now, limit, region, reqID)
-	default:
-		return core.Grant{OK: true, Replayed: d.Replayed}
-	}
-	return core.Grant{OK: true, LeaseID: ls.LeaseId, Tokens: ls.Tokens, Window: ls.WindowIndex,
-		WindowLen: ls.Window.AsDuration(), StartsIn: ls.StartsIn.AsDuration(), ExpiresIn: ls.ExpiresIn.AsDuration(),
-		WindowLeft: ls.WindowLeft.AsDuration(), PoolLeft: ls.PoolLeft, ShareSpent: ls.ShareSpent, Replayed: d.Replayed}
 }
 
 // ---- time ----
