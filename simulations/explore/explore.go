@@ -143,54 +143,60 @@ func Explore(sc Scope) (Result, error) {
 	res.States = 1
 	frontier := [][]Event{nil}
 	workers := runtime.GOMAXPROCS(0)
-	for depth := 1; depth <= sc.Depth && len(frontier) > 0; depth++ {
-		out := make([][]child, len(frontier))
-		errs := make([]error, workers)
-		var wg sync.WaitGroup
-		for k := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var h hasher
-				for j := k; j < len(frontier); j += workers {
-					out[j], errs[k] = expand(&sc, frontier[j], &h)
-					if errs[k] != nil {
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			return res, err
-		}
+	for depth := 1; depth <= sc.Depth && len(frontier) > 0 && !res.Truncated; depth++ {
 		var next [][]Event
-		for _, cs := range out {
-			for _, c := range cs {
-				res.Transitions++
-				res.MaxDepth = depth
-				if c.bad != nil {
-					res.Violation, res.Trace = c.bad, c.trace
-					res.Elapsed = time.Since(start)
-					return res, nil
-				}
-				if seen[c.d] {
-					continue
-				}
-				seen[c.d] = true
-				res.States++
-				next = append(next, c.trace)
+		// The frontier is expanded a slice at a time, so that MaxStates
+		// stops an exploration within one slice of the bound.
+		for lo := 0; lo < len(frontier) && !res.Truncated; lo += expandSlice {
+			part := frontier[lo:min(lo+expandSlice, len(frontier))]
+			out := make([][]child, len(part))
+			errs := make([]error, workers)
+			var wg sync.WaitGroup
+			for k := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var h hasher
+					for j := k; j < len(part); j += workers {
+						out[j], errs[k] = expand(&sc, part[j], &h)
+						if errs[k] != nil {
+							return
+						}
+					}
+				}()
 			}
-		}
-		if sc.MaxStates > 0 && res.States >= sc.MaxStates {
-			res.Truncated = true
-			break
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return res, err
+			}
+			for _, cs := range out {
+				for _, c := range cs {
+					res.Transitions++
+					res.MaxDepth = depth
+					if c.bad != nil {
+						res.Violation, res.Trace = c.bad, c.trace
+						res.Elapsed = time.Since(start)
+						return res, nil
+					}
+					if seen[c.d] {
+						continue
+					}
+					seen[c.d] = true
+					res.States++
+					next = append(next, c.trace)
+				}
+			}
+			res.Truncated = sc.MaxStates > 0 && res.States >= sc.MaxStates
 		}
 		frontier = next
 	}
 	res.Elapsed = time.Since(start)
 	return res, nil
 }
+
+// expandSlice is how many states of a frontier are expanded between two
+// looks at MaxStates.
+const expandSlice = 4096
 
 // child is one event's outcome from a state: the trace that reaches it,
 // its digest, and the violation it shows, if any.
