@@ -775,6 +775,18 @@ func (a *Allocator) ReturnLeases(ctx context.Context, region string, rets []*pb.
 				}
 				d.Grant.pending = t.commit.enqueue(op)
 				waits = append(waits, d.Grant.pending)
+				if d.Credited > 0 {
+					// The credit reaches the pool once the record is
+					// durable, whether or not this caller still waits.
+					g, p := d.Grant, d.Grant.pending
+					go func() {
+						if p.wait(t.ctx) == nil {
+							t.mu.Lock()
+							t.core.Credit(g)
+							t.mu.Unlock()
+						}
+					}()
+				}
 			}
 		}
 		t.mu.Unlock()

@@ -462,15 +462,32 @@ func (c *Core) Return(now time.Time, region string, r ReturnRequest) (ReturnDeci
 	code := pb.ItemCode_ITEM_CODE_OK
 	msg := ""
 	if now.Before(g.window().End()) {
+		// The pool gets the tokens back when the record is durable
+		// (Credit), not now.
 		upd.Credited = r.Unspent
-		ws.credited += r.Unspent
-		ws.region(g.Region).credited += r.Unspent
 	} else {
 		code, msg = pb.ItemCode_ITEM_CODE_WINDOW_CLOSED, "window is over: nothing credited"
 		ws.late += r.Unspent
 	}
 	*g = upd
 	return ReturnDecision{Code: code, Message: msg, Credited: upd.Credited, Grant: g}, nil
+}
+
+// Credit gives the pool back the tokens a return credited (g, the record
+// Return handed out), once that record is durable: the allocator calls it
+// when the return's commit has landed, the simulator and the explorer when
+// their model etcd took it, and Restore counts what etcd holds. Until then
+// the tokens are not granted again: a grant made from them could commit
+// in a transaction that lands while the return's is lost with the term,
+// and etcd would hold more than G for the window (the protocol explorer
+// found that interleaving). Call it once per record Return gave.
+func (c *Core) Credit(g *Grant) {
+	if g == nil || g.Credited <= 0 {
+		return
+	}
+	ws := c.window(windowKey{g.Limit, g.Window}, time.Duration(g.WindowMs)*time.Millisecond)
+	ws.credited += g.Credited
+	ws.region(g.Region).credited += g.Credited
 }
 
 // Expired lists the windows that ended at least grace before now; their

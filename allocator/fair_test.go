@@ -56,6 +56,7 @@ func runFairSteps(t *testing.T, cores []*Core, recs records, steps []fairStep) {
 				if err != nil || d.Code != pb.ItemCode_ITEM_CODE_OK || d.Credited != s.tokens {
 					t.Fatalf("%s: return = %+v, %v; want credited %d", where, d, err, s.tokens)
 				}
+				c.Credit(d.Grant) // committed at once
 				if ci == 0 {
 					recs[d.Grant.LeaseID] = *d.Grant
 				}
@@ -225,9 +226,11 @@ func (a *simAgent) step(t *testing.T, c *Core, limit *Limit, now time.Time, dt t
 			kept = append(kept, l)
 			continue
 		}
-		if _, err := c.Return(now, a.region, ReturnRequest{Limit: limit.ID, LeaseID: l.id, Unspent: l.tokens}); err != nil {
+		d, err := c.Return(now, a.region, ReturnRequest{Limit: limit.ID, LeaseID: l.id, Unspent: l.tokens})
+		if err != nil {
 			t.Fatal(err)
 		}
+		c.Credit(d.Grant) // committed at once
 	}
 	a.leases = kept
 	// Renew below the low-water mark: 1 s of demand, capped by what the

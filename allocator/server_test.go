@@ -304,7 +304,9 @@ func FuzzAcquireDecode(f *testing.F) {
 		rr := &pb.ReturnLeasesRequest{}
 		if proto.Unmarshal(b, rr) == nil && ValidateReturn(rr) == nil {
 			for _, r := range rr.Returns {
-				_, _ = c.Return(t0, rr.Region, ReturnRequest{Limit: r.LimitId, LeaseID: r.LeaseId, Unspent: r.Unspent})
+				if d, err := c.Return(t0, rr.Region, ReturnRequest{Limit: r.LimitId, LeaseID: r.LeaseId, Unspent: r.Unspent}); err == nil {
+					c.Credit(d.Grant) // committed at once
+				}
 			}
 		}
 		ur := &pb.ReportUsageRequest{}

@@ -334,6 +334,7 @@ func (a *allocNode) giveBack(region string, rs []allocator.ReturnRequest, reply 
 		}
 		for _, g := range changed {
 			a.persist(g)
+			a.core.Credit(g)
 		}
 		reply()
 	})

@@ -61,6 +61,23 @@ func TestLargeScopes(t *testing.T) {
 	}
 }
 
+// The first violation the explorer found in the product (LeaderDeep): a
+// return's credit went back to the pool at once, a grant made from it
+// committed in a later batch before the return's own, and etcd held 3
+// tokens granted net of returns for G = 2 (had the return's commit been
+// lost with the term, for good). Credits now reach the pool only once
+// durable (allocator.Core.Credit); the trace must replay clean.
+func TestCreditAfterCommit(t *testing.T) {
+	v, err := Replay(LeaderDeepScope, "check eu/0; serve eu-0#1; advance t0+500ms; advance t0+2000ms; check eu/0; "+
+		"commit 0; deliver eu-0#1; serve eu-0#2; serve eu-0#3; commit 2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != nil {
+		t.Fatal(v)
+	}
+}
+
 // MaxStates stops an exploration and says so.
 func TestMaxStates(t *testing.T) {
 	sc := LossyScope

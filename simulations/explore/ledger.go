@@ -273,22 +273,18 @@ func (w *world) verify() {
 	}
 }
 
-// pendingSums are the tokens the leader decided for window win and has
-// not committed: granted by new records, credited by returns.
+// pendingSums are the tokens the leader granted for window win and has
+// not committed (a return's credit reaches the core's pool only once it
+// is durable: Core.Credit).
 func (w *world) pendingSums(win int64) (granted, credited int64) {
 	for _, b := range w.leader.pending {
 		for _, g := range b.records {
-			if g.Window != win {
-				continue
-			}
-			old, had := w.etcd.grants[g.LeaseID]
-			if !had {
+			if _, had := w.etcd.grants[g.LeaseID]; g.Window == win && !had {
 				granted += g.Tokens
 			}
-			credited += g.Credited - old.Credited
 		}
 	}
-	return granted, credited
+	return granted, 0
 }
 
 // readModes reads the fallback modes marked in every bucket of the limit

@@ -38,15 +38,20 @@ var (
 // CIScopes are explored by every test run.
 var CIScopes = []Scope{LossyScope, LeaderScope, RedisScope, RollbackScope, FallbackScope, ReplicasScope, LimitScope, RestartScope, ReturnsScope}
 
-// LargeScopes go deeper, with two replicas in each region and several
+// The large scopes go deeper, with two replicas per region and several
 // fault kinds at once; they take from minutes to hours (go test
 // ./simulations/explore/ -run TestLargeScopes -explore.large -timeout 0).
-var LargeScopes = []Scope{
-	{Name: "LossyDeep", Tokens: 3, Replicas: [2]int{1, 1}, Depth: 10, Checks: 4, Lose: 2, Retry: 2, Fail: 1},
-	{Name: "LeaderDeep", Tokens: 2, Replicas: [2]int{1, 1}, Depth: 10, Checks: 3, Lose: 1, Retry: 2, LeaderChanges: 2},
-	{Name: "RedisDeep", Tokens: 3, Replicas: [2]int{2, 1}, Depth: 10, Checks: 4, RedisOutages: 1, Rollbacks: 1, Retry: 1},
-	{Name: "FallbackDeep", Tokens: 2, Replicas: [2]int{2, 2}, Depth: 10, Checks: 4, Fail: 2,
-		Fallback: core.Fallback{Kind: core.FallbackLocal, LocalTokens: 1}},
-	{Name: "Everything", Tokens: 3, Replicas: [2]int{2, 2}, Depth: 9, Checks: 3, Lose: 1, Retry: 1, Fail: 1,
-		LeaderChanges: 1, RedisOutages: 1, Rollbacks: 1, LimitChanges: 1, Restarts: 1},
-}
+var (
+	LossyDeepScope  = Scope{Name: "LossyDeep", Tokens: 3, Replicas: [2]int{1, 1}, Depth: 10, Checks: 4, Lose: 2, Retry: 2, Fail: 1}
+	LeaderDeepScope = Scope{Name: "LeaderDeep", Tokens: 2, Replicas: [2]int{1, 1}, Depth: 10, Checks: 3, Lose: 1, Retry: 2,
+		LeaderChanges: 2}
+	RedisDeepScope = Scope{Name: "RedisDeep", Tokens: 3, Replicas: [2]int{2, 1}, Depth: 10, Checks: 4, RedisOutages: 1,
+		Rollbacks: 1, Retry: 1}
+	FallbackDeepScope = Scope{Name: "FallbackDeep", Tokens: 2, Replicas: [2]int{2, 2}, Depth: 10, Checks: 4, Fail: 2,
+		Fallback: core.Fallback{Kind: core.FallbackLocal, LocalTokens: 1}}
+	EverythingScope = Scope{Name: "Everything", Tokens: 3, Replicas: [2]int{2, 2}, Depth: 9, Checks: 3, Lose: 1, Retry: 1,
+		Fail: 1, LeaderChanges: 1, RedisOutages: 1, Rollbacks: 1, LimitChanges: 1, Restarts: 1}
+)
+
+// LargeScopes are explored with -explore.large.
+var LargeScopes = []Scope{LossyDeepScope, LeaderDeepScope, RedisDeepScope, FallbackDeepScope, EverythingScope}

@@ -586,6 +586,11 @@ func (w *world) commit(n *allocNode, b *batch) {
 	for _, g := range b.records {
 		w.led.persist(w, g)
 		w.etcd.grants[g.LeaseID] = g
+		if g.Returned {
+			// A record Return handed out is durable: its credit goes to
+			// the pool, once per record, as the allocator does.
+			n.core.Credit(&g)
+		}
 	}
 	for _, id := range b.waiting {
 		c := w.calls[id]
