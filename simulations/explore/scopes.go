@@ -18,7 +18,7 @@ var (
 	// RollbackScope: a Redis failover that rolls back unreplicated writes.
 	RollbackScope = Scope{Name: "Rollback", Tokens: 2, Replicas: [2]int{1, 1}, Depth: 8, Checks: 3, Rollbacks: 1}
 	// FallbackScope: calls given up under local:1 fallback.
-	FallbackScope = Scope{Name: "Fallback", Tokens: 1, Replicas: [2]int{1, 1}, Depth: 9, Checks: 3, Fail: 1,
+	FallbackScope = Scope{Name: "Fallback", Tokens: 1, Replicas: [2]int{1, 1}, Depth: 8, Checks: 3, Fail: 1,
 		Fallback: core.Fallback{Kind: core.FallbackLocal, LocalTokens: 1}}
 	// ReplicasScope: two replicas in one region share its bucket and its
 	// renewal lock.
