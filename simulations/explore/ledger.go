@@ -246,10 +246,10 @@ func (w *world) verify() {
 		// The leader's core agrees with what is durable plus what it
 		// decided and has not committed.
 		st, _ := w.leader.core.Stats(limitID, win)
-		pg, pc := w.pendingSums(win)
-		if st.Granted != s.granted+pg || st.Credited != s.credited+pc {
-			w.fail("pool", "window %d: the leader's core counts %d granted, %d credited; durable %d, %d and uncommitted %d, %d",
-				win, st.Granted, st.Credited, s.granted, s.credited, pg, pc)
+		pg := w.pendingGranted(win)
+		if st.Granted != s.granted+pg || st.Credited != s.credited {
+			w.fail("pool", "window %d: the leader's core counts %d granted, %d credited; durable %d, %d and %d granted uncommitted",
+				win, st.Granted, st.Credited, s.granted, s.credited, pg)
 		}
 		// Bound: observed never above the computed bound.
 		ow := overshoot.Window{Limit: w.limit.Tokens, LimitAtGrant: s.maxG, Granted: s.granted, Returned: s.credited}
@@ -273,10 +273,11 @@ func (w *world) verify() {
 	}
 }
 
-// pendingSums are the tokens the leader granted for window win and has
+// pendingGranted is the tokens the leader granted for window win and has
 // not committed (a return's credit reaches the core's pool only once it
-// is durable: Core.Credit).
-func (w *world) pendingSums(win int64) (granted, credited int64) {
+// is durable: Core.Credit, so no credit is ever pending in the core).
+func (w *world) pendingGranted(win int64) int64 {
+	var granted int64
 	for _, b := range w.leader.pending {
 		for _, g := range b.records {
 			if _, had := w.etcd.grants[g.LeaseID]; g.Window == win && !had {
@@ -284,7 +285,7 @@ func (w *world) pendingSums(win int64) (granted, credited int64) {
 			}
 		}
 	}
-	return granted, 0
+	return granted
 }
 
 // readModes reads the fallback modes marked in every bucket of the limit
