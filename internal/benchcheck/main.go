@@ -281,7 +281,7 @@ func run(ctx context.Context, c config) error {
 			if bc.api == "Envoy" {
 				ds = t.envoy
 			}
-			r, err := measure(ctx, t.p, []*proc{redis, alloc}, ds,
+			r, err := measure(ctx, t.p, redis, alloc, ds,
 				load{keys: keys, callers: bc.callers, max: c.max, dur: c.dur, once: bc.kind == "cold"})
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -483,32 +483,28 @@ func lease(ctx context.Context, ds []decider, keys []string, timeout time.Durati
 	return <-errc
 }
 
-// measure drives one case against p and adds the CPU it and the backing
-// processes spent meanwhile.
-func measure(ctx context.Context, p *proc, backing []*proc, ds []decider, l load) (result, error) {
-	cpus := func() (server, rest time.Duration, err error) {
-		if server, err = p.cpu(); err != nil {
-			return 0, 0, err
-		}
-		for _, b := range backing {
-			d, err := b.cpu()
-			if err != nil {
-				return 0, 0, err
+// measure drives one case against p and adds the CPU it, redis-server and
+// the allocator spent meanwhile.
+func measure(ctx context.Context, p, redis, alloc *proc, ds []decider, l load) (result, error) {
+	ps := []*proc{p, redis, alloc}
+	cpus := func() (out [3]time.Duration, err error) {
+		for i, q := range ps {
+			if out[i], err = q.cpu(); err != nil {
+				return out, err
 			}
-			rest += d
 		}
-		return server, rest, nil
+		return out, nil
 	}
-	s0, b0, err := cpus()
+	c0, err := cpus()
 	if err != nil {
 		return result{}, err
 	}
 	r, derr := drive(ctx, ds, l)
-	s1, b1, err := cpus()
+	c1, err := cpus()
 	if err != nil {
 		return r, err
 	}
-	r.cpu, r.backing = s1-s0, b1-b0
+	r.cpu, r.redis, r.alloc = c1[0]-c0[0], c1[1]-c0[1], c1[2]-c0[2]
 	return r, derr
 }
 

@@ -36,16 +36,16 @@ func TestWriteTable(t *testing.T) {
 	floor := result{decisions: 200000, elapsed: 4 * time.Second, p50: 1200 * time.Microsecond,
 		p99: 3 * time.Millisecond, cpu: 4 * time.Second}
 	agent := result{decisions: 120000, notOK: 3, elapsed: 4 * time.Second, p50: 2 * time.Millisecond,
-		p99: 9 * time.Millisecond, cpu: 3 * time.Second, backing: 1200 * time.Millisecond}
+		p99: 9 * time.Millisecond, cpu: 3 * time.Second, redis: 1200 * time.Millisecond, alloc: 400 * time.Millisecond}
 	vs := compare(agent, floor)
 	var b strings.Builder
 	if err := writeTable(&b, []row{{c: bc, server: "noop", r: floor}, {c: bc, server: "agent", r: agent, vs: &vs}}); err != nil {
 		t.Fatal(err)
 	}
-	want := `| api   | keys        | callers | server | decisions | decisions/s | p50      | p99      | CPU/decision | Redis+alloc CPU/dec | not OK | throughput vs noop | p50 vs noop | CPU vs noop |
-|-------|-------------|---------|--------|-----------|-------------|----------|----------|--------------|---------------------|--------|--------------------|-------------|-------------|
-| Check | 10,000 warm | 64      | noop   | 200,000   | 50,000/s    | 1,200 µs | 3,000 µs | 20.0 µs      | -                   | 0.00 % | -                  | -           | -           |
-| Check | 10,000 warm | 64      | agent  | 120,000   | 30,000/s    | 2,000 µs | 9,000 µs | 25.0 µs      | 10.0 µs             | 0.00 % | 60 %               | 1.67x       | 1.25x       |
+	want := `| api   | keys        | callers | server | decisions | decisions/s | p50      | p99      | CPU/decision | Redis CPU/dec | alloc CPU/dec | not OK | throughput vs noop | p50 vs noop | CPU vs noop |
+|-------|-------------|---------|--------|-----------|-------------|----------|----------|--------------|---------------|---------------|--------|--------------------|-------------|-------------|
+| Check | 10,000 warm | 64      | noop   | 200,000   | 50,000/s    | 1,200 µs | 3,000 µs | 20.0 µs      | -             | -             | 0.00 % | -                  | -           | -           |
+| Check | 10,000 warm | 64      | agent  | 120,000   | 30,000/s    | 2,000 µs | 9,000 µs | 25.0 µs      | 10.0 µs       | 3.3 µs        | 0.00 % | 60 %               | 1.67x       | 1.25x       |
 `
 	if b.String() != want {
 		t.Errorf("table:\n%s\nwant:\n%s", b.String(), want)
