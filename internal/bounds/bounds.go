@@ -241,6 +241,13 @@ type GRPC struct {
 	// ping's answer before it closes the connection (a client that
 	// vanished without a FIN is found within Time + Timeout).
 	MaxConnectionIdle, KeepaliveTime, KeepaliveTimeout time.Duration
+	// StreamWorkers serve calls on long-lived goroutines (0: a new
+	// goroutine per call, gRPC's default). A call whose handler goes
+	// deeper than a new goroutine's first stack pays for growing and
+	// copying it on every call; a worker keeps its grown stack (gRPC
+	// renews it every 65,536 calls). When every worker is busy a call
+	// gets a goroutine of its own, as without workers.
+	StreamWorkers uint32
 }
 
 // Message caps, from the APIs' own caps (bounds_test.go builds each
@@ -303,18 +310,22 @@ var Allocator = GRPC{
 //     connection; at 100,000 Checks/s and 2 ms each, 200 are in flight.
 //     More wait for a stream, they are not refused.
 //   - Messages: AgentMaxMsg both ways.
+//   - StreamWorkers 256: a Check waits on Redis in a handler deeper than
+//     a fresh goroutine's stack; without workers, growing that stack was
+//     a tenth of the agent's CPU under 64 callers (docs/benchmarks.md).
 //   - The rest as Allocator: gateways idle for 5 min reconnect on their
 //     next Check.
 var Agent = func() GRPC {
 	g := Allocator
 	g.MaxConcurrentStreams = 1024
 	g.MaxRecvMsgSize, g.MaxSendMsgSize = AgentMaxMsg, AgentMaxMsg
+	g.StreamWorkers = 256
 	return g
 }()
 
 // ServerOptions are g's bounds as gRPC server options.
 func (g GRPC) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
+	opts := []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(g.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(g.MaxRecvMsgSize),
 		grpc.MaxSendMsgSize(g.MaxSendMsgSize),
@@ -327,6 +338,10 @@ func (g GRPC) ServerOptions() []grpc.ServerOption {
 			MaxConnectionIdle: g.MaxConnectionIdle, Time: g.KeepaliveTime, Timeout: g.KeepaliveTimeout,
 		}),
 	}
+	if g.StreamWorkers > 0 {
+		opts = append(opts, grpc.NumStreamWorkers(g.StreamWorkers))
+	}
+	return opts
 }
 
 // AgentClientKeepalive is how an agent pings its allocator: every 10 s
