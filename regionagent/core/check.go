@@ -524,6 +524,10 @@ func (c *Core) observe(now time.Time, st *limitState, s Store, key store.Key, kr
 	u.dirty = true
 	if kr.Admitted > u.admitted {
 		u.admitted, u.seenAt = kr.Admitted, now
+		if s == Shared && !u.seenNew {
+			u.seenNew = true
+			c.seen = append(c.seen, seenRef{st, winKey{s, key.Window}, u})
+		}
 	}
 }
 

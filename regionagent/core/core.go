@@ -161,6 +161,9 @@ type Core struct {
 	// pending are the limits with windows to report or returns to send:
 	// the report timer looks at these only, not at every limit.
 	pending map[string]*limitState
+	// seen are the windows of the shared store whose admitted count rose
+	// since the last Seen: Seen reads these, not every limit's windows.
+	seen []seenRef
 
 	ready   Ready
 	changed map[string]bool // limits whose waiting Checks should look again
@@ -256,6 +259,13 @@ type winKey struct {
 	window int64
 }
 
+// seenRef names a window in Core.seen.
+type seenRef struct {
+	st *limitState
+	k  winKey
+	u  *winUse
+}
+
 // winUse is what the Core knows of a window it spent in.
 type winUse struct {
 	end      time.Time // the window's end, agent clock
@@ -263,6 +273,7 @@ type winUse struct {
 	final    bool      // reported once after its end
 	admitted int64     // the largest admitted count a spend returned
 	seenAt   time.Time // when that count was seen
+	seenNew  bool      // in Core.seen: seen since the last Seen
 }
 
 func (c *Core) state(l *Limit) *limitState {

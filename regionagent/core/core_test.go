@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -626,5 +627,41 @@ func TestReportBudget(t *testing.T) {
 	}
 	if got := round(false); len(got) != 0 {
 		t.Fatalf("read again after the final reads: %v", got)
+	}
+}
+
+// TestSeenFollowsTraffic: Seen lists each window whose admitted count rose
+// since the last Seen, once, and nothing for limits with no spends since:
+// its cost follows traffic, whatever the number of limits held.
+func TestSeenFollowsTraffic(t *testing.T) {
+	var ls []Limit
+	for _, id := range []string{"a", "b", "c"} {
+		ls = append(ls, strictLimit(id, 1000, time.Minute, time.Minute))
+	}
+	w := newWorld(t, 100, ls...)
+	names := func(ws []WindowSeen) []string {
+		var out []string
+		for _, s := range ws {
+			out = append(out, fmt.Sprintf("%s:%d", s.Limit, s.Admitted))
+		}
+		return out
+	}
+	for _, id := range []string{"c", "a", "c"} {
+		if a := w.check(id, 1); !a.Allowed {
+			t.Fatalf("check %s: %+v", id, a)
+		}
+	}
+	if got := names(w.c.Seen(time.Time{})); !slices.Equal(got, []string{"a:1", "c:2"}) {
+		t.Fatalf("first Seen = %v, want a:1 c:2 (sorted, each window once, its largest count)", got)
+	}
+	if got := w.c.Seen(time.Time{}); len(got) != 0 {
+		t.Fatalf("Seen with no spends since = %v, want nothing", names(got))
+	}
+	w.advance(time.Second)
+	if a := w.check("b", 2); !a.Allowed {
+		t.Fatalf("check b: %+v", a)
+	}
+	if got := names(w.c.Seen(time.Time{})); !slices.Equal(got, []string{"b:2"}) {
+		t.Fatalf("Seen after one spend of b = %v, want b:2 only", got)
 	}
 }

@@ -171,24 +171,23 @@ type WindowSeen struct {
 
 // Seen lists, for the windows of the shared store the Core still keeps,
 // the largest admitted count seen since since (the failover watcher's
-// readings).
+// readings). It reads only the windows whose count rose since the last
+// Seen (their list is kept as spends report counts), so its cost follows
+// traffic, not the number of limits.
 func (c *Core) Seen(since time.Time) []WindowSeen {
 	var out []WindowSeen
-	for _, id := range sortedIDs(c.pending) {
-		st := c.pending[id]
-		for k, u := range st.windows {
-			if k.store == Shared && u.seenAt.After(since) {
-				out = append(out, WindowSeen{Limit: id, Window: k.window, End: u.end, Length: st.l.Window,
-					Admitted: u.admitted, At: u.seenAt})
-			}
+	for _, r := range c.seen {
+		r.u.seenNew = false
+		if c.states[r.st.id] == r.st && r.st.windows[r.k] == r.u && r.u.seenAt.After(since) {
+			out = append(out, WindowSeen{Limit: r.st.id, Window: r.k.window, End: r.u.end, Length: r.st.l.Window,
+				Admitted: r.u.admitted, At: r.u.seenAt})
 		}
 	}
+	clear(c.seen)
+	c.seen = c.seen[:0]
 	slices.SortFunc(out, func(a, b WindowSeen) int {
 		if a.Limit != b.Limit {
-			if a.Limit < b.Limit {
-				return -1
-			}
-			return 1
+			return strings.Compare(a.Limit, b.Limit)
 		}
 		return int(a.Window - b.Window)
 	})
