@@ -22,17 +22,17 @@ import (
 // them to its own, conservatively.
 type leaseStore interface {
 	spend(ctx context.Context, keys []store.Key, costs []int64) (store.SpendResult, error)
-	deposit(ctx context.Context, d core.Deposit) (store.DepositResult, error)
+	// rounds carries out renewal rounds: each one's renewal lock, when
+	// it asks for one (the in-process store has none to take: only this
+	// replica spends it), and its bucket read; out[i] answers rs[i].
+	rounds(ctx context.Context, rs []core.Round) []core.RoundResult
+	// deposits stores leases; res[i] and errs[i] answer ds[i].
+	deposits(ctx context.Context, ds []core.Deposit) (res []store.DepositResult, errs []error)
 	close(ctx context.Context, key store.Key, id string) (store.CloseResult, error)
-	// read returns the bucket and the store's now (ms, its clock) at the read.
-	read(ctx context.Context, key store.Key) (store.BalanceResult, int64, error)
 	add(ctx context.Context, key store.Key, name string, delta int64) (int64, error)
 	// admitFallback admits one request under its limits' fallback modes,
 	// all or nothing, never past a cap (store.FallbackAdd).
 	admitFallback(ctx context.Context, adds []store.FallbackAdd) (bool, []int64, error)
-	// tryLock takes the renewal lock of key's limit (the in-process store
-	// has none to take: only this replica spends it).
-	tryLock(ctx context.Context, key store.Key, ttl time.Duration) (bool, error)
 	// usage reads the counts the reads ask for, and names their reporter
 	// at the allocator; out[i] answers reads[i].
 	usage(ctx context.Context, reads []core.ReportRead) []usageOut
@@ -145,39 +145,102 @@ func (s *redisStore) msAt(t time.Time) int64 {
 
 var errUselessLease = errors.New("regionagent: lease expires before it starts")
 
-// deposit stores a lease with its deadline on Redis's clock: never later
-// than the agent's, so never later than the allocator's expiry.
-func (s *redisStore) deposit(ctx context.Context, d core.Deposit) (store.DepositResult, error) {
-	cs, err := s.syncedClock(ctx)
-	if err != nil {
-		s.a.observeRedis(err)
-		return store.DepositResult{}, err
-	}
+// onRedis is d with its times on Redis's clock (cs): the deadline rounded
+// down and the start up, so the lease is never spendable outside the
+// agent's own span of it.
+func (s *redisStore) onRedis(cs bucket.ClockSync, d core.Deposit) (bucket.Deposit, error) {
 	dep := bucket.Deposit{Key: bucket.KeyOf(d.Key), LeaseID: d.LeaseID, Tokens: d.Tokens,
 		DeadlineMs: cs.ToRedis(d.Deadline), NowMs: s.nowMs()}
 	if !d.Start.IsZero() {
 		dep.StartMs = cs.ToRedisStart(d.Start)
 	}
 	if dep.DeadlineMs <= dep.StartMs {
-		return store.DepositResult{}, errUselessLease
+		return bucket.Deposit{}, errUselessLease
 	}
 	dep.ExpireAtMs = max(cs.ToRedis(d.KeyExpiry), dep.DeadlineMs)
-	res, err := s.b.Deposit(ctx, dep)
-	s.a.observeRedis(err)
-	return res, err
+	return dep, nil
+}
+
+// rounds carries out renewal rounds of the shared store in one pipeline
+// (bucket.Batch): each round's lock, when it asks for one, and its bucket
+// read. A round whose lock another replica holds ignores its read.
+func (s *redisStore) rounds(ctx context.Context, rs []core.Round) []core.RoundResult {
+	x := s.b.Batch()
+	type sent struct{ lock, read int }
+	idx := make([]sent, len(rs))
+	for i, r := range rs {
+		idx[i].lock = -1
+		if r.Lock {
+			idx[i].lock = x.TryLock(bucket.LockKey(r.Key.HashTag, r.Key.Limit), s.a.cfg.ReplicaID, s.a.lockTTL())
+		}
+		idx[i].read = x.Balance(bucket.KeyOf(r.Key), s.nowMs())
+	}
+	now := s.a.opt.now()
+	x.Exec(ctx)
+	nowMs := s.msAt(now)
+	out := make([]core.RoundResult, len(rs))
+	var firstErr error
+	for i := range rs {
+		res := core.RoundResult{Locked: true}
+		if idx[i].lock >= 0 {
+			res.Locked, res.Err = x.Locked(idx[i].lock)
+		}
+		if res.Err == nil && res.Locked {
+			res.Balance, res.Err = x.BalanceOf(idx[i].read)
+			res.NowMs = nowMs
+		}
+		if firstErr == nil {
+			firstErr = res.Err
+		}
+		out[i] = res
+	}
+	s.a.observeRedis(firstErr)
+	return out
+}
+
+// deposits stores leases in one pipeline, each with its deadline on
+// Redis's clock: never later than the agent's, so never later than the
+// allocator's expiry.
+func (s *redisStore) deposits(ctx context.Context, ds []core.Deposit) ([]store.DepositResult, []error) {
+	res, errs := make([]store.DepositResult, len(ds)), make([]error, len(ds))
+	cs, err := s.syncedClock(ctx)
+	if err != nil {
+		s.a.observeRedis(err)
+		for i := range errs {
+			errs[i] = err
+		}
+		return res, errs
+	}
+	x := s.b.Batch()
+	idx := make([]int, len(ds))
+	for i, d := range ds {
+		idx[i] = -1
+		dep, err := s.onRedis(cs, d)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		idx[i] = x.Deposit(dep)
+	}
+	x.Exec(ctx)
+	var firstErr error
+	for i := range ds {
+		if idx[i] < 0 {
+			continue
+		}
+		res[i], errs[i] = x.DepositOf(idx[i])
+		if firstErr == nil {
+			firstErr = errs[i]
+		}
+	}
+	s.a.observeRedis(firstErr)
+	return res, errs
 }
 
 func (s *redisStore) close(ctx context.Context, key store.Key, id string) (store.CloseResult, error) {
 	r, err := s.b.Close(ctx, bucket.KeyOf(key), id, s.nowMs())
 	s.a.observeRedis(err)
 	return r, err
-}
-
-func (s *redisStore) read(ctx context.Context, key store.Key) (store.BalanceResult, int64, error) {
-	now := s.a.opt.now()
-	r, err := s.b.Balance(ctx, bucket.KeyOf(key), s.nowMs())
-	s.a.observeRedis(err)
-	return r, s.msAt(now), err
 }
 
 func (s *redisStore) add(ctx context.Context, key store.Key, name string, delta int64) (int64, error) {
@@ -196,14 +259,14 @@ func (s *redisStore) admitFallback(ctx context.Context, adds []store.FallbackAdd
 	return ok, vals, crossSlot(err)
 }
 
-func (s *redisStore) tryLock(ctx context.Context, key store.Key, ttl time.Duration) (bool, error) {
-	ok, err := s.b.TryLock(ctx, bucket.LockKey(key.HashTag, key.Limit), s.a.cfg.ReplicaID, ttl)
-	s.a.observeRedis(err)
-	return ok, err
-}
-
-func (s *redisStore) unlock(ctx context.Context, u core.Unlock) {
-	_ = s.b.Unlock(ctx, bucket.LockKey(u.HashTag, u.Limit), s.a.cfg.ReplicaID)
+// unlocks releases renewal locks in one pipeline (a lock that expired or
+// that another replica took meanwhile is left alone).
+func (s *redisStore) unlocks(ctx context.Context, us []core.Unlock) {
+	x := s.b.Batch()
+	for _, u := range us {
+		x.Unlock(bucket.LockKey(u.HashTag, u.Limit), s.a.cfg.ReplicaID)
+	}
+	x.Exec(ctx)
 }
 
 // usage reads each limit's windows and epoch in one call. The reporter
@@ -385,7 +448,24 @@ func (s *memStore) admitFallback(_ context.Context, adds []store.FallbackAdd) (b
 	return s.mem.AdmitFallback(adds, nowMs)
 }
 
-func (s *memStore) tryLock(context.Context, store.Key, time.Duration) (bool, error) { return true, nil }
+// rounds reads each round's bucket; there is no lock to take (only this
+// replica spends its in-process store).
+func (s *memStore) rounds(ctx context.Context, rs []core.Round) []core.RoundResult {
+	out := make([]core.RoundResult, len(rs))
+	for i, r := range rs {
+		out[i].Locked = true
+		out[i].Balance, out[i].NowMs, out[i].Err = s.read(ctx, r.Key)
+	}
+	return out
+}
+
+func (s *memStore) deposits(ctx context.Context, ds []core.Deposit) ([]store.DepositResult, []error) {
+	res, errs := make([]store.DepositResult, len(ds)), make([]error, len(ds))
+	for i, d := range ds {
+		res[i], errs[i] = s.deposit(ctx, d)
+	}
+	return res, errs
+}
 
 // usage reads this replica's in-process counts, reported under its own
 // name.

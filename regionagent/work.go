@@ -126,12 +126,17 @@ func (a *Agent) execute(ctx context.Context, rd core.Ready) {
 		// rounds and deposits that Checks wait for.
 		a.calls.closes.add(a, rd.Closes)
 	}
+	// A Ready's rounds, deposits and unlocks go to their store in one
+	// call each (one Redis pipeline for all the limits they touch); they
+	// run side by side, since actions of one Ready are independent.
 	var jobs []func()
-	for _, r := range rd.Rounds {
-		jobs = append(jobs, func() { a.round(ctx, r) })
-	}
-	for _, d := range rd.Deposits {
-		jobs = append(jobs, func() { a.deposit(ctx, d) })
+	for _, st := range []core.Store{core.Shared, core.Local} {
+		if rs := ofStore(rd.Rounds, st, func(r core.Round) core.Store { return r.Store }); len(rs) > 0 {
+			jobs = append(jobs, func() { a.rounds(ctx, st, rs) })
+		}
+		if ds := ofStore(rd.Deposits, st, func(d core.Deposit) core.Store { return d.Store }); len(ds) > 0 {
+			jobs = append(jobs, func() { a.deposits(ctx, st, ds) })
+		}
 	}
 	for _, op := range rd.Counters {
 		jobs = append(jobs, func() {
@@ -140,14 +145,25 @@ func (a *Agent) execute(ctx context.Context, rd core.Ready) {
 			_, _ = a.store(op.Store).add(rctx, op.Key, op.Name, op.Delta)
 		})
 	}
-	for _, u := range rd.Unlocks {
+	if len(rd.Unlocks) > 0 {
 		jobs = append(jobs, func() {
 			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opt.redisTimeout)
 			defer cancel()
-			a.shared.unlock(uctx, u)
+			a.shared.unlocks(uctx, rd.Unlocks)
 		})
 	}
 	runAll(jobs, storeWorkers)
+}
+
+// ofStore returns the items of xs in store st.
+func ofStore[T any](xs []T, st core.Store, storeOf func(T) core.Store) []T {
+	var out []T
+	for _, x := range xs {
+		if storeOf(x) == st {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // runAll runs jobs on up to n goroutines and waits for them.
@@ -174,40 +190,52 @@ func runAll(jobs []func(), n int) {
 	wg.Wait()
 }
 
-// round takes the limit's renewal lock (shared store) and reads its bucket.
-func (a *Agent) round(ctx context.Context, r core.Round) {
-	s := a.store(r.Store)
+// rounds takes the limits' renewal locks (shared store) and reads their
+// buckets, all in one call to store st.
+func (a *Agent) rounds(ctx context.Context, st core.Store, rs []core.Round) {
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	defer cancel()
-	res := core.RoundResult{Locked: true}
-	if r.Lock {
-		res.Locked, res.Err = s.tryLock(rctx, r.Key, a.lockTTL())
-	}
-	if res.Err == nil && res.Locked {
-		res.Balance, res.NowMs, res.Err = s.read(rctx, r.Key)
-		if res.Err == nil && r.Store == core.Shared {
-			a.failover.sawAdmitted(r.Limit, r.Key.Window, res.Balance.Admitted, a.opt.now())
+	res := a.store(st).rounds(rctx, rs)
+	cancel()
+	now := a.opt.now()
+	if st == core.Shared {
+		for i, r := range rs {
+			if res[i].Err == nil && res[i].Locked {
+				a.failover.sawAdmitted(r.Limit, r.Key.Window, res[i].Balance.Admitted, now)
+			}
 		}
 	}
-	now := a.opt.now()
-	a.withCore(func(c *core.Core) { c.RoundRead(now, r, res) })
+	a.withCore(func(c *core.Core) {
+		for i, r := range rs {
+			c.RoundRead(now, r, res[i])
+		}
+	})
 }
 
-func (a *Agent) deposit(ctx context.Context, d core.Deposit) {
+// deposits stores leases, all in one call to store st.
+func (a *Agent) deposits(ctx context.Context, st core.Store, ds []core.Deposit) {
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	defer cancel()
-	res, err := a.store(d.Store).deposit(rctx, d)
-	unanswered := err != nil && d.Store == core.Shared && redisUnavailable(err)
-	if err == nil && res.Status == store.Deposited {
-		if d.Store == core.Local {
-			a.lm.leaseTokens.Add(float64(d.Tokens))
-		} else {
-			a.m.leaseTokens.Add(float64(d.Tokens))
+	res, errs := a.store(st).deposits(rctx, ds)
+	cancel()
+	for i, d := range ds {
+		if errs[i] == nil && res[i].Status == store.Deposited {
+			if st == core.Local {
+				a.lm.leaseTokens.Add(float64(d.Tokens))
+			} else {
+				a.m.leaseTokens.Add(float64(d.Tokens))
+			}
 		}
 	}
 	now := a.opt.now()
-	a.withCore(func(c *core.Core) { c.Deposited(now, d, res, err, unanswered) })
+	a.withCore(func(c *core.Core) {
+		for i, d := range ds {
+			unanswered := errs[i] != nil && st == core.Shared && redisUnavailable(errs[i])
+			c.Deposited(now, d, res[i], errs[i], unanswered)
+		}
+	})
 }
+
+// deposit stores one lease (deposits).
+func (a *Agent) deposit(ctx context.Context, d core.Deposit) { a.deposits(ctx, d.Store, []core.Deposit{d}) }
 
 // closeAll closes leases, storeWorkers limits at a time.
 func (a *Agent) closeAll(ctx context.Context, cls []core.Close) {
