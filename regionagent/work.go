@@ -235,7 +235,9 @@ func (a *Agent) deposits(ctx context.Context, st core.Store, ds []core.Deposit) 
 }
 
 // deposit stores one lease (deposits).
-func (a *Agent) deposit(ctx context.Context, d core.Deposit) { a.deposits(ctx, d.Store, []core.Deposit{d}) }
+func (a *Agent) deposit(ctx context.Context, d core.Deposit) {
+	a.deposits(ctx, d.Store, []core.Deposit{d})
+}
 
 // closeAll closes leases, storeWorkers limits at a time.
 func (a *Agent) closeAll(ctx context.Context, cls []core.Close) {
