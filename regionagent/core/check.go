@@ -323,6 +323,7 @@ func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error
 			c.schedule(st, now) // its renewals before expiry and before the window's end
 		}
 	}
+
 	defer func() {
 		if chk.Step == StepDone && len(chk.Answers) == len(res.Keys) && chk.Result != ResultFallback &&
 			chk.Result != ResultFallbackDenied {
@@ -498,7 +499,7 @@ func (c *Core) Counted(now time.Time, chk *Check, ok bool, values []int64, err e
 			chk.Answers[i].Remaining = max(0, st.l.Fallback.LocalTokens-values[i])
 		}
 		c.markFallback(st, kind)
-		c.use(now, st, chk.Store, chk.Keys[i].Window).dirty = true
+		c.dirty(now, st, chk.Store, chk.Keys[i].Window)
 	}
 	chk.Result = ResultFallback
 }
@@ -520,8 +521,7 @@ func (c *Core) observe(now time.Time, st *limitState, s Store, key store.Key, kr
 		d = st.localDemand
 	}
 	d.Observe(now, key.Window, kr.Admitted+kr.Denied)
-	u := c.use(now, st, s, key.Window)
-	u.dirty = true
+	u := c.dirty(now, st, s, key.Window)
 	if kr.Admitted > u.admitted {
 		u.admitted, u.seenAt = kr.Admitted, now
 		if s == Shared && !u.seenNew {

@@ -161,6 +161,17 @@ type Core struct {
 	// pending are the limits with windows to report or returns to send:
 	// the report timer looks at these only, not at every limit.
 	pending map[string]*limitState
+	// progress and ends drive the report rounds (report.go): the limits
+	// whose windows in progress wait for a read, and the windows' final
+	// reads and forgetting by when they are due; late are ended windows
+	// spent in again, read at the next round; retrying are the limits
+	// with returns the allocator has not acknowledged.
+	progress  progressHeap
+	ends      endHeap
+	late      []seenRef
+	retrying  map[string]*limitState
+	lastRound time.Time // the last report round
+	unfinal   int       // windows kept whose final read has not been asked for
 	// seen are the windows of the shared store whose admitted count rose
 	// since the last Seen: Seen reads these, not every limit's windows.
 	seen []seenRef
@@ -195,6 +206,7 @@ func New(cfg Config, opts ...Option) *Core {
 		cfg: cfg, opt: o, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		limits: map[string]*Limit{}, states: map[string]*limitState{}, byRequest: map[string]*limitState{},
 		changed: map[string]bool{}, pending: map[string]*limitState{}, lookups: map[string]bool{},
+		retrying: map[string]*limitState{},
 	}
 }
 
@@ -233,8 +245,12 @@ type limitState struct {
 	unreturned []Return  // returns the allocator has not acknowledged
 	windows    map[winKey]*winUse
 	// reportedAt: when the limit's windows in progress were last asked
-	// for (the report budget serves the longest waiting first).
+	// for; progressAt orders it in the report budget's queue while
+	// inProgress; reads collects a report round's windows, by Store.
 	reportedAt time.Time
+	progressAt time.Time
+	inProgress bool
+	reads      [2][]int64
 
 	wakeAt  time.Time // when the limit's timer is due (zero: none)
 	wakeGen uint64
@@ -791,6 +807,7 @@ func (c *Core) due(st *limitState, now time.Time) {
 	if !c.active(st, now) && c.forgettable(st) && now.Sub(st.lastCheck) >= c.opt.idleAfter {
 		delete(c.states, st.id)
 		delete(c.pending, st.id)
+		delete(c.retrying, st.id)
 		return
 	}
 	c.schedule(st, now)

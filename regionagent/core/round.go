@@ -553,6 +553,7 @@ func (c *Core) ReturnsDone(now time.Time, rets []Return, err error) {
 		if !dup {
 			st.unreturned = append(st.unreturned, r)
 			c.pending[st.id] = st
+			c.retrying[st.id] = st
 		}
 		if n := len(st.unreturned); n > c.opt.maxReturns {
 			c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteReturnLost, Limit: st.id,
