@@ -290,11 +290,7 @@ func (a *Agent) store(s core.Store) leaseStore {
 func (a *Agent) withCore(fn func(c *core.Core)) {
 	a.mu.Lock()
 	fn(a.core)
-	ready := a.core.HasReady()
-	a.mu.Unlock()
-	if ready {
-		a.signal()
-	}
+	a.unlockCore()
 }
 
 // signal wakes the work loop.
@@ -336,17 +332,20 @@ func (a *Agent) Check(ctx context.Context, limit string, cost int64) (Decision, 
 }
 
 // checkOne decides a request of one limit: from the limit's chunk if one
-// can (in memory), else by the store, after which the chunks are told (a
-// limit the agent knows: its rate makes it hot).
+// can (in memory), else by the store, after which the chunks are told of
+// a limit with demand enough to be hot.
 func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) {
 	if d, ok := a.fromChunk(ctx, item.Limit, item.Cost); ok {
 		return d, nil
 	}
 	start := a.opt.now()
-	deadline := a.checkDeadline(ctx, start)
-	var chk *core.Check
-	a.withCore(func(c *core.Core) { chk = c.BeginOne(start, core.Item{Limit: item.Limit, Cost: item.Cost}, deadline) })
-	spendAt, err := a.runCheck(ctx, start, chk)
+	cs := checkStart{one: [1]core.Item{{Limit: item.Limit, Cost: item.Cost}}, deadline: a.checkDeadline(ctx, start)}
+	cs.items = cs.one[:]
+	chk, spendAt, err := a.startCheck(ctx, &cs)
+	if err != nil {
+		return Decision{}, err
+	}
+	spendAt, err = a.runCheck(ctx, start, chk, spendAt)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -357,7 +356,10 @@ func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) 
 	if chk.Store == core.Local && d.Reason == pb.Reason_REASON_OK {
 		a.lm.admitted.Add(float64(chk.Costs[0]))
 	}
-	if a.chunks != nil && d.Limit > 0 {
+	if a.chunks != nil && d.Limit > 0 && chk.Demand >= a.opt.chunks.HotRate/2 {
+		// Only a limit with some demand can be hot on this replica (its
+		// rate is at most the region's): the chunks' client keeps no
+		// state for the others, so cold and slow limits cost it nothing.
 		a.chunks.Asked(item.Limit, item.Cost)
 	}
 	return d, nil
@@ -404,14 +406,15 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 		return nil, fieldErr("checks", "at most %d per call, got %d", maxMulti, len(items))
 	}
 	start := a.opt.now()
-	deadline := a.checkDeadline(ctx, start)
-	its := make([]core.Item, len(items))
+	cs := checkStart{items: make([]core.Item, len(items)), deadline: a.checkDeadline(ctx, start)}
 	for i, it := range items {
-		its[i] = core.Item{Limit: it.Limit, Cost: it.Cost}
+		cs.items[i] = core.Item{Limit: it.Limit, Cost: it.Cost}
 	}
-	var chk *core.Check
-	a.withCore(func(c *core.Core) { chk = c.Begin(start, its, deadline) })
-	spendAt, err := a.runCheck(ctx, start, chk)
+	chk, spendAt, err := a.startCheck(ctx, &cs)
+	if err != nil {
+		return nil, err
+	}
+	spendAt, err = a.runCheck(ctx, start, chk, spendAt)
 	if err != nil {
 		return nil, err
 	}
@@ -457,10 +460,104 @@ func (a *Agent) step(ctx context.Context, chk *core.Check) error {
 	return nil
 }
 
+// checkStart is a Check's first step as a spend batch carries it out
+// (spender.start): begun in the core with the rest of its batch, spent in
+// Redis with them, and handed its result, under one lock of the core and
+// one clock read per batch for each of the two. The Check's goroutine
+// takes no lock shared by all limits on this path.
+type checkStart struct {
+	items    []core.Item
+	one      [1]core.Item // items of a Check of one limit
+	deadline time.Time    // zero: none
+	chk      *core.Check  // set by the batch
+}
+
+// startCheck begins a Check and carries out its first spend with a batch;
+// spendAt is when the batch was sent (zero when the Check did not spend
+// in Redis: it goes on in runCheck).
+func (a *Agent) startCheck(ctx context.Context, cs *checkStart) (*core.Check, time.Time, error) {
+	r, err := a.shared.spender.start(ctx, cs)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	at := r.at
+	release(r)
+	return cs.chk, at, nil
+}
+
+// beginBatch begins the Checks of a spend batch in the core (spender.begin):
+// one lock and one clock read for the batch. A Check that does not spend
+// in Redis first (it waits, it is answered, Redis is down) is skipped: its
+// goroutine carries it on.
+func (a *Agent) beginBatch(reqs []*spendReq) {
+	var now time.Time
+	locked := false
+	for _, r := range reqs {
+		cs := r.check
+		if cs == nil {
+			continue // a plain spend: its op is set
+		}
+		if !locked {
+			a.mu.Lock()
+			now, locked = a.opt.now(), true
+		}
+		if len(cs.items) == 1 {
+			cs.chk = a.core.BeginOne(now, cs.items[0], cs.deadline)
+		} else {
+			cs.chk = a.core.Begin(now, cs.items, cs.deadline)
+		}
+		chk := cs.chk
+		if chk.Step != core.StepSpend || chk.Store != core.Shared {
+			r.skip = true
+			continue
+		}
+		ks := make([]string, len(chk.Keys))
+		for i, k := range chk.Keys {
+			ks[i] = bucket.KeyOf(k)
+		}
+		r.op, r.at = bucket.SpendOp{Keys: ks, Costs: chk.Costs, NowMs: a.shared.nowMs()}, now
+	}
+	if locked {
+		a.unlockCore()
+	}
+}
+
+// decideBatch hands the Checks of a spend batch their results in the core
+// (spender.decide): one lock and one clock read for the batch.
+func (a *Agent) decideBatch(reqs []*spendReq) {
+	var now time.Time
+	locked := false
+	for _, r := range reqs {
+		if r.check == nil || r.skip {
+			continue
+		}
+		if !locked {
+			a.mu.Lock()
+			now, locked = a.opt.now(), true
+		}
+		res, err := r.res, crossSlot(r.err)
+		res.Err = crossSlot(res.Err)
+		a.core.Spent(now, r.check.chk, res, err)
+	}
+	if locked {
+		a.unlockCore()
+	}
+}
+
+// unlockCore releases a.mu, waking the work loop if the core has actions
+// ready.
+func (a *Agent) unlockCore() {
+	ready := a.core.HasReady()
+	a.mu.Unlock()
+	if ready {
+		a.signal()
+	}
+}
+
 // runCheck carries a begun Check through its steps to its answer, counts
 // it, and maps its error; spendAt is when its last spend was sent (for
 // the history, only when one is recorded).
-func (a *Agent) runCheck(ctx context.Context, start time.Time, chk *core.Check) (spendAt time.Time, err error) {
+func (a *Agent) runCheck(ctx context.Context, start time.Time, chk *core.Check, spendAt time.Time) (time.Time, error) {
 	for chk.Step != core.StepDone {
 		if a.opt.hist != nil && chk.Step == core.StepSpend {
 			spendAt = a.opt.now()

@@ -254,3 +254,34 @@ func TestCheckMultiOfOneLimitUsesChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestChunksTrackOnlyLimitsWithDemand: limits checked once leave no
+// state in the chunks' client (its sweep and its map cost nothing for
+// them); a limit checked fast enough to be hot does.
+func TestChunksTrackOnlyLimitsWithDemand(t *testing.T) {
+	w := startWorld(t, false, "eu")
+	ids := w.putLimits(200, "tenant/once-%03d", 100000, time.Minute, time.Minute, "eu")
+	hot := w.putLimit(limit("tenant/busy", 1<<40, time.Minute, time.Minute, "eu"))
+	a := w.liveAgentOpts("eu", "r1", WithChunks(ChunkConfig{HotRate: 20, Horizon: 200 * time.Millisecond, IdleAfter: time.Hour}),
+		WithColdWait(3*time.Second))
+	waitAllSynced(t, a, append(ids, hot.Id))
+	if got := firstChecks(t, a, ids, 16); got[pb.Reason_REASON_OK] != int64(len(ids)) {
+		t.Fatalf("first Checks: %v, want all %d admitted", got, len(ids))
+	}
+	if n := a.chunks.Limits(); n != 0 {
+		t.Fatalf("after one Check each of %d limits the chunks' client holds %d limits, want 0", len(ids), n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := 0; a.chunks.Limits() == 0; i++ {
+		if i == 20000 || ctx.Err() != nil {
+			t.Fatalf("a limit checked %d times back to back was never tracked as a candidate for chunks", i)
+		}
+		if _, err := a.Check(ctx, hot.Id, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := a.chunks.Limits(); n != 1 {
+		t.Fatalf("the chunks' client holds %d limits, want the busy one only", n)
+	}
+}

@@ -14,6 +14,13 @@ type spendReq struct {
 	op  bucket.SpendOp
 	res bucket.SpendResult
 	err error
+	// A Check's first step (the spender's hooks set): begun in the core
+	// by the batch (check), and decided by it when it spends in Redis;
+	// skip: it does not (it goes on in its caller); at: when the batch
+	// was sent.
+	check *checkStart
+	skip  bool
+	at    time.Time
 	// done receives once the result is set. Buffered (1) so the flusher
 	// never blocks on a caller that gave up.
 	done chan struct{}
@@ -35,6 +42,11 @@ type spender struct {
 	// onBatch sees each batch's size and error (non-nil only when no
 	// spend of the batch was decided: Redis did not answer).
 	onBatch func(n int, err error)
+	// begin and decide, when set, are called with every batch before
+	// its spends are sent and after their results are set: begin sets
+	// each request's op (or skip), decide hands the results on. They let
+	// a batch of Checks be begun and decided in the core at once.
+	begin, decide func(reqs []*spendReq)
 }
 
 func newSpender(b *bucket.Buckets, flushers, maxBatch int, timeout time.Duration, onBatch func(int, error)) *spender {
@@ -73,8 +85,30 @@ func (s *spender) spend(ctx context.Context, keys []string, costs []int64, nowMs
 	}
 }
 
+// start queues a Check's first step (begin and decide set) and waits
+// for the batch to have carried it out. The returned request must be
+// released with release.
+func (s *spender) start(ctx context.Context, c *checkStart) (*spendReq, error) {
+	r := spendReqPool.Get().(*spendReq)
+	r.check = c
+	select {
+	case s.queue <- r:
+	case <-ctx.Done():
+		r.check = nil
+		spendReqPool.Put(r)
+		return nil, ctx.Err()
+	}
+	select {
+	case <-r.done:
+		return r, nil
+	case <-ctx.Done():
+		return nil, ctx.Err() // the flusher still owns r (see spend)
+	}
+}
+
 func release(r *spendReq) {
 	r.op, r.res, r.err = bucket.SpendOp{}, bucket.SpendResult{}, nil
+	r.check, r.skip, r.at = nil, false, time.Time{}
 	spendReqPool.Put(r)
 }
 
@@ -110,10 +144,21 @@ func (s *spender) newBatchCall() *batchCall {
 	return c
 }
 
+// finish hands a batch's results on (decide) and wakes its callers.
+func (s *spender) finish(batch []*spendReq) {
+	if s.decide != nil {
+		s.decide(batch)
+	}
+	for _, r := range batch {
+		r.done <- struct{}{}
+	}
+}
+
 func (s *spender) flusher() {
 	defer s.wg.Done()
 	batch := make([]*spendReq, 0, s.maxBatch)
 	ops := make([]bucket.SpendOp, 0, s.maxBatch)
+	sent := make([]*spendReq, 0, s.maxBatch) // the requests of ops
 	call := s.newBatchCall()
 	defer func() { close(call.ops) }()
 	// A call gets twice its timeout (at least 1 s) before it is abandoned:
@@ -137,8 +182,21 @@ func (s *spender) flusher() {
 				break fill
 			}
 		}
+		if s.begin != nil {
+			s.begin(batch)
+		}
+		sent = sent[:0]
 		for _, r := range batch {
-			ops = append(ops, r.op)
+			if !r.skip {
+				ops = append(ops, r.op)
+				sent = append(sent, r)
+			}
+		}
+		if len(ops) == 0 {
+			s.finish(batch)
+			clear(batch)
+			batch = batch[:0]
+			continue
 		}
 		call.ops <- ops
 		timer.Reset(abandonAfter)
@@ -156,17 +214,18 @@ func (s *spender) flusher() {
 			ops = make([]bucket.SpendOp, 0, s.maxBatch)
 		}
 		if s.onBatch != nil {
-			s.onBatch(len(batch), err)
+			s.onBatch(len(sent), err)
 		}
-		for i, r := range batch {
+		for i, r := range sent {
 			if err != nil {
 				r.err = err
 			} else {
 				r.res, r.err = res[i], res[i].Err
 			}
-			r.done <- struct{}{}
 		}
+		s.finish(batch)
 		clear(batch)
+		clear(sent)
 		clear(ops)
 		batch, ops = batch[:0], ops[:0]
 	}

@@ -70,6 +70,7 @@ func newRedisStore(a *Agent, b *bucket.Buckets) *redisStore {
 		}
 		a.observeRedis(err)
 	})
+	s.spender.begin, s.spender.decide = a.beginBatch, a.decideBatch
 	return s
 }
 

@@ -577,6 +577,15 @@ func (c *Client) sweeper() {
 	}
 }
 
+// Limits counts the limits the client keeps state for (sub-leases, the
+// rates that make a limit hot, denials); each is forgotten a while after
+// its last use.
+func (c *Client) Limits() int {
+	n := 0
+	c.states.Range(func(_, _ any) bool { n++; return true })
+	return n
+}
+
 // sweep releases chunks that went idle or whose caller went quiet, drops
 // expired chunks and denials, and forgets limits idle for long.
 func (c *Client) sweep(now int64) {

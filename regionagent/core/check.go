@@ -81,6 +81,11 @@ type Check struct {
 	Result   Result
 	StoreErr bool  // a spend was not decided by the store
 	Err      error // an *ItemError
+	// Demand is, once a spend of one limit was decided, the demand for it
+	// the Core measures (cost per second; the region's, or in process this
+	// replica's): the agent looks for hot limits only among those with
+	// some, so a limit used once or slowly costs nothing more.
+	Demand float64
 
 	sts      []*limitState
 	wins     []lease.Window
@@ -323,7 +328,13 @@ func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error
 			c.schedule(st, now) // its renewals before expiry and before the window's end
 		}
 	}
-
+	if len(chk.sts) == 1 {
+		d := chk.sts[0].demand
+		if chk.Store == Local {
+			d = chk.sts[0].localDemand
+		}
+		chk.Demand = d.Measured(now)
+	}
 	defer func() {
 		if chk.Step == StepDone && len(chk.Answers) == len(res.Keys) && chk.Result != ResultFallback &&
 			chk.Result != ResultFallbackDenied {
