@@ -69,20 +69,7 @@ func (s *spender) close() {
 func (s *spender) spend(ctx context.Context, keys []string, costs []int64, nowMs int64) (*spendReq, error) {
 	r := spendReqPool.Get().(*spendReq)
 	r.op = bucket.SpendOp{Keys: keys, Costs: costs, NowMs: nowMs}
-	r.res, r.err = bucket.SpendResult{}, nil
-	select {
-	case s.queue <- r:
-	case <-ctx.Done():
-		spendReqPool.Put(r)
-		return nil, ctx.Err()
-	}
-	select {
-	case <-r.done:
-		return r, nil
-	case <-ctx.Done():
-		// The flusher still owns r and will signal done; it is not reused.
-		return nil, ctx.Err()
-	}
+	return s.submit(ctx, r)
 }
 
 // start queues a Check's first step (begin and decide set) and waits
@@ -91,18 +78,23 @@ func (s *spender) spend(ctx context.Context, keys []string, costs []int64, nowMs
 func (s *spender) start(ctx context.Context, c *checkStart) (*spendReq, error) {
 	r := spendReqPool.Get().(*spendReq)
 	r.check = c
+	return s.submit(ctx, r)
+}
+
+// submit queues r and waits for its batch.
+func (s *spender) submit(ctx context.Context, r *spendReq) (*spendReq, error) {
 	select {
 	case s.queue <- r:
 	case <-ctx.Done():
-		r.check = nil
-		spendReqPool.Put(r)
+		release(r)
 		return nil, ctx.Err()
 	}
 	select {
 	case <-r.done:
 		return r, nil
 	case <-ctx.Done():
-		return nil, ctx.Err() // the flusher still owns r (see spend)
+		// The flusher still owns r and will signal done; it is not reused.
+		return nil, ctx.Err()
 	}
 }
 
