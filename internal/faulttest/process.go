@@ -3,7 +3,6 @@ package faulttest
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,12 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
 	"leasehold/internal/etcdtest"
 	"leasehold/internal/ports"
+	"leasehold/internal/supervise"
 	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -220,59 +216,26 @@ func (p *Process) IsLeader() bool {
 // WaitHealthy polls addr's gRPC health for service until it is SERVING, the
 // timeout passes (0: ask once), or exited is closed.
 func WaitHealthy(addr, service string, timeout time.Duration, exited <-chan struct{}) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
+	if timeout <= 0 {
+		return supervise.CheckGRPC(context.Background(), addr, service)
 	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	deadline := time.Now().Add(timeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
-		cancel()
-		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		if err == nil {
-			err = fmt.Errorf("%s is %v", service, resp.Status)
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("process exited: %v", err)
-		default:
-		}
-		if !time.Now().Before(deadline) {
-			return fmt.Errorf("%s not serving %s after %v: %v", addr, service, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling readiness
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := supervise.WaitGRPC(ctx, addr, service, exited); err != nil {
+		return fmt.Errorf("after %v: %w", timeout, err)
 	}
+	return nil
 }
 
 // waitHTTP polls addr's GET /healthz until it answers 200, the timeout
 // passes, or exited is closed.
 func waitHTTP(addr, _ string, timeout time.Duration, exited <-chan struct{}) error {
-	deadline := time.Now().Add(timeout)
-	cl := &http.Client{Timeout: 500 * time.Millisecond}
-	for {
-		resp, err := cl.Get("http://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("/healthz: %s", resp.Status)
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("process exited: %v", err)
-		default:
-		}
-		if !time.Now().Before(deadline) {
-			return fmt.Errorf("%s not serving after %v: %v", addr, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling readiness
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := supervise.WaitHTTP(ctx, "http://"+addr+"/healthz", exited); err != nil {
+		return fmt.Errorf("after %v: %w", timeout, err)
 	}
+	return nil
 }
 
 // GatewayOptions configure StartGateway.
