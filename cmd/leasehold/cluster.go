@@ -619,7 +619,8 @@ func (cl *cluster) writeState() {
 	}
 	path := filepath.Join(cl.dir, clusterStateFile)
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err == nil {
+	err = os.WriteFile(tmp, append(b, '\n'), 0o644)
+	if err == nil {
 		err = os.Rename(tmp, path)
 	}
 	if err != nil {
