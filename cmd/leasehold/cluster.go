@@ -75,6 +75,22 @@ func (c *clusterConfig) validate() error {
 	case c.demoWindow < time.Second || c.demoWindow%time.Millisecond != 0:
 		return usagef("-demo-window %v: must be >= 1s, in whole milliseconds", c.demoWindow)
 	}
+	return checkClusterDir(c.dir)
+}
+
+// checkClusterDir refuses a -dir that holds files and no cluster.json:
+// the cluster empties its directory at start.
+func checkClusterDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && len(ents) == 0) {
+		return nil
+	}
+	if err != nil {
+		return usagef("-dir: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, clusterStateFile)); err != nil {
+		return usagef("-dir %s: not empty and not a cluster's (no %s): give an empty or new directory", dir, clusterStateFile)
+	}
 	return nil
 }
 
@@ -242,17 +258,15 @@ func prepareClusterDir(dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("-dir: %w", err)
 	}
+	if err := checkClusterDir(abs); err != nil {
+		return "", err
+	}
 	ents, err := os.ReadDir(abs)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return abs, os.MkdirAll(abs, 0o755)
 	case err != nil:
 		return "", fmt.Errorf("-dir: %w", err)
-	case len(ents) == 0:
-		return abs, nil
-	}
-	if _, err := os.Stat(filepath.Join(abs, clusterStateFile)); err != nil {
-		return "", usagef("-dir %s: not empty and not a cluster's (no %s): give an empty or new directory", dir, clusterStateFile)
 	}
 	// Each run forms a new etcd cluster on new ports: the old members'
 	// data would name the old peers.
@@ -583,6 +597,7 @@ func (cl *cluster) stopAll() {
 		return
 	}
 	for i := len(cl.tiers) - 1; i >= 0; i-- {
+		start := time.Now()
 		var wg sync.WaitGroup
 		for _, p := range cl.tiers[i] {
 			cl.mu.Lock()
@@ -591,10 +606,20 @@ func (cl *cluster) stopAll() {
 			if sp == nil {
 				continue
 			}
+			if p.Kind == "etcd" {
+				// One member at a time: a member that stops hands its
+				// leadership to a running peer; stopped together, each
+				// would wait for peers that are gone.
+				sp.Stop(10 * time.Second)
+				continue
+			}
 			wg.Add(1)
 			go func() { defer wg.Done(); sp.Stop(10 * time.Second) }()
 		}
 		wg.Wait()
+		if len(cl.tiers[i]) > 0 {
+			cl.log.Debug("stopped", "kind", cl.tiers[i][0].Kind, "took", time.Since(start).Round(time.Millisecond))
+		}
 	}
 	cl.mu.Lock()
 	cl.state.State = "stopped"

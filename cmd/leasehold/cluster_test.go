@@ -434,3 +434,56 @@ func lastBytes(s string, n int) string {
 	}
 	return s
 }
+
+// TestClusterUsageErrors: bad flags exit 2 with one line; a missing
+// redis-server or prometheus exits 1 with one line naming it; nothing is
+// started.
+func TestClusterUsageErrors(t *testing.T) {
+	notCluster := t.TempDir()
+	if err := os.WriteFile(filepath.Join(notCluster, "notes.txt"), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"cluster", "--base-port", "80"},
+		{"cluster", "--base-port", "65530"},
+		{"cluster", "--demo-limit", "0"},
+		{"cluster", "--demo-window", "500ms"},
+		{"cluster", "--dir", notCluster},
+		{"cluster", "--dir", ""},
+		{"cluster", "extra"},
+		{"etcd", "--initial-cluster-state", "maybe"},
+		{"etcd", "--name", "b", "--initial-cluster", "a=http://127.0.0.1:1"},
+		{"etcd", "--name", "a", "--peer-addr", "127.0.0.1:2", "--initial-cluster", "a=http://127.0.0.1:1"},
+		{"etcd", "--client-addr", "nowhere"},
+		{"etcd", "--initial-cluster", "a=127.0.0.1:1", "--name", "a"},
+	} {
+		var stderr syncbuf.Buffer
+		if code := run(context.Background(), args, nil, &stderr); code != 2 || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
+			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
+		}
+	}
+	if _, err := os.ReadFile(filepath.Join(notCluster, "notes.txt")); err != nil {
+		t.Errorf("a directory that is not a cluster's was touched: %v", err)
+	}
+
+	redisServer, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server not on PATH")
+	}
+	onlyRedis := t.TempDir()
+	if err := os.Symlink(redisServer, filepath.Join(onlyRedis, "redis-server")); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{t.TempDir(): "redis-server not found", onlyRedis: "prometheus not found"} {
+		t.Setenv("PATH", path)
+		dir := filepath.Join(t.TempDir(), "c")
+		var stderr syncbuf.Buffer
+		code := run(context.Background(), []string{"cluster", "--dir", dir, "--prometheus"}, io.Discard, &stderr)
+		if code != 1 || !strings.Contains(stderr.String(), want) || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
+			t.Errorf("PATH=%s: exit %d, stderr %q; want 1 and %q", path, code, stderr.String(), want)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("PATH=%s: the cluster's directory was made (%v)", path, err)
+		}
+	}
+}
