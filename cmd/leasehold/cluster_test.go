@@ -160,11 +160,15 @@ func TestClusterSurvivesKills(t *testing.T) {
 	byWindow := map[int64]int64{}
 	var afterKills counts
 	var killed bool
-	record := func(start time.Time, allowed, denied bool) {
+	lastOK := map[string]time.Time{} // driver -> start of its last admitted request
+	record := func(driver string, start time.Time, allowed, denied bool) {
 		end := time.Now()
 		ws, we := lease.WindowOf(start, window).Index, lease.WindowOf(end, window).Index
 		mu.Lock()
 		defer mu.Unlock()
+		if allowed {
+			lastOK[driver] = start
+		}
 		c := &afterKills
 		switch {
 		case allowed && ws == we:
@@ -208,7 +212,7 @@ func TestClusterSurvivesKills(t *testing.T) {
 				if lctx.Err() != nil {
 					return
 				}
-				record(start, err == nil && code == http.StatusOK, err == nil && code == http.StatusTooManyRequests)
+				record(gw, start, err == nil && code == http.StatusOK, err == nil && code == http.StatusTooManyRequests)
 			}
 		}()
 	}
@@ -237,7 +241,7 @@ func TestClusterSurvivesKills(t *testing.T) {
 				if lctx.Err() != nil {
 					return
 				}
-				record(start, err == nil && resp.Allowed, err == nil && !resp.Allowed)
+				record(name, start, err == nil && resp.Allowed, err == nil && !resp.Allowed)
 			}
 		}()
 	}
@@ -276,10 +280,26 @@ func TestClusterSurvivesKills(t *testing.T) {
 	mu.Lock()
 	killed = true
 	mu.Unlock()
+	killedAt := time.Now()
 
-	// Three more windows of load: the gateways still admit, and refuse
-	// what is over G.
-	waitWindows(t, ctx, window, 3)
+	// Load goes on until both gateways admit again well after the kills:
+	// past the renewal lock the killed agent may have held (it expires
+	// after the agent's allocator retry, 5 s, plus 5 s), in new windows
+	// whose leases the new leader granted.
+	again := killedAt.Add(11 * time.Second)
+	if err := waitFor(ctx, 40*time.Second, nil, func(context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, gw := range []string{gwEU, gwUS} {
+			if !lastOK[gw].After(again) {
+				return fmt.Errorf("gateway %s: last 200 for a request sent at %s, want one after %s",
+					gw, lastOK[gw].Format("15:04:05.000"), again.Format("15:04:05.000"))
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("after the kills: %v", err)
+	}
 	stopLoad()
 	mu.Lock()
 	ak := afterKills
@@ -310,20 +330,27 @@ func TestClusterSurvivesKills(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ListWindows on %s: %v", follower, err)
 	}
-	closed, admitted := 0, int64(0)
+	closed, admitted, laterAdmitting := 0, int64(0), 0
 	for _, w := range resp.Windows {
 		if !w.Closed {
 			continue
 		}
 		closed++
 		admitted += w.AdmittedTotal
+		t.Logf("window %s: G %d, admitted %d %v, granted %d, returned %d, stranded %d, overshoot %d",
+			w.WindowStart.AsTime().Format("15:04:05"), w.LimitTokens, w.AdmittedTotal, w.Admitted, w.Granted, w.Returned,
+			w.Stranded, w.ObservedOvershoot)
+		if w.WindowStart.AsTime().After(killedAt) && w.AdmittedTotal > 0 {
+			laterAdmitting++ // granted by the new leader, spent by the agents left
+		}
 		if w.AdmittedTotal > w.LimitTokens || w.ObservedOvershoot != 0 || w.LimitTokens != g {
 			t.Errorf("window %s: admitted %d (%v), G %d, observed overshoot %d", w.WindowStart.AsTime().Format("15:04:05.000"),
 				w.AdmittedTotal, w.Admitted, w.LimitTokens, w.ObservedOvershoot)
 		}
 	}
-	if closed < 2 || admitted == 0 {
-		t.Errorf("the new leader reports %d closed windows, %d admitted in all; want >= 2 windows with admits", closed, admitted)
+	if closed < 2 || admitted == 0 || laterAdmitting < 2 {
+		t.Errorf("the new leader reports %d closed windows, %d admitted in all, %d windows started after the kills admitted; want >= 2",
+			closed, admitted, laterAdmitting)
 	}
 
 	// SIGTERM: the cluster stops, exits 0, and leaves no process behind.
