@@ -381,7 +381,7 @@ func (cl *cluster) plan(port func() string, redisServer, prometheus string) {
 
 	// Two agents per region, sharing the region's Redis.
 	var agents []*clusterProc
-	firstAgent := map[string]*clusterProc{}
+	agentsOf := map[string][]string{}
 	for _, r := range clusterRegions {
 		for i := 1; i <= 2; i++ {
 			p := &clusterProc{Name: fmt.Sprintf("agent-%s-%d", r, i), Kind: "agent", Region: r, GRPC: port(), HTTP: port()}
@@ -391,20 +391,19 @@ func (cl *cluster) plan(port func() string, redisServer, prometheus string) {
 			p.ready = func(ctx context.Context, sp *supervise.Process) error {
 				return supervise.WaitGRPC(ctx, p.GRPC, pb.RegionAgent_ServiceDesc.ServiceName, sp.Exited())
 			}
-			if i == 1 {
-				firstAgent[r] = p
-			}
+			agentsOf[r] = append(agentsOf[r], p.GRPC)
 			agents = append(agents, p)
 		}
 	}
 
 	// A gateway per region in front of the upstream, calling the region's
-	// first agent; the X-Tenant header names the limit demo/{tenant}.
+	// agents (the first that answers, the next when it goes away); the
+	// X-Tenant header names the limit demo/{tenant}.
 	var gateways []*clusterProc
 	for _, r := range clusterRegions {
 		p := &clusterProc{Name: "gateway-" + r, Kind: "gateway", Region: r, HTTP: port()}
 		proc(p, cl.self, append([]string{"gateway", "--listen", p.HTTP, "--upstream", cl.state.Upstream,
-			"--agent", firstAgent[r].GRPC, "--key-header", "X-Tenant", "--limit-template", "demo/{key}"}, hist(p.Name)...)...)
+			"--agent", strings.Join(agentsOf[r], ","), "--key-header", "X-Tenant", "--limit-template", "demo/{key}"}, hist(p.Name)...)...)
 		p.ready = func(ctx context.Context, sp *supervise.Process) error {
 			return supervise.WaitHTTP(ctx, "http://"+p.HTTP+"/healthz", sp.Exited())
 		}
