@@ -322,6 +322,7 @@ func TestKubernetesManifests(t *testing.T) {
 	var workloads []*workload
 	var services []*corev1.Service
 	var monitors []*podMonitor
+	var policies []*networkingv1.NetworkPolicy
 	namespaces := map[string]bool{}
 	for _, m := range objs {
 		switch o := m.obj.(type) {
@@ -339,6 +340,8 @@ func TestKubernetesManifests(t *testing.T) {
 			checkSelector(t, m.where, o.Spec.Selector, o.Spec.Template.Labels)
 		case *podMonitor:
 			monitors = append(monitors, o)
+		case *networkingv1.NetworkPolicy:
+			policies = append(policies, o)
 		}
 	}
 	byCommand := map[string][]*workload{}
@@ -473,6 +476,42 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 			if s.allocator.etcdEndpoints == "" {
 				t.Errorf("%s: no -etcd-endpoints: the allocator would run an embedded etcd member", w.name)
+			}
+		}
+	}
+
+	// NetworkPolicies: each protects one workload, on its ports, and lets
+	// in every agent whose -redis names it.
+	for _, np := range policies {
+		target := selectWorkloads(t, "networkpolicy "+np.Name, workloads, np.Namespace, &np.Spec.PodSelector)
+		if len(target) != 1 {
+			t.Errorf("networkpolicy %s selects %d workloads, want 1", np.Name, len(target))
+			continue
+		}
+		allowed := map[*workload]bool{}
+		for _, rule := range np.Spec.Ingress {
+			for _, peer := range rule.From {
+				if peer.PodSelector == nil {
+					continue
+				}
+				for _, w := range selectWorkloads(t, "networkpolicy "+np.Name, workloads, np.Namespace, peer.PodSelector) {
+					allowed[w] = true
+				}
+			}
+			for _, p := range rule.Ports {
+				if p.Port == nil {
+					continue
+				}
+				if _, err := containerPort(target[0].pod, nil, *p.Port); err != nil {
+					t.Errorf("networkpolicy %s: port %s: %v in %s", np.Name, p.Port.String(), err, target[0].name)
+				}
+			}
+		}
+		for _, w := range byCommand["agent"] {
+			for _, s := range w.servers {
+				if wr, _, err := serviceTarget(s.agent.redis); err == nil && wr == target[0] && !allowed[w] {
+					t.Errorf("networkpolicy %s shuts out %s, whose -redis is %s", np.Name, w.name, s.agent.redis)
+				}
 			}
 		}
 	}
@@ -613,6 +652,23 @@ func checkPodAddr(addr string, allocs []*workload) error {
 		}
 	}
 	return fmt.Errorf("%s names no allocator pod", addr)
+}
+
+// selectWorkloads is the workloads of namespace whose pods sel selects.
+func selectWorkloads(t *testing.T, what string, workloads []*workload, namespace string, sel *metav1.LabelSelector) []*workload {
+	t.Helper()
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		t.Errorf("%s: %v", what, err)
+		return nil
+	}
+	var out []*workload
+	for _, w := range workloads {
+		if w.namespace == namespace && s.Matches(labels.Set(w.labels)) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 func checkSelector(t *testing.T, where string, sel *metav1.LabelSelector, podLabels map[string]string) {
