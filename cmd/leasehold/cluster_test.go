@@ -131,9 +131,17 @@ func TestClusterSurvivesKills(t *testing.T) {
 		return resp.StatusCode, resp.Header, nil
 	}
 	gwEU, gwUS := procs["gateway-eu"].HTTP, procs["gateway-us"].HTTP
-	code, _, err := get(gwEU)
-	if err != nil || code != http.StatusOK {
-		t.Fatalf("first request through gateway-eu: %d, %v; want 200", code, err)
+	// The first Check waits for the region's first lease: on a busy
+	// machine it may miss the gateway's deadline (503), so ask until a
+	// 200, for at most 15 s.
+	if err := waitFor(ctx, 15*time.Second, exited, func(context.Context) error {
+		code, _, err := get(gwEU)
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("status %d", code)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("a request through gateway-eu: %v; want 200", err)
 	}
 	saw429 := false
 	for i := 0; i < 10*g && !saw429; i++ {
