@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -296,29 +298,68 @@ func containerPort(pod corev1.PodSpec, c *corev1.Container, p intstr.IntOrString
 	return 0, fmt.Errorf("no container port %s", p.String())
 }
 
-// certFiles is what `leasehold certs` writes for regions eu and us.
-func certFiles(t *testing.T) map[string]bool {
+// certs is what `leasehold certs` writes for regions eu and us with the
+// --hosts docs/deploy.md gives: the file names, and the server
+// certificate.
+type certs struct {
+	files  map[string]bool
+	server *x509.Certificate
+}
+
+func makeCerts(t *testing.T) certs {
 	t.Helper()
+	doc, err := os.ReadFile("../../docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`leasehold certs [^\n]*\\\n\s*--hosts '([^']+)'`).FindSubmatch(doc)
+	if m == nil {
+		t.Fatal("docs/deploy.md: no `leasehold certs ... --hosts '...'` command")
+	}
 	dir := t.TempDir()
-	if err := runCertsCmd(context.Background(), []string{"--dir", dir, "--regions", "eu,us"}, io.Discard, io.Discard); err != nil {
+	if err := runCertsCmd(context.Background(), []string{"--dir", dir, "--regions", "eu,us", "--hosts", string(m[1])}, io.Discard, io.Discard); err != nil {
 		t.Fatalf("leasehold certs: %v", err)
 	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]bool{}
+	c := certs{files: map[string]bool{}}
 	for _, e := range ents {
-		out[e.Name()] = true
+		c.files[e.Name()] = true
 	}
-	return out
+	b, err := os.ReadFile(filepath.Join(dir, serverCertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatal("server certificate: no PEM block")
+	}
+	if c.server, err = x509.ParseCertificate(blk.Bytes); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// checkServerName reports whether the server certificate of docs/deploy.md
+// is valid for the host of addr (HOST:PORT or a bare host).
+func (c certs) checkServerName(addr string) error {
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	if err := c.server.VerifyHostname(host); err != nil {
+		return fmt.Errorf("the server certificate of docs/deploy.md (leasehold certs --hosts) does not name %s: %v", host, err)
+	}
+	return nil
 }
 
 // TestKubernetesManifests decodes every manifest strictly and holds the
 // workloads, Services and the PodMonitor against the binaries.
 func TestKubernetesManifests(t *testing.T) {
 	objs := readManifests(t)
-	certs := certFiles(t)
+	certs := makeCerts(t)
 	var workloads []*workload
 	var services []*corev1.Service
 	var monitors []*podMonitor
@@ -447,6 +488,9 @@ func TestKubernetesManifests(t *testing.T) {
 				if err := checkPodAddr(a, allocs); err != nil {
 					t.Errorf("%s: -allocator: %v", w.name, err)
 				}
+				if err := certs.checkServerName(a); s.agent.tls.ca != "" && err != nil {
+					t.Errorf("%s: -allocator: %v", w.name, err)
+				}
 			}
 			if n := len(splitList(s.agent.allocators)); len(allocs) == 1 && n != int(allocs[0].replicas) {
 				t.Errorf("%s: -allocator names %d replicas, the StatefulSet runs %d", w.name, n, allocs[0].replicas)
@@ -455,6 +499,9 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	for _, w := range byCommand["gateway"] {
 		for _, s := range w.servers {
+			if err := certs.checkServerName(s.gateway.agent); s.gateway.tls.ca != "" && err != nil {
+				t.Errorf("%s: -agent: %v", w.name, err)
+			}
 			wa, port, err := serviceTarget(s.gateway.agent)
 			if err != nil || len(wa.servers) != 1 || wa.servers[0].command != "agent" || wa.servers[0].grpcPort != port {
 				t.Errorf("%s: -agent %s does not reach an agent's gRPC port: %v", w.name, s.gateway.agent, err)
@@ -468,6 +515,15 @@ func TestKubernetesManifests(t *testing.T) {
 			want := fmt.Sprintf("$(POD_NAME).%s.%s.svc:%d", w.serviceName, w.namespace, s.grpcPort)
 			if s.allocator.advertise != want {
 				t.Errorf("%s: -advertise %q, want %q (each replica's own name)", w.name, s.allocator.advertise, want)
+			}
+			for i := range int(w.replicas) {
+				pod := strings.ReplaceAll(s.allocator.advertise, "$(POD_NAME)", fmt.Sprintf("%s-%d", w.name, i))
+				if err := certs.checkServerName(pod); s.tls && err != nil {
+					t.Errorf("%s: -advertise: %v", w.name, err)
+				}
+			}
+			if err := certs.checkServerName(fmt.Sprintf("%s.%s.svc", "leasehold-allocator", w.namespace)); s.tls && err != nil {
+				t.Errorf("%s: %v", w.name, err)
 			}
 			if !slices.ContainsFunc(s.container.Env, func(e corev1.EnvVar) bool {
 				return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
@@ -548,8 +604,12 @@ func TestKubernetesManifests(t *testing.T) {
 				if (ep.Scheme == "https") != s.tls {
 					t.Errorf("podmonitor %s: scheme %q, but %s serves TLS: %v", pm.Name, ep.Scheme, w.name, s.tls)
 				}
-				if s.tls && (ep.TLSConfig == nil || ep.TLSConfig.CA == nil || ep.TLSConfig.CA.Secret == nil || !certs[ep.TLSConfig.CA.Secret.Key]) {
+				if s.tls && (ep.TLSConfig == nil || ep.TLSConfig.CA == nil || ep.TLSConfig.CA.Secret == nil || !certs.files[ep.TLSConfig.CA.Secret.Key]) {
 					t.Errorf("podmonitor %s: TLS without the CA of leasehold certs", pm.Name)
+				} else if s.tls {
+					if err := certs.checkServerName(ep.TLSConfig.ServerName); err != nil {
+						t.Errorf("podmonitor %s: serverName: %v", pm.Name, err)
+					}
 				}
 			}
 			scraped[w.name] = true
@@ -566,7 +626,7 @@ func TestKubernetesManifests(t *testing.T) {
 
 // checkServer holds one leasehold container against its flags: ports,
 // probes, mounted files.
-func checkServer(t *testing.T, w *workload, s *server, certs map[string]bool) {
+func checkServer(t *testing.T, w *workload, s *server, certs certs) {
 	t.Helper()
 	name := w.name + "/" + s.container.Name
 	listen := map[int]bool{s.httpPort: true}
@@ -621,7 +681,7 @@ func checkServer(t *testing.T, w *workload, s *server, certs map[string]bool) {
 			t.Errorf("%s: -%s %s: volume %s is not a Secret", name, flagName, v, m.Name)
 			continue
 		}
-		if !strings.HasPrefix(flagName, "etcd-") && !certs[filepath.Base(v)] {
+		if !strings.HasPrefix(flagName, "etcd-") && !certs.files[filepath.Base(v)] {
 			t.Errorf("%s: -%s %s: leasehold certs writes no %s", name, flagName, v, filepath.Base(v))
 		}
 	}
