@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -523,5 +524,81 @@ func TestClusterUsageErrors(t *testing.T) {
 		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("PATH=%s: the cluster's directory was made (%v)", path, err)
 		}
+	}
+}
+
+// TestClusterWatch: a process that exits while the cluster runs is
+// reported in the log and cluster.json; with -restart it is started
+// again on the same spec (a new PID, starts 2); stopAll stops it and
+// marks the state stopped. (sleep stands in for a server.)
+func TestClusterWatch(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary")
+	}
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
+			dir := t.TempDir()
+			var logBuf syncbuf.Buffer
+			cl := &cluster{c: clusterConfig{restart: restart}, log: slog.New(slog.NewTextHandler(&logBuf, nil)), dir: dir}
+			p := &clusterProc{Name: "sleeper", Kind: "agent", Log: filepath.Join(dir, "sleeper.log")}
+			p.spec = supervise.Spec{Name: p.Name, Path: sleep, Args: []string{"60"}, Log: p.Log}
+			if p.proc, err = supervise.Start(p.spec); err != nil {
+				t.Fatal(err)
+			}
+			cl.tiers = [][]*clusterProc{{p}}
+			cl.state = clusterState{State: "serving", Dir: dir, Processes: []*clusterProc{p}}
+			cl.writeState()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			watched := make(chan struct{})
+			go func() { defer close(watched); cl.watch(ctx, p) }()
+			first := p.proc.Pid()
+			kill(t, first)
+
+			read := func() clusterProc {
+				var st clusterState
+				b, err := os.ReadFile(filepath.Join(dir, clusterStateFile))
+				if err == nil {
+					err = json.Unmarshal(b, &st)
+				}
+				if err != nil || len(st.Processes) != 1 {
+					return clusterProc{}
+				}
+				return *st.Processes[0]
+			}
+			err := waitFor(context.Background(), 10*time.Second, nil, func(context.Context) error {
+				got := read()
+				switch {
+				case !strings.Contains(logBuf.String(), "process exited"):
+					return errors.New("no 'process exited' in the log")
+				case !restart && (got.Running || got.PID != first):
+					return fmt.Errorf("cluster.json: %+v, want pid %d not running", got, first)
+				case restart && (!got.Running || got.PID == first || got.Starts != 2):
+					return fmt.Errorf("cluster.json: %+v, want a new pid, running, starts 2", got)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("%v\nlog:\n%s", err, logBuf.String())
+			}
+			if !restart {
+				<-watched // it stops watching: the cluster runs on without it
+			}
+			second := p.proc.Pid()
+			cancel()
+			<-watched
+			cl.stopAll()
+			if p.proc.Running() || alive(second) {
+				t.Errorf("pid %d still runs after stopAll", second)
+			}
+			if got := read(); got.Running {
+				t.Errorf("cluster.json after stopAll: %+v", got)
+			}
+			b, _ := os.ReadFile(filepath.Join(dir, clusterStateFile))
+			if !strings.Contains(string(b), `"state": "stopped"`) {
+				t.Errorf("cluster.json after stopAll: %s", b)
+			}
+		})
 	}
 }
