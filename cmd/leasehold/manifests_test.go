@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"leasehold/regionagent/client"
@@ -385,6 +386,9 @@ func TestKubernetesManifests(t *testing.T) {
 			policies = append(policies, o)
 		}
 	}
+	for _, m := range objs {
+		checkNames(t, m)
+	}
 	byCommand := map[string][]*workload{}
 	for _, w := range workloads {
 		if !namespaces[w.namespace] {
@@ -621,6 +625,62 @@ func TestKubernetesManifests(t *testing.T) {
 				t.Errorf("%s is scraped by no PodMonitor", w.name)
 			}
 		}
+	}
+}
+
+// checkNames applies the API server's rules for names, labels and port
+// names (DNS-1123 labels, qualified label keys, IANA service names), which
+// decoding alone does not check.
+func checkNames(t *testing.T, m manifest) {
+	t.Helper()
+	o, ok := m.obj.(metav1.Object)
+	if !ok {
+		t.Errorf("%s: %T has no object metadata", m.where, m.obj)
+		return
+	}
+	bad := func(what string, errs []string) {
+		if len(errs) > 0 {
+			t.Errorf("%s: %s: %s", m.where, what, strings.Join(errs, "; "))
+		}
+	}
+	bad("name "+o.GetName(), validation.IsDNS1123Label(o.GetName()))
+	checkLabels := func(where string, l map[string]string) {
+		for k, v := range l {
+			bad(where+" label key "+k, validation.IsQualifiedName(k))
+			bad(where+" label "+k+" value "+v, validation.IsValidLabelValue(v))
+		}
+	}
+	checkLabels("metadata", o.GetLabels())
+	var pod *corev1.PodTemplateSpec
+	switch x := m.obj.(type) {
+	case *appsv1.StatefulSet:
+		pod = &x.Spec.Template
+	case *appsv1.Deployment:
+		pod = &x.Spec.Template
+	case *corev1.Service:
+		for _, p := range x.Spec.Ports {
+			bad("service port name "+p.Name, validation.IsValidPortName(p.Name))
+			if p.TargetPort.Type == intstr.String {
+				bad("targetPort "+p.TargetPort.StrVal, validation.IsValidPortName(p.TargetPort.StrVal))
+			}
+		}
+	}
+	if pod == nil {
+		return
+	}
+	checkLabels("pod template", pod.Labels)
+	for _, c := range pod.Spec.Containers {
+		bad("container name "+c.Name, validation.IsDNS1123Label(c.Name))
+		for _, p := range c.Ports {
+			bad("container port name "+p.Name, validation.IsValidPortName(p.Name))
+			bad(fmt.Sprintf("container port %d", p.ContainerPort), validation.IsValidPortNum(int(p.ContainerPort)))
+		}
+		for _, e := range c.Env {
+			bad("env "+e.Name, validation.IsEnvVarName(e.Name))
+		}
+	}
+	for _, v := range pod.Spec.Volumes {
+		bad("volume "+v.Name, validation.IsDNS1123Label(v.Name))
 	}
 }
 
