@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -76,22 +75,21 @@ type Process struct {
 	Advertise string
 	service   string // the gRPC service whose health says it is up
 
-	mu     sync.Mutex // protects cmd, stderr, done, starts
-	cmd    *exec.Cmd
-	stderr *syncbuf.Buffer
-	done   chan struct{}
-	starts int
-	logs   []string // stderr of earlier runs
+	mu     sync.Mutex         // protects proc
+	proc   *supervise.Process // nil until started
+	stderr syncbuf.Buffer     // the output of every run, runs separated by a line
 }
 
 // Name is the process's name in logs (e.g. "allocator-0", "agent eu-1").
 func (p *Process) Name() string { return p.name }
 
 // Pid is the process id of the current run.
-func (p *Process) Pid() int {
+func (p *Process) Pid() int { return p.current().Pid() }
+
+func (p *Process) current() *supervise.Process {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.cmd.Process.Pid
+	return p.proc
 }
 
 // launch starts p (its addresses already set) and stops it in t.Cleanup;
@@ -109,72 +107,37 @@ func launch(t testing.TB, p *Process) *Process {
 	return p
 }
 
+// start starts the process, or starts it again on the same flags; it
+// runs in a process group of its own and is killed if the test process
+// dies (package supervise).
 func (p *Process) start() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.stderr != nil {
-		p.logs = append(p.logs, p.stderr.String())
+	if p.proc == nil {
+		sp, err := supervise.Start(supervise.Spec{Name: p.name, Path: p.bin, Args: p.args, Output: &p.stderr})
+		if err != nil {
+			p.t.Fatalf("faulttest: %v", err)
+		}
+		p.proc = sp
+		return
 	}
-	p.cmd = exec.Command(p.bin, p.args...)
-	p.stderr = &syncbuf.Buffer{}
-	p.cmd.Stderr = p.stderr
-	if err := p.cmd.Start(); err != nil {
-		p.t.Fatalf("faulttest: start %s: %v", p.name, err)
+	_, _ = p.stderr.Write([]byte("\n--- restarted ---\n"))
+	if err := p.proc.Restart(); err != nil {
+		p.t.Fatalf("faulttest: %v", err)
 	}
-	p.starts++
-	done := make(chan struct{})
-	p.done = done
-	cmd := p.cmd
-	go func() { _ = cmd.Wait(); close(done) }()
 }
 
 // Running reports whether the process has not exited.
-func (p *Process) Running() bool {
-	p.mu.Lock()
-	done := p.done
-	p.mu.Unlock()
-	select {
-	case <-done:
-		return false
-	default:
-		return true
-	}
-}
+func (p *Process) Running() bool { return p.current().Running() }
 
 // Exited is closed when the current run of the process exits.
-func (p *Process) Exited() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.done
-}
+func (p *Process) Exited() <-chan struct{} { return p.current().Exited() }
 
 // Kill stops the process with SIGKILL, as a crash would, and waits for it.
-func (p *Process) Kill() { p.signal(syscall.SIGKILL, 0) }
+func (p *Process) Kill() { p.current().Kill() }
 
-// Stop stops the process with SIGINT and waits (SIGKILL after 15 s).
-func (p *Process) Stop() { p.signal(syscall.SIGINT, 15*time.Second) }
-
-func (p *Process) signal(sig syscall.Signal, grace time.Duration) {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	select {
-	case <-done:
-		return
-	default:
-	}
-	_ = cmd.Process.Signal(sig)
-	if grace <= 0 {
-		<-done
-		return
-	}
-	select {
-	case <-done:
-	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
+// Stop stops the process with SIGTERM and waits (SIGKILL after 15 s).
+func (p *Process) Stop() { p.current().Stop(15 * time.Second) }
 
 // Restart kills the process if it runs, starts it again on the same flags
 // and waits until it serves.
@@ -185,12 +148,9 @@ func (p *Process) Restart() {
 	p.WaitServing(60 * time.Second)
 }
 
-// Stderr is what the current run wrote to stderr.
-func (p *Process) Stderr() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return strings.Join(p.logs, "\n--- restarted ---\n") + p.stderr.String()
-}
+// Stderr is what every run wrote to stdout and stderr, runs separated
+// by a "--- restarted ---" line.
+func (p *Process) Stderr() string { return p.stderr.String() }
 
 // WaitServing waits until the process's gRPC health says its service
 // serves (for an agent: it has its limits from the allocator; for an
