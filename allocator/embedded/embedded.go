@@ -1,6 +1,8 @@
-// Package embedded runs a single-member etcd inside the allocator process,
-// so `leasehold allocator` and `leasehold dev` need no etcd installed. For
-// production, point the allocator at a 3- or 5-member cluster instead.
+// Package embedded runs an etcd member inside a leasehold process: a
+// single member inside the allocator, so `leasehold allocator` and
+// `leasehold dev` need no etcd installed, or one member of a cluster of
+// several (`leasehold etcd`, as `leasehold cluster` runs three). For
+// production, point the allocator at a 3- or 5-member etcd cluster.
 package embedded
 
 import (
@@ -21,6 +23,15 @@ type Config struct {
 	PeerAddr   string // host:port for raft peers, e.g. 127.0.0.1:2380
 	Name       string // member name; default "leasehold"
 	MaxTxnOps  uint   // ops per transaction; default 1024
+
+	// A member of a cluster of several (leasehold etcd): every member's
+	// NAME=http://PEER-ADDR, comma-separated; default this member alone.
+	InitialCluster string
+	// ClusterToken tells clusters apart on the same hosts; default etcd's.
+	ClusterToken string
+	// ClusterState is "new" (the default) while the cluster is formed, or
+	// "existing" for a member that joins a running cluster.
+	ClusterState string
 }
 
 // Etcd is a running embedded member.
@@ -53,6 +64,15 @@ func Start(ctx context.Context, c Config) (*Etcd, error) {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = c.Name + "=" + pu.String()
+	if c.InitialCluster != "" {
+		cfg.InitialCluster = c.InitialCluster
+	}
+	if c.ClusterToken != "" {
+		cfg.InitialClusterToken = c.ClusterToken
+	}
+	if c.ClusterState != "" {
+		cfg.ClusterState = c.ClusterState
+	}
 	cfg.MaxTxnOps = c.MaxTxnOps
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())

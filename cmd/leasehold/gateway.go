@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
@@ -17,6 +18,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 
 	"leasehold/internal/bounds"
 	"leasehold/internal/history"
@@ -56,7 +61,7 @@ type gatewayConfig struct {
 func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7430", "HTTP listen address")
 	fs.StringVar(&c.upstream, "upstream", "", "URL of the service behind the gateway (required), e.g. http://127.0.0.1:8080")
-	fs.StringVar(&c.agent, "agent", "127.0.0.1:7410", "region agent gRPC address")
+	fs.StringVar(&c.agent, "agent", "127.0.0.1:7410", "region agent gRPC address; several replicas comma-separated: the first that answers, the next when it goes away")
 	fs.StringVar(&c.keyHeader, "key-header", "", "take the key from this request header, e.g. X-Tenant (this or -key-path-segment)")
 	fs.IntVar(&c.keyPathSegment, "key-path-segment", 0, "take the key from this path segment, 1-based: 1 takes atlas from /atlas/orders")
 	fs.StringVar(&c.limitTemplate, "limit-template", "tenant/{key}", "limit id of a request; {key} is replaced by its key")
@@ -114,6 +119,13 @@ func (c *gatewayConfig) validate() error {
 		return usagef("-timeout must be > 0 and -jitter >= 0")
 	case c.http.ReadTimeout < 0 || c.http.WriteTimeout < 0 || c.http.IdleTimeout < 0 || c.http.MaxBodyBytes < 0:
 		return usagef("-read-timeout, -write-timeout, -idle-timeout and -max-body-bytes must be >= 0")
+	}
+	if addrs := splitList(c.agent); len(addrs) > 1 {
+		for _, a := range addrs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				return usagef("-agent %q: several agents are HOST:PORT each", a)
+			}
+		}
 	}
 	if err := vocab.ValidateLimitID("-limit-template", strings.ReplaceAll(c.limitTemplate, "{key}", "key")); err != nil {
 		return usagef("%v", err)
@@ -190,7 +202,9 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 		opts = append(opts, client.WithLocalDecisionObserver(
 			regionagent.ClientDecisionRecorder(hf.rec, name, c.historyRegion, history.PathSubLease)))
 	}
-	cl, err := client.New(c.agent, opts...)
+	target, dial := agentTarget(c.agent)
+	opts = append(opts, client.WithDialOptions(dial...))
+	cl, err := client.New(target, opts...)
 	if err != nil {
 		l.Close()
 		return fmt.Errorf("-agent %s: %w", c.agent, err)
@@ -217,6 +231,29 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	return nil
+}
+
+// agentTarget is -agent as a gRPC target: one address as it is; several
+// (the region's agent replicas) through a resolver of their own, which
+// gRPC's default policy (pick first) tries in order, moving to the next
+// when the agent in use goes away. Each address keeps its host as the
+// name its TLS certificate is checked against.
+func agentTarget(agent string) (string, []grpc.DialOption) {
+	addrs := splitList(agent)
+	if len(addrs) <= 1 {
+		return agent, nil
+	}
+	var st resolver.State
+	for _, a := range addrs {
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			host = a
+		}
+		st.Endpoints = append(st.Endpoints, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a, ServerName: host}}})
+	}
+	r := manual.NewBuilderWithScheme("leasehold-agents")
+	r.InitialState(st)
+	return r.Scheme() + ":///agents", []grpc.DialOption{grpc.WithResolvers(r)}
 }
 
 // keyRe is what a key may be: one limit id segment.

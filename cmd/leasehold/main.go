@@ -3,6 +3,8 @@
 //	leasehold allocator   the home-region allocator (embedded etcd by default)
 //	leasehold agent       a region agent
 //	leasehold dev         everything in one process: etcd, allocator, two agents
+//	leasehold cluster     the production topology on one machine, from real processes
+//	leasehold etcd        one etcd member (leasehold cluster runs three)
 //	leasehold gateway     a reverse proxy that puts a global limit in front of an HTTP service
 //	leasehold certs       a development CA, certificates and an auth file (docs/security.md)
 //	leasehold history     check histories the servers recorded (-history) against the invariants
@@ -33,6 +35,8 @@ var commands = map[string]command{
 	"allocator": {"run the home-region allocator", runAllocatorCmd},
 	"agent":     {"run a region agent", runAgentCmd},
 	"certs":     {"write a development CA, certificates and an auth file", runCertsCmd},
+	"cluster":   {"run the production topology on this machine from real processes (docs/deploy.md)", runClusterCmd},
+	"etcd":      {"run one etcd member (leasehold cluster runs three)", runEtcdCmd},
 	"dev":       {"run everything in one process on embedded defaults", runDevCmd},
 	"gateway":   {"run a reverse proxy that puts a global limit in front of an HTTP service", runGatewayCmd},
 	"history":   {"check histories recorded with -history against the per-window invariants", runHistoryCmd},

@@ -3,22 +3,17 @@ package faulttest
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
 	"leasehold/internal/etcdtest"
 	"leasehold/internal/ports"
+	"leasehold/internal/supervise"
 	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -80,22 +75,21 @@ type Process struct {
 	Advertise string
 	service   string // the gRPC service whose health says it is up
 
-	mu     sync.Mutex // protects cmd, stderr, done, starts
-	cmd    *exec.Cmd
-	stderr *syncbuf.Buffer
-	done   chan struct{}
-	starts int
-	logs   []string // stderr of earlier runs
+	mu     sync.Mutex         // protects proc
+	proc   *supervise.Process // nil until started
+	stderr syncbuf.Buffer     // the output of every run, runs separated by a line
 }
 
 // Name is the process's name in logs (e.g. "allocator-0", "agent eu-1").
 func (p *Process) Name() string { return p.name }
 
 // Pid is the process id of the current run.
-func (p *Process) Pid() int {
+func (p *Process) Pid() int { return p.current().Pid() }
+
+func (p *Process) current() *supervise.Process {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.cmd.Process.Pid
+	return p.proc
 }
 
 // launch starts p (its addresses already set) and stops it in t.Cleanup;
@@ -113,72 +107,37 @@ func launch(t testing.TB, p *Process) *Process {
 	return p
 }
 
+// start starts the process, or starts it again on the same flags; it
+// runs in a process group of its own and is killed if the test process
+// dies (package supervise).
 func (p *Process) start() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.stderr != nil {
-		p.logs = append(p.logs, p.stderr.String())
+	if p.proc == nil {
+		sp, err := supervise.Start(supervise.Spec{Name: p.name, Path: p.bin, Args: p.args, Output: &p.stderr})
+		if err != nil {
+			p.t.Fatalf("faulttest: %v", err)
+		}
+		p.proc = sp
+		return
 	}
-	p.cmd = exec.Command(p.bin, p.args...)
-	p.stderr = &syncbuf.Buffer{}
-	p.cmd.Stderr = p.stderr
-	if err := p.cmd.Start(); err != nil {
-		p.t.Fatalf("faulttest: start %s: %v", p.name, err)
+	_, _ = p.stderr.Write([]byte("\n--- restarted ---\n"))
+	if err := p.proc.Restart(); err != nil {
+		p.t.Fatalf("faulttest: %v", err)
 	}
-	p.starts++
-	done := make(chan struct{})
-	p.done = done
-	cmd := p.cmd
-	go func() { _ = cmd.Wait(); close(done) }()
 }
 
 // Running reports whether the process has not exited.
-func (p *Process) Running() bool {
-	p.mu.Lock()
-	done := p.done
-	p.mu.Unlock()
-	select {
-	case <-done:
-		return false
-	default:
-		return true
-	}
-}
+func (p *Process) Running() bool { return p.current().Running() }
 
 // Exited is closed when the current run of the process exits.
-func (p *Process) Exited() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.done
-}
+func (p *Process) Exited() <-chan struct{} { return p.current().Exited() }
 
 // Kill stops the process with SIGKILL, as a crash would, and waits for it.
-func (p *Process) Kill() { p.signal(syscall.SIGKILL, 0) }
+func (p *Process) Kill() { p.current().Kill() }
 
-// Stop stops the process with SIGINT and waits (SIGKILL after 15 s).
-func (p *Process) Stop() { p.signal(syscall.SIGINT, 15*time.Second) }
-
-func (p *Process) signal(sig syscall.Signal, grace time.Duration) {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	select {
-	case <-done:
-		return
-	default:
-	}
-	_ = cmd.Process.Signal(sig)
-	if grace <= 0 {
-		<-done
-		return
-	}
-	select {
-	case <-done:
-	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
+// Stop stops the process with SIGTERM and waits (SIGKILL after 15 s).
+func (p *Process) Stop() { p.current().Stop(15 * time.Second) }
 
 // Restart kills the process if it runs, starts it again on the same flags
 // and waits until it serves.
@@ -189,12 +148,9 @@ func (p *Process) Restart() {
 	p.WaitServing(60 * time.Second)
 }
 
-// Stderr is what the current run wrote to stderr.
-func (p *Process) Stderr() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return strings.Join(p.logs, "\n--- restarted ---\n") + p.stderr.String()
-}
+// Stderr is what every run wrote to stdout and stderr, runs separated
+// by a "--- restarted ---" line.
+func (p *Process) Stderr() string { return p.stderr.String() }
 
 // WaitServing waits until the process's gRPC health says its service
 // serves (for an agent: it has its limits from the allocator; for an
@@ -220,59 +176,26 @@ func (p *Process) IsLeader() bool {
 // WaitHealthy polls addr's gRPC health for service until it is SERVING, the
 // timeout passes (0: ask once), or exited is closed.
 func WaitHealthy(addr, service string, timeout time.Duration, exited <-chan struct{}) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
+	if timeout <= 0 {
+		return supervise.CheckGRPC(context.Background(), addr, service)
 	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	deadline := time.Now().Add(timeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
-		cancel()
-		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		if err == nil {
-			err = fmt.Errorf("%s is %v", service, resp.Status)
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("process exited: %v", err)
-		default:
-		}
-		if !time.Now().Before(deadline) {
-			return fmt.Errorf("%s not serving %s after %v: %v", addr, service, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling readiness
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := supervise.WaitGRPC(ctx, addr, service, exited); err != nil {
+		return fmt.Errorf("after %v: %w", timeout, err)
 	}
+	return nil
 }
 
 // waitHTTP polls addr's GET /healthz until it answers 200, the timeout
 // passes, or exited is closed.
 func waitHTTP(addr, _ string, timeout time.Duration, exited <-chan struct{}) error {
-	deadline := time.Now().Add(timeout)
-	cl := &http.Client{Timeout: 500 * time.Millisecond}
-	for {
-		resp, err := cl.Get("http://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("/healthz: %s", resp.Status)
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("process exited: %v", err)
-		default:
-		}
-		if !time.Now().Before(deadline) {
-			return fmt.Errorf("%s not serving after %v: %v", addr, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling readiness
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := supervise.WaitHTTP(ctx, "http://"+addr+"/healthz", exited); err != nil {
+		return fmt.Errorf("after %v: %w", timeout, err)
 	}
+	return nil
 }
 
 // GatewayOptions configure StartGateway.
