@@ -184,6 +184,7 @@ type Agent struct {
 	notes    noteLog
 	running  atomic.Pointer[context.Context] // Run's context: background calls end with it
 	chunks   *client.Client                  // hot limits' chunks (chunks.go); nil: off
+	locks    heldLocks                       // renewal locks held, extended while held (locks.go)
 }
 
 // New returns an agent; call Run to start its background work.
@@ -672,7 +673,3 @@ func randomSeed() uint64 {
 	_, _ = rand.Read(b[:])
 	return binary.LittleEndian.Uint64(b[:]) | 1
 }
-
-// lockTTL is how long a renewal lock holds without an unlock: a round's
-// allocator call is retried for allocRetryFor, and the deposits follow.
-func (a *Agent) lockTTL() time.Duration { return a.opt.allocRetryFor + 5*time.Second }

@@ -29,7 +29,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	loops := []func(context.Context){a.syncLoop, a.clockLoop, a.workLoop, a.redisProbeLoop,
-		a.failover.run} // failover.go
+		a.failover.run, a.lockLoop} // failover.go, locks.go
 	for _, f := range loops {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(ctx) }()

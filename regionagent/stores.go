@@ -172,7 +172,7 @@ func (s *redisStore) rounds(ctx context.Context, rs []core.Round) []core.RoundRe
 	for i, r := range rs {
 		idx[i].lock = -1
 		if r.Lock {
-			idx[i].lock = x.TryLock(bucket.LockKey(r.Key.HashTag, r.Key.Limit), s.a.cfg.ReplicaID, s.a.lockTTL())
+			idx[i].lock = x.TryLock(lockKey(r), s.a.cfg.ReplicaID, lockLease)
 		}
 		idx[i].read = x.Balance(bucket.KeyOf(r.Key), s.nowMs())
 	}
@@ -181,12 +181,15 @@ func (s *redisStore) rounds(ctx context.Context, rs []core.Round) []core.RoundRe
 	nowMs := s.msAt(now)
 	out := make([]core.RoundResult, len(rs))
 	var firstErr error
-	for i := range rs {
+	for i, r := range rs {
 		res := core.RoundResult{Locked: true}
 		if idx[i].lock >= 0 {
 			res.Locked, res.Err = x.Locked(idx[i].lock)
 		}
 		if res.Err == nil && res.Locked {
+			if idx[i].lock >= 0 {
+				s.a.locks.add(lockKey(r)) // extended until unlocked (locks.go)
+			}
 			res.Balance, res.Err = x.BalanceOf(idx[i].read)
 			res.NowMs = nowMs
 		}
@@ -265,7 +268,9 @@ func (s *redisStore) admitFallback(ctx context.Context, adds []store.FallbackAdd
 func (s *redisStore) unlocks(ctx context.Context, us []core.Unlock) {
 	x := s.b.Batch()
 	for _, u := range us {
-		x.Unlock(bucket.LockKey(u.HashTag, u.Limit), s.a.cfg.ReplicaID)
+		k := bucket.LockKey(u.HashTag, u.Limit)
+		s.a.locks.remove(k)
+		x.Unlock(k, s.a.cfg.ReplicaID)
 	}
 	x.Exec(ctx)
 }

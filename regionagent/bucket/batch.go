@@ -8,7 +8,7 @@ import (
 )
 
 // Batch gathers renewal-round calls (the lock, balance reads, deposits,
-// unlocks) of many limits and sends them in one Redis pipeline: one round
+// unlocks, lock extensions) of many limits and sends them in one Redis pipeline: one round
 // trip (per Cluster node) for all of them, however many limits they
 // touch, where one call each would cost a round trip and a pair of system
 // calls on both sides per limit. Each call keeps its own outcome and its
@@ -73,6 +73,13 @@ func (x *Batch) Deposit(d Deposit) int {
 func (x *Batch) Unlock(key, owner string) int {
 	c := batchCall{s: unlockScript, keys: []string{key}, args: []any{owner}}
 	c.err = checkLock(key, owner, time.Millisecond)
+	return x.add(c)
+}
+
+// ExtendLock queues Buckets.ExtendLock; read it with Extended.
+func (x *Batch) ExtendLock(key, owner string, ttl time.Duration) int {
+	c := batchCall{s: extendScript, keys: []string{key}, args: []any{owner, ttl.Milliseconds()}}
+	c.err = checkLock(key, owner, ttl)
 	return x.add(c)
 }
 
@@ -183,7 +190,14 @@ func (x *Batch) DepositOf(i int) (DepositResult, error) {
 
 // Unlocked is Unlock's outcome (ErrNotHeld: the lock had expired or
 // another owner held it).
-func (x *Batch) Unlocked(i int) error {
+func (x *Batch) Unlocked(i int) error { return x.owned(i) }
+
+// Extended is ExtendLock's outcome (ErrNotHeld: the lock had expired or
+// another owner held it).
+func (x *Batch) Extended(i int) error { return x.owned(i) }
+
+// owned is the outcome of a call that acts only for the lock's owner.
+func (x *Batch) owned(i int) error {
 	c := x.calls[i]
 	if c.err != nil {
 		return c.err

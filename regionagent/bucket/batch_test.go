@@ -69,6 +69,21 @@ func TestBatchAsSingleCalls(t *testing.T) {
 			if owner, err := be.rdb.Get(ctx, lb).Result(); err != nil || owner != "other" {
 				t.Errorf("lock b's owner %q (%v), want other's lock kept", owner, err)
 			}
+			y := b.Batch()
+			extA, extB := y.ExtendLock(la, "me", time.Hour), y.ExtendLock(lb, "me", time.Hour)
+			y.Exec(ctx)
+			if err := y.Extended(extA); err != nil {
+				t.Errorf("extend the lock the batch took: %v", err)
+			}
+			if err := y.Extended(extB); !errors.Is(err, ErrNotHeld) {
+				t.Errorf("extend another owner's lock: %v, want ErrNotHeld", err)
+			}
+			if ttl := be.rdb.PTTL(ctx, la).Val(); ttl < 59*time.Minute {
+				t.Errorf("lock a's TTL %v after the extension, want about an hour", ttl)
+			}
+			if ttl := be.rdb.PTTL(ctx, lb).Val(); ttl > time.Minute {
+				t.Errorf("lock b's TTL %v: another owner's lock was extended", ttl)
+			}
 			if err := b.Unlock(ctx, la, "me"); err != nil {
 				t.Errorf("the lock the batch took: %v", err)
 			}
