@@ -2,6 +2,9 @@ package regionagent
 
 import (
 	"context"
+	"errors"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -88,7 +91,16 @@ func startWorldWith(t testing.TB, fake bool, serverOpts []grpc.ServerOption, all
 // putLimit stores a limit and waits until the allocator's leader applies it.
 func (w *world) putLimit(l *pb.Limit) *pb.Limit {
 	w.t.Helper()
-	got, err := w.alloc.PutLimit(context.Background(), l, allocator.Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
+	// A write that timed out (etcd slow under CI's load) is made again:
+	// putting the same limit twice is the same limit, a version later.
+	var got *pb.Limit
+	var err error
+	for try := 0; try < 3; try++ {
+		got, err = w.alloc.PutLimit(context.Background(), l, allocator.Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
+		if c := status.Code(err); c != codes.DeadlineExceeded && c != codes.Unavailable && !errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+	}
 	if err != nil {
 		w.t.Fatal(err)
 	}
