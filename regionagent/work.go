@@ -288,6 +288,12 @@ func (t *tracker) done() {
 // in flight when it returned. (A wait that times out leaves one goroutine
 // behind until the work ends.)
 func (t *tracker) waitFor(d time.Duration) bool {
+	t.mu.Lock()
+	idle := t.n == 0
+	t.mu.Unlock()
+	if idle {
+		return true // nothing to wait for, and no goroutine to start
+	}
 	done := make(chan struct{})
 	go func() { t.wait(); close(done) }()
 	timer := time.NewTimer(d)
