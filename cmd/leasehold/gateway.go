@@ -251,7 +251,11 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 	metricsAt := ""
 	if ml != nil {
 		metricsAt = ml.Addr().String()
-		msrv = bounds.Service.Server(metricsMux(reg, func() (bool, string) { return true, "ok: gateway " + l.Addr().String() }), httpErrorLog(log))
+		healthy := func() (bool, string) {
+			return true, fmt.Sprintf("ok: gateway %s, upstream %s, agent %s (%s)", l.Addr(), c.upstreamURL.Redacted(), c.agent,
+				strings.ToLower(cl.Conn().GetState().String()))
+		}
+		msrv = bounds.Service.Server(metricsMux(reg, healthy), httpErrorLog(log))
 		go func() { errc <- msrv.Serve(ml) }()
 	} else {
 		log.Warn("the gateway's metrics are off (-metrics-addr off): its decisions are in no metric")
