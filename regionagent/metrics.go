@@ -4,6 +4,8 @@ import (
 	"math"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"leasehold/regionagent/core"
 )
 
 // resultCrossSlot is the checks_total result of a CheckMulti refused
@@ -59,6 +61,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"result"}),
 	}
 	m.checkOK = m.checks.WithLabelValues("ok")
+	// Every result from the start, at 0: a panel of fallbacks has data
+	// (zero) on a healthy system, and rate() sees the first one.
+	for _, r := range []core.Result{core.ResultOverLimit, core.ResultUnavailable, core.ResultFallback,
+		core.ResultFallbackDenied, core.ResultStoreError, core.ResultNotSynced} {
+		m.checks.WithLabelValues(string(r))
+	}
+	m.checks.WithLabelValues(resultCrossSlot)
 	m.chunkChecks = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "leasehold_agent_chunk_checks_total",
 		Help: "Checks decided in memory from a chunk of a hot limit (also counted in leasehold_agent_checks_total as ok).",
