@@ -316,7 +316,11 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		fmt.Fprintf(stdout, "  agent %s   gRPC %s  HTTP %s  (redis %s)\n", r, got[r][0], got[r][1], redisShown[r])
 	}
 	for _, r := range []string{"eu", "us"} {
-		fmt.Fprintf(stdout, "  gateway %s HTTP %s  metrics http://%s/metrics  (in front of %s)\n", r, gateways[r], gatewayMetrics[r], upstream.Addr())
+		m := "metrics off"
+		if gatewayMetrics[r] != "" {
+			m = "metrics http://" + gatewayMetrics[r] + "/metrics"
+		}
+		fmt.Fprintf(stdout, "  gateway %s HTTP %s  %s  (in front of %s)\n", r, gateways[r], m, upstream.Addr())
 	}
 	if !c.noDemo {
 		fmt.Fprintf(stdout, "  demo limit %s: 1000 per minute, regions eu+us, strict\n", demoLimit)

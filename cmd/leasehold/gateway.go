@@ -92,6 +92,17 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	c.log.register(fs)
 }
 
+// isHostPort: s is HOST:PORT with a numeric port (the host may be empty:
+// every interface).
+func isHostPort(s string) bool {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 0 && n <= 65535
+}
+
 // headerNameRe is an HTTP field name (RFC 9110 token).
 var headerNameRe = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
@@ -123,6 +134,8 @@ func (c *gatewayConfig) validate() error {
 		return usagef("-agent is required")
 	case c.metricsAddr != "" && c.metricsAddr != "off" && c.metricsAddr == c.listen:
 		return usagef("-metrics-addr %s: must differ from -listen", c.metricsAddr)
+	case c.metricsAddr != "" && c.metricsAddr != "off" && !isHostPort(c.metricsAddr):
+		return usagef("-metrics-addr %q: want HOST:PORT, or off", c.metricsAddr)
 	case c.timeout <= 0 || c.jitter < 0:
 		return usagef("-timeout must be > 0 and -jitter >= 0")
 	case c.http.ReadTimeout < 0 || c.http.WriteTimeout < 0 || c.http.IdleTimeout < 0 || c.http.MaxBodyBytes < 0:

@@ -257,6 +257,8 @@ func TestGatewayUsageErrors(t *testing.T) {
 		{"gateway", up, "--key-header", "X-Tenant", "extra"},
 		{"gateway", up, "--key-header", "X-Tenant", "--no-such-flag"},
 		{"gateway", up, "--key-header", "X-Tenant", "--listen", "127.0.0.1:7", "--metrics-addr", "127.0.0.1:7"},
+		{"gateway", up, "--key-header", "X-Tenant", "--metrics-addr", "7431"},
+		{"gateway", up, "--key-header", "X-Tenant", "--metrics-addr", "127.0.0.1:http"},
 	} {
 		var stderr bytes.Buffer
 		code := run(context.Background(), args, io.Discard, &stderr)
