@@ -39,7 +39,7 @@ lint: ## go vet, staticcheck, gofmt, and go.mod kept tidy.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); test -z "$$out" || { echo "gofmt needed: $$out" >&2; exit 1; }
 
 .PHONY: test
-test: ## Run every test (real redis-server, installed with apt-get when missing, and embedded etcd).
+test: ## Run the tests, -race and -short (LONG=1: the long ones too, as CI does; redis-server installed when missing).
 	@./.ci/install-deps
 	@set -o pipefail; $(GO) test -race -count=1 -timeout 25m $(TEST_FLAGS) ./... 2>&1 | tee test.log || \
 	  { rc=$$?; $(GO) run ./internal/testsummary < test.log; exit $$rc; }

@@ -6,6 +6,7 @@
 package deploy
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -24,6 +25,8 @@ import (
 	"leasehold/allocator"
 	"leasehold/internal/etcdtest"
 	"leasehold/regionagent"
+	"leasehold/regionagent/client"
+	"leasehold/regionagent/httplimit"
 )
 
 // metricInfo is what a registered metric family is known by.
@@ -141,6 +144,17 @@ func exported(t *testing.T) map[string]*metricInfo {
 	if _, err := regionagent.New(regionagent.Config{Region: "eu", Allocators: []string{"127.0.0.1:1"}, Redis: rdb, Registerer: rec}); err != nil {
 		t.Fatal(err)
 	}
+	// A gateway's (leasehold gateway --metrics-addr), and a Go client's
+	// collector (New does not connect either).
+	if _, err := httplimit.NewMetrics(rec); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New("127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close(context.Background()) })
+	rec.MustRegister(client.NewCollector(cl))
 	return rec.metrics
 }
 
@@ -460,7 +474,9 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	// The window metrics the dashboard is about must be there at all.
 	for _, name := range []string{"leasehold_window_limit_tokens", "leasehold_window_admitted_tokens", "leasehold_overshoot_bound_tokens",
 		"leasehold_overshoot_observed_tokens", "leasehold_stranded_tokens", "leasehold_region_fallback_mode",
-		"leasehold_lease_grants_total", "leasehold_agent_checks_total", "leasehold_agent_renewals_total"} {
+		"leasehold_lease_grants_total", "leasehold_agent_checks_total", "leasehold_agent_renewals_total",
+		"leasehold_agent_fallback_mode", "leasehold_agent_info", "leasehold_agent_synced", "leasehold_agent_redis_up",
+		"leasehold_agent_limits_snapshot_age_seconds", "leasehold_gateway_decisions_total", "leasehold_client_decisions_total"} {
 		if metrics[name] == nil {
 			t.Errorf("the binaries do not register %s", name)
 		}
@@ -524,7 +540,9 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 		}
 	}
 	slices.Sort(alerts)
-	want := []string{"LeaseholdNoAllocatorLeader", "LeaseholdObservedOverBound", "LeaseholdRegionOpen", "LeaseholdRenewalsFailing", "LeaseholdStrandedTokens"}
+	want := []string{"LeaseholdAgentNotSynced", "LeaseholdCheckLatencyHigh", "LeaseholdGatewayUnavailable", "LeaseholdLimitsSnapshotStale",
+		"LeaseholdNoAllocatorLeader", "LeaseholdObservedOverBound", "LeaseholdRedisDown", "LeaseholdRegionFallback", "LeaseholdRegionOpen",
+		"LeaseholdRenewalsFailing", "LeaseholdStrandedTokens"}
 	if !slices.Equal(alerts, want) {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

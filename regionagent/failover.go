@@ -515,6 +515,9 @@ func newFailoverMetrics(reg prometheus.Registerer) *failoverMetrics {
 		}),
 	}
 	m.lag.Set(math.NaN())
+	for _, k := range []string{cutPromoted, cutRollback, cutUnlinked} {
+		m.failovers.WithLabelValues(k) // every kind from the start, at 0
+	}
 	if reg != nil {
 		reg.MustRegister(m.failovers, m.lag, m.replicas, m.rollback, m.debited)
 	}

@@ -4,6 +4,8 @@ import (
 	"math"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"leasehold/regionagent/core"
 )
 
 // resultCrossSlot is the checks_total result of a CheckMulti refused
@@ -59,6 +61,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"result"}),
 	}
 	m.checkOK = m.checks.WithLabelValues("ok")
+	// Every result from the start, at 0: a panel of fallbacks has data
+	// (zero) on a healthy system, and rate() sees the first one.
+	for _, r := range []core.Result{core.ResultOverLimit, core.ResultUnavailable, core.ResultFallback,
+		core.ResultFallbackDenied, core.ResultStoreError, core.ResultNotSynced} {
+		m.checks.WithLabelValues(string(r))
+	}
+	m.checks.WithLabelValues(resultCrossSlot)
 	m.chunkChecks = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "leasehold_agent_chunk_checks_total",
 		Help: "Checks decided in memory from a chunk of a hot limit (also counted in leasehold_agent_checks_total as ok).",
@@ -94,6 +103,12 @@ var (
 	activeDesc = prometheus.NewDesc("leasehold_agent_active_limits",
 		"Limits this replica holds state for: seen in a Check recently, or with leases, returns or reports outstanding.",
 		nil, nil)
+	syncedDesc = prometheus.NewDesc("leasehold_agent_synced",
+		"1 once the agent has had its region's limits from the allocator since it started; 0 before (every Check UNAVAILABLE, or a restored snapshot enforced).",
+		nil, nil)
+	infoDesc = prometheus.NewDesc("leasehold_agent_info",
+		"Always 1: the agent's region and replica id, to join on instance (e.g. a region label for leasehold_agent_fallback_mode).",
+		[]string{"region", "replica"}, nil)
 )
 
 // coreCollector exports the core's counts.
@@ -105,6 +120,8 @@ func (c coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- activeDesc
 	ch <- snapshotAgeDesc
 	ch <- snapshotSourceDesc
+	ch <- syncedDesc
+	ch <- infoDesc
 }
 
 func (c coreCollector) Collect(ch chan<- prometheus.Metric) {
@@ -121,6 +138,8 @@ func (c coreCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(snapshotAgeDesc, prometheus.GaugeValue, age)
 	ch <- prometheus.MustNewConstMetric(snapshotSourceDesc, prometheus.GaugeValue, src)
+	ch <- prometheus.MustNewConstMetric(syncedDesc, prometheus.GaugeValue, b2f(synced))
+	ch <- prometheus.MustNewConstMetric(infoDesc, prometheus.GaugeValue, 1, c.a.cfg.Region, c.a.ReplicaID())
 	counter := func(d *prometheus.Desc, v int64, label string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
 	}
@@ -143,4 +162,11 @@ func (m *metrics) observeChunkRelease(unspent, returned int64, err error) {
 	if lost := unspent - returned; lost > 0 {
 		m.chunkReleased.WithLabelValues("lost").Add(float64(lost))
 	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

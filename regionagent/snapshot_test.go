@@ -87,7 +87,9 @@ func TestRestartedAgentEnforcesKeptSnapshot(t *testing.T) {
 	local.Fallback = map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 2}}
 	w.putLimit(local)
 	file := filepath.Join(t.TempDir(), "limits.snapshot")
-	_, stop := w.runAgent("eu", "r1", w.addr, nil, WithSnapshotFile(file))
+	reg1 := prometheus.NewRegistry()
+	_, stop := w.runAgent("eu", "r1", w.addr, reg1, WithSnapshotFile(file))
+	waitFor(t, "the first agent synced", func() bool { return metricValue(t, reg1, "leasehold_agent_synced") == 1 })
 	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr()})
 	defer rdb.Close()
 	b := bucket.New(rdb)
@@ -143,6 +145,9 @@ func TestRestartedAgentEnforcesKeptSnapshot(t *testing.T) {
 			}
 			if v := metricValue(t, reg, "leasehold_agent_limits_snapshot_restored"); v != 1 {
 				t.Errorf("leasehold_agent_limits_snapshot_restored = %v", v)
+			}
+			if v := metricValue(t, reg, "leasehold_agent_synced"); v != 0 {
+				t.Errorf("leasehold_agent_synced = %v with a restored snapshot, want 0", v)
 			}
 			if v := metricValue(t, reg, "leasehold_agent_limits_snapshot_age_seconds"); !(v >= 0 && v < 60) {
 				t.Errorf("leasehold_agent_limits_snapshot_age_seconds = %v", v)

@@ -95,9 +95,9 @@ func checkClusterDir(dir string) error {
 }
 
 // clusterPorts is how many ports a cluster listens on: 3 etcd members x
-// 2, 2 Redis, 2 allocators x 2, 4 agents x 2, 2 gateways, the upstream,
-// Prometheus.
-const clusterPorts = 6 + 2 + 4 + 8 + 2 + 1 + 1
+// 2, 2 Redis, 2 allocators x 2, 4 agents x 2, 2 gateways x 2 (requests,
+// metrics), the upstream, Prometheus.
+const clusterPorts = 6 + 2 + 4 + 8 + 4 + 1 + 1
 
 // clusterProc is one process of the cluster, as cluster.json shows it.
 type clusterProc struct {
@@ -108,9 +108,10 @@ type clusterProc struct {
 	Running bool   `json:"running"`
 	Starts  int    `json:"starts"`
 	GRPC    string `json:"grpc,omitempty"`
-	HTTP    string `json:"http,omitempty"` // HTTP address: /metrics, /healthz (a gateway: its listen address)
-	Addr    string `json:"addr,omitempty"` // etcd: client URL; Redis: HOST:PORT
-	Peer    string `json:"peer,omitempty"` // etcd: peer URL
+	HTTP    string `json:"http,omitempty"`    // HTTP address: /metrics, /healthz (a gateway: its listen address)
+	Metrics string `json:"metrics,omitempty"` // a gateway's /metrics address
+	Addr    string `json:"addr,omitempty"`    // etcd: client URL; Redis: HOST:PORT
+	Peer    string `json:"peer,omitempty"`    // etcd: peer URL
 	Log     string `json:"log"`
 
 	spec  supervise.Spec
@@ -401,8 +402,8 @@ func (cl *cluster) plan(port func() string, redisServer, prometheus string) {
 	// X-Tenant header names the limit demo/{tenant}.
 	var gateways []*clusterProc
 	for _, r := range clusterRegions {
-		p := &clusterProc{Name: "gateway-" + r, Kind: "gateway", Region: r, HTTP: port()}
-		proc(p, cl.self, append([]string{"gateway", "--listen", p.HTTP, "--upstream", cl.state.Upstream,
+		p := &clusterProc{Name: "gateway-" + r, Kind: "gateway", Region: r, HTTP: port(), Metrics: port()}
+		proc(p, cl.self, append([]string{"gateway", "--listen", p.HTTP, "--metrics-addr", p.Metrics, "--upstream", cl.state.Upstream,
 			"--agent", strings.Join(agentsOf[r], ","), "--key-header", "X-Tenant", "--limit-template", "demo/{key}"}, hist(p.Name)...)...)
 		p.ready = func(ctx context.Context, sp *supervise.Process) error {
 			return supervise.WaitHTTP(ctx, "http://"+p.HTTP+"/healthz", sp.Exited())
@@ -531,6 +532,7 @@ func (cl *cluster) writePrometheusConfig(p *clusterProc) error {
 	}
 	job("leasehold-allocator", "allocator", func(q *clusterProc) string { return q.HTTP })
 	job("leasehold-agent", "agent", func(q *clusterProc) string { return q.HTTP })
+	job("leasehold-gateway", "gateway", func(q *clusterProc) string { return q.Metrics })
 	job("etcd", "etcd", func(q *clusterProc) string { return strings.TrimPrefix(q.Addr, "http://") })
 	fmt.Fprintf(&b, "  - job_name: prometheus\n    static_configs:\n      - targets: [%q]\n", p.HTTP)
 	return os.WriteFile(filepath.Join(cl.dir, "prometheus", "prometheus.yml"), []byte(b.String()), 0o644)
@@ -668,7 +670,7 @@ func (cl *cluster) print(out io.Writer) {
 		case "redis":
 			addrs = []string{p.Addr}
 		case "gateway":
-			addrs = []string{"http://" + p.HTTP}
+			addrs = []string{"http://" + p.HTTP, "metrics http://" + p.Metrics + "/metrics"}
 			gw = append(gw, p.HTTP)
 		case "prometheus":
 			addrs = []string{"http://" + p.HTTP}

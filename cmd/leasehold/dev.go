@@ -37,6 +37,8 @@ type devConfig struct {
 	euGRPC, euHTTP       string
 	usGRPC, usHTTP       string
 	euGateway, usGateway string
+	euGatewayMetrics     string
+	usGatewayMetrics     string
 	redis                string
 	noDemo               bool
 	traffic              bool
@@ -50,6 +52,27 @@ type devConfig struct {
 
 const demoLimit = "demo/tenant"
 
+// devGateways are the default addresses of the dev gateways, and
+// devGatewayMetrics those of their /metrics.
+var (
+	devGateways       = map[string]string{"eu": "127.0.0.1:7412", "us": "127.0.0.1:7422"}
+	devGatewayMetrics = map[string]string{"eu": "127.0.0.1:7413", "us": "127.0.0.1:7423"}
+)
+
+// gatewayMetricsAddr is where a dev gateway serves /metrics: the flag if
+// given, the default next to the default gateway, else a free port (a run
+// that moved its gateway, e.g. a test on free ports, must not collide on
+// the default).
+func gatewayMetricsAddr(region, flagged, gateway string) string {
+	switch {
+	case flagged != "":
+		return flagged
+	case gateway == devGateways[region]:
+		return devGatewayMetrics[region]
+	}
+	return "127.0.0.1:0"
+}
+
 func (c *devConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataDir, "data-dir", "leasehold-data/dev", "data directory of the embedded etcd (reused across runs)")
 	fs.StringVar(&c.allocGRPC, "allocator-grpc", "127.0.0.1:7400", "allocator gRPC address")
@@ -60,8 +83,12 @@ func (c *devConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.euHTTP, "eu-http", "127.0.0.1:7411", "agent eu HTTP address")
 	fs.StringVar(&c.usGRPC, "us-grpc", "127.0.0.1:7420", "agent us gRPC address")
 	fs.StringVar(&c.usHTTP, "us-http", "127.0.0.1:7421", "agent us HTTP address")
-	fs.StringVar(&c.euGateway, "eu-gateway", "127.0.0.1:7412", "HTTP gateway of region eu (limits by the X-Tenant header: demo/{tenant})")
-	fs.StringVar(&c.usGateway, "us-gateway", "127.0.0.1:7422", "HTTP gateway of region us")
+	fs.StringVar(&c.euGateway, "eu-gateway", devGateways["eu"], "HTTP gateway of region eu (limits by the X-Tenant header: demo/{tenant})")
+	fs.StringVar(&c.usGateway, "us-gateway", devGateways["us"], "HTTP gateway of region us")
+	fs.StringVar(&c.euGatewayMetrics, "eu-gateway-metrics", "",
+		"/metrics of gateway eu (default "+devGatewayMetrics["eu"]+", or a free port when -eu-gateway is not its default)")
+	fs.StringVar(&c.usGatewayMetrics, "us-gateway-metrics", "",
+		"/metrics of gateway us (default "+devGatewayMetrics["us"]+", or a free port when -us-gateway is not its default)")
 	fs.StringVar(&c.redis, "redis", "", "real Redis per region, e.g. eu=127.0.0.1:6379,us=127.0.0.1:6380; a region not named gets an embedded stand-in")
 	fs.BoolVar(&c.noDemo, "no-demo", false, "do not create the demo limit "+demoLimit)
 	fs.BoolVar(&c.traffic, "traffic", false, "drive HTTP demand for "+demoLimit+" through both regions' gateways and print each window")
@@ -250,8 +277,15 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 	go func() { _ = upSrv.Serve(upstream) }()
 	defer upSrv.Close()
 	gateways := map[string]string{"eu": c.euGateway, "us": c.usGateway}
+	gatewayMetrics := map[string]string{
+		"eu": gatewayMetricsAddr("eu", c.euGatewayMetrics, c.euGateway),
+		"us": gatewayMetricsAddr("us", c.usGatewayMetrics, c.usGateway),
+	}
+	gatewaysReady := make(chan [3]string, 2)
 	for _, region := range []string{"eu", "us"} {
-		gc := &gatewayConfig{listen: gateways[region], upstream: "http://" + upstream.Addr().String(), agent: got[region][0],
+		gc := &gatewayConfig{listen: gateways[region], metricsAddr: gatewayMetrics[region],
+			ready:    func(l, m string) { gatewaysReady <- [3]string{region, l, m} },
+			upstream: "http://" + upstream.Addr().String(), agent: got[region][0],
 			keyHeader: "X-Tenant", limitTemplate: "demo/{key}", subLeases: "on", missingKey: "reject", unknownLimit: "pass",
 			timeout: 250 * time.Millisecond, jitter: time.Second, http: bounds.Gateway,
 			history: historyFile("gateway-" + region), historyName: "gateway-" + region, historyRegion: region}
@@ -267,6 +301,14 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 			fail("gateway "+region, runGateway(ctx, gc, log.With("component", "gateway-"+region)))
 		}()
 	}
+	for n := 0; n < 2; n++ {
+		select {
+		case r := <-gatewaysReady:
+			gatewayMetrics[r[0]] = r[2]
+		case <-ctx.Done():
+			return devErr(ctx)
+		}
+	}
 
 	fmt.Fprintf(stdout, "leasehold dev: serving\n")
 	fmt.Fprintf(stdout, "  allocator  gRPC %s  HTTP %s  (etcd %s, data %s)\n", ar.grpc, ar.http, ar.etcd, c.dataDir)
@@ -274,7 +316,11 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		fmt.Fprintf(stdout, "  agent %s   gRPC %s  HTTP %s  (redis %s)\n", r, got[r][0], got[r][1], redisShown[r])
 	}
 	for _, r := range []string{"eu", "us"} {
-		fmt.Fprintf(stdout, "  gateway %s HTTP %s  (in front of %s)\n", r, gateways[r], upstream.Addr())
+		m := "metrics off"
+		if gatewayMetrics[r] != "" {
+			m = "metrics http://" + gatewayMetrics[r] + "/metrics"
+		}
+		fmt.Fprintf(stdout, "  gateway %s HTTP %s  %s  (in front of %s)\n", r, gateways[r], m, upstream.Addr())
 	}
 	if !c.noDemo {
 		fmt.Fprintf(stdout, "  demo limit %s: 1000 per minute, regions eu+us, strict\n", demoLimit)

@@ -24,7 +24,8 @@ func devArgs(t *testing.T, dir string) (args []string, alloc, eu, us, euHTTP str
 	args = []string{"dev", "--data-dir", dir, "--allocator-grpc", alloc, "--allocator-http", ports.Addr(t),
 		"--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t),
 		"--eu-grpc", eu, "--eu-http", euHTTP, "--us-grpc", us, "--us-http", ports.Addr(t),
-		"--eu-gateway", ports.Addr(t), "--us-gateway", ports.Addr(t)}
+		"--eu-gateway", ports.Addr(t), "--us-gateway", ports.Addr(t),
+		"--eu-gateway-metrics", ports.Addr(t), "--us-gateway-metrics", ports.Addr(t)}
 	return
 }
 
@@ -106,6 +107,12 @@ func TestDevServesTheDemoLimit(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[200 200 200 429]" || retryAfter == "" {
 		t.Fatalf("through the gateway: %v (Retry-After %q), want 3 x 200 then 429", got, retryAfter)
+	}
+	// The gateway counted them on its own /metrics.
+	m := scrape(t, "http://"+argValue(args, "--eu-gateway-metrics")+"/metrics")
+	if ok, over := m[`leasehold_gateway_decisions_total{result="ok",source="agent"}`]+m[`leasehold_gateway_decisions_total{result="ok",source="sublease"}`],
+		m[`leasehold_gateway_decisions_total{result="429",source="agent"}`]+m[`leasehold_gateway_decisions_total{result="429",source="denial_cache"}`]; ok != 3 || over != 1 {
+		t.Fatalf("gateway eu counted %v ok and %v 429: %v", ok, over, m)
 	}
 
 	s.cancel()

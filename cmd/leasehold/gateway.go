@@ -34,6 +34,7 @@ import (
 // gatewayConfig is everything `leasehold gateway` takes.
 type gatewayConfig struct {
 	listen, upstream, agent string
+	metricsAddr             string // "" or "off": no metrics listener
 	keyHeader               string
 	keyPathSegment          int
 	limitTemplate           string
@@ -56,10 +57,15 @@ type gatewayConfig struct {
 	// set by leasehold dev: the history's process name and region
 	// (default "gateway-<listen>", no region: the reservations name it)
 	historyName, historyRegion string
+	// ready, if set (leasehold dev), is called once with the bound
+	// addresses (metrics "" when off).
+	ready func(listen, metrics string)
 }
 
 func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7430", "HTTP listen address")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:7431",
+		"HTTP address of the gateway's own /metrics (its decisions: leasehold_gateway_decisions_total) and /healthz, apart from -listen, whose every path goes upstream; off: none")
 	fs.StringVar(&c.upstream, "upstream", "", "URL of the service behind the gateway (required), e.g. http://127.0.0.1:8080")
 	fs.StringVar(&c.agent, "agent", "127.0.0.1:7410", "region agent gRPC address; several replicas comma-separated: the first that answers, the next when it goes away")
 	fs.StringVar(&c.keyHeader, "key-header", "", "take the key from this request header, e.g. X-Tenant (this or -key-path-segment)")
@@ -81,9 +87,20 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 		"longest wait for the start of a response and between two writes of it, so streams run on while a client that stops reading is cut off (0: no limit)")
 	fs.DurationVar(&c.http.IdleTimeout, "idle-timeout", bounds.Gateway.IdleTimeout, "keep-alive connections idle this long are closed (0: no limit)")
 	fs.Int64Var(&c.http.MaxBodyBytes, "max-body-bytes", bounds.Gateway.MaxBodyBytes, "largest request body passed to the upstream; a larger one is refused 413 (0: no limit)")
-	c.tls.registerServe(fs, "-listen (HTTPS), also presented to an agent that asks for a client certificate")
+	c.tls.registerServe(fs, "-listen and -metrics-addr (HTTPS), also presented to an agent that asks for a client certificate")
 	c.tls.registerCA(fs, "the agent (-agent)")
 	c.log.register(fs)
+}
+
+// isHostPort: s is HOST:PORT with a numeric port (the host may be empty:
+// every interface).
+func isHostPort(s string) bool {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 0 && n <= 65535
 }
 
 // headerNameRe is an HTTP field name (RFC 9110 token).
@@ -115,6 +132,10 @@ func (c *gatewayConfig) validate() error {
 		return usagef("-limit-template %q: must contain {key}", c.limitTemplate)
 	case c.agent == "":
 		return usagef("-agent is required")
+	case c.metricsAddr != "" && c.metricsAddr != "off" && c.metricsAddr == c.listen:
+		return usagef("-metrics-addr %s: must differ from -listen", c.metricsAddr)
+	case c.metricsAddr != "" && c.metricsAddr != "off" && !isHostPort(c.metricsAddr):
+		return usagef("-metrics-addr %q: want HOST:PORT, or off", c.metricsAddr)
 	case c.timeout <= 0 || c.jitter < 0:
 		return usagef("-timeout must be > 0 and -jitter >= 0")
 	case c.http.ReadTimeout < 0 || c.http.WriteTimeout < 0 || c.http.IdleTimeout < 0 || c.http.MaxBodyBytes < 0:
@@ -163,6 +184,7 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 	}
 	opts := []client.Option{client.WithTimeout(c.timeout)}
 	reloads := map[string]func() error{}
+	var srvTLS *tls.Config // nil: plaintext
 	if c.tls.ca != "" {
 		cfg, reload, err := clientTLS("tls-ca", c.tls.ca, "tls-cert", c.tls.cert, "tls-key", c.tls.key)
 		if err != nil {
@@ -180,7 +202,8 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 			l.Close()
 			return err
 		}
-		l = tls.NewListener(l, st.Config())
+		srvTLS = st.Config()
+		l = tls.NewListener(l, srvTLS)
 		reloads["TLS certificates"] = st.Reload
 	} else {
 		log.Warn("TLS is off: the gateway serves plaintext HTTP (give -tls-cert and -tls-key)")
@@ -202,21 +225,59 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 		opts = append(opts, client.WithLocalDecisionObserver(
 			regionagent.ClientDecisionRecorder(hf.rec, name, c.historyRegion, history.PathSubLease)))
 	}
+	var ml net.Listener
+	if c.metricsAddr != "" && c.metricsAddr != "off" {
+		if ml, err = listen("metrics-addr", c.metricsAddr); err != nil {
+			l.Close()
+			return err
+		}
+		if srvTLS != nil {
+			ml = tls.NewListener(ml, srvTLS) // the same certificate as -listen
+		}
+	}
 	target, dial := agentTarget(c.agent)
 	opts = append(opts, client.WithDialOptions(dial...))
 	cl, err := client.New(target, opts...)
 	if err != nil {
 		l.Close()
+		if ml != nil {
+			ml.Close()
+		}
 		return fmt.Errorf("-agent %s: %w", c.agent, err)
 	}
-	srv := c.http.ProxyServer(gatewayHandler(c, cl, log), httpErrorLog(log))
+	reg := newRegistry()
+	gm, err := httplimit.NewMetrics(reg)
+	if err != nil { // a fresh registry: cannot happen
+		l.Close()
+		if ml != nil {
+			ml.Close()
+		}
+		return fmt.Errorf("gateway metrics: %w", err)
+	}
+	srv := c.http.ProxyServer(gatewayHandler(c, cl, gm, log), httpErrorLog(log))
 	hctx, hcancel := context.WithCancel(ctx)
 	defer hcancel()
 	onHangup(hctx, log, reloads)
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()
-	log.Info("gateway serving", "listen", l.Addr().String(), "upstream", c.upstreamURL.String(), "agent", c.agent,
+	var msrv *http.Server
+	metricsAt := ""
+	if ml != nil {
+		metricsAt = ml.Addr().String()
+		healthy := func() (bool, string) {
+			return true, fmt.Sprintf("ok: gateway %s, upstream %s, agent %s (%s)", l.Addr(), c.upstreamURL.Redacted(), c.agent,
+				strings.ToLower(cl.Conn().GetState().String()))
+		}
+		msrv = bounds.Service.Server(metricsMux(reg, healthy), httpErrorLog(log))
+		go func() { errc <- msrv.Serve(ml) }()
+	} else {
+		log.Warn("the gateway's metrics are off (-metrics-addr off): its decisions are in no metric")
+	}
+	log.Info("gateway serving", "listen", l.Addr().String(), "metrics", metricsAt, "upstream", c.upstreamURL.String(), "agent", c.agent,
 		"sub_leases", c.subLeases)
+	if c.ready != nil {
+		c.ready(l.Addr().String(), metricsAt)
+	}
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
@@ -224,6 +285,9 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
+	if msrv != nil {
+		_ = msrv.Shutdown(sctx)
+	}
 	if cerr := cl.Close(sctx); cerr != nil {
 		log.Warn("closing the agent client", "err", cerr)
 	}
@@ -260,8 +324,8 @@ func agentTarget(agent string) (string, []grpc.DialOption) {
 var keyRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
 
 // gatewayHandler is the gateway: /healthz, and everything else through
-// the limiter to the upstream.
-func gatewayHandler(c *gatewayConfig, lim httplimit.Limiter, log *slog.Logger) http.Handler {
+// the limiter to the upstream. m (nil: none) counts the decisions.
+func gatewayHandler(c *gatewayConfig, lim httplimit.Limiter, m *httplimit.Metrics, log *slog.Logger) http.Handler {
 	key := func(r *http.Request) (string, bool) {
 		var k string
 		if c.keyHeader != "" {
@@ -293,6 +357,9 @@ func gatewayHandler(c *gatewayConfig, lim httplimit.Limiter, log *slog.Logger) h
 		httplimit.Cost(func(r *http.Request) int64 { n, _ := cost(r); return n }),
 		httplimit.Jitter(c.jitter),
 		httplimit.Observe(func(r *http.Request, o httplimit.Outcome, d client.Decision) {
+			if m != nil {
+				m.Observe(r, o, d)
+			}
 			if o != httplimit.Allowed {
 				log.Debug("limited", "outcome", o.String(), "path", r.URL.Path, "decision", d.ID.String(), "source", d.Source.String())
 			}

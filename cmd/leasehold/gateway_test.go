@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -48,15 +49,23 @@ func (u *upstream) requests() []*http.Request {
 // waits until it serves.
 func startGateway(t *testing.T, args ...string) string {
 	t.Helper()
-	addr := ports.Addr(t)
-	s := startCmd(t, append([]string{"gateway", "--listen", addr}, args...)...)
+	gw, _ := startGatewayMetrics(t, args...)
+	return gw
+}
+
+// startGatewayMetrics is startGateway, also returning the gateway's
+// metrics URL.
+func startGatewayMetrics(t *testing.T, args ...string) (gw, metrics string) {
+	t.Helper()
+	addr, maddr := ports.Addr(t), ports.Addr(t)
+	s := startCmd(t, append([]string{"gateway", "--listen", addr, "--metrics-addr", maddr}, args...)...)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return "http://" + addr
+				return "http://" + addr, "http://" + maddr + "/metrics"
 			}
 		}
 		select {
@@ -247,6 +256,9 @@ func TestGatewayUsageErrors(t *testing.T) {
 		{"gateway", up, "--key-header", "X-Tenant", "--timeout", "0s"},
 		{"gateway", up, "--key-header", "X-Tenant", "extra"},
 		{"gateway", up, "--key-header", "X-Tenant", "--no-such-flag"},
+		{"gateway", up, "--key-header", "X-Tenant", "--listen", "127.0.0.1:7", "--metrics-addr", "127.0.0.1:7"},
+		{"gateway", up, "--key-header", "X-Tenant", "--metrics-addr", "7431"},
+		{"gateway", up, "--key-header", "X-Tenant", "--metrics-addr", "127.0.0.1:http"},
 	} {
 		var stderr bytes.Buffer
 		code := run(context.Background(), args, io.Discard, &stderr)
@@ -258,4 +270,94 @@ func TestGatewayUsageErrors(t *testing.T) {
 	if code := run(context.Background(), []string{"gateway", "-h"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), "-upstream") {
 		t.Errorf("-h: exit %d, %q", code, out.String())
 	}
+}
+
+// TestGatewayMetricsCountEveryDecision: N requests through a gateway with
+// sub-leases; its leasehold_gateway_decisions_total equals the test's own
+// counts of 200s and 429s exactly, some from sub-leases and the denial
+// cache, and
+// the gateway's /metrics is its own: the same path on -listen goes to the
+// upstream.
+func TestGatewayMetricsCountEveryDecision(t *testing.T) {
+	const n, g = 4000, 3000
+	ag := clienttest.NewAgent(time.Now)
+	ag.SetLimit("tenant/atlas", g, time.Hour, time.Hour)
+	up := startUpstream(t)
+	gw, metrics := startGatewayMetrics(t, "--upstream", up.srv.URL, "--agent", ag.ServeTCP(t), "--key-header", "X-Tenant",
+		"--timeout", "5s") // no 503 from a Check late on a busy machine
+	if m := scrape(t, metrics); m[`leasehold_gateway_decisions_total{result="ok",source="sublease"}`] != 0 ||
+		len(m) == 0 {
+		t.Fatalf("before any request: %v", m)
+	}
+	codes := map[int]int{}
+	hc := &http.Client{Timeout: 10 * time.Second}
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; i < n && time.Now().Before(deadline); i++ {
+		req, _ := http.NewRequest("GET", gw+"/orders", nil)
+		req.Header.Set("X-Tenant", "atlas")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		codes[resp.StatusCode]++
+	}
+	if codes[200]+codes[429] != n || codes[200] > g || codes[429] == 0 {
+		t.Fatalf("status codes %v of %d requests (limit %d)", codes, n, g)
+	}
+	m := scrape(t, metrics)
+	sum := func(result string) (total float64) {
+		for k, v := range m {
+			if strings.HasPrefix(k, `leasehold_gateway_decisions_total{result="`+result+`",`) {
+				total += v
+			}
+		}
+		return total
+	}
+	if sum("ok") != float64(codes[200]) || sum("429") != float64(codes[429]) {
+		t.Fatalf("gateway counted ok %v and 429 %v; the test saw %v", sum("ok"), sum("429"), codes)
+	}
+	for _, r := range []string{"fallback", "503", "error", "unknown_limit", "no_key"} {
+		if sum(r) != 0 {
+			t.Errorf("result %s: %v, want 0", r, sum(r))
+		}
+	}
+	if m[`leasehold_gateway_decisions_total{result="ok",source="sublease"}`] == 0 ||
+		m[`leasehold_gateway_decisions_total{result="429",source="denial_cache"}`] == 0 {
+		t.Errorf("no sub-lease or denial-cache decision: %v", m)
+	}
+	t.Logf("%d requests: %v; series %v", n, codes, m)
+	// /metrics on -listen is the upstream's path.
+	if r := gwDo(t, gw+"/metrics", map[string]string{"X-Tenant": "other"}); r.code != 200 || r.body != "hello from /metrics" {
+		t.Fatalf("/metrics on -listen: %d %q", r.code, r.body)
+	}
+}
+
+// scrape reads the leasehold_gateway_ series of a /metrics page: each
+// series (name{labels}, as written) and its value.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: %d %s", url, resp.StatusCode, b)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "leasehold_gateway_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("%s: %q", url, line)
+		}
+		out[line[:i]] = v
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"leasehold/internal/history"
 )
@@ -109,11 +110,9 @@ func runHistoryCmd(_ context.Context, args []string, stdout, _ io.Writer) error 
 		return usagef("want: leasehold history check [flags] DIR|FILE...")
 	}
 	flags := flag.NewFlagSet("history check", flag.ContinueOnError)
-	tol := flags.Duration("clock-tolerance", history.DefaultClockTolerance,
-		"bound on the offset between the recording hosts' clocks (processes on one host share one clock)")
-	var strict stringList
-	flags.Var(&strict, "strict", "`LIMIT` is strict: every window admits at most G, fallback admits included (repeat, or comma-separated)")
-	complete := flags.Bool("require-complete", false, "exit 1 also when the history is incomplete (a run cut short, records dropped)")
+	var hc historyCheckConfig
+	hc.register(flags)
+	tol, strict, complete := &hc.tolerance, hc.strict, &hc.requireComplete
 	paths, err := parseFlags(flags, args[1:], stdout)
 	if err != nil {
 		return err
@@ -133,7 +132,7 @@ func runHistoryCmd(_ context.Context, args []string, stdout, _ io.Writer) error 
 		h.Runs = append(h.Runs, got.Runs...)
 	}
 	limits := map[string]history.Limit{}
-	for _, id := range strict {
+	for _, id := range *strict {
 		limits[id] = history.Limit{Strict: true}
 	}
 	ct := *tol
@@ -162,6 +161,21 @@ func runHistoryCmd(_ context.Context, args []string, stdout, _ io.Writer) error 
 		}
 	}
 	return nil
+}
+
+// historyCheckConfig is what `leasehold history check` takes.
+type historyCheckConfig struct {
+	tolerance       time.Duration
+	strict          *stringList
+	requireComplete bool
+}
+
+func (c *historyCheckConfig) register(fs *flag.FlagSet) {
+	fs.DurationVar(&c.tolerance, "clock-tolerance", history.DefaultClockTolerance,
+		"bound on the offset between the recording hosts' clocks (processes on one host share one clock)")
+	c.strict = &stringList{}
+	fs.Var(c.strict, "strict", "`LIMIT` is strict: every window admits at most G, fallback admits included (repeat, or comma-separated)")
+	fs.BoolVar(&c.requireComplete, "require-complete", false, "exit 1 also when the history is incomplete (a run cut short, records dropped)")
 }
 
 // readHistory reads a directory's *.jsonl files, or one file.

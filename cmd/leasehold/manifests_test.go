@@ -257,7 +257,7 @@ func parseServer(c *corev1.Container) (*server, error) {
 	case "gateway":
 		s.httpPort, err = port("listen", s.gateway.listen)
 		s.tls = s.gateway.tls.cert != ""
-		h, ok := gatewayHandler(&s.gateway, allowAll{}, slog.New(slog.NewTextHandler(io.Discard, nil))).(*http.ServeMux)
+		h, ok := gatewayHandler(&s.gateway, allowAll{}, nil, slog.New(slog.NewTextHandler(io.Discard, nil))).(*http.ServeMux)
 		if !ok {
 			return nil, errors.New("gatewayHandler is no longer a *http.ServeMux: update this test")
 		}

@@ -73,7 +73,9 @@ type Process struct {
 	// Advertise is the address the allocator names to callers of its
 	// followers ("" for agents).
 	Advertise string
-	service   string // the gRPC service whose health says it is up
+	// MetricsAddr is a gateway's own /metrics address ("" for the others).
+	MetricsAddr string
+	service     string // the gRPC service whose health says it is up
 
 	mu     sync.Mutex         // protects proc
 	proc   *supervise.Process // nil until started
@@ -210,16 +212,18 @@ type GatewayOptions struct {
 
 // StartGateway starts `leasehold gateway` on its default flags, the key
 // taken from the X-Tenant header (limit tenant/<key>), and waits until it
-// answers /healthz. Its address is HTTPAddr.
+// answers /healthz. Its address is HTTPAddr, its metrics' MetricsAddr
+// (a free port: not the default, which gateways started together would
+// share).
 func StartGateway(t testing.TB, o GatewayOptions) *Process {
 	t.Helper()
 	if o.Agent == "" || o.Upstream == "" {
 		t.Fatalf("faulttest: StartGateway needs Agent and Upstream")
 	}
-	listen := ports.Addr(t)
-	args := []string{"gateway", "--listen", listen, "--upstream", o.Upstream, "--agent", o.Agent,
+	listen, metrics := ports.Addr(t), ports.Addr(t)
+	args := []string{"gateway", "--listen", listen, "--metrics-addr", metrics, "--upstream", o.Upstream, "--agent", o.Agent,
 		"--key-header", "X-Tenant", "--log-level", "warn", "--history", historyFile(t, "gateway")}
-	p := launch(t, &Process{name: "gateway", args: append(args, o.Args...), HTTPAddr: listen})
+	p := launch(t, &Process{name: "gateway", args: append(args, o.Args...), HTTPAddr: listen, MetricsAddr: metrics})
 	p.WaitServing(30 * time.Second)
 	return p
 }

@@ -193,6 +193,8 @@ type Client struct {
 
 	states sync.Map // limit id -> *limitState
 
+	counts counters // decisions by source and result (Stats)
+
 	// noReserveUntil: Reserve is not tried before this time (the agent
 	// answered Unimplemented).
 	noReserveUntil atomic.Int64
@@ -363,6 +365,7 @@ func (c *Client) Allow(ctx context.Context, limit string, cost int64) (Decision,
 	if c.opt.denial {
 		if dn := st.deny.Load(); dn != nil && now < dn.until && cost > dn.remaining {
 			d := dn.answer(now)
+			c.counts.denialCache.Add(1)
 			if c.opt.localObserver != nil {
 				c.observe(limit, cost, now, "", d)
 			}
@@ -371,6 +374,7 @@ func (c *Client) Allow(ctx context.Context, limit string, cost int64) (Decision,
 	}
 	if c.opt.sub != nil && now >= c.noReserveUntil.Load() {
 		if d, ok := c.subSlow(ctx, st, now, cost); ok {
+			c.counts.subLease.Add(1)
 			return d, nil
 		}
 	}
@@ -401,7 +405,11 @@ func (c *Client) AllowSubLease(ctx context.Context, limit string, cost int64) (d
 	}
 	st.lastUse.Store(now)
 	if now >= c.noReserveUntil.Load() {
-		return c.subSlow(ctx, st, now, cost)
+		d, ok = c.subSlow(ctx, st, now, cost)
+		if ok {
+			c.counts.subLease.Add(1)
+		}
+		return d, ok
 	}
 	return Decision{}, false
 }
@@ -441,6 +449,7 @@ func (c *Client) fromChunk(st *limitState, now, cost int64) (Decision, bool) {
 	if now-st.lastUse.Load() > touchEvery {
 		st.lastUse.Store(now)
 	}
+	c.counts.subLease.Add(1)
 	if (left < r.low || now >= r.renewAt) && r.kicked.CompareAndSwap(false, true) {
 		c.kickRefill(st)
 	}
@@ -466,10 +475,12 @@ func (c *Client) check(ctx context.Context, st *limitState, cost int64) (Decisio
 	now := c.mono()
 	if err != nil {
 		// Never sent again: the agent may have charged it.
+		c.counts.agent[agentError].Add(1)
 		return Decision{Reason: pb.Reason_REASON_UNAVAILABLE, ID: newDecisionID(), Source: SourceAgent},
 			wrapRPC("check", st.id, err)
 	}
 	d := fromCheck(resp)
+	c.counts.countAgent(d.Reason)
 	st.mu.Lock()
 	st.limitTokens = d.Limit
 	st.resetAt = now + int64(d.ResetAfter)
@@ -533,6 +544,7 @@ func (c *Client) AllowMulti(ctx context.Context, items []Item) ([]Decision, erro
 		st.lastUse.Store(now)
 		if c.opt.denial {
 			if dn := st.deny.Load(); dn != nil && now < dn.until && cost > dn.remaining {
+				c.counts.denialCache.Add(1)
 				out := make([]Decision, len(items))
 				for j, it := range items {
 					out[j] = dn.answer(now)
@@ -549,9 +561,11 @@ func (c *Client) AllowMulti(ctx context.Context, items []Item) ([]Decision, erro
 	resp, err := c.rpc.CheckMulti(cctx, req)
 	cancel()
 	if err != nil {
+		c.counts.agent[agentError].Add(1)
 		return nil, wrapRPC("check", items[0].Limit, err)
 	}
 	if len(resp.Results) != len(items) {
+		c.counts.agent[agentError].Add(1)
 		return nil, fmt.Errorf("%w: check: %d results for %d checks", ErrUnavailable, len(resp.Results), len(items))
 	}
 	out := make([]Decision, len(items))
@@ -559,7 +573,28 @@ func (c *Client) AllowMulti(ctx context.Context, items []Item) ([]Decision, erro
 		out[i] = fromCheck(r)
 		out[i].Allowed = resp.Allowed
 	}
+	c.counts.countAgent(multiReason(resp))
 	return out, nil
+}
+
+// multiReason is one reason for a CheckMulti's decision, to count it: OK
+// (FALLBACK if any limit admitted under its fallback) when it passed,
+// else OVER_LIMIT if any limit was over, else UNAVAILABLE.
+func multiReason(resp *pb.CheckMultiResponse) pb.Reason {
+	var fallback, over bool
+	for _, r := range resp.Results {
+		fallback = fallback || r.Reason == pb.Reason_REASON_FALLBACK
+		over = over || r.Reason == pb.Reason_REASON_OVER_LIMIT
+	}
+	switch {
+	case resp.Allowed && fallback:
+		return pb.Reason_REASON_FALLBACK
+	case resp.Allowed:
+		return pb.Reason_REASON_OK
+	case over:
+		return pb.Reason_REASON_OVER_LIMIT
+	}
+	return pb.Reason_REASON_UNAVAILABLE
 }
 
 // sweeper runs sweep on the real clock until Close.

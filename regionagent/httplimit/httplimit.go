@@ -12,6 +12,8 @@
 //   - the limiter cannot decide (UNAVAILABLE, or the client failed): 503
 //     Service Unavailable with Retry-After.
 //
+// NewMetrics counts these outcomes on a Prometheus registry.
+//
 // Denials carry an RFC 9457 application/problem+json body naming the
 // limit, the reason and the decision id.
 //
@@ -57,13 +59,17 @@ const (
 	Allowed Outcome = iota
 	// Limited: answered 429.
 	Limited
-	// Unavailable: answered 503 (the limiter could not decide).
+	// Unavailable: answered 503: the limiter answered that it cannot
+	// decide (UNAVAILABLE: a closed fallback, an agent not synced).
 	Unavailable
 	// NoKey: the Key function named no limit; passed.
 	NoKey
 	// UnknownLimit: the limit does not exist and PassUnknownLimits is set;
 	// passed.
 	UnknownLimit
+	// Failed: answered 503: the limiter gave no answer (an error: the
+	// agent unreachable, late, or refusing the call).
+	Failed
 )
 
 func (o Outcome) String() string {
@@ -78,6 +84,8 @@ func (o Outcome) String() string {
 		return "no_key"
 	case UnknownLimit:
 		return "unknown_limit"
+	case Failed:
+		return "failed"
 	}
 	return "outcome(" + strconv.Itoa(int(o)) + ")"
 }
@@ -157,7 +165,7 @@ func Middleware(l Limiter, opts ...Option) func(http.Handler) http.Handler {
 				o.observe(r, UnknownLimit, d)
 				next.ServeHTTP(w, r)
 			case err != nil:
-				o.observe(r, Unavailable, d)
+				o.observe(r, Failed, d)
 				o.deny(w, r, limit, d, http.StatusServiceUnavailable)
 			case d.Allowed:
 				o.observe(r, Allowed, d)
