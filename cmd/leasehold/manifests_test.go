@@ -184,6 +184,10 @@ type server struct {
 	grpcPort, httpPort int  // from the listen flags (0: none)
 	tls                bool // its HTTP port serves TLS
 	handler            *http.ServeMux
+	// metricsPort serves /metrics (metrics): the HTTP port of an allocator
+	// or an agent, a gateway's -metrics-addr (0: off).
+	metricsPort int
+	metrics     *http.ServeMux
 	args               []string
 	flags              map[string]string // flag name -> value, as given
 	allocator          allocatorConfig
@@ -248,12 +252,14 @@ func parseServer(c *corev1.Container) (*server, error) {
 		}
 		s.tls = s.allocator.tls.cert != ""
 		s.handler = metricsMux(newRegistry(), func() (bool, string) { return true, "ok" })
+		s.metricsPort, s.metrics = s.httpPort, s.handler
 	case "agent":
 		if s.grpcPort, err = port("grpc-addr", s.agent.grpcAddr); err == nil {
 			s.httpPort, err = port("http-addr", s.agent.httpAddr)
 		}
 		s.tls = s.agent.tls.cert != ""
 		s.handler = metricsMux(newRegistry(), func() (bool, string) { return true, "ok" })
+		s.metricsPort, s.metrics = s.httpPort, s.handler
 	case "gateway":
 		s.httpPort, err = port("listen", s.gateway.listen)
 		s.tls = s.gateway.tls.cert != ""
@@ -262,20 +268,26 @@ func parseServer(c *corev1.Container) (*server, error) {
 			return nil, errors.New("gatewayHandler is no longer a *http.ServeMux: update this test")
 		}
 		s.handler = h
+		if m := s.gateway.metricsAddr; err == nil && m != "" && m != "off" {
+			s.metricsPort, err = port("metrics-addr", m)
+			s.metrics = metricsMux(newRegistry(), func() (bool, string) { return true, "ok" })
+		}
 	}
 	return s, err
 }
 
 // serves reports whether the server's HTTP mux has a route of its own for
 // GET path (not the gateway's catch-all proxy) that answers 200.
-func (s *server) serves(path string) error {
+func (s *server) serves(path string) error { return s.servesOn(s.handler, path) }
+
+func (s *server) servesOn(mux *http.ServeMux, path string) error {
 	req := httptest.NewRequest(http.MethodGet, path, nil)
-	_, pattern := s.handler.Handler(req)
+	_, pattern := mux.Handler(req)
 	if pattern != "GET "+path && pattern != path {
 		return fmt.Errorf("leasehold %s serves no GET %s (the route is %q)", s.command, path, pattern)
 	}
 	rec := httptest.NewRecorder()
-	s.handler.ServeHTTP(rec, req)
+	mux.ServeHTTP(rec, req)
 	if rec.Code != http.StatusOK {
 		return fmt.Errorf("leasehold %s: GET %s answers %d", s.command, path, rec.Code)
 	}
@@ -576,7 +588,8 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	}
 
-	// The PodMonitor scrapes every allocator and agent on its HTTP port.
+	// The PodMonitor scrapes every allocator, agent and gateway on the
+	// port that serves its /metrics.
 	if len(monitors) == 0 {
 		t.Error("no PodMonitor")
 	}
@@ -591,18 +604,18 @@ func TestKubernetesManifests(t *testing.T) {
 			if w.namespace != pm.Namespace || !sel.Matches(labels.Set(w.labels)) {
 				continue
 			}
-			if len(w.servers) != 1 || w.servers[0].command == "gateway" {
+			if len(w.servers) != 1 || w.servers[0].metricsPort == 0 {
 				t.Errorf("podmonitor %s selects %s, which serves no /metrics", pm.Name, w.name)
 				continue
 			}
 			s := w.servers[0]
 			for _, ep := range pm.Spec.PodMetricsEndpoints {
 				p, err := containerPort(w.pod, s.container, intstr.FromString(ep.Port))
-				if err != nil || p != s.httpPort {
-					t.Errorf("podmonitor %s: port %q of %s is %d (%v), its /metrics is on %d", pm.Name, ep.Port, w.name, p, err, s.httpPort)
+				if err != nil || p != s.metricsPort {
+					t.Errorf("podmonitor %s: port %q of %s is %d (%v), its /metrics is on %d", pm.Name, ep.Port, w.name, p, err, s.metricsPort)
 				}
 				path := cmpOr(ep.Path, "/metrics")
-				if err := s.serves(path); err != nil {
+				if err := s.servesOn(s.metrics, path); err != nil {
 					t.Errorf("podmonitor %s on %s: %v", pm.Name, w.name, err)
 				}
 				if (ep.Scheme == "https") != s.tls {
@@ -619,7 +632,7 @@ func TestKubernetesManifests(t *testing.T) {
 			scraped[w.name] = true
 		}
 	}
-	for _, cmd := range []string{"allocator", "agent"} {
+	for _, cmd := range []string{"allocator", "agent", "gateway"} {
 		for _, w := range byCommand[cmd] {
 			if !scraped[w.name] {
 				t.Errorf("%s is scraped by no PodMonitor", w.name)
@@ -690,8 +703,10 @@ func checkServer(t *testing.T, w *workload, s *server, certs certs) {
 	t.Helper()
 	name := w.name + "/" + s.container.Name
 	listen := map[int]bool{s.httpPort: true}
-	if s.grpcPort != 0 {
-		listen[s.grpcPort] = true
+	for _, p := range []int{s.grpcPort, s.metricsPort} {
+		if p != 0 {
+			listen[p] = true
+		}
 	}
 	for _, cp := range s.container.Ports {
 		if !listen[int(cp.ContainerPort)] {
