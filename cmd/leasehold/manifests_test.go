@@ -188,11 +188,11 @@ type server struct {
 	// or an agent, a gateway's -metrics-addr (0: off).
 	metricsPort int
 	metrics     *http.ServeMux
-	args               []string
-	flags              map[string]string // flag name -> value, as given
-	allocator          allocatorConfig
-	agent              agentConfig
-	gateway            gatewayConfig
+	args        []string
+	flags       map[string]string // flag name -> value, as given
+	allocator   allocatorConfig
+	agent       agentConfig
+	gateway     gatewayConfig
 }
 
 type allowAll struct{}
