@@ -535,7 +535,7 @@ func (c *Core) observe(now time.Time, st *limitState, s Store, key store.Key, kr
 	u := c.dirty(now, st, s, key.Window)
 	if kr.Admitted > u.admitted {
 		u.admitted, u.seenAt = kr.Admitted, now
-		if s == Shared && !u.seenNew {
+		if s == Shared && c.seenUsed && !u.seenNew {
 			u.seenNew = true
 			c.seen = append(c.seen, seenRef{st, winKey{s, key.Window}, u})
 		}

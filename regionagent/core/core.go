@@ -174,7 +174,10 @@ type Core struct {
 	unfinal   int       // windows kept whose final read has not been asked for
 	// seen are the windows of the shared store whose admitted count rose
 	// since the last Seen: Seen reads these, not every limit's windows.
-	seen []seenRef
+	// They are kept only once Seen was called (seenUsed): a Core nobody
+	// asks keeps none.
+	seen     []seenRef
+	seenUsed bool
 
 	ready   Ready
 	changed map[string]bool // limits whose waiting Checks should look again

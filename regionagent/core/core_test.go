@@ -646,6 +646,10 @@ func TestSeenFollowsTraffic(t *testing.T) {
 		}
 		return out
 	}
+	// The watcher asks from its start: the Core keeps the list from then.
+	if got := w.c.Seen(time.Time{}); len(got) != 0 {
+		t.Fatalf("Seen before any spend = %v", names(got))
+	}
 	for _, id := range []string{"c", "a", "c"} {
 		if a := w.check(id, 1); !a.Allowed {
 			t.Fatalf("check %s: %+v", id, a)

@@ -295,9 +295,10 @@ type WindowSeen struct {
 // Seen lists, for the windows of the shared store the Core still keeps,
 // the largest admitted count seen since since (the failover watcher's
 // readings). It reads only the windows whose count rose since the last
-// Seen (their list is kept as spends report counts), so its cost follows
-// traffic, not the number of limits.
+// Seen (their list is kept as spends report counts, from the first Seen
+// on), so its cost follows traffic, not the number of limits.
 func (c *Core) Seen(since time.Time) []WindowSeen {
+	c.seenUsed = true
 	var out []WindowSeen
 	for _, r := range c.seen {
 		r.u.seenNew = false
