@@ -165,7 +165,7 @@ func score(group, limit string) uint64 {
 	for i := 0; i < len(group); i++ {
 		h = (h ^ uint64(group[i])) * prime
 	}
-	h = (h ^ 0) * prime // separator: ("ab","c") and ("a","bc") differ
+	h = (h ^ 0xff) * prime // separator (in no name): ("ab","c") and ("a","bc") differ
 	for i := 0; i < len(limit); i++ {
 		h = (h ^ uint64(limit[i])) * prime
 	}
