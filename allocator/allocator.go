@@ -644,7 +644,7 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 			RequestID: r.RequestId, Limit: r.LimitId, Next: r.Window == pb.WindowChoice_WINDOW_CHOICE_NEXT,
 			Demand: r.DemandPerSecond, Held: r.HeldTokens, Want: r.WantTokens,
 		})
-		results[i] = &pb.LeaseResult{RequestId: r.RequestId, Code: d.Code, Message: d.Message, Replayed: d.Replayed}
+		results[i] = &pb.LeaseResult{RequestId: r.RequestId, Code: d.Code, Message: d.Message, Replayed: d.Replayed, OwnerGroup: d.OwnerGroup}
 		decs[i] = d
 		switch {
 		case d.New:

@@ -156,6 +156,11 @@ type Core struct {
 	byRequest map[requestKey]*Grant
 	demand    map[demandKey]demandReport
 	summaries map[string][]*WindowSummary // closed windows kept for reports, per limit, oldest first
+	// owner, when set, says whether this core's allocator group owns a
+	// limit's window starting at start (and else which group does): a
+	// window another group owns is never granted here (the group map,
+	// package internal/groupmap).
+	owner func(limit string, start time.Time) (group string, owned bool)
 }
 
 // NewCore returns an empty core.
@@ -167,6 +172,17 @@ func NewCore() *Core {
 		demand:    map[demandKey]demandReport{},
 		summaries: map[string][]*WindowSummary{},
 	}
+}
+
+// SetOwnership makes the core grant only the windows its allocator group
+// owns: owner(limit, start) says whether the group owns the limit's
+// window that starts at start, and otherwise names the group that does.
+// A request for another group's window is answered WRONG_GROUP naming
+// it. A replayed request is answered from its grant whatever the map says
+// now: it was granted while the window was this group's. nil: every
+// window is this core's (one group).
+func (c *Core) SetOwnership(owner func(limit string, start time.Time) (group string, owned bool)) {
+	c.owner = owner
 }
 
 // SetLimit adds or replaces a limit. Each window is decided by the version
@@ -278,6 +294,9 @@ type Decision struct {
 	// the other regions' fresh demand claims all of it: the requester has
 	// used its demand-weighted share of the window (lease.Allotment).
 	ShareSpent bool
+	// OwnerGroup names the allocator group that owns the window when Code
+	// is WRONG_GROUP.
+	OwnerGroup string
 }
 
 // demandTTL: a region that has not asked for this long is treated as quiet,
@@ -302,9 +321,6 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 		return Decision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,
 			Message: fmt.Sprintf("limit %q is not spent in region %q", r.Limit, region)}
 	}
-	dk := demandKey{l.ID, region}
-	c.demand[dk] = demandReport{rate: r.Demand, held: r.Held, at: now, window: -1}
-
 	// The window is decided by the version that governs its start: a lease
 	// for the next window fetched early already uses a change scheduled
 	// for the boundary, the current window keeps the version it began with.
@@ -321,6 +337,14 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 		}
 		left = v.Window
 	}
+	if c.owner != nil {
+		if g, owned := c.owner(l.ID, w.Start()); !owned {
+			return Decision{Window: w, Code: pb.ItemCode_ITEM_CODE_WRONG_GROUP, OwnerGroup: g,
+				Message: fmt.Sprintf("limit %q's window %d is owned by allocator group %q", r.Limit, w.Index, g)}
+		}
+	}
+	dk := demandKey{l.ID, region}
+	c.demand[dk] = demandReport{rate: r.Demand, held: r.Held, at: now, window: -1}
 	if !v.HasRegion(region) {
 		return Decision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,
 			Message: fmt.Sprintf("limit %q is not spent in region %q in that window", r.Limit, region)}

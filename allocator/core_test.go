@@ -288,3 +288,46 @@ func TestCoreSizingTable(t *testing.T) {
 		})
 	}
 }
+
+// TestCoreOwnership: with a group map, the core grants only the windows
+// its group owns. A limit moving at T: the window in progress at T (it
+// started before) is still granted here, the next one (starting at T) is
+// answered WRONG_GROUP naming the new owner, without touching the pool or
+// the demand; a retried request that was granted before is replayed.
+func TestCoreOwnership(t *testing.T) {
+	c := NewCore()
+	c.SetLimit(testLimit("t/a", 100, time.Minute, 15*time.Second, "eu", "us"))
+	move := t0.Add(time.Minute) // a boundary of t/a's windows
+	c.SetOwnership(func(limit string, start time.Time) (string, bool) {
+		if limit == "t/a" && !start.Before(move) {
+			return "b", false
+		}
+		return "a", true
+	})
+	cur := c.Acquire(t0.Add(50*time.Second), "eu", AcquireRequest{RequestID: "r1", Limit: "t/a", Want: 10})
+	if cur.Code != pb.ItemCode_ITEM_CODE_OK || cur.Grant == nil || cur.Grant.Tokens != 10 {
+		t.Fatalf("the window in progress: %+v, want 10 granted", cur)
+	}
+	next := c.Acquire(t0.Add(55*time.Second), "eu", AcquireRequest{RequestID: "r2", Limit: "t/a", Next: true, Want: 10, Demand: 5})
+	if next.Code != pb.ItemCode_ITEM_CODE_WRONG_GROUP || next.OwnerGroup != "b" || next.Grant != nil {
+		t.Fatalf("the window from the move: %+v, want WRONG_GROUP naming b", next)
+	}
+	if _, ok := c.demand[demandKey{"t/a", "eu"}]; !ok {
+		t.Fatal("the owned request's demand was not recorded")
+	}
+	if d := c.demand[demandKey{"t/a", "eu"}]; d.rate == 5 {
+		t.Error("a refused request's demand was recorded")
+	}
+	if _, ok := c.windows[windowKey{"t/a", lease.WindowOf(move, time.Minute).Index}]; ok {
+		t.Error("a refused request made window state for a window this group does not own")
+	}
+	// After the move, a retry of r1 is its grant, whatever the map says.
+	again := c.Acquire(move.Add(time.Second), "eu", AcquireRequest{RequestID: "r1", Limit: "t/a", Want: 10})
+	if !again.Replayed || again.Grant != cur.Grant {
+		t.Fatalf("retry of a granted request: %+v, want the replay", again)
+	}
+	late := c.Acquire(move.Add(time.Second), "us", AcquireRequest{RequestID: "r3", Limit: "t/a", Want: 10})
+	if late.Code != pb.ItemCode_ITEM_CODE_WRONG_GROUP {
+		t.Fatalf("the current window after the move: %+v, want WRONG_GROUP", late)
+	}
+}

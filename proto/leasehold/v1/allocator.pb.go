@@ -87,6 +87,9 @@ const (
 	ItemCode_ITEM_CODE_WINDOW_CLOSED ItemCode = 4
 	// UNKNOWN_LEASE: no such lease (or its record was already removed).
 	ItemCode_ITEM_CODE_UNKNOWN_LEASE ItemCode = 5
+	// WRONG_GROUP: another allocator group owns the limit's window (the
+	// group map); owner_group names it. Ask that group's leader.
+	ItemCode_ITEM_CODE_WRONG_GROUP ItemCode = 6
 )
 
 // Enum value maps for ItemCode.
@@ -98,6 +101,7 @@ var (
 		3: "ITEM_CODE_CONFLICT",
 		4: "ITEM_CODE_WINDOW_CLOSED",
 		5: "ITEM_CODE_UNKNOWN_LEASE",
+		6: "ITEM_CODE_WRONG_GROUP",
 	}
 	ItemCode_value = map[string]int32{
 		"ITEM_CODE_OK":                 0,
@@ -106,6 +110,7 @@ var (
 		"ITEM_CODE_CONFLICT":           3,
 		"ITEM_CODE_WINDOW_CLOSED":      4,
 		"ITEM_CODE_UNKNOWN_LEASE":      5,
+		"ITEM_CODE_WRONG_GROUP":        6,
 	}
 )
 
@@ -446,7 +451,10 @@ type LeaseResult struct {
 	Message   string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	Lease     *Lease                 `protobuf:"bytes,4,opt,name=lease,proto3" json:"lease,omitempty"`
 	// replayed is true when the lease was already granted to this request id.
-	Replayed      bool `protobuf:"varint,5,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	Replayed bool `protobuf:"varint,5,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// owner_group names the allocator group that owns the window when code
+	// is WRONG_GROUP; empty otherwise.
+	OwnerGroup    string `protobuf:"bytes,6,opt,name=owner_group,json=ownerGroup,proto3" json:"owner_group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -514,6 +522,13 @@ func (x *LeaseResult) GetReplayed() bool {
 		return x.Replayed
 	}
 	return false
+}
+
+func (x *LeaseResult) GetOwnerGroup() string {
+	if x != nil {
+		return x.OwnerGroup
+	}
+	return ""
 }
 
 type AcquireLeasesResponse struct {
@@ -1176,14 +1191,16 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\vwindow_left\x18\f \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"windowLeft\x12\x1f\n" +
 	"\vshare_spent\x18\r \x01(\bR\n" +
-	"shareSpent\"\xb9\x01\n" +
+	"shareSpent\"\xda\x01\n" +
 	"\vLeaseResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12*\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x16.leasehold.v1.ItemCodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12)\n" +
 	"\x05lease\x18\x04 \x01(\v2\x13.leasehold.v1.LeaseR\x05lease\x12\x1a\n" +
-	"\breplayed\x18\x05 \x01(\bR\breplayed\"L\n" +
+	"\breplayed\x18\x05 \x01(\bR\breplayed\x12\x1f\n" +
+	"\vowner_group\x18\x06 \x01(\tR\n" +
+	"ownerGroup\"L\n" +
 	"\x15AcquireLeasesResponse\x123\n" +
 	"\aresults\x18\x01 \x03(\v2\x19.leasehold.v1.LeaseResultR\aresults\"]\n" +
 	"\vLeaseReturn\x12\x19\n" +
@@ -1226,14 +1243,15 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x14allocator_unix_nanos\x18\x04 \x01(\x03R\x12allocatorUnixNanos*A\n" +
 	"\fWindowChoice\x12\x19\n" +
 	"\x15WINDOW_CHOICE_CURRENT\x10\x00\x12\x16\n" +
-	"\x12WINDOW_CHOICE_NEXT\x10\x01*\xa9\x01\n" +
+	"\x12WINDOW_CHOICE_NEXT\x10\x01*\xc4\x01\n" +
 	"\bItemCode\x12\x10\n" +
 	"\fITEM_CODE_OK\x10\x00\x12\x17\n" +
 	"\x13ITEM_CODE_NOT_FOUND\x10\x01\x12 \n" +
 	"\x1cITEM_CODE_REGION_NOT_ALLOWED\x10\x02\x12\x16\n" +
 	"\x12ITEM_CODE_CONFLICT\x10\x03\x12\x1b\n" +
 	"\x17ITEM_CODE_WINDOW_CLOSED\x10\x04\x12\x1b\n" +
-	"\x17ITEM_CODE_UNKNOWN_LEASE\x10\x052\xe1\x02\n" +
+	"\x17ITEM_CODE_UNKNOWN_LEASE\x10\x05\x12\x19\n" +
+	"\x15ITEM_CODE_WRONG_GROUP\x10\x062\xe1\x02\n" +
 	"\tAllocator\x12X\n" +
 	"\rAcquireLeases\x12\".leasehold.v1.AcquireLeasesRequest\x1a#.leasehold.v1.AcquireLeasesResponse\x12U\n" +
 	"\fReturnLeases\x12!.leasehold.v1.ReturnLeasesRequest\x1a\".leasehold.v1.ReturnLeasesResponse\x12R\n" +
