@@ -55,6 +55,9 @@ type options struct {
 	auditRetention time.Duration
 	auditSweep     time.Duration
 	refusalAudit   refusalAudit
+	// allocator groups
+	group     string
+	groupView *MapView
 }
 
 // Option changes an optional setting.
@@ -132,6 +135,15 @@ func WithRefusalAudit(rate float64, burst int, quiet, every time.Duration) Optio
 // before the answer leaves (Recorder.Durable), so a replica killed after
 // answering loses none of them. Off by default.
 func WithHistory(rec *hist.Recorder) Option { return func(o *options) { o.recorder = rec } }
+
+// WithGroup makes this allocator one group of several (issue 20's
+// allocator groups): it grants only the windows that view's group map
+// gives to group, and nothing while no map is stored or its view of the
+// map is stale (MapView.Owner). Run keeps the view current. Without it the
+// allocator owns every limit.
+func WithGroup(group string, view *MapView) Option {
+	return func(o *options) { o.group, o.groupView = group, view }
+}
 
 // DefaultAuditRetention is how long audit records are kept by default.
 const DefaultAuditRetention = 400 * 24 * time.Hour
@@ -330,6 +342,10 @@ func (a *Allocator) Run(ctx context.Context) error {
 	wg.Add(2)
 	go func() { defer wg.Done(); a.observeLeader(ctx) }()
 	go func() { defer wg.Done(); a.summarizeLoop(ctx) }()
+	if a.opt.groupView != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.followMap(ctx) }()
+	}
 	defer wg.Wait()
 	bo := a.opt.retryBackoff()
 	for ctx.Err() == nil {
@@ -348,6 +364,29 @@ func (a *Allocator) Run(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// owns says whether this allocator's group owns limit's window starting
+// at start, and else which group does ("" when the map cannot say).
+func (a *Allocator) owns(limit string, start time.Time) (string, bool) {
+	g, _, ok := a.opt.groupView.Owner(limit, start)
+	return g, ok && g == a.opt.group
+}
+
+// followMap keeps the group map's view current, logging when reading it
+// starts and stops failing (not every failed read).
+func (a *Allocator) followMap(ctx context.Context) {
+	failing := false
+	a.opt.groupView.Run(ctx, time.Second, func(err error) {
+		switch {
+		case err != nil && !failing:
+			a.log.Warn("allocator: reading the group map failed; windows past the view's horizon are not granted until it is read again",
+				"group", a.opt.group, "horizon", a.opt.groupView.Horizon(), "err", err)
+		case err == nil && failing:
+			a.log.Info("allocator: the group map is read again", "group", a.opt.group)
+		}
+		failing = err != nil
+	})
 }
 
 // observeLeader keeps leaderAddr current for followers' redirects.
@@ -406,6 +445,9 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 		a.log.Warn("allocator: clearing earlier terms' commit marks", "err", err)
 	}
 	core := NewCore()
+	if a.opt.groupView != nil {
+		core.SetOwnership(a.owns)
+	}
 	for _, lp := range st.Limits {
 		core.SetLimit(decodeLimit(lp))
 	}

@@ -22,23 +22,31 @@ const DefaultGroupMapKey = "/leasehold/groupmap"
 // DefaultMapNotice is how far ahead of the windows it governs a new map
 // version is written: it must reach every agent (they re-read the map with
 // their limit sync, every second, and fetch a next window's lease a few
-// seconds ahead) and every allocator before it governs.
+// seconds ahead) and every allocator before it governs. Half of it is the
+// margin for the writer's clock against an allocator's (MapView).
 const DefaultMapNotice = 30 * time.Second
 
 // MapStore keeps the group map in etcd under one key. Every change is a
 // compare-and-swap on the key's revision, so two concurrent changes never
 // both apply: the second sees ErrMapChanged and must read again.
 type MapStore struct {
-	cli *clientv3.Client
-	key string
+	cli    *clientv3.Client
+	key    string
+	notice time.Duration
 }
 
-// NewMapStore returns the map store at key (DefaultGroupMapKey if empty).
-func NewMapStore(cli *clientv3.Client, key string) *MapStore {
+// NewMapStore returns the map store at key (DefaultGroupMapKey if empty)
+// whose new versions govern notice after they are written
+// (DefaultMapNotice if <= 0). Every writer and every view of one map must
+// use the same notice: a view's horizon rests on it.
+func NewMapStore(cli *clientv3.Client, key string, notice time.Duration) *MapStore {
 	if key == "" {
 		key = DefaultGroupMapKey
 	}
-	return &MapStore{cli: cli, key: key}
+	if notice <= 0 {
+		notice = DefaultMapNotice
+	}
+	return &MapStore{cli: cli, key: key, notice: notice}
 }
 
 // ErrMapChanged: the map changed since it was read.
@@ -62,10 +70,10 @@ func (s *MapStore) Get(ctx context.Context) (groupmap.Map, int64, error) {
 }
 
 // Change adds a version made of change to the map read at rev (0: none
-// stored), effective notice after now, and stores it if the map is still
-// at rev. It returns the new map and its revision.
-func (s *MapStore) Change(ctx context.Context, rev int64, cur groupmap.Map, now time.Time, notice time.Duration, change groupmap.Change) (groupmap.Map, int64, error) {
-	next, err := cur.Next(now, notice, limitspec.MaxWindow, change)
+// stored), effective the store's notice after now, and stores it if the
+// map is still at rev. It returns the new map and its revision.
+func (s *MapStore) Change(ctx context.Context, rev int64, cur groupmap.Map, now time.Time, change groupmap.Change) (groupmap.Map, int64, error) {
+	next, err := cur.Next(now, s.notice, limitspec.MaxWindow, change)
 	if err != nil {
 		return groupmap.Map{}, 0, err
 	}
@@ -87,24 +95,53 @@ func (s *MapStore) Change(ctx context.Context, rev int64, cur groupmap.Map, now 
 	return next, resp.Header.Revision, nil
 }
 
-// MapView is a group map kept current from etcd by a watch: what an
-// allocator of a group consults on every grant. Safe for concurrent use.
+// MapView is a group map kept current from etcd: what an allocator of a
+// group consults on every grant. It re-reads the map every poll interval
+// and knows how fresh its copy is: a version it has not seen was written
+// after its last read was sent, so it governs only windows that start at
+// least the store's notice after that (less a margin for the writer's
+// clock). Owner answers only for windows that start before that horizon;
+// for a later one it does not know, and the group must not grant it. A
+// view that cannot reach etcd therefore stops owning windows one notice
+// after its last read: never two owners. Safe for concurrent use.
 type MapView struct {
 	store *MapStore
+	now   func() time.Time
 
-	mu      sync.RWMutex // protects m, rev, changed
+	mu      sync.RWMutex // protects m, rev, sent, changed
 	m       groupmap.Map
 	rev     int64
-	changed chan struct{} // closed and replaced when m changes
+	sent    time.Time     // when the newest successful read was sent
+	changed chan struct{} // closed and replaced after every successful read
 }
 
-// NewMapView reads the map once; Run keeps it current.
-func NewMapView(ctx context.Context, store *MapStore) (*MapView, error) {
-	m, rev, err := store.Get(ctx)
-	if err != nil {
+// NewMapView reads the map once (now is the allocator's clock); Run keeps
+// it current.
+func NewMapView(ctx context.Context, store *MapStore, now func() time.Time) (*MapView, error) {
+	v := &MapView{store: store, now: now, changed: make(chan struct{})}
+	if err := v.read(ctx); err != nil {
 		return nil, err
 	}
-	return &MapView{store: store, m: m, rev: rev, changed: make(chan struct{})}, nil
+	return v, nil
+}
+
+func (v *MapView) read(ctx context.Context) error {
+	sent := v.now()
+	m, rev, err := v.store.Get(ctx)
+	if err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if rev >= v.rev {
+		v.m, v.rev = m, rev
+	}
+	if sent.After(v.sent) {
+		v.sent = sent
+	}
+	close(v.changed)
+	v.changed = make(chan struct{})
+	return nil
 }
 
 // Map returns the current map and its revision.
@@ -114,26 +151,27 @@ func (v *MapView) Map() (groupmap.Map, int64) {
 	return v.m, v.rev
 }
 
-// Owner names the group that owns limit's window starting at start (ok
-// false while no map is stored).
+// Horizon is the first window start the view cannot answer for: windows
+// starting before it are owned as the view's map says.
+func (v *MapView) Horizon() time.Time {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.sent.Add(v.store.notice / 2)
+}
+
+// Owner names the group that owns limit's window starting at start. ok is
+// false while no map is stored, and for a window starting at or after the
+// horizon (the view is not fresh enough to say).
 func (v *MapView) Owner(limit string, start time.Time) (group string, version int64, ok bool) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
+	if !start.Before(v.sent.Add(v.store.notice / 2)) {
+		return "", 0, false
+	}
 	return v.m.Owner(limit, start)
 }
 
-// set installs a map read at rev unless a newer one is installed.
-func (v *MapView) set(m groupmap.Map, rev int64) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if rev > v.rev {
-		v.m, v.rev = m, rev
-		close(v.changed)
-		v.changed = make(chan struct{})
-	}
-}
-
-// Wait returns once the view holds the map stored at revision rev or a
+// Wait returns once the view has read the map stored at revision rev or a
 // later one, or ctx's error.
 func (v *MapView) Wait(ctx context.Context, rev int64) error {
 	for {
@@ -151,45 +189,51 @@ func (v *MapView) Wait(ctx context.Context, rev int64) error {
 	}
 }
 
-// Run watches the map's key until ctx ends, re-reading it whenever the
-// watch breaks. A stored value that does not decode is logged by the
-// caller's onError and ignored (the view keeps the last good map).
-func (v *MapView) Run(ctx context.Context, onError func(error)) {
-	bo := backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond),
-		backoff.WithMaxInterval(5*time.Second), backoff.WithMaxElapsedTime(0))
-	for ctx.Err() == nil {
-		m, rev, err := v.store.Get(ctx)
-		if err != nil {
-			onError(err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(bo.NextBackOff()):
-			}
-			continue
+// WaitRead returns once a read sent at or after at (the view's clock) has
+// succeeded, or ctx's error: after it, the horizon is at least at +
+// half the notice.
+func (v *MapView) WaitRead(ctx context.Context, at time.Time) error {
+	for {
+		v.mu.RLock()
+		sent, ch := v.sent, v.changed
+		v.mu.RUnlock()
+		if !sent.Before(at) {
+			return nil
 		}
-		v.set(m, rev)
-		wch := v.store.cli.Watch(clientv3.WithRequireLeader(ctx), v.store.key, clientv3.WithRev(rev+1))
-		for resp := range wch {
-			if resp.Err() != nil {
-				onError(resp.Err())
-				break
-			}
-			bo.Reset()
-			for _, ev := range resp.Events {
-				if ev.Type != clientv3.EventTypePut {
-					continue
-				}
-				m, err := groupmap.Decode(ev.Kv.Value)
-				if err != nil {
-					onError(fmt.Errorf("allocator: stored group map at %s: %w", v.store.key, err))
-					continue
-				}
-				v.set(m, ev.Kv.ModRevision)
-			}
-		}
-		select { // the watch ended (no etcd leader): read again
+		select {
+		case <-ch:
 		case <-ctx.Done():
-		case <-time.After(bo.NextBackOff()):
+			return ctx.Err()
+		}
+	}
+}
+
+// Run re-reads the map every poll interval until ctx ends (after a failed
+// read, with exponential backoff up to the interval), telling report the
+// outcome of every read (nil: read). After a failed read (etcd not
+// answering, or a stored value that does not decode) the view keeps its
+// last good map, and its horizon stops moving.
+func (v *MapView) Run(ctx context.Context, poll time.Duration, report func(error)) {
+	bo := backoff.NewExponentialBackOff(backoff.WithInitialInterval(min(100*time.Millisecond, poll)),
+		backoff.WithMaxInterval(poll), backoff.WithMaxElapsedTime(0))
+	for {
+		wait := poll
+		rctx, cancel := context.WithTimeout(ctx, poll)
+		err := v.read(rctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		report(err)
+		if err != nil {
+			wait = bo.NextBackOff()
+		} else {
+			bo.Reset()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
 		}
 	}
 }
