@@ -315,6 +315,15 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 	}
 	l, ok := c.limits[r.Limit]
 	if !ok {
+		if c.owner != nil {
+			// Not here: a limit another group owns lives there (its W,
+			// unknown here, names its windows; the owner now is the one
+			// to ask).
+			if g, owned := c.owner(r.Limit, now); !owned && g != "" {
+				return Decision{Code: pb.ItemCode_ITEM_CODE_WRONG_GROUP, OwnerGroup: g,
+					Message: fmt.Sprintf("limit %q is owned by allocator group %q", r.Limit, g)}
+			}
+		}
 		return Decision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
 	}
 	if !l.HasRegion(region) && (l.Previous == nil || !l.Previous.HasRegion(region)) {

@@ -330,4 +330,19 @@ func TestCoreOwnership(t *testing.T) {
 	if late.Code != pb.ItemCode_ITEM_CODE_WRONG_GROUP {
 		t.Fatalf("the current window after the move: %+v, want WRONG_GROUP", late)
 	}
+	// A limit this group does not hold, owned by another group, is that
+	// group's (WRONG_GROUP naming it, not NOT_FOUND); one nobody else
+	// owns does not exist.
+	c.SetOwnership(func(limit string, start time.Time) (string, bool) {
+		if limit == "t/elsewhere" {
+			return "b", false
+		}
+		return "a", true
+	})
+	if d := c.Acquire(t0, "eu", AcquireRequest{RequestID: "r4", Limit: "t/elsewhere", Want: 1}); d.Code != pb.ItemCode_ITEM_CODE_WRONG_GROUP || d.OwnerGroup != "b" {
+		t.Errorf("a limit held by another group: %+v, want WRONG_GROUP naming b", d)
+	}
+	if d := c.Acquire(t0, "eu", AcquireRequest{RequestID: "r5", Limit: "t/none", Want: 1}); d.Code != pb.ItemCode_ITEM_CODE_NOT_FOUND {
+		t.Errorf("a limit nobody holds: %+v, want NOT_FOUND", d)
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"leasehold/internal/groupmap"
 	"leasehold/internal/limitspec"
+	pb "leasehold/proto/leasehold/v1"
 )
 
 // DefaultGroupMapKey is where the map of allocator groups is stored, in
@@ -236,4 +237,23 @@ func (v *MapView) Run(ctx context.Context, poll time.Duration, report func(error
 		case <-time.After(wait):
 		}
 	}
+}
+
+// addGroupMap names this allocator's group in a sync answer and adds the
+// group map when the caller's is older (nothing without groups).
+func (a *Allocator) addGroupMap(out *pb.SyncLimitsResponse, known int64) error {
+	if a.opt.groupView == nil {
+		return nil
+	}
+	out.Group = a.opt.group
+	m, rev := a.opt.groupView.Map()
+	if rev == known {
+		return nil
+	}
+	b, err := groupmap.Encode(m)
+	if err != nil {
+		return err
+	}
+	out.GroupMap, out.GroupMapRevision = b, rev
+	return nil
 }

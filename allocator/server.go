@@ -161,5 +161,8 @@ func (s *Server) SyncLimits(ctx context.Context, req *pb.SyncLimitsRequest) (*pb
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
+	if err := s.a.addGroupMap(out, req.KnownGroupMapRevision); err != nil {
+		return nil, toStatus(ctx, err)
+	}
 	return out, nil
 }

@@ -153,6 +153,7 @@ type Agent struct {
 	log    *slog.Logger
 	m      *metrics
 	alloc  *allocClient
+	groups *groupRoutes // the allocator groups, when there are several (groups.go)
 	shared *redisStore
 	local  *memStore
 
@@ -239,6 +240,9 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		core.WithLead(o.lead, o.slack), core.WithSafetyMargin(o.margin, o.driftPPM), core.WithWait(o.wait), core.WithLookupWait(o.lookupWait),
 		core.WithIdle(5*time.Second, o.idleAfter), core.WithReports(o.reportEvery, o.keyGrace))
 	a.alloc = newAllocClient(cfg.Allocators, o.allocTimeout, o.allocRetryFor, o.now, a.allocatorHealth, cfg.DialOptions...)
+	a.groups = newGroupRoutes(func(group string, addrs []string) *allocClient {
+		return newAllocClient(addrs, o.allocTimeout, o.allocRetryFor, o.now, func(up bool) { a.groups.setHealth(group, up) }, cfg.DialOptions...)
+	}, a.allocatorHealth)
 	a.shared = newRedisStore(a, bucket.New(cfg.Redis))
 	a.local = newMemStore(o.now, a.localRep)
 	a.calls.acquires.send = a.sendAcquires
@@ -276,6 +280,7 @@ func (a *Agent) Close() {
 	}
 	a.shared.stop()
 	a.alloc.close()
+	a.groups.close()
 }
 
 // store returns the lease store s names.

@@ -3,6 +3,7 @@ package regionagent
 import (
 	"cmp"
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"slices"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
@@ -212,10 +212,14 @@ func (f *failoverWatcher) report(ctx context.Context) {
 	if len(usage) == 0 {
 		return
 	}
-	err := f.a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
-		_, err := cl.ReportUsage(ctx, &pb.ReportUsageRequest{Region: f.a.cfg.Region, Reporter: failoverReporter, Usage: usage}, opts...)
-		return err
-	})
+	var err error
+	if f.a.groups.active() {
+		if len(f.a.reportByGroup(ctx, failoverReporter, usage)) > 0 { // groups.go
+			err = errors.New("an allocator group did not take the report")
+		}
+	} else {
+		err = reportTo(ctx, f.a.alloc, f.a.cfg.Region, failoverReporter, usage)
+	}
 	if err != nil {
 		f.a.m.reports.WithLabelValues("failed").Inc()
 		return

@@ -25,6 +25,9 @@ type metrics struct {
 	returned      prometheus.Counter
 	fallbackMode  *prometheus.GaugeVec
 	reports       *prometheus.CounterVec
+	// groupRedirects counts lease requests sent again to the allocator
+	// group a WRONG_GROUP answer named (groups.go).
+	groupRedirects prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -59,6 +62,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_agent_usage_reports_total",
 			Help: "Usage reports sent to the allocator, by result.",
 		}, []string{"result"}),
+		groupRedirects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_agent_group_redirects_total",
+			Help: "Lease requests sent again to the allocator group that a WRONG_GROUP answer named (the agent's group map or window estimate was behind).",
+		}),
 	}
 	m.checkOK = m.checks.WithLabelValues("ok")
 	// Every result from the start, at 0: a panel of fallbacks has data
@@ -80,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.chunkReleased.WithLabelValues(o) // every series from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.chunkChecks, m.chunkReleased, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports)
+		reg.MustRegister(m.chunkChecks, m.chunkReleased, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports, m.groupRedirects)
 	}
 	return m
 }

@@ -2,6 +2,7 @@ package regionagent
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"time"
@@ -109,6 +110,9 @@ func (a *Agent) syncLoop(ctx context.Context) {
 // dead allocator is known within a few seconds, and a healed one at the
 // next sync.
 func (a *Agent) syncLimits(ctx context.Context) error {
+	if a.groups.active() {
+		return a.syncGroups(ctx) // groups.go
+	}
 	var resp *pb.SyncLimitsResponse
 	a.mu.Lock()
 	rev := a.core.Revision()
@@ -124,6 +128,17 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 		return err
 	}
 	recv := a.opt.now()
+	if resp.Group != "" {
+		// The allocator is one group of several: its limits are a share
+		// of the region's. Learn the map and sync every group instead.
+		if err := a.groups.learn(resp.GroupMap, resp.GroupMapRevision); err != nil {
+			return err
+		}
+		if a.groups.active() {
+			return a.syncGroups(ctx)
+		}
+		return errors.New("regionagent: an allocator group answered without a group map")
+	}
 	var taken time.Time
 	if resp.AllocatorUnixNanos != 0 {
 		taken = time.Unix(0, resp.AllocatorUnixNanos)
@@ -248,12 +263,12 @@ func (a *Agent) sendReports(ctx context.Context, reads []core.ReportRead) {
 	}
 	for rep, usage := range byReporter {
 		var err error
-		for off := 0; off < len(usage) && err == nil; off += maxPerCall {
-			part := usage[off:min(len(usage), off+maxPerCall)]
-			err = a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
-				_, err := cl.ReportUsage(ctx, &pb.ReportUsageRequest{Region: a.cfg.Region, Reporter: rep, Usage: part}, opts...)
-				return err
-			})
+		if a.groups.active() {
+			if len(a.reportByGroup(ctx, rep, usage)) > 0 { // groups.go
+				err = errors.New("an allocator group did not take the report")
+			}
+		} else {
+			err = reportTo(ctx, a.alloc, a.cfg.Region, rep, usage)
 		}
 		if err != nil {
 			a.m.reports.WithLabelValues("failed").Inc()

@@ -377,26 +377,11 @@ func (b *batcher[T]) add(a *Agent, items []T) {
 }
 
 func (a *Agent) sendAcquires(ctx context.Context, reqs []core.Acquire) {
-	in := make([]*pb.LeaseRequest, len(reqs))
-	for i, r := range reqs {
-		choice := pb.WindowChoice_WINDOW_CHOICE_CURRENT
-		if r.Next {
-			choice = pb.WindowChoice_WINDOW_CHOICE_NEXT
-		}
-		in[i] = &pb.LeaseRequest{RequestId: r.RequestID, LimitId: r.Limit, Window: choice,
-			DemandPerSecond: r.Demand, HeldTokens: r.Held, WantTokens: r.Want}
+	if a.groups.active() {
+		a.sendAcquiresByGroup(ctx, reqs) // groups.go
+		return
 	}
-	sent := a.opt.now()
-	var resp *pb.AcquireLeasesResponse
-	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
-		var err error
-		resp, err = cl.AcquireLeases(ctx, &pb.AcquireLeasesRequest{Region: a.cfg.Region, Requests: in}, opts...)
-		return err
-	})
-	recv := a.opt.now()
-	if err == nil && len(resp.Results) != len(reqs) {
-		err = fmt.Errorf("regionagent: the allocator answered %d of %d lease requests", len(resp.Results), len(reqs))
-	}
+	sent, recv, resp, err := a.callAcquire(ctx, a.alloc, reqs)
 	if err != nil {
 		a.notes.callFailed(a.log, "lease requests", len(reqs), err)
 		a.withCore(func(c *core.Core) { c.AcquireFailed(recv, reqs, ctx.Err() != nil) })
@@ -407,6 +392,31 @@ func (a *Agent) sendAcquires(ctx context.Context, reqs []core.Acquire) {
 		gs[i] = grantOf(r)
 	}
 	a.withCore(func(c *core.Core) { c.Acquired(sent, recv, reqs, gs) })
+}
+
+// callAcquire sends one AcquireLeases call of reqs through cl; sent and
+// recv are when it was sent and answered (the leases are timed from them).
+func (a *Agent) callAcquire(ctx context.Context, cl *allocClient, reqs []core.Acquire) (sent, recv time.Time, resp *pb.AcquireLeasesResponse, err error) {
+	in := make([]*pb.LeaseRequest, len(reqs))
+	for i, r := range reqs {
+		choice := pb.WindowChoice_WINDOW_CHOICE_CURRENT
+		if r.Next {
+			choice = pb.WindowChoice_WINDOW_CHOICE_NEXT
+		}
+		in[i] = &pb.LeaseRequest{RequestId: r.RequestID, LimitId: r.Limit, Window: choice,
+			DemandPerSecond: r.Demand, HeldTokens: r.Held, WantTokens: r.Want}
+	}
+	sent = a.opt.now()
+	err = cl.call(ctx, func(ctx context.Context, ac pb.AllocatorClient, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = ac.AcquireLeases(ctx, &pb.AcquireLeasesRequest{Region: a.cfg.Region, Requests: in}, opts...)
+		return err
+	})
+	recv = a.opt.now()
+	if err == nil && len(resp.Results) != len(reqs) {
+		err = fmt.Errorf("regionagent: the allocator answered %d of %d lease requests", len(resp.Results), len(reqs))
+	}
+	return sent, recv, resp, err
 }
 
 func grantOf(r *pb.LeaseResult) core.Grant {
@@ -430,14 +440,23 @@ func dur(d *durationpb.Duration) time.Duration {
 }
 
 func (a *Agent) sendReturns(ctx context.Context, rets []core.Return) {
+	if a.groups.active() {
+		a.sendReturnsByGroup(ctx, rets) // groups.go
+		return
+	}
+	a.sendReturnsTo(ctx, a.alloc, rets)
+}
+
+// sendReturnsTo sends rets in one ReturnLeases call through cl.
+func (a *Agent) sendReturnsTo(ctx context.Context, cl *allocClient, rets []core.Return) {
 	in := make([]*pb.LeaseReturn, len(rets))
 	var tokens int64
 	for i, r := range rets {
 		in[i] = &pb.LeaseReturn{LimitId: r.Limit, LeaseId: r.LeaseID, Unspent: r.Unspent}
 		tokens += r.Unspent
 	}
-	err := a.alloc.call(ctx, func(ctx context.Context, cl pb.AllocatorClient, opts ...grpc.CallOption) error {
-		_, err := cl.ReturnLeases(ctx, &pb.ReturnLeasesRequest{Region: a.cfg.Region, Returns: in}, opts...)
+	err := cl.call(ctx, func(ctx context.Context, ac pb.AllocatorClient, opts ...grpc.CallOption) error {
+		_, err := ac.ReturnLeases(ctx, &pb.ReturnLeasesRequest{Region: a.cfg.Region, Returns: in}, opts...)
 		return err
 	})
 	now := a.opt.now()

@@ -1035,8 +1035,10 @@ type SyncLimitsRequest struct {
 	// known_revision is the revision of the caller's cache; when nothing
 	// changed since, the reply is empty with unchanged = true.
 	KnownRevision int64 `protobuf:"varint,2,opt,name=known_revision,json=knownRevision,proto3" json:"known_revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// known_group_map_revision is the revision of the caller's group map.
+	KnownGroupMapRevision int64 `protobuf:"varint,3,opt,name=known_group_map_revision,json=knownGroupMapRevision,proto3" json:"known_group_map_revision,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *SyncLimitsRequest) Reset() {
@@ -1083,6 +1085,13 @@ func (x *SyncLimitsRequest) GetKnownRevision() int64 {
 	return 0
 }
 
+func (x *SyncLimitsRequest) GetKnownGroupMapRevision() int64 {
+	if x != nil {
+		return x.KnownGroupMapRevision
+	}
+	return 0
+}
+
 type SyncLimitsResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Revision  int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
@@ -1093,8 +1102,17 @@ type SyncLimitsResponse struct {
 	// use it only to name the current window of a limit they hold no lease
 	// for yet; lease timing never depends on it.
 	AllocatorUnixNanos int64 `protobuf:"varint,4,opt,name=allocator_unix_nanos,json=allocatorUnixNanos,proto3" json:"allocator_unix_nanos,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// group names the answering allocator's group when it is one of several
+	// allocator groups (each the authority for a share of the limits);
+	// empty otherwise. limits are then the group's limits only.
+	Group string `protobuf:"bytes,5,opt,name=group,proto3" json:"group,omitempty"`
+	// group_map is the map of allocator groups (JSON, see docs/design.md),
+	// sent when its revision differs from known_group_map_revision.
+	GroupMap []byte `protobuf:"bytes,6,opt,name=group_map,json=groupMap,proto3" json:"group_map,omitempty"`
+	// group_map_revision is the etcd revision the map was stored at.
+	GroupMapRevision int64 `protobuf:"varint,7,opt,name=group_map_revision,json=groupMapRevision,proto3" json:"group_map_revision,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SyncLimitsResponse) Reset() {
@@ -1151,6 +1169,27 @@ func (x *SyncLimitsResponse) GetLimits() []*Limit {
 func (x *SyncLimitsResponse) GetAllocatorUnixNanos() int64 {
 	if x != nil {
 		return x.AllocatorUnixNanos
+	}
+	return 0
+}
+
+func (x *SyncLimitsResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *SyncLimitsResponse) GetGroupMap() []byte {
+	if x != nil {
+		return x.GroupMap
+	}
+	return nil
+}
+
+func (x *SyncLimitsResponse) GetGroupMapRevision() int64 {
+	if x != nil {
+		return x.GroupMapRevision
 	}
 	return 0
 }
@@ -1232,15 +1271,19 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\breporter\x18\x02 \x01(\tR\breporter\x12)\n" +
 	"\x05usage\x18\x03 \x03(\v2\x13.leasehold.v1.UsageR\x05usage\"1\n" +
 	"\x13ReportUsageResponse\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\x05R\baccepted\"R\n" +
+	"\baccepted\x18\x01 \x01(\x05R\baccepted\"\x8b\x01\n" +
 	"\x11SyncLimitsRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12%\n" +
-	"\x0eknown_revision\x18\x02 \x01(\x03R\rknownRevision\"\xad\x01\n" +
+	"\x0eknown_revision\x18\x02 \x01(\x03R\rknownRevision\x127\n" +
+	"\x18known_group_map_revision\x18\x03 \x01(\x03R\x15knownGroupMapRevision\"\x8e\x02\n" +
 	"\x12SyncLimitsResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1c\n" +
 	"\tunchanged\x18\x02 \x01(\bR\tunchanged\x12+\n" +
 	"\x06limits\x18\x03 \x03(\v2\x13.leasehold.v1.LimitR\x06limits\x120\n" +
-	"\x14allocator_unix_nanos\x18\x04 \x01(\x03R\x12allocatorUnixNanos*A\n" +
+	"\x14allocator_unix_nanos\x18\x04 \x01(\x03R\x12allocatorUnixNanos\x12\x14\n" +
+	"\x05group\x18\x05 \x01(\tR\x05group\x12\x1b\n" +
+	"\tgroup_map\x18\x06 \x01(\fR\bgroupMap\x12,\n" +
+	"\x12group_map_revision\x18\a \x01(\x03R\x10groupMapRevision*A\n" +
 	"\fWindowChoice\x12\x19\n" +
 	"\x15WINDOW_CHOICE_CURRENT\x10\x00\x12\x16\n" +
 	"\x12WINDOW_CHOICE_NEXT\x10\x01*\xc4\x01\n" +
