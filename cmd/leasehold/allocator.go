@@ -20,6 +20,7 @@ import (
 	"leasehold/allocator/embedded"
 	"leasehold/allocator/statuspage"
 	"leasehold/internal/bounds"
+	"leasehold/internal/groupmap"
 	"leasehold/internal/history"
 	"leasehold/internal/vocab"
 )
@@ -40,6 +41,9 @@ type allocatorConfig struct {
 	authFile                      string
 	history                       string
 	etcdCA, etcdCert, etcdKey     string
+	group, groupMapKey            string
+	groupMapEndpoints             string
+	groupMapNotice                time.Duration
 	log                           logFlags
 }
 
@@ -66,6 +70,10 @@ func (c *allocatorConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.etcdCA, "etcd-ca", "", "`FILE`: PEM CA bundle that signs the -etcd-endpoints' certificates (turns etcd client TLS on)")
 	fs.StringVar(&c.etcdCert, "etcd-cert", "", "`FILE`: PEM client certificate presented to etcd (with -etcd-key)")
 	fs.StringVar(&c.etcdKey, "etcd-key", "", "`FILE`: PEM private key of -etcd-cert")
+	fs.StringVar(&c.group, "group", "", "`NAME` of this allocator's group when the limits are sharded over several allocator groups (each with its own -etcd-prefix or cluster); it grants only the windows the group map gives it. Empty: one group owns every limit")
+	fs.StringVar(&c.groupMapKey, "group-map-key", allocator.DefaultGroupMapKey, "etcd key of the group map (with -group)")
+	fs.StringVar(&c.groupMapEndpoints, "group-map-endpoints", "", "comma-separated etcd client URLs of the cluster that holds the group map (with -group; default: this allocator's etcd)")
+	fs.DurationVar(&c.groupMapNotice, "group-map-notice", allocator.DefaultMapNotice, "how long before it governs a new group map version is written; every allocator and quotactl of one map must use the same")
 	c.log.register(fs)
 }
 
@@ -95,6 +103,16 @@ func (c *allocatorConfig) validate() error {
 	}
 	if err := checkHistoryFlag("history", c.history); err != nil {
 		return err
+	}
+	if c.group != "" {
+		if err := groupmap.ValidateName("-group", c.group); err != nil {
+			return usagef("%v", err)
+		}
+		if c.groupMapNotice < 2*time.Second {
+			return usagef("-group-map-notice %v: must be >= 2s (agents re-read the map every second)", c.groupMapNotice)
+		}
+	} else if c.groupMapEndpoints != "" {
+		return usagef("-group-map-endpoints is for -group")
 	}
 	if err := c.tls.validate(); err != nil {
 		return err
@@ -175,12 +193,34 @@ func runAllocator(ctx context.Context, c allocatorConfig, log *slog.Logger, read
 	}
 	defer closeHistory(hf, log.Warn)
 	reg := newRegistry()
+	opts := []allocator.Option{allocator.WithSessionTTL(c.sessionTTL), allocator.WithGroupCommit(c.maxTxnOps, 4),
+		allocator.WithRetention(c.retention, 10*time.Second), allocator.WithReports(c.reportWindows, c.reportLimits),
+		allocator.WithAuditRetention(c.auditRetention, time.Hour), allocator.WithHistory(hf.rec)}
+	if c.group != "" {
+		mapCli := cli
+		if eps := splitList(c.groupMapEndpoints); len(eps) > 0 {
+			if mapCli, err = clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: etcdTLS}); err != nil {
+				gl.Close()
+				hl.Close()
+				return fmt.Errorf("group map etcd client: %w", err)
+			}
+			defer mapCli.Close()
+		}
+		vctx, vcancel := context.WithTimeout(ctx, 10*time.Second)
+		view, err := allocator.NewMapView(vctx, allocator.NewMapStore(mapCli, c.groupMapKey, c.groupMapNotice), time.Now)
+		vcancel()
+		if err != nil {
+			gl.Close()
+			hl.Close()
+			return fmt.Errorf("reading the group map: %w", err)
+		}
+		opts = append(opts, allocator.WithGroup(c.group, view))
+		log.Info("allocator group", "group", c.group, "map_key", c.groupMapKey)
+	}
 	a, err := allocator.New(allocator.Config{
 		Client: cli, Prefix: c.etcdPrefix, Regions: splitList(c.regions), Advertise: advertise,
 		Logger: log, Registerer: reg,
-	}, allocator.WithSessionTTL(c.sessionTTL), allocator.WithGroupCommit(c.maxTxnOps, 4),
-		allocator.WithRetention(c.retention, 10*time.Second), allocator.WithReports(c.reportWindows, c.reportLimits),
-		allocator.WithAuditRetention(c.auditRetention, time.Hour), allocator.WithHistory(hf.rec))
+	}, opts...)
 	if err != nil {
 		return err
 	}

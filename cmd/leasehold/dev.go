@@ -19,10 +19,13 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
 	"leasehold/internal/bounds"
+	"leasehold/internal/groupmap"
 	"leasehold/internal/history"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
@@ -47,6 +50,7 @@ type devConfig struct {
 	tls                  bool
 	chunkHotRate         float64
 	historyDir           string
+	groups               int
 	log                  logFlags
 }
 
@@ -98,6 +102,7 @@ func (c *devConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.tls, "tls", false, "TLS and mutual TLS everywhere, authentication on: a dev CA in DATA-DIR/tls (made once, reused), a new admin token each run")
 	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", regionagent.DefaultChunks.HotRate, "the agents' -chunk-hot-rate (0: off)")
 	fs.StringVar(&c.historyDir, "history-dir", "", "record every component's history in `DIR` (allocator.jsonl, agent-eu.jsonl, gateway-eu.jsonl, ...); check it with leasehold history check DIR")
+	fs.IntVar(&c.groups, "groups", 1, "allocator groups, each the authority for a share of the limits (g1 on -allocator-grpc and the embedded etcd, the others on free ports and the same etcd, each on its own prefix); 1 is one allocator that owns every limit")
 	c.log.register(fs)
 }
 
@@ -129,6 +134,9 @@ func runDevCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err := checkHistoryDir(c.historyDir); err != nil {
 			return err
 		}
+		if c.groups < 1 || c.groups > 8 {
+			return usagef("-groups %d: want 1 to 8", c.groups)
+		}
 		return checkChunkHotRate(c.chunkHotRate)
 	}
 	log, err := setup("dev", c.register, &c.log, validate, args, stdout, stderr)
@@ -149,12 +157,6 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		}
 	}
 
-	type allocReady struct {
-		a    *allocator.Allocator
-		grpc string
-		http string
-		etcd string
-	}
 	readyc := make(chan allocReady, 1)
 	ac := allocatorConfig{grpcAddr: c.allocGRPC, httpAddr: c.allocHTTP, dataDir: filepath.Join(c.dataDir, "etcd"),
 		etcdClientAddr: c.etcdClient, etcdPeerAddr: c.etcdPeer, etcdPrefix: "/leasehold/", regions: "eu,us",
@@ -197,27 +199,64 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
 		scheme = "https"
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		fail("allocator", runAllocator(ctx, ac, log.With("component", "allocator"), func(a *allocator.Allocator, g, h, e string) {
-			readyc <- allocReady{a, g, h, e}
-		}))
-	}()
-	var ar allocReady
-	select {
-	case ar = <-readyc:
-	case <-ctx.Done():
-		return devErr(ctx)
+	startAllocator := func(name string, ac allocatorConfig) (allocReady, error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail(name, runAllocator(ctx, ac, log.With("component", name), func(a *allocator.Allocator, g, h, e string) {
+				readyc <- allocReady{a, g, h, e}
+			}))
+		}()
+		var ar allocReady
+		select {
+		case ar = <-readyc:
+		case <-ctx.Done():
+			return ar, devErr(ctx)
+		}
+		lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
+		err := ar.a.WaitLeader(lctx)
+		lcancel()
+		if err != nil {
+			return ar, devErr(ctx)
+		}
+		return ar, nil
 	}
-	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
-	err := ar.a.WaitLeader(lctx)
-	lcancel()
+	// With -groups: g1 runs the embedded etcd, every group has its own
+	// prefix, and the group map names them all (docs/design.md).
+	groupNames := []string{""}
+	if c.groups > 1 {
+		groupNames = nil
+		for i := range c.groups {
+			groupNames = append(groupNames, fmt.Sprintf("g%d", i+1))
+		}
+		ac.group, ac.groupMapKey, ac.groupMapNotice = groupNames[0], allocator.DefaultGroupMapKey, allocator.DefaultMapNotice
+		ac.etcdPrefix = "/leasehold/g/" + groupNames[0] + "/"
+	}
+	ar, err := startAllocator("allocator", ac)
 	if err != nil {
-		return devErr(ctx)
+		return err
+	}
+	groupAllocs := map[string]allocReady{groupNames[0]: ar}
+	for i, name := range groupNames[1:] {
+		gc := ac
+		gc.grpcAddr, gc.httpAddr, gc.etcdEndpoints = "127.0.0.1:0", "127.0.0.1:0", ar.etcd
+		gc.etcdPrefix, gc.group = "/leasehold/g/"+name+"/", name
+		gc.history = historyFile("allocator-" + name)
+		if groupAllocs[name], err = startAllocator(fmt.Sprintf("allocator-%d", i+2), gc); err != nil {
+			return err
+		}
+	}
+	// home is the allocator that owns the demo limit.
+	home := ar
+	if c.groups > 1 {
+		owner, err := writeDevGroupMap(ctx, ar.etcd, groupNames, groupAllocs)
+		if err != nil {
+			return err
+		}
+		home = groupAllocs[owner]
 	}
 	if !c.noDemo {
-		if err := createDemo(ctx, ar.a); err != nil {
+		if err := createDemo(ctx, home.a); err != nil {
 			return err
 		}
 	}
@@ -312,6 +351,13 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 
 	fmt.Fprintf(stdout, "leasehold dev: serving\n")
 	fmt.Fprintf(stdout, "  allocator  gRPC %s  HTTP %s  (etcd %s, data %s)\n", ar.grpc, ar.http, ar.etcd, c.dataDir)
+	for _, name := range groupNames[1:] {
+		g := groupAllocs[name]
+		fmt.Fprintf(stdout, "  allocator group %s gRPC %s  HTTP %s\n", name, g.grpc, g.http)
+	}
+	if c.groups > 1 {
+		fmt.Fprintf(stdout, "  %d allocator groups (%s); the first is group %s; agents learn the map from it\n", c.groups, strings.Join(groupNames, ", "), groupNames[0])
+	}
 	for _, r := range []string{"eu", "us"} {
 		fmt.Fprintf(stdout, "  agent %s   gRPC %s  HTTP %s  (redis %s)\n", r, got[r][0], got[r][1], redisShown[r])
 	}
@@ -341,11 +387,49 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 			defer wg.Done()
 			tctx, tcancel := context.WithTimeout(ctx, c.trafficFor)
 			defer tcancel()
-			runTraffic(tctx, stdout, ar.a, hc, scheme, gateways, map[string]float64{"eu": c.trafficEU, "us": c.trafficUS})
+			runTraffic(tctx, stdout, home.a, hc, scheme, gateways, map[string]float64{"eu": c.trafficEU, "us": c.trafficUS})
 		}()
 	}
 	<-ctx.Done()
 	return devErr(ctx)
+}
+
+// allocReady is an allocator of a dev system and its bound addresses.
+type allocReady struct {
+	a    *allocator.Allocator
+	grpc string
+	http string
+	etcd string
+}
+
+// writeDevGroupMap writes the first version of the group map of a dev
+// system (every group on its gRPC address) and returns the group that
+// owns the demo limit.
+func writeDevGroupMap(ctx context.Context, etcd string, names []string, allocs map[string]allocReady) (string, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return "", err
+	}
+	defer cli.Close()
+	var groups []groupmap.Group
+	for _, n := range names {
+		groups = append(groups, groupmap.Group{Name: n, Allocators: []string{allocs[n].grpc}})
+	}
+	store := allocator.NewMapStore(cli, allocator.DefaultGroupMapKey, allocator.DefaultMapNotice)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// Each run writes a version naming this run's addresses (the ports
+	// of groups after the first are new each run).
+	cur, rev, err := store.Get(wctx)
+	if err != nil {
+		return "", fmt.Errorf("reading the group map: %w", err)
+	}
+	m, _, err := store.Change(wctx, rev, cur, time.Now(), groupmap.Change{Groups: groups, Reason: "leasehold dev"})
+	if err != nil {
+		return "", fmt.Errorf("writing the group map: %w", err)
+	}
+	owner, _, _ := m.Owner(demoLimit, time.Now())
+	return owner, nil
 }
 
 // devErr is nil on a clean stop, else why the dev system stopped.

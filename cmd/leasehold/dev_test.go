@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/allocator"
 	"leasehold/internal/ports"
 	"leasehold/internal/syncbuf"
 	pb "leasehold/proto/leasehold/v1"
@@ -146,5 +149,62 @@ func TestAgentUsageErrors(t *testing.T) {
 		if code := run(context.Background(), args, nil, &stderr); code != 2 || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
 		}
+	}
+}
+
+// TestDevGroups: `leasehold dev --groups 2` runs two allocator groups on
+// the embedded etcd, writes the group map naming both, and the agents
+// (configured with the first group's address only) learn it and admit the
+// demo limit, which lives in the group that owns it.
+func TestDevGroups(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a whole dev system with two allocator groups")
+	}
+	dir := filepath.Join(t.TempDir(), "dev")
+	args, _, eu, us, _ := devArgs(t, dir)
+	args = append(args, "--groups", "2")
+	s := startCmd(t, args...)
+	ctx := context.Background()
+	for _, addr := range []string{eu, us} {
+		conn := dial(t, addr)
+		waitServing(t, conn, pb.RegionAgent_ServiceDesc.ServiceName, s)
+		cl := pb.NewRegionAgentClient(conn)
+		var resp *pb.CheckResponse
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			resp, err = cl.Check(ctx, &pb.CheckRequest{LimitId: demoLimit, Cost: 1})
+			if err == nil && resp.Allowed || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // the agent syncs the groups' limits and leases in the background
+		}
+		if err != nil || !resp.Allowed || resp.LimitTokens != 1000 {
+			t.Fatalf("agent %s: %v %v", addr, resp, err)
+		}
+	}
+	if !strings.Contains(s.stdout.String(), "2 allocator groups (g1, g2)") {
+		t.Errorf("dev's output does not name the groups:\n%s", s.stdout.String())
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{argValue(args, "--etcd-client-addr")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	m, _, err := allocator.NewMapStore(cli, "", 0).Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := m.Current()
+	if len(v.Groups) != 2 || v.Groups[0].Name != "g1" || v.Groups[1].Name != "g2" || v.Groups[0].Allocators[0] != argValue(args, "--allocator-grpc") {
+		t.Fatalf("group map %+v: want g1 on -allocator-grpc and g2", v)
+	}
+	owner, _, _ := m.Owner(demoLimit, time.Now())
+	resp, err := cli.Get(ctx, "/leasehold/g/"+owner+"/limits/"+demoLimit)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the demo limit is not stored in its owner group %s: %v %v", owner, resp, err)
+	}
+	s.cancel()
+	if code := s.wait(); code != 0 {
+		t.Fatalf("dev exit %d: %s", code, s.stderr)
 	}
 }

@@ -26,6 +26,7 @@ type started struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returned; exit is then set
 	exit   int
+	stdout *syncbuf.Buffer
 	stderr *syncbuf.Buffer
 }
 
@@ -38,8 +39,8 @@ func (s *started) wait() int {
 func startCmd(t *testing.T, args ...string) *started {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &started{cancel: cancel, done: make(chan struct{}), stderr: &syncbuf.Buffer{}}
-	go func() { defer close(s.done); s.exit = run(ctx, args, io.Discard, s.stderr) }()
+	s := &started{cancel: cancel, done: make(chan struct{}), stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}}
+	go func() { defer close(s.done); s.exit = run(ctx, args, s.stdout, s.stderr) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
