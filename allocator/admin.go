@@ -126,6 +126,9 @@ func (s *Server) GetLimit(ctx context.Context, req *pb.GetLimitRequest) (*pb.Get
 	if _, err := s.allow(ctx, "GetLimit", auth.ActionRead, req.GetId()); err != nil {
 		return nil, toStatus(ctx, err)
 	}
+	if err := s.a.elsewhere(req.Id); err != nil {
+		return nil, toStatus(ctx, err) // another group's limit: read it there
+	}
 	l, err := s.a.store.GetLimit(ctx, req.Id)
 	if err != nil {
 		return nil, toStatus(ctx, err)
@@ -164,10 +167,16 @@ func (s *Server) ListLimits(ctx context.Context, req *pb.ListLimitsRequest) (*pb
 		return nil, toStatus(ctx, err)
 	}
 	now := s.a.opt.now()
-	for i, l := range ls {
-		ls[i] = asShown(l, now)
+	shown := ls[:0]
+	for _, l := range ls {
+		// With allocator groups, the limits this group is the authority
+		// for: a limit that moved away keeps its record here only for
+		// the windows in progress at the move.
+		if s.a.ownedHere(l.Id) {
+			shown = append(shown, asShown(l, now))
+		}
 	}
-	return &pb.ListLimitsResponse{Limits: ls, NextPageToken: next}, nil
+	return &pb.ListLimitsResponse{Limits: shown, NextPageToken: next, Group: s.a.opt.group}, nil
 }
 
 // maxReportWindows bounds ListWindows.last.
@@ -192,7 +201,7 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	out := &pb.ListWindowsResponse{Windows: make([]*pb.WindowReport, len(reps))}
+	out := &pb.ListWindowsResponse{Windows: make([]*pb.WindowReport, len(reps)), Group: s.a.opt.group}
 	for i, r := range reps {
 		out.Windows[i] = r.ToProto()
 	}

@@ -148,6 +148,11 @@ func (a *Allocator) applyChanges(ctx context.Context, p *auth.Principal, cs chan
 	if it, err := a.validateChanges(&cs); err != nil {
 		return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, err)
 	}
+	for i := range cs.items {
+		if err := a.writableHere(cs.items[i].id()); err != nil {
+			return nil, err // not this group's to change: the caller asks the owner
+		}
+	}
 	t, err := a.currentTerm()
 	if err != nil {
 		return nil, err

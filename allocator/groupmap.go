@@ -9,9 +9,13 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"leasehold/allocator/auth"
 	"leasehold/internal/groupmap"
 	"leasehold/internal/limitspec"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -256,4 +260,125 @@ func (a *Allocator) addGroupMap(out *pb.SyncLimitsResponse, known int64) error {
 	}
 	out.GroupMap, out.GroupMapRevision = b, rev
 	return nil
+}
+
+// WrongGroupError refuses an admin call about a limit another allocator
+// group owns: it is read and written where it lives. Group and Allocator
+// (the first of its addresses) name the owner; the gRPC status is
+// FAILED_PRECONDITION with both in trailers, which quotactl follows.
+type WrongGroupError struct {
+	Limit, Group, Allocator string
+}
+
+func (e *WrongGroupError) Error() string {
+	return fmt.Sprintf("limit %q lives in allocator group %q (%s), not here: ask it there", e.Limit, e.Group, e.Allocator)
+}
+
+// writableHere refuses a change of a limit that the newest version of the
+// group map gives to another group (nil without groups). A limit that is
+// moving is changed at its new group as soon as the move is written: its
+// old group keeps its record only for the windows already in progress.
+func (a *Allocator) writableHere(limit string) error {
+	if a.opt.groupView == nil {
+		return nil
+	}
+	m, _ := a.opt.groupView.Map()
+	if len(m.Versions) == 0 {
+		return &WrongGroupError{Limit: limit, Group: "", Allocator: "(no group map is stored yet)"}
+	}
+	v := m.Current()
+	if owner := v.Owner(limit); owner != a.opt.group {
+		g, _ := v.Group(owner)
+		return &WrongGroupError{Limit: limit, Group: owner, Allocator: firstOf(g.Allocators)}
+	}
+	return nil
+}
+
+// elsewhere names the group a limit this group does not hold lives in
+// (nil when it is this group's, or without groups): reads of a limit that
+// is not here are sent there.
+func (a *Allocator) elsewhere(limit string) error {
+	if err := a.writableHere(limit); err != nil {
+		var wg *WrongGroupError
+		if errors.As(err, &wg) && wg.Group != "" {
+			return err
+		}
+	}
+	return nil
+}
+
+// ownedHere reports whether the newest version of the group map gives
+// limit to this group (true without groups): what ListLimits lists.
+func (a *Allocator) ownedHere(limit string) bool { return a.writableHere(limit) == nil }
+
+func firstOf(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	return s[0]
+}
+
+// errNoGroups refuses a group map call on an allocator that is not one of
+// several groups.
+var errNoGroups = status.Error(codes.FailedPrecondition,
+	"this allocator is not one of several allocator groups (leasehold allocator -group): there is no group map")
+
+// GetGroupMap implements pb.AdminServer.
+func (s *Server) GetGroupMap(ctx context.Context, _ *pb.GetGroupMapRequest) (*pb.GetGroupMapResponse, error) {
+	if _, err := s.allow(ctx, "GetGroupMap", auth.ActionRead, ""); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	out := &pb.GetGroupMapResponse{Leader: s.a.Leader()}
+	if s.a.opt.groupView == nil {
+		return out, nil
+	}
+	out.Group = s.a.opt.group
+	m, rev := s.a.opt.groupView.Map()
+	if rev > 0 {
+		b, err := groupmap.Encode(m)
+		if err != nil {
+			return nil, toStatus(ctx, err)
+		}
+		out.Map, out.Revision = b, rev
+	}
+	return out, nil
+}
+
+// ChangeGroupMap implements pb.AdminServer (admins only).
+func (s *Server) ChangeGroupMap(ctx context.Context, req *pb.ChangeGroupMapRequest) (*pb.ChangeGroupMapResponse, error) {
+	p, err := s.allow(ctx, "ChangeGroupMap", auth.ActionGroups, "")
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	if s.a.opt.groupView == nil {
+		return nil, errNoGroups
+	}
+	if len(req.GetGroups()) > groupmap.MaxGroups || len(req.GetPlace()) > groupmap.MaxPlacements || len(req.GetUnplace()) > groupmap.MaxPlacements {
+		return nil, toStatus(ctx, fieldErr("groups", "at most %d groups and %d placements", groupmap.MaxGroups, groupmap.MaxPlacements))
+	}
+	change := groupmap.Change{Place: req.GetPlace(), Unplace: req.GetUnplace(), Reason: req.GetReason()}
+	for _, g := range req.GetGroups() {
+		change.Groups = append(change.Groups, groupmap.Group{Name: g.GetName(), Allocators: g.GetAllocators()})
+	}
+	store := s.a.opt.groupView.store
+	cur, rev, err := store.Get(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	if rev != req.GetExpectedRevision() {
+		return nil, toStatus(ctx, fmt.Errorf("%w: the group map is at revision %d, not %d", ErrMapChanged, rev, req.GetExpectedRevision()))
+	}
+	m, nrev, err := store.Change(ctx, rev, cur, s.a.opt.now(), change)
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	_ = s.a.opt.groupView.read(ctx) // this group knows the new version at once
+	v := m.Current()
+	s.a.log.Info("allocator: group map changed", "principal", p.Name, "version", v.Number, "from", v.From,
+		"groups", len(v.Groups), "placements", len(v.Place), "reason", vocab.Cap(v.Reason, 200))
+	b, err := groupmap.Encode(m)
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	return &pb.ChangeGroupMapResponse{Map: b, Revision: nrev}, nil
 }

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -47,16 +48,29 @@ func TestGroupsGrantEachWindowOnce(t *testing.T) {
 		}
 		r := &runningAllocator{Allocator: a, Running: allocatortest.Run(t, a)}
 		allocatortest.WaitLeader(t, r)
+		return r, view
+	}
+	// The limit is written where it lives: at a, and at b once the map
+	// places it there (as quotactl groups place copies it).
+	put := func(a *runningAllocator) {
+		t.Helper()
 		l, err := a.PutLimit(ctx, &pb.Limit{Id: "t/x", LimitTokens: 100, Window: durationpb.New(W), Regions: []string{"eu", "us"},
 			Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(W)}}, Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitLimit(t, a, l.Id, l.Version)
-		return r, view
+		waitLimit(t, a.Allocator, l.Id, l.Version)
 	}
 	a, viewA := start("a")
 	b, viewB := start("b")
+	if err := viewA.Wait(ctx, rev1); err != nil {
+		t.Fatal(err)
+	}
+	put(a)
+	if _, err := b.PutLimit(ctx, &pb.Limit{Id: "t/x", LimitTokens: 1, Window: durationpb.New(W), Regions: []string{"eu"},
+		Mode: pb.Mode_MODE_STRICT}, Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}); !strings.Contains(fmt.Sprint(err), `lives in allocator group "a"`) {
+		t.Fatalf("writing a's limit at b: err = %v, want a refusal naming a", err)
+	}
 	n := 0
 	ask := func(al *runningAllocator, next bool) *pb.LeaseResult {
 		t.Helper()
@@ -110,6 +124,7 @@ func TestGroupsGrantEachWindowOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	put(b)
 	expect("a, the window in progress at the move", ask(a, false), "")
 	expect("b, the window in progress at the move", ask(b, false), "a")
 	expect("a, the first window after the move", ask(a, true), "b")

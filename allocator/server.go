@@ -53,13 +53,14 @@ func toStatus(ctx context.Context, err error) error {
 		return nil
 	}
 	var nl *NotLeaderError
+	var wg *WrongGroupError
 	code := codes.Internal
 	switch {
 	case errors.Is(err, vocab.ErrInvalid):
 		code = codes.InvalidArgument
 	case errors.Is(err, ErrNotFound):
 		code = codes.NotFound
-	case errors.Is(err, ErrVersionMismatch):
+	case errors.Is(err, ErrVersionMismatch), errors.Is(err, ErrMapChanged):
 		code = codes.Aborted
 	case errors.Is(err, auth.ErrUnauthenticated):
 		code = codes.Unauthenticated
@@ -69,6 +70,11 @@ func toStatus(ctx context.Context, err error) error {
 		code = codes.Unavailable
 		if nl.Leader != "" {
 			_ = grpc.SetTrailer(ctx, metadata.Pairs(vocab.LeaderMetadataKey, nl.Leader))
+		}
+	case errors.As(err, &wg):
+		code = codes.FailedPrecondition
+		if wg.Group != "" {
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(vocab.GroupMetadataKey, wg.Group, vocab.GroupAllocatorMetadataKey, wg.Allocator))
 		}
 	case errors.Is(err, ErrFenced), errors.Is(err, ErrStopped), errors.Is(err, errTermEnded):
 		code = codes.Unavailable

@@ -121,6 +121,8 @@ const (
 	ActionWrite Action = "write"
 	// ActionAudit reads the audit log.
 	ActionAudit Action = "audit"
+	// ActionGroups changes the map of allocator groups.
+	ActionGroups Action = "groups"
 	// ActionLease acquires and returns leases and reports usage for a
 	// region; only agents of that region may.
 	ActionLease Action = "lease"
@@ -166,7 +168,7 @@ func (p *Principal) Allow(action Action, limitID, region string) error {
 			}
 			return fmt.Errorf("%w: %s (editor of %s) may not change %q", ErrDenied, p.Name, strings.Join(p.Scopes, ", "), limitID)
 		}
-	case ActionAudit:
+	case ActionAudit, ActionGroups:
 		if p.Role == RoleAdmin {
 			return nil
 		}

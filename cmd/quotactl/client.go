@@ -73,6 +73,7 @@ type env struct {
 	stdout io.Writer
 	conns  map[string]*grpc.ClientConn // by address; closed by close
 	dial   []grpc.DialOption           // built from globals.sec on first use
+	groups groupState                  // the allocator groups' map, read once (groups.go)
 }
 
 func newEnv(stdout io.Writer) *env {
@@ -115,21 +116,56 @@ type adminRPC func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) e
 // once there (a follower refused, so nothing was written), and later calls
 // of this invocation go straight to that leader. The error it returns is
 // worded for the user.
+//
+// With allocator groups, a limit is read and written where it lives: an
+// allocator of another group answers FAILED_PRECONDITION naming the
+// group the limit lives in and one of its allocators, and the call is
+// made there (once; this invocation's later calls still start at
+// --allocator, since they may be about limits of other groups).
 func (e *env) admin(ctx context.Context, rpc adminRPC) error {
-	addr, via := e.addr, ""
-	for attempt := 0; ; attempt++ {
+	return e.adminAt(ctx, e.addr, true, rpc)
+}
+
+// adminAt is admin against addr; follow says whether a group's refusal is
+// followed to the group named, and the first address is kept for later
+// calls.
+func (e *env) adminAt(ctx context.Context, addr string, follow bool, rpc adminRPC) error {
+	via := ""
+	leaderHops, groupHops := 0, 0
+	for {
 		var trailer metadata.MD
 		err := e.once(ctx, addr, rpc, &trailer)
 		if err == nil {
-			e.addr = addr
+			if groupHops == 0 && addr != e.addr && follow {
+				e.addr = addr
+			}
 			return nil
 		}
-		if leader := redirectTarget(err, trailer, addr); attempt == 0 && leader != "" {
-			addr, via = leader, addr
+		if leader := redirectTarget(err, trailer, addr); leaderHops == 0 && leader != "" {
+			addr, via = leader, "leader named by "+addr
+			leaderHops++
+			continue
+		}
+		if group, owner := groupTarget(err, trailer, addr); follow && groupHops == 0 && owner != "" {
+			addr, via = owner, "allocator group "+group+", named by "+addr
+			groupHops, leaderHops = groupHops+1, 0
 			continue
 		}
 		return e.describe(ctx, err, addr, via)
 	}
+}
+
+// groupTarget returns the group and allocator an allocator of another
+// group named, or "" when err is not such a refusal.
+func groupTarget(err error, trailer metadata.MD, addr string) (group, owner string) {
+	if status.Code(err) != codes.FailedPrecondition {
+		return "", ""
+	}
+	g, a := trailer.Get(vocab.GroupMetadataKey), trailer.Get(vocab.GroupAllocatorMetadataKey)
+	if len(g) == 0 || len(a) == 0 || a[0] == addr || checkAddr(a[0]) != nil {
+		return "", ""
+	}
+	return vocab.Cap(g[0], 64), a[0]
 }
 
 func (e *env) once(ctx context.Context, addr string, rpc adminRPC, trailer *metadata.MD) error {
@@ -160,7 +196,7 @@ func redirectTarget(err error, trailer metadata.MD, addr string) string {
 func (e *env) describe(ctx context.Context, err error, addr, via string) error {
 	where := "allocator " + addr
 	if via != "" {
-		where += " (leader named by " + via + ")"
+		where += " (" + via + ")"
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("interrupted: %v", ctx.Err())

@@ -9,9 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"leasehold/internal/limitspec"
@@ -200,13 +198,7 @@ write, nothing is applied. Plan again after a refusal.`,
 				return fmt.Errorf("the live limits moved since the plan: %s; nothing was applied: plan again", m)
 			}
 			req := p.request(ch.reason, ch.effective, ch.dryRun)
-			var resp *pb.ApplyLimitsResponse
-			var code codes.Code
-			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
-				resp, err = c.ApplyLimits(ctx, req, opt)
-				code = status.Code(err)
-				return err
-			})
+			resp, code, err := e.applyByGroup(ctx, req)
 			if err != nil {
 				if code == codes.Aborted {
 					return fmt.Errorf("nothing was applied: %v (the live limits moved since the plan: plan again)", err)

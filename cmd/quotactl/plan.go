@@ -365,33 +365,60 @@ func (e *env) listScope(ctx context.Context, manage []string) ([]*pb.Limit, erro
 	return all, nil
 }
 
-// listLimits lists every limit under prefix, following pages.
+// listLimits lists every limit under prefix, following pages; with
+// allocator groups, every group's, in id order.
 func (e *env) listLimits(ctx context.Context, prefix string, pageSize int32) ([]*pb.Limit, error) {
 	var all []*pb.Limit
-	token := ""
-	for page := 0; ; page++ {
-		if page == maxListPages {
-			return nil, errors.New("more than " + strconv.Itoa(maxListPages) + " pages; narrow the list with --prefix")
+	listedBy := map[*pb.Limit]string{} // the group that listed it
+	pages := 0
+	err := e.eachGroup(ctx, func(call func(adminRPC) error) (group string, err error) {
+		token := ""
+		for {
+			if pages == maxListPages {
+				return "", errors.New("more than " + strconv.Itoa(maxListPages) + " pages; narrow the list with --prefix")
+			}
+			pages++
+			req := &pb.ListLimitsRequest{Prefix: prefix, PageSize: pageSize, PageToken: token}
+			var resp *pb.ListLimitsResponse
+			err := call(func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+				resp, err = c.ListLimits(ctx, req, opt)
+				return err
+			})
+			if err != nil {
+				return "", err
+			}
+			for _, l := range resp.GetLimits() {
+				all = append(all, l)
+				listedBy[l] = resp.GetGroup()
+			}
+			group = resp.GetGroup()
+			next := resp.GetNextPageToken()
+			if next == "" {
+				return group, nil
+			}
+			if next == token {
+				return "", errors.New("allocator returned the same page token twice")
+			}
+			token = next
 		}
-		req := &pb.ListLimitsRequest{Prefix: prefix, PageSize: pageSize, PageToken: token}
-		var resp *pb.ListLimitsResponse
-		err := e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
-			resp, err = c.ListLimits(ctx, req, opt)
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		all = append(all, resp.GetLimits()...)
-		next := resp.GetNextPageToken()
-		if next == "" {
-			return all, nil
-		}
-		if next == token {
-			return nil, errors.New("allocator returned the same page token twice")
-		}
-		token = next
+	})
+	if err != nil {
+		return nil, err
 	}
+	slices.SortStableFunc(all, func(a, b *pb.Limit) int { return strings.Compare(a.GetId(), b.GetId()) })
+	// A group that has not read a new map yet still lists a limit that
+	// moved away: keep the copy of the group the map names.
+	out := all[:0]
+	for i, l := range all {
+		if i > 0 && all[i-1].GetId() == l.GetId() {
+			if e.groups.ownerOf(l.GetId()) == listedBy[l] {
+				out[len(out)-1] = l
+			}
+			continue
+		}
+		out = append(out, l)
+	}
+	return out, nil
 }
 
 // printPlan writes p for people: one block per change, then a summary.

@@ -56,20 +56,50 @@ report it.`,
 				return err
 			}
 			req := &pb.ListWindowsRequest{LimitId: id, Last: last}
-			var resp *pb.ListWindowsResponse
-			var code codes.Code // of the last attempt
-			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
-				resp, err = c.ListWindows(ctx, req, opt)
-				code = status.Code(err)
-				return err
-			})
-			if err != nil {
+			// With allocator groups the reports of a limit that moved are
+			// in the groups that owned its windows: gather them all.
+			var ws []*pb.WindowReport
+			found := false
+			var notFound error
+			list := func(call func(adminRPC) error) (string, error) {
+				var resp *pb.ListWindowsResponse
+				var code codes.Code // of the last attempt
+				err := call(func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+					resp, err = c.ListWindows(ctx, req, opt)
+					code = status.Code(err)
+					return err
+				})
 				if code == codes.NotFound && ctx.Err() == nil {
-					return fmt.Errorf("no limit %q (%v)", id, err)
+					notFound = err
+					return "", nil
 				}
+				if err != nil {
+					return "", err
+				}
+				found = true
+				ws = append(ws, resp.GetWindows()...)
+				return resp.GetGroup(), nil
+			}
+			group, err := list(func(rpc adminRPC) error { return e.admin(ctx, rpc) })
+			if err != nil {
 				return err
 			}
-			return e.printWindows(orderWindows(resp.GetWindows(), int(last)))
+			if group != "" || !found {
+				// One of several groups, or not here: maybe elsewhere.
+				g, err := e.groupMap(ctx)
+				if err != nil {
+					return err
+				}
+				if g.active() {
+					if err := e.otherGroups(ctx, g.group, list); err != nil {
+						return err
+					}
+				}
+			}
+			if !found {
+				return fmt.Errorf("no limit %q (%v)", id, notFound)
+			}
+			return e.printWindows(orderWindows(ws, int(last)))
 		}
 	},
 }

@@ -138,6 +138,304 @@ func (AuditOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{1}
 }
 
+type GetGroupMapRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetGroupMapRequest) Reset() {
+	*x = GetGroupMapRequest{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetGroupMapRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetGroupMapRequest) ProtoMessage() {}
+
+func (x *GetGroupMapRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetGroupMapRequest.ProtoReflect.Descriptor instead.
+func (*GetGroupMapRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+type GetGroupMapResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// group is the answering allocator's group; empty without groups.
+	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// leader is the group's leader address as the answering replica knows it.
+	Leader string `protobuf:"bytes,2,opt,name=leader,proto3" json:"leader,omitempty"`
+	// map is the group map (JSON, see docs/operations.md); empty without
+	// groups or before one is stored.
+	Map []byte `protobuf:"bytes,3,opt,name=map,proto3" json:"map,omitempty"`
+	// revision is the etcd revision the map was stored at.
+	Revision      int64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetGroupMapResponse) Reset() {
+	*x = GetGroupMapResponse{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetGroupMapResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetGroupMapResponse) ProtoMessage() {}
+
+func (x *GetGroupMapResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetGroupMapResponse.ProtoReflect.Descriptor instead.
+func (*GetGroupMapResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetGroupMapResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GetGroupMapResponse) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+func (x *GetGroupMapResponse) GetMap() []byte {
+	if x != nil {
+		return x.Map
+	}
+	return nil
+}
+
+func (x *GetGroupMapResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// GroupSpec is one allocator group of the map.
+type GroupSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name: 1-32 of [a-z0-9-], starting and ending with a letter or digit.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// allocators: 1-16 host:port addresses of the group's replicas.
+	Allocators    []string `protobuf:"bytes,2,rep,name=allocators,proto3" json:"allocators,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupSpec) Reset() {
+	*x = GroupSpec{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupSpec) ProtoMessage() {}
+
+func (x *GroupSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupSpec.ProtoReflect.Descriptor instead.
+func (*GroupSpec) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GroupSpec) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GroupSpec) GetAllocators() []string {
+	if x != nil {
+		return x.Allocators
+	}
+	return nil
+}
+
+type ChangeGroupMapRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// expected_revision is the map's revision the change was made from (0:
+	// no map stored yet).
+	ExpectedRevision int64 `protobuf:"varint,1,opt,name=expected_revision,json=expectedRevision,proto3" json:"expected_revision,omitempty"`
+	// groups, when not empty, replace the map's groups.
+	Groups []*GroupSpec `protobuf:"bytes,2,rep,name=groups,proto3" json:"groups,omitempty"`
+	// place places limits on groups explicitly (limit id -> group name).
+	Place map[string]string `protobuf:"bytes,3,rep,name=place,proto3" json:"place,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// unplace gives limits back to hashing.
+	Unplace []string `protobuf:"bytes,4,rep,name=unplace,proto3" json:"unplace,omitempty"`
+	// reason is recorded with the version (audit), at most 512 characters.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeGroupMapRequest) Reset() {
+	*x = ChangeGroupMapRequest{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeGroupMapRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeGroupMapRequest) ProtoMessage() {}
+
+func (x *ChangeGroupMapRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeGroupMapRequest.ProtoReflect.Descriptor instead.
+func (*ChangeGroupMapRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ChangeGroupMapRequest) GetExpectedRevision() int64 {
+	if x != nil {
+		return x.ExpectedRevision
+	}
+	return 0
+}
+
+func (x *ChangeGroupMapRequest) GetGroups() []*GroupSpec {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *ChangeGroupMapRequest) GetPlace() map[string]string {
+	if x != nil {
+		return x.Place
+	}
+	return nil
+}
+
+func (x *ChangeGroupMapRequest) GetUnplace() []string {
+	if x != nil {
+		return x.Unplace
+	}
+	return nil
+}
+
+func (x *ChangeGroupMapRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ChangeGroupMapResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Map           []byte                 `protobuf:"bytes,1,opt,name=map,proto3" json:"map,omitempty"`
+	Revision      int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeGroupMapResponse) Reset() {
+	*x = ChangeGroupMapResponse{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeGroupMapResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeGroupMapResponse) ProtoMessage() {}
+
+func (x *ChangeGroupMapResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeGroupMapResponse.ProtoReflect.Descriptor instead.
+func (*ChangeGroupMapResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ChangeGroupMapResponse) GetMap() []byte {
+	if x != nil {
+		return x.Map
+	}
+	return nil
+}
+
+func (x *ChangeGroupMapResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type PutLimitRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Limit           *Limit                 `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
@@ -153,7 +451,7 @@ type PutLimitRequest struct {
 
 func (x *PutLimitRequest) Reset() {
 	*x = PutLimitRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[0]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -165,7 +463,7 @@ func (x *PutLimitRequest) String() string {
 func (*PutLimitRequest) ProtoMessage() {}
 
 func (x *PutLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[0]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -178,7 +476,7 @@ func (x *PutLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutLimitRequest.ProtoReflect.Descriptor instead.
 func (*PutLimitRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PutLimitRequest) GetLimit() *Limit {
@@ -227,7 +525,7 @@ type PutLimitResponse struct {
 
 func (x *PutLimitResponse) Reset() {
 	*x = PutLimitResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[1]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -239,7 +537,7 @@ func (x *PutLimitResponse) String() string {
 func (*PutLimitResponse) ProtoMessage() {}
 
 func (x *PutLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[1]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -252,7 +550,7 @@ func (x *PutLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutLimitResponse.ProtoReflect.Descriptor instead.
 func (*PutLimitResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PutLimitResponse) GetLimit() *Limit {
@@ -278,7 +576,7 @@ type GetLimitRequest struct {
 
 func (x *GetLimitRequest) Reset() {
 	*x = GetLimitRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[2]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -290,7 +588,7 @@ func (x *GetLimitRequest) String() string {
 func (*GetLimitRequest) ProtoMessage() {}
 
 func (x *GetLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[2]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -303,7 +601,7 @@ func (x *GetLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLimitRequest.ProtoReflect.Descriptor instead.
 func (*GetLimitRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetLimitRequest) GetId() string {
@@ -322,7 +620,7 @@ type GetLimitResponse struct {
 
 func (x *GetLimitResponse) Reset() {
 	*x = GetLimitResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[3]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +632,7 @@ func (x *GetLimitResponse) String() string {
 func (*GetLimitResponse) ProtoMessage() {}
 
 func (x *GetLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[3]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +645,7 @@ func (x *GetLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLimitResponse.ProtoReflect.Descriptor instead.
 func (*GetLimitResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetLimitResponse) GetLimit() *Limit {
@@ -370,7 +668,7 @@ type ListLimitsRequest struct {
 
 func (x *ListLimitsRequest) Reset() {
 	*x = ListLimitsRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[4]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +680,7 @@ func (x *ListLimitsRequest) String() string {
 func (*ListLimitsRequest) ProtoMessage() {}
 
 func (x *ListLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[4]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +693,7 @@ func (x *ListLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLimitsRequest.ProtoReflect.Descriptor instead.
 func (*ListLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListLimitsRequest) GetPrefix() string {
@@ -423,13 +721,17 @@ type ListLimitsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Limits        []*Limit               `protobuf:"bytes,1,rep,name=limits,proto3" json:"limits,omitempty"`
 	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// group is the answering allocator's group when the limits live in
+	// several allocator groups: limits are then this group's only, and the
+	// others are listed at the other groups (GetGroupMap). Empty otherwise.
+	Group         string `protobuf:"bytes,3,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListLimitsResponse) Reset() {
 	*x = ListLimitsResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[5]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -441,7 +743,7 @@ func (x *ListLimitsResponse) String() string {
 func (*ListLimitsResponse) ProtoMessage() {}
 
 func (x *ListLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[5]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -454,7 +756,7 @@ func (x *ListLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLimitsResponse.ProtoReflect.Descriptor instead.
 func (*ListLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListLimitsResponse) GetLimits() []*Limit {
@@ -467,6 +769,13 @@ func (x *ListLimitsResponse) GetLimits() []*Limit {
 func (x *ListLimitsResponse) GetNextPageToken() string {
 	if x != nil {
 		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListLimitsResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
 	}
 	return ""
 }
@@ -484,7 +793,7 @@ type DeleteLimitRequest struct {
 
 func (x *DeleteLimitRequest) Reset() {
 	*x = DeleteLimitRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[6]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +805,7 @@ func (x *DeleteLimitRequest) String() string {
 func (*DeleteLimitRequest) ProtoMessage() {}
 
 func (x *DeleteLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[6]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +818,7 @@ func (x *DeleteLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteLimitRequest.ProtoReflect.Descriptor instead.
 func (*DeleteLimitRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteLimitRequest) GetId() string {
@@ -549,7 +858,7 @@ type DeleteLimitResponse struct {
 
 func (x *DeleteLimitResponse) Reset() {
 	*x = DeleteLimitResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[7]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +870,7 @@ func (x *DeleteLimitResponse) String() string {
 func (*DeleteLimitResponse) ProtoMessage() {}
 
 func (x *DeleteLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[7]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +883,7 @@ func (x *DeleteLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteLimitResponse.ProtoReflect.Descriptor instead.
 func (*DeleteLimitResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteLimitResponse) GetEffect() *ChangeEffect {
@@ -601,7 +910,7 @@ type LimitChange struct {
 
 func (x *LimitChange) Reset() {
 	*x = LimitChange{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +922,7 @@ func (x *LimitChange) String() string {
 func (*LimitChange) ProtoMessage() {}
 
 func (x *LimitChange) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[8]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +935,7 @@ func (x *LimitChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitChange.ProtoReflect.Descriptor instead.
 func (*LimitChange) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LimitChange) GetChange() isLimitChange_Change {
@@ -692,7 +1001,7 @@ type ApplyLimitsRequest struct {
 
 func (x *ApplyLimitsRequest) Reset() {
 	*x = ApplyLimitsRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +1013,7 @@ func (x *ApplyLimitsRequest) String() string {
 func (*ApplyLimitsRequest) ProtoMessage() {}
 
 func (x *ApplyLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[9]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +1026,7 @@ func (x *ApplyLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyLimitsRequest.ProtoReflect.Descriptor instead.
 func (*ApplyLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ApplyLimitsRequest) GetChanges() []*LimitChange {
@@ -762,7 +1071,7 @@ type ApplyLimitsResponse struct {
 
 func (x *ApplyLimitsResponse) Reset() {
 	*x = ApplyLimitsResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +1083,7 @@ func (x *ApplyLimitsResponse) String() string {
 func (*ApplyLimitsResponse) ProtoMessage() {}
 
 func (x *ApplyLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[10]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +1096,7 @@ func (x *ApplyLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyLimitsResponse.ProtoReflect.Descriptor instead.
 func (*ApplyLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ApplyLimitsResponse) GetLimits() []*Limit {
@@ -824,7 +1133,7 @@ type FieldChange struct {
 
 func (x *FieldChange) Reset() {
 	*x = FieldChange{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +1145,7 @@ func (x *FieldChange) String() string {
 func (*FieldChange) ProtoMessage() {}
 
 func (x *FieldChange) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[11]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +1158,7 @@ func (x *FieldChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldChange.ProtoReflect.Descriptor instead.
 func (*FieldChange) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FieldChange) GetField() string {
@@ -907,7 +1216,7 @@ type ChangeEffect struct {
 
 func (x *ChangeEffect) Reset() {
 	*x = ChangeEffect{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[12]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1228,7 @@ func (x *ChangeEffect) String() string {
 func (*ChangeEffect) ProtoMessage() {}
 
 func (x *ChangeEffect) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[12]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1241,7 @@ func (x *ChangeEffect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeEffect.ProtoReflect.Descriptor instead.
 func (*ChangeEffect) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ChangeEffect) GetLimitId() string {
@@ -1038,7 +1347,7 @@ type LimitHistoryRequest struct {
 
 func (x *LimitHistoryRequest) Reset() {
 	*x = LimitHistoryRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[13]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1359,7 @@ func (x *LimitHistoryRequest) String() string {
 func (*LimitHistoryRequest) ProtoMessage() {}
 
 func (x *LimitHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[13]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1372,7 @@ func (x *LimitHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitHistoryRequest.ProtoReflect.Descriptor instead.
 func (*LimitHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LimitHistoryRequest) GetId() string {
@@ -1097,7 +1406,7 @@ type LimitHistoryResponse struct {
 
 func (x *LimitHistoryResponse) Reset() {
 	*x = LimitHistoryResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[14]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1418,7 @@ func (x *LimitHistoryResponse) String() string {
 func (*LimitHistoryResponse) ProtoMessage() {}
 
 func (x *LimitHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[14]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1431,7 @@ func (x *LimitHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitHistoryResponse.ProtoReflect.Descriptor instead.
 func (*LimitHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LimitHistoryResponse) GetEvents() []*AuditEvent {
@@ -1154,7 +1463,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[15]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1475,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[15]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1488,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListAuditRequest) GetSince() *timestamppb.Timestamp {
@@ -1220,7 +1529,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[16]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1541,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[16]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1554,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListAuditResponse) GetEvents() []*AuditEvent {
@@ -1293,7 +1602,7 @@ type AuditEvent struct {
 
 func (x *AuditEvent) Reset() {
 	*x = AuditEvent{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[17]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1305,7 +1614,7 @@ func (x *AuditEvent) String() string {
 func (*AuditEvent) ProtoMessage() {}
 
 func (x *AuditEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[17]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1318,7 +1627,7 @@ func (x *AuditEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
 func (*AuditEvent) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AuditEvent) GetId() string {
@@ -1441,7 +1750,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[18]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1762,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[18]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1775,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 type WhoAmIResponse struct {
@@ -1484,7 +1793,7 @@ type WhoAmIResponse struct {
 
 func (x *WhoAmIResponse) Reset() {
 	*x = WhoAmIResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[19]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1805,7 @@ func (x *WhoAmIResponse) String() string {
 func (*WhoAmIResponse) ProtoMessage() {}
 
 func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[19]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1818,7 @@ func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
 func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WhoAmIResponse) GetPrincipal() string {
@@ -1559,7 +1868,7 @@ type ListWindowsRequest struct {
 
 func (x *ListWindowsRequest) Reset() {
 	*x = ListWindowsRequest{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[20]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1880,7 @@ func (x *ListWindowsRequest) String() string {
 func (*ListWindowsRequest) ProtoMessage() {}
 
 func (x *ListWindowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[20]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1893,7 @@ func (x *ListWindowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWindowsRequest.ProtoReflect.Descriptor instead.
 func (*ListWindowsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListWindowsRequest) GetLimitId() string {
@@ -1602,15 +1911,20 @@ func (x *ListWindowsRequest) GetLast() int32 {
 }
 
 type ListWindowsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Windows       []*WindowReport        `protobuf:"bytes,1,rep,name=windows,proto3" json:"windows,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Windows []*WindowReport        `protobuf:"bytes,1,rep,name=windows,proto3" json:"windows,omitempty"`
+	// group is the answering allocator's group when the limits live in
+	// several allocator groups: windows are then the ones this group owned;
+	// a limit that moved has older windows at its earlier group. Empty
+	// otherwise.
+	Group         string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListWindowsResponse) Reset() {
 	*x = ListWindowsResponse{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[21]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1622,7 +1936,7 @@ func (x *ListWindowsResponse) String() string {
 func (*ListWindowsResponse) ProtoMessage() {}
 
 func (x *ListWindowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[21]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1635,7 +1949,7 @@ func (x *ListWindowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWindowsResponse.ProtoReflect.Descriptor instead.
 func (*ListWindowsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListWindowsResponse) GetWindows() []*WindowReport {
@@ -1643,6 +1957,13 @@ func (x *ListWindowsResponse) GetWindows() []*WindowReport {
 		return x.Windows
 	}
 	return nil
+}
+
+func (x *ListWindowsResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
 }
 
 // WindowReport is one (limit, window): what SREs hold against G.
@@ -1678,7 +1999,7 @@ type WindowReport struct {
 
 func (x *WindowReport) Reset() {
 	*x = WindowReport{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[22]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +2011,7 @@ func (x *WindowReport) String() string {
 func (*WindowReport) ProtoMessage() {}
 
 func (x *WindowReport) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[22]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +2024,7 @@ func (x *WindowReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowReport.ProtoReflect.Descriptor instead.
 func (*WindowReport) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WindowReport) GetLimitId() string {
@@ -1831,7 +2152,7 @@ type BoundTerms struct {
 
 func (x *BoundTerms) Reset() {
 	*x = BoundTerms{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[23]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +2164,7 @@ func (x *BoundTerms) String() string {
 func (*BoundTerms) ProtoMessage() {}
 
 func (x *BoundTerms) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[23]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +2177,7 @@ func (x *BoundTerms) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BoundTerms.ProtoReflect.Descriptor instead.
 func (*BoundTerms) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *BoundTerms) GetCarryOver() int64 {
@@ -1898,7 +2219,31 @@ var File_leasehold_v1_admin_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19leasehold/v1/limits.proto\"\xe9\x01\n" +
+	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19leasehold/v1/limits.proto\"\x14\n" +
+	"\x12GetGroupMapRequest\"q\n" +
+	"\x13GetGroupMapResponse\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x10\n" +
+	"\x03map\x18\x03 \x01(\fR\x03map\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x03R\brevision\"?\n" +
+	"\tGroupSpec\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
+	"\n" +
+	"allocators\x18\x02 \x03(\tR\n" +
+	"allocators\"\xa7\x02\n" +
+	"\x15ChangeGroupMapRequest\x12+\n" +
+	"\x11expected_revision\x18\x01 \x01(\x03R\x10expectedRevision\x12/\n" +
+	"\x06groups\x18\x02 \x03(\v2\x17.leasehold.v1.GroupSpecR\x06groups\x12D\n" +
+	"\x05place\x18\x03 \x03(\v2..leasehold.v1.ChangeGroupMapRequest.PlaceEntryR\x05place\x12\x18\n" +
+	"\aunplace\x18\x04 \x03(\tR\aunplace\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x1a8\n" +
+	"\n" +
+	"PlaceEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
+	"\x16ChangeGroupMapResponse\x12\x10\n" +
+	"\x03map\x18\x01 \x01(\fR\x03map\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"\xe9\x01\n" +
 	"\x0fPutLimitRequest\x12)\n" +
 	"\x05limit\x18\x01 \x01(\v2\x13.leasehold.v1.LimitR\x05limit\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x16\n" +
@@ -1917,10 +2262,11 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"i\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x7f\n" +
 	"\x12ListLimitsResponse\x12+\n" +
 	"\x06limits\x18\x01 \x03(\v2\x13.leasehold.v1.LimitR\x06limits\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9a\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x14\n" +
+	"\x05group\x18\x03 \x01(\tR\x05group\"\x9a\x01\n" +
 	"\x12DeleteLimitRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x16\n" +
@@ -2010,9 +2356,10 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x06region\x18\x05 \x01(\tR\x06region\"C\n" +
 	"\x12ListWindowsRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
-	"\x04last\x18\x02 \x01(\x05R\x04last\"K\n" +
+	"\x04last\x18\x02 \x01(\x05R\x04last\"a\n" +
 	"\x13ListWindowsResponse\x124\n" +
-	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\"\xc2\x06\n" +
+	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\"\xc2\x06\n" +
 	"\fWindowReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2056,7 +2403,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x15AUDIT_OUTCOME_APPLIED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x1a\n" +
 	"\x16AUDIT_OUTCOME_CONFLICT\x10\x03\x12\x19\n" +
-	"\x15AUDIT_OUTCOME_INVALID\x10\x042\xd4\x05\n" +
+	"\x15AUDIT_OUTCOME_INVALID\x10\x042\x85\a\n" +
 	"\x05Admin\x12I\n" +
 	"\bPutLimit\x12\x1d.leasehold.v1.PutLimitRequest\x1a\x1e.leasehold.v1.PutLimitResponse\x12I\n" +
 	"\bGetLimit\x12\x1d.leasehold.v1.GetLimitRequest\x1a\x1e.leasehold.v1.GetLimitResponse\x12O\n" +
@@ -2067,7 +2414,9 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\vApplyLimits\x12 .leasehold.v1.ApplyLimitsRequest\x1a!.leasehold.v1.ApplyLimitsResponse\x12U\n" +
 	"\fLimitHistory\x12!.leasehold.v1.LimitHistoryRequest\x1a\".leasehold.v1.LimitHistoryResponse\x12L\n" +
 	"\tListAudit\x12\x1e.leasehold.v1.ListAuditRequest\x1a\x1f.leasehold.v1.ListAuditResponse\x12C\n" +
-	"\x06WhoAmI\x12\x1b.leasehold.v1.WhoAmIRequest\x1a\x1c.leasehold.v1.WhoAmIResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
+	"\x06WhoAmI\x12\x1b.leasehold.v1.WhoAmIRequest\x1a\x1c.leasehold.v1.WhoAmIResponse\x12R\n" +
+	"\vGetGroupMap\x12 .leasehold.v1.GetGroupMapRequest\x1a!.leasehold.v1.GetGroupMapResponse\x12[\n" +
+	"\x0eChangeGroupMap\x12#.leasehold.v1.ChangeGroupMapRequest\x1a$.leasehold.v1.ChangeGroupMapResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_admin_proto_rawDescOnce sync.Once
@@ -2082,94 +2431,106 @@ func file_leasehold_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_leasehold_v1_admin_proto_goTypes = []any{
-	(Effective)(0),                // 0: leasehold.v1.Effective
-	(AuditOutcome)(0),             // 1: leasehold.v1.AuditOutcome
-	(*PutLimitRequest)(nil),       // 2: leasehold.v1.PutLimitRequest
-	(*PutLimitResponse)(nil),      // 3: leasehold.v1.PutLimitResponse
-	(*GetLimitRequest)(nil),       // 4: leasehold.v1.GetLimitRequest
-	(*GetLimitResponse)(nil),      // 5: leasehold.v1.GetLimitResponse
-	(*ListLimitsRequest)(nil),     // 6: leasehold.v1.ListLimitsRequest
-	(*ListLimitsResponse)(nil),    // 7: leasehold.v1.ListLimitsResponse
-	(*DeleteLimitRequest)(nil),    // 8: leasehold.v1.DeleteLimitRequest
-	(*DeleteLimitResponse)(nil),   // 9: leasehold.v1.DeleteLimitResponse
-	(*LimitChange)(nil),           // 10: leasehold.v1.LimitChange
-	(*ApplyLimitsRequest)(nil),    // 11: leasehold.v1.ApplyLimitsRequest
-	(*ApplyLimitsResponse)(nil),   // 12: leasehold.v1.ApplyLimitsResponse
-	(*FieldChange)(nil),           // 13: leasehold.v1.FieldChange
-	(*ChangeEffect)(nil),          // 14: leasehold.v1.ChangeEffect
-	(*LimitHistoryRequest)(nil),   // 15: leasehold.v1.LimitHistoryRequest
-	(*LimitHistoryResponse)(nil),  // 16: leasehold.v1.LimitHistoryResponse
-	(*ListAuditRequest)(nil),      // 17: leasehold.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),     // 18: leasehold.v1.ListAuditResponse
-	(*AuditEvent)(nil),            // 19: leasehold.v1.AuditEvent
-	(*WhoAmIRequest)(nil),         // 20: leasehold.v1.WhoAmIRequest
-	(*WhoAmIResponse)(nil),        // 21: leasehold.v1.WhoAmIResponse
-	(*ListWindowsRequest)(nil),    // 22: leasehold.v1.ListWindowsRequest
-	(*ListWindowsResponse)(nil),   // 23: leasehold.v1.ListWindowsResponse
-	(*WindowReport)(nil),          // 24: leasehold.v1.WindowReport
-	(*BoundTerms)(nil),            // 25: leasehold.v1.BoundTerms
-	nil,                           // 26: leasehold.v1.WindowReport.AdmittedEntry
-	nil,                           // 27: leasehold.v1.WindowReport.FallbackEntry
-	(*Limit)(nil),                 // 28: leasehold.v1.Limit
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(FallbackKind)(0),             // 30: leasehold.v1.FallbackKind
+	(Effective)(0),                 // 0: leasehold.v1.Effective
+	(AuditOutcome)(0),              // 1: leasehold.v1.AuditOutcome
+	(*GetGroupMapRequest)(nil),     // 2: leasehold.v1.GetGroupMapRequest
+	(*GetGroupMapResponse)(nil),    // 3: leasehold.v1.GetGroupMapResponse
+	(*GroupSpec)(nil),              // 4: leasehold.v1.GroupSpec
+	(*ChangeGroupMapRequest)(nil),  // 5: leasehold.v1.ChangeGroupMapRequest
+	(*ChangeGroupMapResponse)(nil), // 6: leasehold.v1.ChangeGroupMapResponse
+	(*PutLimitRequest)(nil),        // 7: leasehold.v1.PutLimitRequest
+	(*PutLimitResponse)(nil),       // 8: leasehold.v1.PutLimitResponse
+	(*GetLimitRequest)(nil),        // 9: leasehold.v1.GetLimitRequest
+	(*GetLimitResponse)(nil),       // 10: leasehold.v1.GetLimitResponse
+	(*ListLimitsRequest)(nil),      // 11: leasehold.v1.ListLimitsRequest
+	(*ListLimitsResponse)(nil),     // 12: leasehold.v1.ListLimitsResponse
+	(*DeleteLimitRequest)(nil),     // 13: leasehold.v1.DeleteLimitRequest
+	(*DeleteLimitResponse)(nil),    // 14: leasehold.v1.DeleteLimitResponse
+	(*LimitChange)(nil),            // 15: leasehold.v1.LimitChange
+	(*ApplyLimitsRequest)(nil),     // 16: leasehold.v1.ApplyLimitsRequest
+	(*ApplyLimitsResponse)(nil),    // 17: leasehold.v1.ApplyLimitsResponse
+	(*FieldChange)(nil),            // 18: leasehold.v1.FieldChange
+	(*ChangeEffect)(nil),           // 19: leasehold.v1.ChangeEffect
+	(*LimitHistoryRequest)(nil),    // 20: leasehold.v1.LimitHistoryRequest
+	(*LimitHistoryResponse)(nil),   // 21: leasehold.v1.LimitHistoryResponse
+	(*ListAuditRequest)(nil),       // 22: leasehold.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),      // 23: leasehold.v1.ListAuditResponse
+	(*AuditEvent)(nil),             // 24: leasehold.v1.AuditEvent
+	(*WhoAmIRequest)(nil),          // 25: leasehold.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),         // 26: leasehold.v1.WhoAmIResponse
+	(*ListWindowsRequest)(nil),     // 27: leasehold.v1.ListWindowsRequest
+	(*ListWindowsResponse)(nil),    // 28: leasehold.v1.ListWindowsResponse
+	(*WindowReport)(nil),           // 29: leasehold.v1.WindowReport
+	(*BoundTerms)(nil),             // 30: leasehold.v1.BoundTerms
+	nil,                            // 31: leasehold.v1.ChangeGroupMapRequest.PlaceEntry
+	nil,                            // 32: leasehold.v1.WindowReport.AdmittedEntry
+	nil,                            // 33: leasehold.v1.WindowReport.FallbackEntry
+	(*Limit)(nil),                  // 34: leasehold.v1.Limit
+	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
+	(FallbackKind)(0),              // 36: leasehold.v1.FallbackKind
 }
 var file_leasehold_v1_admin_proto_depIdxs = []int32{
-	28, // 0: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
-	0,  // 1: leasehold.v1.PutLimitRequest.effective:type_name -> leasehold.v1.Effective
-	28, // 2: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
-	14, // 3: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	28, // 4: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
-	28, // 5: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	14, // 6: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	28, // 7: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
-	10, // 8: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
-	0,  // 9: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
-	28, // 10: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	14, // 11: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
-	13, // 12: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
-	29, // 13: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
-	29, // 14: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
-	19, // 15: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
-	29, // 16: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	19, // 17: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
-	29, // 18: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	1,  // 19: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
-	28, // 20: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
-	28, // 21: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
-	29, // 22: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
-	24, // 23: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
-	29, // 24: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
-	29, // 25: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
-	26, // 26: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
-	25, // 27: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
-	27, // 28: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
-	30, // 29: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	2,  // 30: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	4,  // 31: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	6,  // 32: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	8,  // 33: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	22, // 34: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	11, // 35: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
-	15, // 36: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
-	17, // 37: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
-	20, // 38: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
-	3,  // 39: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	5,  // 40: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	7,  // 41: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	9,  // 42: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	23, // 43: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	12, // 44: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
-	16, // 45: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
-	18, // 46: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
-	21, // 47: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
-	39, // [39:48] is the sub-list for method output_type
-	30, // [30:39] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	4,  // 0: leasehold.v1.ChangeGroupMapRequest.groups:type_name -> leasehold.v1.GroupSpec
+	31, // 1: leasehold.v1.ChangeGroupMapRequest.place:type_name -> leasehold.v1.ChangeGroupMapRequest.PlaceEntry
+	34, // 2: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
+	0,  // 3: leasehold.v1.PutLimitRequest.effective:type_name -> leasehold.v1.Effective
+	34, // 4: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
+	19, // 5: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
+	34, // 6: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
+	34, // 7: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	19, // 8: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
+	34, // 9: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
+	15, // 10: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
+	0,  // 11: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
+	34, // 12: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	19, // 13: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
+	18, // 14: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
+	35, // 15: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
+	35, // 16: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
+	24, // 17: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
+	35, // 18: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	24, // 19: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
+	35, // 20: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	1,  // 21: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
+	34, // 22: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
+	34, // 23: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
+	35, // 24: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
+	29, // 25: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
+	35, // 26: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	35, // 27: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	32, // 28: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
+	30, // 29: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
+	33, // 30: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
+	36, // 31: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	7,  // 32: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	9,  // 33: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	11, // 34: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	13, // 35: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	27, // 36: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	16, // 37: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	20, // 38: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	22, // 39: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	25, // 40: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	2,  // 41: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
+	5,  // 42: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
+	8,  // 43: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	10, // 44: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	12, // 45: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	14, // 46: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	28, // 47: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	17, // 48: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	21, // 49: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	23, // 50: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	26, // 51: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	3,  // 52: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
+	6,  // 53: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
+	43, // [43:54] is the sub-list for method output_type
+	32, // [32:43] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
@@ -2178,9 +2539,9 @@ func file_leasehold_v1_admin_proto_init() {
 		return
 	}
 	file_leasehold_v1_limits_proto_init()
-	file_leasehold_v1_admin_proto_msgTypes[0].OneofWrappers = []any{}
-	file_leasehold_v1_admin_proto_msgTypes[6].OneofWrappers = []any{}
-	file_leasehold_v1_admin_proto_msgTypes[8].OneofWrappers = []any{
+	file_leasehold_v1_admin_proto_msgTypes[5].OneofWrappers = []any{}
+	file_leasehold_v1_admin_proto_msgTypes[11].OneofWrappers = []any{}
+	file_leasehold_v1_admin_proto_msgTypes[13].OneofWrappers = []any{
 		(*LimitChange_Put)(nil),
 		(*LimitChange_Delete)(nil),
 	}
@@ -2190,7 +2551,7 @@ func file_leasehold_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_admin_proto_rawDesc), len(file_leasehold_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   26,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,15 +19,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_PutLimit_FullMethodName     = "/leasehold.v1.Admin/PutLimit"
-	Admin_GetLimit_FullMethodName     = "/leasehold.v1.Admin/GetLimit"
-	Admin_ListLimits_FullMethodName   = "/leasehold.v1.Admin/ListLimits"
-	Admin_DeleteLimit_FullMethodName  = "/leasehold.v1.Admin/DeleteLimit"
-	Admin_ListWindows_FullMethodName  = "/leasehold.v1.Admin/ListWindows"
-	Admin_ApplyLimits_FullMethodName  = "/leasehold.v1.Admin/ApplyLimits"
-	Admin_LimitHistory_FullMethodName = "/leasehold.v1.Admin/LimitHistory"
-	Admin_ListAudit_FullMethodName    = "/leasehold.v1.Admin/ListAudit"
-	Admin_WhoAmI_FullMethodName       = "/leasehold.v1.Admin/WhoAmI"
+	Admin_PutLimit_FullMethodName       = "/leasehold.v1.Admin/PutLimit"
+	Admin_GetLimit_FullMethodName       = "/leasehold.v1.Admin/GetLimit"
+	Admin_ListLimits_FullMethodName     = "/leasehold.v1.Admin/ListLimits"
+	Admin_DeleteLimit_FullMethodName    = "/leasehold.v1.Admin/DeleteLimit"
+	Admin_ListWindows_FullMethodName    = "/leasehold.v1.Admin/ListWindows"
+	Admin_ApplyLimits_FullMethodName    = "/leasehold.v1.Admin/ApplyLimits"
+	Admin_LimitHistory_FullMethodName   = "/leasehold.v1.Admin/LimitHistory"
+	Admin_ListAudit_FullMethodName      = "/leasehold.v1.Admin/ListAudit"
+	Admin_WhoAmI_FullMethodName         = "/leasehold.v1.Admin/WhoAmI"
+	Admin_GetGroupMap_FullMethodName    = "/leasehold.v1.Admin/GetGroupMap"
+	Admin_ChangeGroupMap_FullMethodName = "/leasehold.v1.Admin/ChangeGroupMap"
 )
 
 // AdminClient is the client API for Admin service.
@@ -57,6 +59,15 @@ type AdminClient interface {
 	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
 	// WhoAmI names the caller as the allocator authenticated it.
 	WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error)
+	// GetGroupMap returns the map of allocator groups, when the allocators
+	// are several groups (each the authority for a share of the limits),
+	// with the answering allocator's group and its leader.
+	GetGroupMap(ctx context.Context, in *GetGroupMapRequest, opts ...grpc.CallOption) (*GetGroupMapResponse, error)
+	// ChangeGroupMap adds a version to the group map (admins only): it
+	// governs the windows that start the map's notice from now or later.
+	// With expected_revision set, only if the map is still at it; otherwise
+	// ABORTED.
+	ChangeGroupMap(ctx context.Context, in *ChangeGroupMapRequest, opts ...grpc.CallOption) (*ChangeGroupMapResponse, error)
 }
 
 type adminClient struct {
@@ -157,6 +168,26 @@ func (c *adminClient) WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grp
 	return out, nil
 }
 
+func (c *adminClient) GetGroupMap(ctx context.Context, in *GetGroupMapRequest, opts ...grpc.CallOption) (*GetGroupMapResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetGroupMapResponse)
+	err := c.cc.Invoke(ctx, Admin_GetGroupMap_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ChangeGroupMap(ctx context.Context, in *ChangeGroupMapRequest, opts ...grpc.CallOption) (*ChangeGroupMapResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChangeGroupMapResponse)
+	err := c.cc.Invoke(ctx, Admin_ChangeGroupMap_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -184,6 +215,15 @@ type AdminServer interface {
 	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
 	// WhoAmI names the caller as the allocator authenticated it.
 	WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error)
+	// GetGroupMap returns the map of allocator groups, when the allocators
+	// are several groups (each the authority for a share of the limits),
+	// with the answering allocator's group and its leader.
+	GetGroupMap(context.Context, *GetGroupMapRequest) (*GetGroupMapResponse, error)
+	// ChangeGroupMap adds a version to the group map (admins only): it
+	// governs the windows that start the map's notice from now or later.
+	// With expected_revision set, only if the map is still at it; otherwise
+	// ABORTED.
+	ChangeGroupMap(context.Context, *ChangeGroupMapRequest) (*ChangeGroupMapResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -220,6 +260,12 @@ func (UnimplementedAdminServer) ListAudit(context.Context, *ListAuditRequest) (*
 }
 func (UnimplementedAdminServer) WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method WhoAmI not implemented")
+}
+func (UnimplementedAdminServer) GetGroupMap(context.Context, *GetGroupMapRequest) (*GetGroupMapResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetGroupMap not implemented")
+}
+func (UnimplementedAdminServer) ChangeGroupMap(context.Context, *ChangeGroupMapRequest) (*ChangeGroupMapResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ChangeGroupMap not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -404,6 +450,42 @@ func _Admin_WhoAmI_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_GetGroupMap_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetGroupMapRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetGroupMap(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetGroupMap_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetGroupMap(ctx, req.(*GetGroupMapRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ChangeGroupMap_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChangeGroupMapRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ChangeGroupMap(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ChangeGroupMap_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ChangeGroupMap(ctx, req.(*ChangeGroupMapRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -446,6 +528,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "WhoAmI",
 			Handler:    _Admin_WhoAmI_Handler,
+		},
+		{
+			MethodName: "GetGroupMap",
+			Handler:    _Admin_GetGroupMap_Handler,
+		},
+		{
+			MethodName: "ChangeGroupMap",
+			Handler:    _Admin_ChangeGroupMap_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
