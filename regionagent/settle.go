@@ -67,29 +67,72 @@ func (a *Agent) CheckSettleLater(ctx context.Context, limit string, estimate int
 		return out, nil
 	}
 	id := decisionID(key.Window)
-	nowMs := a.shared.nowMs()
-	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	r, err := a.shared.b.ReserveToSettle(rctx, bucket.KeyOf(key), id, estimate, nowMs+l.SettleGrace.Milliseconds(), nowMs)
-	cancel()
-	a.observeRedis(err)
-	if err != nil {
-		out.Reason, out.RetryAfter = pb.Reason_REASON_UNAVAILABLE, time.Second
-		return out, nil
-	}
-	granted := r.Status == bucket.Reserved
-	now = a.opt.now()
-	var an core.Answer
-	a.withCore(func(c *core.Core) {
-		an = c.Reserved(now, key, granted, r.Balance, estimate)
-		if granted {
-			c.Charged(now, key)
+	for try := 0; ; try++ {
+		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+		r, err := a.shared.b.ReserveToSettle(rctx, bucket.KeyOf(key), id, estimate, l.SettleGrace.Milliseconds(), a.shared.nowMs())
+		cancel()
+		a.observeRedis(err)
+		if err != nil {
+			out.Reason, out.RetryAfter = pb.Reason_REASON_UNAVAILABLE, time.Second
+			return out, nil
 		}
-	})
-	out = decisionOf(an)
-	if granted {
-		out.DecisionID, out.SettleWithin = id, l.SettleGrace
+		granted := r.Status == bucket.Reserved
+		now = a.opt.now()
+		var an core.Answer
+		a.withCore(func(c *core.Core) {
+			an = c.Reserved(now, key, granted, r.Balance, estimate)
+			if granted {
+				c.Charged(now, key)
+			}
+		})
+		out = decisionOf(an)
+		if granted {
+			out.DecisionID, out.SettleWithin = id, l.SettleGrace
+		}
+		// Dry while the renewal the core just kicked is in flight (a
+		// limit's first use, above all): wait for it once, as a Check
+		// waits, at most the agent's cold wait.
+		if granted || try > 0 || an.Reason != core.ReasonUnavailable || a.opt.wait <= 0 {
+			return out, nil
+		}
+		if err := a.awaitRound(ctx, limit, a.opt.wait); err != nil {
+			return out, nil
+		}
 	}
-	return out, nil
+}
+
+// awaitRound waits until a renewal round of limit has deposited (the
+// limit's waiters are woken), d has passed, or ctx is done.
+func (a *Agent) awaitRound(ctx context.Context, limit string, d time.Duration) error {
+	wt := &waiter{ch: make(chan struct{})}
+	a.mu.Lock()
+	a.waiters[limit] = append(a.waiters[limit], wt)
+	a.mu.Unlock()
+	a.signal()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var err error
+	select {
+	case <-wt.ch:
+	case <-t.C:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	a.mu.Lock()
+	ws := a.waiters[limit]
+	for i, w := range ws {
+		if w == wt {
+			ws = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(a.waiters, limit)
+	} else {
+		a.waiters[limit] = ws
+	}
+	a.mu.Unlock()
+	return err
 }
 
 // decisionID names a settle-later decision made in window: "s<window>-"

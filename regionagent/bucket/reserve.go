@@ -53,15 +53,15 @@ func (b *Buckets) ReserveLasting(ctx context.Context, key, id string, want, min,
 
 // ReserveToSettle is Reserve of exactly estimate tokens (or nothing) as a
 // settle-later decision: Settle settles it with its actual cost until
-// settleByMs (Redis clock).
-func (b *Buckets) ReserveToSettle(ctx context.Context, key, id string, estimate, settleByMs, nowMs int64) (Reservation, error) {
-	if settleByMs < 1 || !checkInt(settleByMs) {
-		return Reservation{}, invalid("settle by %d", settleByMs)
+// graceMs after the script's now (on Redis's clock, as every settle).
+func (b *Buckets) ReserveToSettle(ctx context.Context, key, id string, estimate, graceMs, nowMs int64) (Reservation, error) {
+	if graceMs < 1 || !checkInt(graceMs) {
+		return Reservation{}, invalid("settle grace %d", graceMs)
 	}
-	return b.reserve(ctx, key, id, estimate, estimate, 0, settleByMs, nowMs)
+	return b.reserve(ctx, key, id, estimate, estimate, 0, graceMs, nowMs)
 }
 
-func (b *Buckets) reserve(ctx context.Context, key, id string, want, min, lastMs, settleByMs, nowMs int64) (Reservation, error) {
+func (b *Buckets) reserve(ctx context.Context, key, id string, want, min, lastMs, graceMs, nowMs int64) (Reservation, error) {
 	switch {
 	case lastMs < 0 || !checkInt(lastMs):
 		return Reservation{}, invalid("last %d", lastMs)
@@ -74,7 +74,7 @@ func (b *Buckets) reserve(ctx context.Context, key, id string, want, min, lastMs
 	case nowMs < 0 || !checkInt(nowMs):
 		return Reservation{}, invalid("now %d", nowMs)
 	}
-	v, err := b.eval(ctx, reserveScript, []string{key}, nowMs, id, want, min, lastMs, settleByMs)
+	v, err := b.eval(ctx, reserveScript, []string{key}, nowMs, id, want, min, lastMs, graceMs)
 	if err != nil {
 		return Reservation{}, err
 	}

@@ -43,7 +43,7 @@ func TestSettle(t *testing.T) {
 			deposit(key, "a", 100)
 			reserve := func(id string, est int64) {
 				t.Helper()
-				r, err := b.ReserveToSettle(ctx, key, id, est, T0+5000, T0+10)
+				r, err := b.ReserveToSettle(ctx, key, id, est, 4990, T0+10)
 				if err != nil || r.Status != Reserved || r.Granted != est {
 					t.Fatalf("reserve %s: %+v %v", id, r, err)
 				}
@@ -91,7 +91,7 @@ func TestSettle(t *testing.T) {
 			// A forgiven overrun is counted in its window only.
 			k3, k4 := Key("", "st", 3), Key("", "st", 4)
 			deposit(k3, "c", 20)
-			if r, err := b.ReserveToSettle(ctx, k3, "f1", 10, T0+5000, T0+10); err != nil || r.Status != Reserved {
+			if r, err := b.ReserveToSettle(ctx, k3, "f1", 10, 4990, T0+10); err != nil || r.Status != Reserved {
 				t.Fatalf("reserve f1: %+v %v", r, err)
 			}
 			if s, _ = b.Settle(ctx, k3, k4, "f1", 35, false, T0+100); s != (Settlement{Status: Settled, Estimate: 10, Charged: 10, Overrun: 15}) {
@@ -105,14 +105,14 @@ func TestSettle(t *testing.T) {
 			if s, _ = b.Settle(ctx, k3, k4, "nope", 1, true, T0+100); s.Status != UnknownDecision {
 				t.Fatalf("unknown: %+v", s)
 			}
-			_, _ = b.ReserveToSettle(ctx, k3, "late", 1, T0+5000, T0+10)
+			_, _ = b.ReserveToSettle(ctx, k3, "late", 1, 4990, T0+10)
 			if s, _ = b.Settle(ctx, k3, k4, "late", 1, true, T0+5001); s.Status != SettleTooLate {
 				t.Fatalf("late: %+v", s)
 			}
 			if s, _ = b.Settle(ctx, k3, k4, "late", 1, true, T0+5000); s.Status != Settled {
 				t.Fatalf("at the settle-by time: %+v", s)
 			}
-			_, _ = b.ReserveToSettle(ctx, k3, "rel", 1, T0+5000, T0+10)
+			_, _ = b.ReserveToSettle(ctx, k3, "rel", 1, 4990, T0+10)
 			if _, err := b.Release(ctx, k3, "rel", 1, T0+20); err != nil {
 				t.Fatal(err)
 			}
@@ -123,7 +123,7 @@ func TestSettle(t *testing.T) {
 				"negative actual": func() error { _, err := b.Settle(ctx, k3, k4, "x", -1, true, T0); return err }(),
 				"same keys":       func() error { _, err := b.Settle(ctx, k3, k3, "x", 1, true, T0); return err }(),
 				"id with colon":   func() error { _, err := b.Settle(ctx, k3, k4, "a:b", 1, true, T0); return err }(),
-				"no settle-by":    func() error { _, err := b.ReserveToSettle(ctx, k3, "y", 1, 0, T0); return err }(),
+				"no settle grace": func() error { _, err := b.ReserveToSettle(ctx, k3, "y", 1, 0, T0); return err }(),
 			} {
 				if !errors.Is(err, ErrInvalid) {
 					t.Errorf("%s: %v, want ErrInvalid", name, err)
