@@ -148,7 +148,7 @@ func decisionWindow(id string) (int64, error) {
 	}
 	w, rest, ok := strings.Cut(strings.TrimPrefix(id, "s"), "-")
 	n, err := strconv.ParseInt(w, 10, 64)
-	if !strings.HasPrefix(id, "s") || !ok || err != nil || n < 0 || len(rest) != 32 {
+	if !strings.HasPrefix(id, "s") || !ok || err != nil || n < 0 || strconv.FormatInt(n, 10) != w || len(rest) != 32 {
 		return 0, fieldErr("decision_id", "%q is not a decision id of this agent", id)
 	}
 	return n, nil
