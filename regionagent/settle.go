@@ -178,6 +178,7 @@ func (a *Agent) Settle(ctx context.Context, limit, decision string, actual int64
 	a.withCore(func(c *core.Core) { l, key, next, lerr = c.Settlement(now, limit, window) })
 	switch {
 	case errors.Is(lerr, core.ErrSettleTooLate):
+		a.m.settles.WithLabelValues("refused").Inc()
 		return Settlement{}, fmt.Errorf("%w: window %d of %q ended too long ago", ErrSettleRefused, window, limit)
 	case lerr != nil:
 		return Settlement{}, a.lookupErr(lerr)
@@ -191,19 +192,29 @@ func (a *Agent) Settle(ctx context.Context, limit, decision string, actual int64
 	cancel()
 	a.observeRedis(err)
 	if err != nil {
+		a.m.settles.WithLabelValues("failed").Inc()
 		return Settlement{}, fmt.Errorf("regionagent: settle: %w", err)
 	}
 	out := Settlement{Estimate: r.Estimate, Charged: r.Charged, Refunded: r.Refunded, Overrun: r.Overrun, Debt: r.Debt,
 		Replayed: r.Status == bucket.SettledBefore}
 	switch r.Status {
 	case bucket.UnknownDecision:
+		a.m.settles.WithLabelValues("unknown").Inc()
 		return Settlement{}, fmt.Errorf("%w: %q of limit %q (never made, released, or its window's records are gone)", ErrUnknownDecision, decision, limit)
 	case bucket.SettleTooLate:
+		a.m.settles.WithLabelValues("refused").Inc()
 		return Settlement{}, fmt.Errorf("%w: the settle grace of %v after the decision has passed; the estimate stands", ErrSettleRefused, l.SettleGrace)
 	case bucket.SettledOtherwise:
+		a.m.settles.WithLabelValues("refused").Inc()
 		return Settlement{}, fmt.Errorf("%w: already settled with another actual cost (estimate %d, charged %d, refunded %d, overrun %d)",
 			ErrSettleRefused, r.Estimate, r.Charged, r.Refunded, r.Overrun)
+	case bucket.SettledBefore:
+		a.m.settles.WithLabelValues("replayed").Inc()
 	case bucket.Settled:
+		a.m.settles.WithLabelValues("settled").Inc()
+		for k, v := range map[string]int64{"charged": r.Charged, "refunded": r.Refunded, "overrun": r.Overrun, "debt": r.Debt} {
+			a.m.settleTokens.WithLabelValues(k).Add(float64(v))
+		}
 		now = a.opt.now()
 		a.withCore(func(c *core.Core) {
 			c.Charged(now, key)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -73,6 +75,18 @@ func TestSettleLater(t *testing.T) {
 	}
 	if s, err = a.Settle(ctx, l.Id, d2.DecisionID, 100); err != nil || s != (Settlement{Estimate: 50, Charged: 40, Overrun: 10, Debt: 10}) {
 		t.Fatalf("overrun: %+v %v", s, err)
+	}
+	for _, m := range []struct {
+		c    prometheus.Counter
+		want float64
+	}{
+		{a.m.settles.WithLabelValues("settled"), 2}, {a.m.settles.WithLabelValues("replayed"), 1},
+		{a.m.settles.WithLabelValues("refused"), 1}, {a.m.settleTokens.WithLabelValues("overrun"), 10},
+		{a.m.settleTokens.WithLabelValues("refunded"), 20}, {a.m.settleTokens.WithLabelValues("charged"), 40},
+	} {
+		if got := testutil.ToFloat64(m.c); got != m.want {
+			t.Errorf("%s = %v, want %v", m.c.Desc(), got, m.want)
+		}
 	}
 	a.report(ctx)
 	if u := w.regionUsage(l.Id, "eu", win); u.NetAdmitted() != 110 || u.SettleOverrun != 10 {
