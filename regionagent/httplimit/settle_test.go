@@ -98,4 +98,3 @@ func TestSettleLaterNeedsASettleLimiter(t *testing.T) {
 	}()
 	Middleware(&fakeLimiter{}, Key(keyHeader), SettleLater(func(*http.Request, int64) int64 { return 0 }))
 }
-
