@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
 	"leasehold/lease"
@@ -256,5 +257,49 @@ func TestSettleLaterBound(t *testing.T) {
 	}
 	if decided < 60 || retried == 0 || overruns == 0 {
 		t.Fatalf("%d decisions, %d retried settles, %d of overrun: the test did not exercise settlement", decided, retried, overruns)
+	}
+}
+
+// TestSettleLaterForgive: under debt_policy forgive an overrun is counted
+// in its window's settlement term and the next window keeps its whole
+// budget; the limit's own settle grace is the one stated and enforced.
+func TestSettleLaterForgive(t *testing.T) {
+	w := newWorld(t, "eu")
+	l := limit("tenant/forgive", 100, time.Minute, 15*time.Second, "eu")
+	l.Lease.MinChunk = 100
+	l.DebtPolicy = pb.DebtPolicy_DEBT_POLICY_FORGIVE
+	l.SettleGrace = durationpb.New(5 * time.Second)
+	l = w.putLimit(l)
+	w.clock.Add(time.Second)
+	a := w.agent("eu", "r1")
+	ctx := context.Background()
+	a.evaluate(ctx, l.Id)
+	win := lease.WindowOf(w.clock.Now(), time.Minute).Index
+	d, err := a.CheckSettleLater(ctx, l.Id, 50)
+	if err != nil || !d.Allowed || d.SettleWithin != 5*time.Second {
+		t.Fatalf("check: %+v %v", d, err)
+	}
+	if c, err := a.Check(ctx, l.Id, 40); err != nil || !c.Allowed {
+		t.Fatalf("a plain check of 40: %+v %v", c, err)
+	}
+	// It cost 100: 10 taken from the 10 left, 40 over, forgiven.
+	if s, err := a.Settle(ctx, l.Id, d.DecisionID, 100); err != nil || s != (Settlement{Estimate: 50, Charged: 10, Overrun: 40}) {
+		t.Fatalf("settle: %+v %v", s, err)
+	}
+	a.report(ctx)
+	if u := w.regionUsage(l.Id, "eu", win); u.SettleOverrun != 40 || u.NetAdmitted() != 140 {
+		t.Fatalf("the allocator holds %+v, want 140 admitted and 40 overrun", u)
+	}
+	// The next window owes nothing: its whole 100 can be decided.
+	w.clock.Add(time.Minute)
+	a.evaluate(ctx, l.Id)
+	d, err = a.CheckSettleLater(ctx, l.Id, 100)
+	if err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("the next window: %+v %v, want all 100", d, err)
+	}
+	// Its 5 s grace: at 5 s a settle is taken, past it refused.
+	w.clock.Add(5*time.Second + time.Millisecond)
+	if _, err := a.Settle(ctx, l.Id, d.DecisionID, 50); !errors.Is(err, ErrSettleRefused) {
+		t.Fatalf("a settle 5.001 s after the decision: %v, want refused", err)
 	}
 }
