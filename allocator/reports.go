@@ -117,6 +117,7 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 		u := s.Regions[r]
 		reg := overshoot.Region{Name: r, Admitted: u.NetAdmitted(), FallbackAdmitted: u.FallbackAdmitted,
 			Fallback: overshoot.FallbackMode(fallbackRank(u.Fallback)), LocalAllowance: s.Local[r]}
+		reg.SettleOverrun = u.SettleOverrun
 		if u.RedisRollback > 0 {
 			reg.Failovers = []overshoot.Failover{{Observed: u.RedisRollback}}
 		}
@@ -212,7 +213,7 @@ func (r WindowReport) ToProto() *pb.WindowReport {
 		ObservedOvershoot: r.ObservedOvershoot,
 		Stranded:          r.Stranded,
 		Terms: &pb.BoundTerms{CarryOver: r.Terms.CarryOver, Fallback: r.Terms.Fallback, LostGrants: r.Terms.LostGrants,
-			RedisRollback: r.Terms.RedisRollback, LimitLowered: r.Terms.LimitLowered},
+			RedisRollback: r.Terms.RedisRollback, LimitLowered: r.Terms.LimitLowered, Settlement: r.Terms.Settlement},
 		Fallback: r.Fallback,
 	}
 	if !r.Bound.Infinite {

@@ -193,6 +193,34 @@ leasehold_window_limit_tokens{limit="tenant/rep"} 1000
 	if got := testutil.ToFloat64(a.m.overBound); got != 1 {
 		t.Fatalf("windows over bound = %v, want 1", got)
 	}
+
+	// A window (w+3) whose settle-later Checks admitted 30 beyond eu's
+	// leases: its bound is the settlement term, 30, and it is not over.
+	if _, err := a.ReportUsage(context.Background(), "eu", "bucket", []*pb.Usage{{LimitId: "tenant/rep", WindowIndex: w + 3, Admitted: 1030, SettleOverrun: 30}}); err != nil {
+		t.Fatal(err)
+	}
+	want = `
+# HELP leasehold_overshoot_bound_tokens The computed bound on tokens admitted above G in the last closed window (+Inf while a region was OPEN).
+# TYPE leasehold_overshoot_bound_tokens gauge
+leasehold_overshoot_bound_tokens{limit="tenant/rep"} 30
+# HELP leasehold_overshoot_observed_tokens Tokens admitted above G in the last closed window: max(0, admitted - G). Above the bound is a bug.
+# TYPE leasehold_overshoot_observed_tokens gauge
+leasehold_overshoot_observed_tokens{limit="tenant/rep"} 30
+# HELP leasehold_window_settlement_tokens The bound's settlement term in the last closed window: cost settle-later Checks admitted beyond the window's leases.
+# TYPE leasehold_window_settlement_tokens gauge
+leasehold_window_settlement_tokens{limit="tenant/rep"} 30
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "leasehold_overshoot_bound_tokens", "leasehold_overshoot_observed_tokens",
+		"leasehold_window_settlement_tokens"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(t0.Add(6 * time.Minute))
+	if err := a.sweepOnce(a.currentTermOrNil()); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(a.m.overBound); got != 1 {
+		t.Fatalf("windows over bound = %v, want still 1", got)
+	}
 }
 
 func TestListWindowsOverGRPC(t *testing.T) {

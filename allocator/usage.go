@@ -22,7 +22,10 @@ type UsageRecord struct {
 	// Released tokens of sub-leases came back unspent: Admitted counts them
 	// from the reservation on, and NetAdmitted subtracts them.
 	Released int64 `json:"rel,omitempty"`
-	At       int64 `json:"at"` // unix ns of the last change, allocator clock
+	// SettleOverrun is what settle-later Checks admitted beyond the
+	// region's leases (its settlement term); Admitted counts it.
+	SettleOverrun int64 `json:"so,omitempty"`
+	At            int64 `json:"at"` // unix ns of the last change, allocator clock
 }
 
 // NetAdmitted is what was admitted: Admitted minus the tokens of sub-lease
@@ -102,6 +105,7 @@ func (r *UsageRecord) merge(u *pb.Usage) bool {
 	grow(&r.FallbackAdmitted, u.FallbackAdmitted)
 	grow(&r.RedisRollback, u.RedisRollbackTokens)
 	grow(&r.Released, u.Released)
+	grow(&r.SettleOverrun, u.SettleOverrun)
 	if fallbackRank(int32(u.Fallback)) > fallbackRank(r.Fallback) {
 		r.Fallback, changed = int32(u.Fallback), true
 	}
@@ -133,6 +137,7 @@ func (c *Core) RegionUsage(limit string, window int64) map[string]UsageRecord {
 		s.FallbackAdmitted += u.FallbackAdmitted
 		s.RedisRollback += u.RedisRollback
 		s.Released += u.Released
+		s.SettleOverrun += u.SettleOverrun
 		if fallbackRank(u.Fallback) > fallbackRank(s.Fallback) {
 			s.Fallback = u.Fallback
 		}

@@ -24,7 +24,7 @@ import (
 type windowCollector struct {
 	a *Allocator
 
-	limitTokens, admitted, fallbackAdmitted, bound, observed, stranded, lost, mode, exported *prometheus.Desc
+	limitTokens, admitted, fallbackAdmitted, bound, observed, stranded, lost, settlement, mode, exported *prometheus.Desc
 }
 
 func newWindowCollector(a *Allocator) *windowCollector {
@@ -40,13 +40,14 @@ func newWindowCollector(a *Allocator) *windowCollector {
 		observed:         d("leasehold_overshoot_observed_tokens", "Tokens admitted above G in the last closed window: max(0, admitted - G). Above the bound is a bug.", "limit"),
 		stranded:         d("leasehold_stranded_tokens", "Tokens granted in the last closed window that were neither returned nor admitted.", "limit"),
 		lost:             d("leasehold_lost_grants_tokens", "Tokens granted beyond G in the last closed window: above 0 is an allocator bug.", "limit"),
+		settlement:       d("leasehold_window_settlement_tokens", "The bound's settlement term in the last closed window: cost settle-later Checks admitted beyond the window's leases.", "limit"),
 		mode:             d("leasehold_region_fallback_mode", "Most permissive fail mode in force per region in the running window: 0 none, 1 closed, 2 local, 3 open.", "limit", "region"),
 		exported:         d("leasehold_report_limits", "Limits exported with a limit label by the window metrics (capped)."),
 	}
 }
 
 func (c *windowCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.limitTokens, c.admitted, c.fallbackAdmitted, c.bound, c.observed, c.stranded, c.lost, c.mode, c.exported} {
+	for _, d := range []*prometheus.Desc{c.limitTokens, c.admitted, c.fallbackAdmitted, c.bound, c.observed, c.stranded, c.lost, c.settlement, c.mode, c.exported} {
 		ch <- d
 	}
 }
@@ -117,6 +118,7 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 		g(c.observed, float64(r.rep.ObservedOvershoot), id)
 		g(c.stranded, float64(r.rep.Stranded), id)
 		g(c.lost, float64(r.rep.Terms.LostGrants), id)
+		g(c.settlement, float64(r.rep.Terms.Settlement), id)
 		for region, n := range r.rep.Admitted {
 			g(c.admitted, float64(n), id, region)
 		}

@@ -18,7 +18,7 @@ type Bound struct {
 	// fallback mode this package does not know): it admitted without any
 	// limit, and no finite bound holds.
 	Infinite bool
-	// Total is the bound on admitted - G: the saturating sum of the five
+	// Total is the bound on admitted - G: the saturating sum of the six
 	// terms below, or math.MaxInt64 when Infinite, so that a plain
 	// comparison observed <= Total stays correct.
 	Total int64
@@ -46,6 +46,12 @@ type Bound struct {
 	// tokens granted under a larger G that stayed spendable after G was
 	// lowered to Limit during the window.
 	LimitLowered int64
+	// Settlement is the sum over regions of SettleOverrun: cost that
+	// settle-later decisions turned out to have beyond their estimate,
+	// admitted after the fact when the window's leases could not hold it
+	// (docs/settle.md). It is bounded a priori only by the settle-later
+	// requests' actual costs; this is what really happened.
+	Settlement int64
 }
 
 // Compute returns the bound on admitted - G for the window w, from what
@@ -83,13 +89,14 @@ func Compute(w Window) Bound {
 		for _, f := range r.Failovers {
 			b.RedisRollback = addSat(b.RedisRollback, rollback(f))
 		}
+		b.Settlement = addSat(b.Settlement, nonNeg(r.SettleOverrun))
 	}
 
 	if b.Infinite {
 		b.Total = math.MaxInt64
 		return b
 	}
-	b.Total = addSat(b.CarryOver, b.Fallback, b.LostGrants, b.RedisRollback, b.LimitLowered)
+	b.Total = addSat(b.CarryOver, b.Fallback, b.LostGrants, b.RedisRollback, b.LimitLowered, b.Settlement)
 	return b
 }
 
@@ -128,14 +135,14 @@ func (b Bound) Float64() float64 {
 }
 
 // String returns the total and every term, for logs:
-// "200 (carry_over 0, fallback 200, lost_grants 0, redis_rollback 0, limit_lowered 0)".
+// "200 (carry_over 0, fallback 200, lost_grants 0, redis_rollback 0, limit_lowered 0, settlement 0)".
 func (b Bound) String() string {
 	total := fmt.Sprint(b.Total)
 	if b.Infinite {
 		total = "+Inf"
 	}
-	return fmt.Sprintf("%s (carry_over %d, fallback %d, lost_grants %d, redis_rollback %d, limit_lowered %d)",
-		total, b.CarryOver, b.Fallback, b.LostGrants, b.RedisRollback, b.LimitLowered)
+	return fmt.Sprintf("%s (carry_over %d, fallback %d, lost_grants %d, redis_rollback %d, limit_lowered %d, settlement %d)",
+		total, b.CarryOver, b.Fallback, b.LostGrants, b.RedisRollback, b.LimitLowered, b.Settlement)
 }
 
 // rollback is one failover's RedisRollback term: the estimate

@@ -204,8 +204,8 @@ func TestBoundMethods(t *testing.T) {
 		b    Bound
 		want string
 	}{
-		{fin, "200 (carry_over 0, fallback 200, lost_grants 0, redis_rollback 0, limit_lowered 0)"},
-		{inf, "+Inf (carry_over 0, fallback 100, lost_grants 0, redis_rollback 0, limit_lowered 0)"},
+		{fin, "200 (carry_over 0, fallback 200, lost_grants 0, redis_rollback 0, limit_lowered 0, settlement 0)"},
+		{inf, "+Inf (carry_over 0, fallback 100, lost_grants 0, redis_rollback 0, limit_lowered 0, settlement 0)"},
 	} {
 		if got := tc.b.String(); got != tc.want {
 			t.Errorf("String() = %q, want %q", got, tc.want)

@@ -43,11 +43,11 @@ func Example() {
 	show("strict, unclamped", window(overshoot.FallbackClosed, 0, 0, 200))
 	// Output:
 	// bounded:            admitted 1160 <= G 1000 + bound 200 = 1200, observed overshoot 160
-	//                     200 (carry_over 0, fallback 200, lost_grants 0, redis_rollback 0, limit_lowered 0)
+	//                     200 (carry_over 0, fallback 200, lost_grants 0, redis_rollback 0, limit_lowered 0, settlement 0)
 	// strict:             admitted 1000 <= G 1000 + bound 0 = 1000, observed overshoot 0
-	//                     0 (carry_over 0, fallback 0, lost_grants 0, redis_rollback 0, limit_lowered 0)
+	//                     0 (carry_over 0, fallback 0, lost_grants 0, redis_rollback 0, limit_lowered 0, settlement 0)
 	// strict, unclamped:  admitted 1200 <= G 1000 + bound 200 = 1200, observed overshoot 200
-	//                     200 (carry_over 200, fallback 0, lost_grants 0, redis_rollback 0, limit_lowered 0)
+	//                     200 (carry_over 200, fallback 0, lost_grants 0, redis_rollback 0, limit_lowered 0, settlement 0)
 }
 
 // A report row as JSON: one region went to open fallback, so the bound is
@@ -87,5 +87,5 @@ func ExampleNewReport() {
 	//   "observed_overshoot": 170,
 	//   "stranded": 20
 	// }
-	// terms: +Inf (carry_over 0, fallback 0, lost_grants 0, redis_rollback 3, limit_lowered 0)
+	// terms: +Inf (carry_over 0, fallback 0, lost_grants 0, redis_rollback 3, limit_lowered 0, settlement 0)
 }

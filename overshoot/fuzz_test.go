@@ -30,7 +30,7 @@ func FuzzCompute(f *testing.F) {
 		w := Window{Limit: limit, LimitAtGrant: atGrant, Granted: granted, Returned: returned, CarriedOver: carried,
 			Regions: decodeRegions(data)}
 		b := Compute(w)
-		terms := []int64{b.CarryOver, b.Fallback, b.LostGrants, b.RedisRollback, b.LimitLowered}
+		terms := []int64{b.CarryOver, b.Fallback, b.LostGrants, b.RedisRollback, b.LimitLowered, b.Settlement}
 		for _, v := range terms {
 			if v < 0 || v > b.Total {
 				t.Fatalf("term %d outside [0, Total]: %v", v, b)
@@ -97,6 +97,7 @@ func regionBytes(rs ...Region) []byte {
 			put(math.Float64bits(f.AdmitRate))
 			put(uint64(f.Observed))
 		}
+		put(uint64(r.SettleOverrun))
 	}
 	return b
 }
@@ -125,6 +126,8 @@ func decodeRegions(b []byte) []Region {
 			obs, _ := next()
 			r.Failovers = append(r.Failovers, Failover{Lag: time.Duration(lag), AdmitRate: math.Float64frombits(rate), Observed: int64(obs)})
 		}
+		so, _ := next()
+		r.SettleOverrun = int64(so)
 		rs = append(rs, r)
 	}
 	return rs

@@ -66,6 +66,12 @@ func TestHistoriesReachTheBound(t *testing.T) {
 				event{kind: evSpend, region: 0, n: 100}, event{kind: evSpend, region: 1, n: 100})},
 			admitted: 1200, term: func(b Bound) int64 { return b.CarryOver }, withoutOff: true,
 		},
+		{
+			name: "settle-later requests cost 70 more than the spent window held",
+			h: history{g0: 1000, regions: twoRegions(FallbackClosed, 0), events: with(
+				event{kind: evSettleOver, region: 0, n: 50}, event{kind: evSettleOver, region: 1, n: 20})},
+			admitted: 1070, term: func(b Bound) int64 { return b.Settlement }, withoutOff: true,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := replay(tc.h)

@@ -114,7 +114,7 @@ func (randWindow) Generate(r *rand.Rand, _ int) reflect.Value {
 	for range r.Intn(5) {
 		reg := Region{
 			Admitted: n(), FallbackAdmitted: n(), LocalAllowance: n(),
-			Fallback: FallbackMode(r.Intn(4)),
+			Fallback: FallbackMode(r.Intn(4)), SettleOverrun: n(),
 		}
 		for range r.Intn(3) {
 			reg.Failovers = append(reg.Failovers, Failover{
@@ -187,6 +187,8 @@ func TestQuickMonotone(t *testing.T) {
 					reg.Failovers[i].Observed = addSat(nonNeg(reg.Failovers[i].Observed), d(r))
 				}
 			})},
+		{name: "more settle overrun", term: func(b Bound) int64 { return b.Settlement },
+			apply: onRegion(func(reg *Region, r *rand.Rand) { reg.SettleOverrun = addSat(nonNeg(reg.SettleOverrun), d(r)) })},
 		{name: "more granted", term: func(b Bound) int64 { return addSat(b.LostGrants, b.LimitLowered) },
 			apply: func(w *Window, r *rand.Rand) { w.Granted = addSat(nonNeg(w.Granted), d(r)) }},
 		{name: "more granted (lost grants)", term: func(b Bound) int64 { return b.LostGrants },
@@ -205,7 +207,7 @@ func TestQuickMonotone(t *testing.T) {
 				m.apply(&w2, r)
 				after := Compute(w2)
 				for _, b := range []Bound{before, after} {
-					if want := addSat(b.CarryOver, b.Fallback, b.LostGrants, b.RedisRollback, b.LimitLowered); !b.Infinite && b.Total != want {
+					if want := addSat(b.CarryOver, b.Fallback, b.LostGrants, b.RedisRollback, b.LimitLowered, b.Settlement); !b.Infinite && b.Total != want {
 						t.Logf("Total %d != sum of terms %d: %v", b.Total, want, b)
 						return false
 					}

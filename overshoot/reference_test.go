@@ -27,6 +27,7 @@ const (
 	evLimit                       // G becomes n
 	evCarryIn                     // a lease of n tokens from the previous window reaches region
 	evStrand                      // region's Redis goes down: its balance is lost for the window
+	evSettleOver                  // a settle-later decision of region costs n more than its window's leases hold
 )
 
 // event is one step of a history. Fields unused by a kind are zero.
@@ -75,6 +76,7 @@ type regionSim struct {
 	entered          bool   // entered fallback at least once
 	leaseAdmitted    int64
 	fallbackAdmitted int64
+	settleOver       int64
 	failovers        []Failover
 }
 
@@ -85,7 +87,7 @@ func replay(h history) (outcome, error) {
 		g, atGrant                 = h.g0, int64(0)
 		granted, returned, carried int64
 		nextID                     int
-		fallbackTotal              int64
+		fallbackTotal, settleTotal int64
 		all                        []*tok
 		rs                         = make([]regionSim, len(h.regions))
 	)
@@ -181,6 +183,12 @@ func replay(h history) (outcome, error) {
 			r.balance = append(r.balance, newTokens(e.n, true)...)
 		case evStrand:
 			r.balance = nil
+		case evSettleOver:
+			if len(r.balance) > 0 {
+				return outcome{}, fmt.Errorf("event %d: settle overrun while the region holds %d", i, len(r.balance))
+			}
+			r.settleOver += e.n
+			settleTotal += e.n
 		default:
 			return outcome{}, fmt.Errorf("event %d: unknown kind %d", i, e.kind)
 		}
@@ -200,9 +208,10 @@ func replay(h history) (outcome, error) {
 	for i, c := range h.regions {
 		reg := Region{
 			Name:             c.name,
-			Admitted:         rs[i].leaseAdmitted,
+			Admitted:         rs[i].leaseAdmitted + rs[i].settleOver,
 			FallbackAdmitted: rs[i].fallbackAdmitted,
 			Failovers:        rs[i].failovers,
+			SettleOverrun:    rs[i].settleOver,
 		}
 		if rs[i].entered {
 			reg.Fallback = c.fallback
@@ -214,7 +223,7 @@ func replay(h history) (outcome, error) {
 	if reported != leaseTotal {
 		return outcome{}, fmt.Errorf("model bug: regions report %d lease admits, tokens %d", reported, leaseTotal)
 	}
-	return outcome{w: w, admitted: leaseTotal + fallbackTotal}, nil
+	return outcome{w: w, admitted: leaseTotal + fallbackTotal + settleTotal}, nil
 }
 
 // genOpts says which faults a generated history may contain.
@@ -223,13 +232,14 @@ type genOpts struct {
 	failover  bool           // Redis failovers with lost writes
 	lower     bool           // G changed mid-window, up or down
 	carry     bool           // leases not clamped: carry-in from the previous window
+	settle    bool           // settle-later decisions that overrun their window's leases
 }
 
 // allFaults allows every fault; open fallback is drawn rarely, since it
 // makes the bound infinite and the history uninteresting.
 var allFaults = genOpts{
 	fallbacks: []FallbackMode{FallbackClosed, FallbackClosed, FallbackLocal, FallbackLocal, FallbackLocal, FallbackOpen},
-	failover:  true, lower: true, carry: true,
+	failover:  true, lower: true, carry: true, settle: true,
 }
 
 // strictFaults is strict mode (fallback closed) with clamped leases and no
@@ -327,6 +337,10 @@ func genHistory(r *rand.Rand, o genOpts) history {
 		case k >= 92 && k < 96 && o.carry:
 			e.kind, e.n = evCarryIn, upTo(100)
 			m.balance = add(m.balance, e.n, true)
+		case k >= 98 && o.settle && len(m.balance) == 0:
+			// The settle's extra took what the region held first: only
+			// the rest is an overrun.
+			e.kind, e.n = evSettleOver, upTo(50)
 		case k >= 96 && k < 98:
 			e.kind, m.balance = evStrand, nil
 		default: // k >= 98, or a fault this history may not contain

@@ -84,6 +84,11 @@ type Region struct {
 	// Failovers lists the Redis failovers with lost writes that the region
 	// saw in the window.
 	Failovers []Failover
+	// SettleOverrun is the cost settle-later decisions admitted in the
+	// window beyond the region's leases: settled above their estimate
+	// when the window's leases could not hold the difference. Admitted
+	// counts it.
+	SettleOverrun int64
 }
 
 // Window is what really happened to one limit in one window, as the

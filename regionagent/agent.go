@@ -317,6 +317,10 @@ type Decision struct {
 	Limit      int64
 	Window     time.Duration
 	Version    int64
+	// DecisionID names an admitted settle-later check (CheckSettleLater)
+	// for Settle, until SettleWithin has passed.
+	DecisionID   string
+	SettleWithin time.Duration
 }
 
 // CheckItem is one limit and cost of a check.

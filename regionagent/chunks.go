@@ -123,3 +123,7 @@ func (s selfRPC) Reserve(ctx context.Context, req *pb.ReserveRequest, _ ...grpc.
 func (s selfRPC) Release(ctx context.Context, req *pb.ReleaseRequest, _ ...grpc.CallOption) (*pb.ReleaseResponse, error) {
 	return s.s.Release(ctx, req)
 }
+
+func (s selfRPC) Settle(context.Context, *pb.SettleRequest, ...grpc.CallOption) (*pb.SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "chunks never Settle")
+}

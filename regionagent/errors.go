@@ -14,6 +14,12 @@ var (
 	// ErrUnknownLimit: the limit does not exist or is not spent in this
 	// region.
 	ErrUnknownLimit = errors.New("regionagent: unknown limit")
+	// ErrUnknownDecision: Settle names no settle-later decision of the
+	// limit (never made, released, or long gone).
+	ErrUnknownDecision = errors.New("regionagent: unknown decision")
+	// ErrSettleRefused: the decision cannot be settled so: its grace
+	// period is over, or it was settled with another actual cost.
+	ErrSettleRefused = errors.New("regionagent: settle refused")
 
 	// errNotSynced: the agent has no limits from the allocator yet
 	// (UNAVAILABLE: ask again soon).

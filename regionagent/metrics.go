@@ -28,6 +28,10 @@ type metrics struct {
 	// groupRedirects counts lease requests sent again to the allocator
 	// group a WRONG_GROUP answer named (groups.go).
 	groupRedirects prometheus.Counter
+	// settles counts Settle calls by result; settleTokens the tokens they
+	// moved, by kind.
+	settles      *prometheus.CounterVec
+	settleTokens *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -86,8 +90,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, o := range []string{"returned", "lost", "failed"} {
 		m.chunkReleased.WithLabelValues(o) // every series from the start
 	}
+	m.settles = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_agent_settles_total",
+		Help: "Settles of settle-later Checks, by result: settled, replayed (settled before: answered again), unknown (no such decision), refused (after the settle grace, or another actual cost), failed (Redis error).",
+	}, []string{"result"})
+	m.settleTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_agent_settle_tokens_total",
+		Help: "Tokens moved by settles, by kind: charged (taken from the window's balance), refunded, overrun (admitted beyond the window's leases: the bound's settlement term), debt (overrun carried into the next window).",
+	}, []string{"kind"})
+	for _, r := range []string{"settled", "replayed", "unknown", "refused", "failed"} {
+		m.settles.WithLabelValues(r)
+	}
+	for _, k := range []string{"charged", "refunded", "overrun", "debt"} {
+		m.settleTokens.WithLabelValues(k)
+	}
 	if reg != nil {
-		reg.MustRegister(m.chunkChecks, m.chunkReleased, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports, m.groupRedirects)
+		reg.MustRegister(m.chunkChecks, m.chunkReleased, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports,
+			m.groupRedirects, m.settles, m.settleTokens)
 	}
 	return m
 }

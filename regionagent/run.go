@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"leasehold/internal/limitspec"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
@@ -167,7 +168,8 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 // limitOf is what the core needs of a limit, for region.
 func limitOf(l *pb.Limit, region string) core.Limit {
 	out := core.Limit{ID: l.Id, Tokens: l.LimitTokens, Window: dur(l.Window), TTL: dur(l.GetLease().GetTtl()),
-		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag}
+		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag,
+		SettleGrace: limitspec.SettleGrace(l), CarryDebt: l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_FORGIVE}
 	if fb := l.Fallback[region]; fb != nil {
 		out.Fallback = core.Fallback{Kind: core.FallbackKind(fb.Kind), LocalTokens: fb.LocalTokens}
 	}
@@ -300,6 +302,8 @@ func usageOf(limit string, window, admitted, denied int64, counters []store.Coun
 			u.Fallback = pb.FallbackKind_FALLBACK_KIND_OPEN
 		case store.CounterReleased:
 			u.Released = c.Value
+		case store.CounterSettleOverrun:
+			u.SettleOverrun = c.Value
 		}
 	}
 	return u

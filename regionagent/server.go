@@ -35,6 +35,10 @@ func toStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrUnknownLimit):
 		return status.Error(codes.NotFound, "limit_id: "+err.Error())
+	case errors.Is(err, ErrUnknownDecision):
+		return status.Error(codes.NotFound, "decision_id: "+err.Error())
+	case errors.Is(err, ErrSettleRefused):
+		return status.Error(codes.FailedPrecondition, "decision_id: "+err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
@@ -55,7 +59,16 @@ func toProto(d Decision) *pb.CheckResponse {
 		LimitTokens:  d.Limit,
 		Window:       durationpb.New(d.Window),
 		LimitVersion: d.Version,
+		DecisionId:   d.DecisionID,
+		SettleWithin: settleWithin(d),
 	}
+}
+
+func settleWithin(d Decision) *durationpb.Duration {
+	if d.DecisionID == "" {
+		return nil
+	}
+	return durationpb.New(d.SettleWithin)
 }
 
 // Check implements pb.RegionAgentServer.
@@ -63,7 +76,11 @@ func (s *Server) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResp
 	if len(req.RequestId) > maxRequestID {
 		return nil, toStatus(fieldErr("request_id", "longer than %d characters", maxRequestID))
 	}
-	d, err := s.a.Check(ctx, req.LimitId, req.Cost)
+	check := s.a.Check
+	if req.SettleLater {
+		check = s.a.CheckSettleLater
+	}
+	d, err := check(ctx, req.LimitId, req.Cost)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -76,6 +93,9 @@ func (s *Server) CheckMulti(ctx context.Context, req *pb.CheckMultiRequest) (*pb
 	for i, c := range req.Checks {
 		if len(c.RequestId) > maxRequestID {
 			return nil, toStatus(fieldErr("checks["+strconv.Itoa(i)+"].request_id", "longer than %d characters", maxRequestID))
+		}
+		if c.SettleLater {
+			return nil, toStatus(fieldErr("checks["+strconv.Itoa(i)+"].settle_later", "only Check takes settle-later requests"))
 		}
 		items[i] = CheckItem{Limit: c.LimitId, Cost: c.Cost}
 	}
@@ -111,4 +131,14 @@ func (s *Server) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Relea
 		return nil, toStatus(err)
 	}
 	return &pb.ReleaseResponse{Returned: n}, nil
+}
+
+// Settle implements pb.RegionAgentServer.
+func (s *Server) Settle(ctx context.Context, req *pb.SettleRequest) (*pb.SettleResponse, error) {
+	r, err := s.a.Settle(ctx, req.LimitId, req.DecisionId, req.Actual)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.SettleResponse{Estimate: r.Estimate, Charged: r.Charged, Refunded: r.Refunded, Overrun: r.Overrun,
+		Debt: r.Debt, Replayed: r.Replayed}, nil
 }

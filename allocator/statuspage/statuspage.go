@@ -257,7 +257,7 @@ type windowRow struct {
 }
 
 type terms struct {
-	CarryOver, Fallback, RedisRollback, LimitLowered, LostGrants int64
+	CarryOver, Fallback, RedisRollback, LimitLowered, LostGrants, Settlement int64
 }
 
 // fetcher asks Reports and remembers why it stopped.
@@ -521,7 +521,7 @@ func newWindowRow(v view, rep allocator.WindowReport, regions []string) windowRo
 		FallbackAdmitted: rep.FallbackAdmitted, Observed: rep.ObservedOvershoot, Stranded: rep.Stranded,
 		Infinite: rep.Bound.Infinite,
 		Terms: terms{CarryOver: rep.Terms.CarryOver, Fallback: rep.Terms.Fallback, RedisRollback: rep.Terms.RedisRollback,
-			LimitLowered: rep.Terms.LimitLowered, LostGrants: rep.Terms.LostGrants},
+			LimitLowered: rep.Terms.LimitLowered, LostGrants: rep.Terms.LostGrants, Settlement: rep.Terms.Settlement},
 	}
 	for _, r := range regions {
 		wr.Admitted = append(wr.Admitted, rep.Admitted[r])

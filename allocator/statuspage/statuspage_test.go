@@ -409,7 +409,7 @@ func TestDetailPage(t *testing.T) {
 		t.Fatalf("status %d", code)
 	}
 	mustContain(t, body, "<title>tenant/atlas · Leasehold status</title>", "Atlas contract", "1,000 tokens per 1m",
-		"ttl 15s, min chunk 5, max chunk none", `<table class="windows" id="windows">`, "lost grants", "redis rollback",
+		"ttl 15s, min chunk 5, max chunk none", `<table class="windows" id="windows">`, "lost grants", "redis rollback", "settlement",
 		"2026-03-02 10:04:00 (running)", "2026-03-02 10:00:00", `<svg class="chart"`)
 	mustNotContain(t, body, "Windows as a table") // the full table is on the page
 	if f.lastAsked["tenant/atlas"] != 60 {

@@ -23,7 +23,7 @@ the next window boundary unless --effective now. --dry-run prints what would
 change and its effect on the current window, and writes nothing.`,
 	flags: func(f *flagSet) action {
 		l := &pb.Limit{Lease: &pb.LeaseSettings{}}
-		var window, ttl time.Duration
+		var window, ttl, grace time.Duration
 		var expect int64
 		f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required)", 1)
 		f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required, >= 1s)")
@@ -43,6 +43,12 @@ change and its effect on the current window, and writes nothing.`,
 		f.stringVar(&l.Owner, "owner", "`S`: who owns the limit, e.g. a team or a contract")
 		f.stringVar(&l.Description, "description", "`S`: free text")
 		f.stringVar(&l.HashTag, "hash-tag", "`T`: the Redis hash tag of the limit's keys: limits checked together in one CheckMulti share it on Redis Cluster, e.g. the tenant (default: the id; cannot change later)")
+		f.durationVar(&grace, "settle-grace", "`DUR`: how long after a settle-later Check its Settle is taken, 1s..1m (default 30s)")
+		f.value("debt-policy", "`carry|forgive`: a settle-later overrun the window cannot hold is paid by the region's next window (carry, the default) or only counted (forgive)", func(s string) error {
+			p, err := parseDebtPolicy(s)
+			l.DebtPolicy = p
+			return err
+		})
 		l.Tags = map[string]string{}
 		f.value("tag", "`KEY=VALUE`: a tag; repeatable", func(s string) error { return parseTag(s, l.Tags) })
 		f.int64Var(&expect, "expect-version", "`V`: write only if the stored version is V (0: only if the limit does not exist)")
@@ -60,6 +66,9 @@ change and its effect on the current window, and writes nothing.`,
 			l.Window = durationpb.New(window)
 			if f.isSet("ttl") {
 				l.Lease.Ttl = durationpb.New(ttl)
+			}
+			if f.isSet("settle-grace") {
+				l.SettleGrace = durationpb.New(grace)
 			}
 			req := &pb.PutLimitRequest{Limit: l, Reason: ch.reason, Effective: ch.effective, DryRun: ch.dryRun}
 			if f.isSet("expect-version") {

@@ -36,6 +36,8 @@ import (
 //	    description: Atlas contract
 //	    tags: {plan: gold}
 //	    hash_tag: atlas        # Redis keys: limits checked together share it
+//	    settle_grace: 30s      # settle-later Checks: Settle taken this long
+//	    debt_policy: carry     # carry (default) or forgive
 //
 // Decoding is strict: unknown keys, duplicate keys, aliases, a second
 // document and values of the wrong shape are refused with the file, the
@@ -355,7 +357,8 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 }
 
 // limitKeys are the keys of one limit, in the order export writes them.
-var limitKeys = []string{"id", "limit", "window", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag"}
+var limitKeys = []string{"id", "limit", "window", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
+	"settle_grace", "debt_policy"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
 // allocator's field names (limit_tokens, lease.ttl, ...) to lines, so a
@@ -448,6 +451,22 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 			l.Description = s
 		default:
 			l.HashTag = s
+		}
+	}
+	if fv, ok := f["settle_grace"]; ok {
+		lines["settle_grace"] = fv.val.Line
+		if l.SettleGrace, err = scalarDuration(fv.val, what+": settle_grace"); err != nil {
+			return nil, err
+		}
+	}
+	if fv, ok := f["debt_policy"]; ok {
+		lines["debt_policy"] = fv.val.Line
+		s, err := scalarString(fv.val, what+": debt_policy")
+		if err != nil {
+			return nil, err
+		}
+		if l.DebtPolicy, err = parseDebtPolicy(s); err != nil {
+			return nil, errAt(fv.val, "%s: debt_policy: %q: want carry or forgive", what, s)
 		}
 	}
 	if fv, ok := f["tags"]; ok {
@@ -712,6 +731,12 @@ func limitNode(l *pb.Limit) *yaml.Node {
 	}
 	if l.GetHashTag() != "" {
 		add("hash_tag", str(l.GetHashTag()))
+	}
+	if l.GetSettleGrace() != nil {
+		add("settle_grace", str(formatDuration(l.GetSettleGrace())))
+	}
+	if l.GetDebtPolicy() != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED {
+		add("debt_policy", str(debtPolicyName(l.GetDebtPolicy())))
 	}
 	return n
 }

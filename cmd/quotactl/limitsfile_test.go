@@ -117,6 +117,8 @@ func TestDecodeLimitsFileErrors(t *testing.T) {
 		{"strict with open", strings.Replace(head, "bounded", "strict", 1) + "    fallback: {eu: open}\n", "tenant/a: fallback.eu: strict limits admit only leased tokens", 7},
 		{"ttl over window", head + "    lease:\n      ttl: 2m\n", "tenant/a: lease.ttl: must be <= the window", 8},
 		{"min chunk", head + "    lease: {min_chunk: 50}\n", "tenant/a: lease.min_chunk: must be <= limit_tokens (10), got 50", 7},
+		{"settle grace", head + "    settle_grace: 2m\n", "tenant/a: settle_grace: must be whole milliseconds in 1s..1m0s, got 2m0s", 7},
+		{"debt policy", head + "    debt_policy: pay\n", `tenant/a: debt_policy: "pay": want carry or forgive`, 7},
 		{"tags", head + "    tags: [a]\n", "tenant/a: tags: want a mapping of key to value", 7},
 		{"hash tag", head + "    hash_tag: \"{atlas}\"\n", `tenant/a: hash_tag: "{atlas}": use [A-Za-z0-9._-]`, 7},
 		{"owner not text", head + "    owner: {a: b}\n", "tenant/a: owner: want a text value, got a mapping", 7},
@@ -166,6 +168,8 @@ func TestEncodeLimitsFile(t *testing.T) {
 	ls[1].Owner = `yes: "no"`
 	ls[1].Tags = map[string]string{"n": "1000", "b": "true", "empty": ""}
 	ls[1].Description = "two\nlines\t"
+	ls[1].SettleGrace = durationpb.New(45 * time.Second)
+	ls[1].DebtPolicy = pb.DebtPolicy_DEBT_POLICY_FORGIVE
 	var buf bytes.Buffer
 	if err := encodeLimitsFile(&buf, []string{"tenant/"}, ls); err != nil {
 		t.Fatal(err)
@@ -178,6 +182,7 @@ func TestEncodeLimitsFile(t *testing.T) {
 		"    lease: {ttl: 15s, min_chunk: 1, max_chunk: 0}\n",
 		"    tags: {plan: gold, tenant: atlas}\n    hash_tag: atlas\n",
 		"    fallback: {eu: closed}\n",
+		"    settle_grace: 45s\n    debt_policy: forgive\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("export lacks %q:\n%s", want, out)

@@ -79,6 +79,12 @@ func (e *env) printLimit(l *pb.Limit) error {
 	if t := l.GetHashTag(); t != "" {
 		rows = append(rows, [2]string{"hash-tag", t})
 	}
+	if g := l.GetSettleGrace(); g != nil {
+		rows = append(rows, [2]string{"settle-grace", formatDuration(g)})
+	}
+	if p := l.GetDebtPolicy(); p != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED {
+		rows = append(rows, [2]string{"debt-policy", debtPolicyName(p)})
+	}
 	rows = append(rows, [2]string{"version", strconv.FormatInt(l.GetVersion(), 10)})
 	if ts := formatTS(l.GetEffectiveFrom()); ts != "" {
 		rows = append(rows, [2]string{"effective-from", ts})
@@ -133,6 +139,27 @@ func parseMode(s string) (pb.Mode, error) {
 		return pb.Mode_MODE_BOUNDED, nil
 	}
 	return 0, fmt.Errorf("want strict or bounded")
+}
+
+func parseDebtPolicy(s string) (pb.DebtPolicy, error) {
+	switch s {
+	case "carry":
+		return pb.DebtPolicy_DEBT_POLICY_CARRY, nil
+	case "forgive":
+		return pb.DebtPolicy_DEBT_POLICY_FORGIVE, nil
+	}
+	return 0, fmt.Errorf("want carry or forgive")
+}
+
+// debtPolicyName is the name parseDebtPolicy takes.
+func debtPolicyName(p pb.DebtPolicy) string {
+	switch p {
+	case pb.DebtPolicy_DEBT_POLICY_FORGIVE:
+		return "forgive"
+	case pb.DebtPolicy_DEBT_POLICY_CARRY, pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED:
+		return "carry"
+	}
+	return p.String()
 }
 
 // formatDuration prints d as time.Duration does, without zero trailing

@@ -68,7 +68,14 @@ func flatten(l *pb.Limit) []setting {
 	for _, k := range slices.Sorted(maps.Keys(l.GetTags())) {
 		out = append(out, setting{"tags." + k, l.GetTags()[k]})
 	}
-	return append(out, setting{"hash_tag", l.GetHashTag()})
+	out = append(out, setting{"hash_tag", l.GetHashTag()})
+	if g := l.GetSettleGrace(); g != nil {
+		out = append(out, setting{"settle_grace", formatDuration(g)})
+	}
+	if p := l.GetDebtPolicy(); p != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED {
+		out = append(out, setting{"debt_policy", debtPolicyName(p)})
+	}
+	return out
 }
 
 // diffLimits lists the settings that differ between old and new (either

@@ -219,6 +219,7 @@ type termsJSON struct {
 	LostGrants    int64 `json:"lost_grants"`
 	RedisRollback int64 `json:"redis_rollback"`
 	LimitLowered  int64 `json:"limit_lowered"`
+	Settlement    int64 `json:"settlement"`
 }
 
 func windowJSONOf(w *pb.WindowReport) windowReportJSON {
@@ -243,6 +244,7 @@ func windowJSONOf(w *pb.WindowReport) windowReportJSON {
 			LostGrants:    w.GetTerms().GetLostGrants(),
 			RedisRollback: w.GetTerms().GetRedisRollback(),
 			LimitLowered:  w.GetTerms().GetLimitLowered(),
+			Settlement:    w.GetTerms().GetSettlement(),
 		},
 	}
 	for r, n := range w.GetAdmitted() {

@@ -246,7 +246,7 @@ func TestWindowsJSON(t *testing.T) {
 		}
 		keys := []string{"admitted", "admitted_total", "bound", "closed", "fallback", "fallback_admitted", "granted",
 			"limit", "limit_tokens", "observed_overshoot", "returned", "stranded", "terms", "window_end", "window_start"}
-		termKeys := []string{"carry_over", "fallback", "limit_lowered", "lost_grants", "redis_rollback"}
+		termKeys := []string{"carry_over", "fallback", "limit_lowered", "lost_grants", "redis_rollback", "settlement"}
 		for i, w := range got {
 			if k := sortedKeys(w); !slices.Equal(k, keys) {
 				t.Errorf("window %d keys %q, want %q", i, k, keys)
@@ -280,7 +280,7 @@ func TestWindowsJSON(t *testing.T) {
 			"admitted": map[string]any{"ap": 80.0, "eu": 600.0, "us": 400.0},
 			"fallback": map[string]any{"ap": "local"},
 			"terms": map[string]any{"carry_over": 1.0, "fallback": 20.0, "lost_grants": 2.0,
-				"redis_rollback": 25.0, "limit_lowered": 2.0},
+				"redis_rollback": 25.0, "limit_lowered": 2.0, "settlement": 0.0},
 		})
 		checkJSON(3, map[string]any{"closed": false, "window_end": "2026-11-29T19:34:00.000Z",
 			"admitted": map[string]any{"eu": 120.0}})

@@ -49,6 +49,10 @@ func TestValidateLimitNamesTheField(t *testing.T) {
 			l.Lease = &pb.LeaseSettings{MinChunk: vocab.MaxTokens + 1}
 		}},
 		{"limit.lease.max_chunk", func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{MaxChunk: vocab.MaxTokens + 1} }},
+		{"limit.settle_grace", func(l *pb.Limit) { l.SettleGrace = durationpb.New(MaxSettleGrace + time.Millisecond) }},
+		{"limit.settle_grace", func(l *pb.Limit) { l.SettleGrace = durationpb.New(999 * time.Millisecond) }},
+		{"limit.settle_grace", func(l *pb.Limit) { l.SettleGrace = &durationpb.Duration{Seconds: 1, Nanos: -1} }},
+		{"limit.debt_policy", func(l *pb.Limit) { l.DebtPolicy = pb.DebtPolicy(9) }},
 		{"limit.fallback[eu].local_tokens", func(l *pb.Limit) {
 			l.Fallback = map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: vocab.MaxTokens + 1}}
 		}},

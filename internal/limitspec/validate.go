@@ -31,7 +31,21 @@ const (
 	// allocator.WithGroupCommit): 63 with etcd's default --max-txn-ops of
 	// 128.
 	MaxApplyChanges = 100
+	// DefaultSettleGrace is a limit's settle_grace when unset, and
+	// MaxSettleGrace its largest: a settle-later decision's record lives
+	// in its window's Redis key, which agents keep and report a couple of
+	// minutes after the window's end, so every settle must land before.
+	DefaultSettleGrace = 30 * time.Second
+	MaxSettleGrace     = time.Minute
 )
+
+// SettleGrace is how long a settle-later decision of l can be settled.
+func SettleGrace(l *pb.Limit) time.Duration {
+	if g := l.GetSettleGrace(); g != nil {
+		return g.AsDuration()
+	}
+	return DefaultSettleGrace
+}
 
 // CheckSizes checks only the sizes of a limit's strings, maps and lists
 // against the bounds above (and vocab's for ids and regions), without
@@ -206,6 +220,19 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 	}
 	if err := vocab.ValidateHashTag("limit.hash_tag", l.HashTag); err != nil {
 		return nil, err
+	}
+	if l.SettleGrace != nil {
+		if err := l.SettleGrace.CheckValid(); err != nil {
+			return nil, fieldErr("limit.settle_grace", "%v", err)
+		}
+		if g := l.SettleGrace.AsDuration(); g < time.Second || g > MaxSettleGrace || g%time.Millisecond != 0 {
+			return nil, fieldErr("limit.settle_grace", "must be whole milliseconds in 1s..%v, got %v", MaxSettleGrace, g)
+		}
+	}
+	switch l.DebtPolicy {
+	case pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED, pb.DebtPolicy_DEBT_POLICY_CARRY, pb.DebtPolicy_DEBT_POLICY_FORGIVE:
+	default:
+		return nil, fieldErr("limit.debt_policy", "must be carry or forgive, got %d", l.DebtPolicy)
 	}
 	return l, nil
 }

@@ -48,6 +48,20 @@ func (b *Buckets) Reserve(ctx context.Context, key, id string, want, min, nowMs 
 // before its holder could spend it, and lost to the window if that lease
 // closed first; Checks spend those leases' last moments.
 func (b *Buckets) ReserveLasting(ctx context.Context, key, id string, want, min, lastMs, nowMs int64) (Reservation, error) {
+	return b.reserve(ctx, key, id, want, min, lastMs, 0, nowMs)
+}
+
+// ReserveToSettle is Reserve of exactly estimate tokens (or nothing) as a
+// settle-later decision: Settle settles it with its actual cost until
+// graceMs after the script's now (on Redis's clock, as every settle).
+func (b *Buckets) ReserveToSettle(ctx context.Context, key, id string, estimate, graceMs, nowMs int64) (Reservation, error) {
+	if graceMs < 1 || !checkInt(graceMs) {
+		return Reservation{}, invalid("settle grace %d", graceMs)
+	}
+	return b.reserve(ctx, key, id, estimate, estimate, 0, graceMs, nowMs)
+}
+
+func (b *Buckets) reserve(ctx context.Context, key, id string, want, min, lastMs, graceMs, nowMs int64) (Reservation, error) {
 	switch {
 	case lastMs < 0 || !checkInt(lastMs):
 		return Reservation{}, invalid("last %d", lastMs)
@@ -60,7 +74,7 @@ func (b *Buckets) ReserveLasting(ctx context.Context, key, id string, want, min,
 	case nowMs < 0 || !checkInt(nowMs):
 		return Reservation{}, invalid("now %d", nowMs)
 	}
-	v, err := b.eval(ctx, reserveScript, []string{key}, nowMs, id, want, min, lastMs)
+	v, err := b.eval(ctx, reserveScript, []string{key}, nowMs, id, want, min, lastMs, graceMs)
 	if err != nil {
 		return Reservation{}, err
 	}

@@ -48,7 +48,8 @@ var (
 	usageScript    = newScript("usage.lua", true)
 	fallbackScript = newScript("fallback.lua", true)
 	snapshotScript = newScript("snapshot.lua", true)
+	settleScript   = newScript("settle.lua", true)
 
 	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript,
-		reserveScript, releaseScript, usageScript, fallbackScript, snapshotScript}
+		reserveScript, releaseScript, usageScript, fallbackScript, snapshotScript, settleScript}
 )

@@ -610,3 +610,45 @@ func (c *Core) Reserved(now time.Time, key store.Key, granted bool, balance, min
 	a.Reason, a.RetryAfter = ReasonUnavailable, c.jitter(50*time.Millisecond, 50*time.Millisecond)
 	return a
 }
+
+// ---- settle-later decisions ----
+
+// ErrSettleTooLate: a settle-later decision's window is too long over for
+// its settlement to be counted (its counts are no longer read and
+// reported).
+var ErrSettleTooLate = errors.New("core: too late to settle")
+
+// Settlement names the buckets a settle-later decision of limit made in
+// window is settled in at now: the window's, and the next window's (where
+// an overrun is carried). The decision's own settle-by time is kept with
+// it in the store; this refuses (ErrSettleTooLate), whatever that says,
+// a window whose counts have been read for the last time (a report round
+// before it is forgotten), so no settlement goes unreported. The limit is
+// counted as in use, as Reservation does.
+func (c *Core) Settlement(now time.Time, limit string, window int64) (l Limit, key, next store.Key, err error) {
+	lp := c.limits[limit]
+	if lp == nil {
+		if !c.synced {
+			return Limit{}, store.Key{}, store.Key{}, nil
+		}
+		return Limit{}, store.Key{}, store.Key{}, &ItemError{Field: "limit_id", Err: ErrUnknownLimit,
+			Reason: strconv.Quote(limit) + " is not a limit of region " + c.cfg.Region}
+	}
+	end := c.WindowEnd(lease.Window{Index: window, Length: lp.Window})
+	if now.After(end.Add(c.opt.keyGrace - c.opt.reportEvery)) {
+		return *lp, store.Key{}, store.Key{}, ErrSettleTooLate
+	}
+	c.state(lp)
+	return *lp, lp.key(window), lp.key(window + 1), nil
+}
+
+// Charged learns that the counts of the shared store's windows of keys
+// changed outside a spend (a settle-later decision or its settlement):
+// they are read and reported like spent windows.
+func (c *Core) Charged(now time.Time, keys ...store.Key) {
+	for _, k := range keys {
+		if st := c.states[k.Limit]; st != nil {
+			c.dirty(now, st, Shared, k.Window)
+		}
+	}
+}

@@ -58,6 +58,10 @@ type Limit struct {
 	// id: the id is its tag). Limits checked together must share one when
 	// the store is a Redis Cluster (Config.SameSlotRequired).
 	HashTag string
+	// SettleGrace is how long a settle-later decision can be settled;
+	// CarryDebt carries a settlement overrun into the next window.
+	SettleGrace time.Duration
+	CarryDebt   bool
 }
 
 // Tag is the limit's effective hash tag: HashTag, or the id.

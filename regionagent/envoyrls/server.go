@@ -125,6 +125,15 @@ func newPlan(n int) *plan {
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	switch kind, err := reserved(req.GetDescriptors()); {
+	case err != nil:
+		s.met.invalid.Inc()
+		return nil, err
+	case kind == KeySettle && req.GetDomain() != "":
+		return s.settleLater(ctx, req)
+	case kind == KeyDecision && req.GetDomain() != "":
+		return s.settle(ctx, req)
+	}
 	p, err := s.plan(req)
 	if err != nil {
 		s.met.invalid.Inc()
@@ -514,6 +523,7 @@ type metrics struct {
 	ok, overLimit, unavailable, invalid prometheus.Counter
 	unmapped                            *prometheus.CounterVec
 	applied, rejected                   prometheus.Counter
+	settles                             *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -529,17 +539,24 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "leasehold_envoy_mapping_reloads_total",
 		Help: "Changed mapping files seen by the watcher, by result: applied, rejected (the previous mapping stays).",
 	}, []string{"result"})
+	settles := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_envoy_settles_total",
+		Help: "Response-path settles of settle-later decisions, by result: settled, unknown (no such decision: its estimate stands), refused (after the settle grace, or another actual cost), failed (answered with a gRPC error).",
+	}, []string{"result"})
+	for _, r := range []string{"settled", "unknown", "refused", "failed"} {
+		settles.WithLabelValues(r)
+	}
 	for _, r := range []string{unmappedNoMatch, unmappedUnknownDomain, unmappedInvalidValue, unmappedUnknownLimit, unmappedNegativeHits} {
 		unmapped.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(reqs, unmapped, reloads)
+		reg.MustRegister(reqs, unmapped, reloads, settles)
 	}
 	return &metrics{
 		ok: reqs.WithLabelValues("ok"), overLimit: reqs.WithLabelValues("over_limit"),
 		unavailable: reqs.WithLabelValues("unavailable"), invalid: reqs.WithLabelValues("invalid"),
-		unmapped: unmapped,
-		applied:  reloads.WithLabelValues("applied"), rejected: reloads.WithLabelValues("rejected"),
+		unmapped: unmapped, settles: settles,
+		applied: reloads.WithLabelValues("applied"), rejected: reloads.WithLabelValues("rejected"),
 	}
 }
 

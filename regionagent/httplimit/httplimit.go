@@ -14,6 +14,10 @@
 //
 // NewMetrics counts these outcomes on a Prometheus registry.
 //
+// With SettleLater, the cost is an estimate charged at admission and the
+// request is settled with its actual cost once the handler has returned
+// (e.g. the bytes it wrote): a limit of bytes served per window.
+//
 // Denials carry an RFC 9457 application/problem+json body naming the
 // limit, the reason and the decision id.
 //
@@ -99,6 +103,33 @@ type options struct {
 	observe      func(*http.Request, Outcome, client.Decision)
 	unavailRetry time.Duration
 	rnd          func(n int64) int64
+	// actual, with SettleLater: the request's actual cost.
+	actual        func(r *http.Request, written int64) int64
+	observeSettle func(*http.Request, client.Settlement, error)
+}
+
+// SettleLimiter decides settle-later requests; *client.Client is one.
+type SettleLimiter interface {
+	Limiter
+	AllowSettleLater(ctx context.Context, limit string, estimate int64) (client.Pending, error)
+	Settle(ctx context.Context, limit, settleID string, actual int64) (client.Settlement, error)
+}
+
+var _ SettleLimiter = (*client.Client)(nil)
+
+// SettleLater makes Cost an estimate (docs/settle.md): an admitted
+// request is charged it, and once the next handler has returned it is
+// settled with actual(r, written), written being the bytes of the
+// response body the handler wrote (the usual actual cost of a download).
+// The Limiter must be a SettleLimiter. The settle outlives the request's
+// context (a caller gone at the end still costs what it cost).
+func SettleLater(actual func(r *http.Request, written int64) int64) Option {
+	return func(o *options) { o.actual = actual }
+}
+
+// ObserveSettle calls f once per settle (SettleLater) with its outcome.
+func ObserveSettle(f func(r *http.Request, s client.Settlement, err error)) Option {
+	return func(o *options) { o.observeSettle = f }
 }
 
 // Option changes an optional setting; Key is required.
@@ -150,6 +181,16 @@ func Middleware(l Limiter, opts ...Option) func(http.Handler) http.Handler {
 	}
 	if o.key == nil {
 		panic("httplimit: the Key option is required")
+	}
+	if o.observeSettle == nil {
+		o.observeSettle = func(*http.Request, client.Settlement, error) {}
+	}
+	if o.actual != nil {
+		sl, ok := l.(SettleLimiter)
+		if !ok {
+			panic("httplimit: SettleLater needs a SettleLimiter")
+		}
+		return o.settleLater(sl)
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -285,3 +326,58 @@ func sfString(s string) string {
 	b.WriteByte('"')
 	return b.String()
 }
+
+// settleLater is the middleware of SettleLater.
+func (o *options) settleLater(l SettleLimiter) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			limit, ok := o.key(r)
+			if !ok {
+				o.observe(r, NoKey, client.Decision{})
+				next.ServeHTTP(w, r)
+				return
+			}
+			p, err := l.AllowSettleLater(r.Context(), limit, max(1, o.cost(r)))
+			d := p.Decision
+			switch {
+			case err != nil && o.passUnknown && errors.Is(err, client.ErrUnknownLimit):
+				o.observe(r, UnknownLimit, d)
+				next.ServeHTTP(w, r)
+			case err != nil:
+				o.observe(r, Failed, d)
+				o.deny(w, r, limit, d, http.StatusServiceUnavailable)
+			case d.Allowed:
+				o.observe(r, Allowed, d)
+				o.headers(w.Header(), r, limit, d)
+				cw := &countingWriter{ResponseWriter: w}
+				defer func() {
+					s, err := l.Settle(context.WithoutCancel(r.Context()), limit, p.SettleID, o.actual(r, cw.n))
+					o.observeSettle(r, s, err)
+				}()
+				next.ServeHTTP(cw, r)
+			case d.Reason == pb.Reason_REASON_OVER_LIMIT:
+				o.observe(r, Limited, d)
+				o.deny(w, r, limit, d, http.StatusTooManyRequests)
+			default:
+				o.observe(r, Unavailable, d)
+				o.deny(w, r, limit, d, http.StatusServiceUnavailable)
+			}
+		})
+	}
+}
+
+// countingWriter counts the bytes of the response body. Unwrap lets
+// http.ResponseController reach the writer's Flush and deadlines.
+type countingWriter struct {
+	http.ResponseWriter
+	n int64
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.n += int64(n)
+	return n, err
+}
+
+// Unwrap returns the wrapped writer (http.ResponseController).
+func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }

@@ -56,6 +56,10 @@ const (
 	// back unspent: admitted counts them from the reservation on, so what
 	// was admitted is admitted minus released. (Every counter only grows.)
 	CounterReleased = "released"
+	// CounterSettleOverrun is the cost settle-later decisions admitted
+	// beyond the window's leases when settled (bucket's settle.lua):
+	// the window's settlement term.
+	CounterSettleOverrun = "settle_overrun"
 )
 
 // SubLeasePrefix marks the lease that a released sub-lease reservation's

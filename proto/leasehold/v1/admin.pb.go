@@ -2146,6 +2146,9 @@ type BoundTerms struct {
 	LostGrants    int64                  `protobuf:"varint,3,opt,name=lost_grants,json=lostGrants,proto3" json:"lost_grants,omitempty"`
 	RedisRollback int64                  `protobuf:"varint,4,opt,name=redis_rollback,json=redisRollback,proto3" json:"redis_rollback,omitempty"`
 	LimitLowered  int64                  `protobuf:"varint,5,opt,name=limit_lowered,json=limitLowered,proto3" json:"limit_lowered,omitempty"`
+	// settlement is what settle-later Checks admitted beyond the window's
+	// leases (docs/settle.md).
+	Settlement    int64 `protobuf:"varint,6,opt,name=settlement,proto3" json:"settlement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2211,6 +2214,13 @@ func (x *BoundTerms) GetRedisRollback() int64 {
 func (x *BoundTerms) GetLimitLowered() int64 {
 	if x != nil {
 		return x.LimitLowered
+	}
+	return 0
+}
+
+func (x *BoundTerms) GetSettlement() int64 {
+	if x != nil {
+		return x.Settlement
 	}
 	return 0
 }
@@ -2384,7 +2394,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aW\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
-	"\x05value\x18\x02 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\x05value:\x028\x01\"\xb4\x01\n" +
+	"\x05value\x18\x02 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\x05value:\x028\x01\"\xd4\x01\n" +
 	"\n" +
 	"BoundTerms\x12\x1d\n" +
 	"\n" +
@@ -2393,7 +2403,10 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\vlost_grants\x18\x03 \x01(\x03R\n" +
 	"lostGrants\x12%\n" +
 	"\x0eredis_rollback\x18\x04 \x01(\x03R\rredisRollback\x12#\n" +
-	"\rlimit_lowered\x18\x05 \x01(\x03R\flimitLowered*T\n" +
+	"\rlimit_lowered\x18\x05 \x01(\x03R\flimitLowered\x12\x1e\n" +
+	"\n" +
+	"settlement\x18\x06 \x01(\x03R\n" +
+	"settlement*T\n" +
 	"\tEffective\x12\x19\n" +
 	"\x15EFFECTIVE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15EFFECTIVE_NEXT_WINDOW\x10\x01\x12\x11\n" +

@@ -82,6 +82,159 @@ func (Reason) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
+type SettleRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LimitId string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	// decision_id is CheckResponse.decision_id.
+	DecisionId string `protobuf:"bytes,2,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
+	// actual cost of the request in tokens (>= 0, <= G).
+	Actual        int64 `protobuf:"varint,3,opt,name=actual,proto3" json:"actual,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SettleRequest) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *SettleRequest) GetDecisionId() string {
+	if x != nil {
+		return x.DecisionId
+	}
+	return ""
+}
+
+func (x *SettleRequest) GetActual() int64 {
+	if x != nil {
+		return x.Actual
+	}
+	return 0
+}
+
+type SettleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// estimate is what the Check charged.
+	Estimate int64 `protobuf:"varint,1,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	// charged is the extra taken from the region's balance of the window.
+	Charged int64 `protobuf:"varint,2,opt,name=charged,proto3" json:"charged,omitempty"`
+	// refunded is what went back to the region's balance.
+	Refunded int64 `protobuf:"varint,3,opt,name=refunded,proto3" json:"refunded,omitempty"`
+	// overrun is the extra the window's balance could not hold: admitted
+	// beyond G's share, in the window's settlement term.
+	Overrun int64 `protobuf:"varint,4,opt,name=overrun,proto3" json:"overrun,omitempty"`
+	// debt is the part of overrun carried into the region's next window.
+	Debt int64 `protobuf:"varint,5,opt,name=debt,proto3" json:"debt,omitempty"`
+	// replayed is true when the decision was settled before.
+	Replayed      bool `protobuf:"varint,6,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SettleResponse) GetEstimate() int64 {
+	if x != nil {
+		return x.Estimate
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetCharged() int64 {
+	if x != nil {
+		return x.Charged
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetRefunded() int64 {
+	if x != nil {
+		return x.Refunded
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetOverrun() int64 {
+	if x != nil {
+		return x.Overrun
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetDebt() int64 {
+	if x != nil {
+		return x.Debt
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
 type ReserveRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	LimitId string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
@@ -99,7 +252,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -111,7 +264,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -124,7 +277,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ReserveRequest) GetLimitId() string {
@@ -174,7 +327,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -186,7 +339,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -199,7 +352,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReserveResponse) GetGranted() int64 {
@@ -277,7 +430,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +442,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +455,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReleaseRequest) GetLimitId() string {
@@ -337,7 +490,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -349,7 +502,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -362,7 +515,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReleaseResponse) GetReturned() int64 {
@@ -379,14 +532,18 @@ type CheckRequest struct {
 	// cost of the request in tokens (1 <= cost <= G); 0 means 1.
 	Cost int64 `protobuf:"varint,2,opt,name=cost,proto3" json:"cost,omitempty"`
 	// request_id is optional, for tracing (<= 128 characters).
-	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// settle_later makes cost an estimate: an admitted Check returns a
+	// decision_id that Settle settles with the actual cost. Served from
+	// the region's Redis only (UNAVAILABLE while it is down). Check only.
+	SettleLater   bool `protobuf:"varint,4,opt,name=settle_later,json=settleLater,proto3" json:"settle_later,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -398,7 +555,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -411,7 +568,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CheckRequest) GetLimitId() string {
@@ -435,6 +592,13 @@ func (x *CheckRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *CheckRequest) GetSettleLater() bool {
+	if x != nil {
+		return x.SettleLater
+	}
+	return false
+}
+
 type CheckResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
@@ -446,16 +610,20 @@ type CheckResponse struct {
 	// reset_after is the time until the current window ends.
 	ResetAfter *durationpb.Duration `protobuf:"bytes,5,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
 	// limit_tokens is G and window is W of the limit's version below.
-	LimitTokens   int64                `protobuf:"varint,6,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
-	Window        *durationpb.Duration `protobuf:"bytes,7,opt,name=window,proto3" json:"window,omitempty"`
-	LimitVersion  int64                `protobuf:"varint,8,opt,name=limit_version,json=limitVersion,proto3" json:"limit_version,omitempty"`
+	LimitTokens  int64                `protobuf:"varint,6,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
+	Window       *durationpb.Duration `protobuf:"bytes,7,opt,name=window,proto3" json:"window,omitempty"`
+	LimitVersion int64                `protobuf:"varint,8,opt,name=limit_version,json=limitVersion,proto3" json:"limit_version,omitempty"`
+	// decision_id names an admitted settle-later Check, for Settle.
+	DecisionId string `protobuf:"bytes,9,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
+	// settle_within is how long Settle accepts it (the limit's settle_grace).
+	SettleWithin  *durationpb.Duration `protobuf:"bytes,10,opt,name=settle_within,json=settleWithin,proto3" json:"settle_within,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +635,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +648,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -539,6 +707,20 @@ func (x *CheckResponse) GetLimitVersion() int64 {
 	return 0
 }
 
+func (x *CheckResponse) GetDecisionId() string {
+	if x != nil {
+		return x.DecisionId
+	}
+	return ""
+}
+
+func (x *CheckResponse) GetSettleWithin() *durationpb.Duration {
+	if x != nil {
+		return x.SettleWithin
+	}
+	return nil
+}
+
 type CheckMultiRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Checks        []*CheckRequest        `protobuf:"bytes,1,rep,name=checks,proto3" json:"checks,omitempty"`
@@ -548,7 +730,7 @@ type CheckMultiRequest struct {
 
 func (x *CheckMultiRequest) Reset() {
 	*x = CheckMultiRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +742,7 @@ func (x *CheckMultiRequest) String() string {
 func (*CheckMultiRequest) ProtoMessage() {}
 
 func (x *CheckMultiRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +755,7 @@ func (x *CheckMultiRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckMultiRequest.ProtoReflect.Descriptor instead.
 func (*CheckMultiRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckMultiRequest) GetChecks() []*CheckRequest {
@@ -594,7 +776,7 @@ type CheckMultiResponse struct {
 
 func (x *CheckMultiResponse) Reset() {
 	*x = CheckMultiResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +788,7 @@ func (x *CheckMultiResponse) String() string {
 func (*CheckMultiResponse) ProtoMessage() {}
 
 func (x *CheckMultiResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +801,7 @@ func (x *CheckMultiResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckMultiResponse.ProtoReflect.Descriptor instead.
 func (*CheckMultiResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CheckMultiResponse) GetAllowed() bool {
@@ -640,7 +822,19 @@ var File_leasehold_v1_agent_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x18leasehold/v1/agent.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"\x89\x01\n" +
+	"\x18leasehold/v1/agent.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"c\n" +
+	"\rSettleRequest\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x1f\n" +
+	"\vdecision_id\x18\x02 \x01(\tR\n" +
+	"decisionId\x12\x16\n" +
+	"\x06actual\x18\x03 \x01(\x03R\x06actual\"\xac\x01\n" +
+	"\x0eSettleResponse\x12\x1a\n" +
+	"\bestimate\x18\x01 \x01(\x03R\bestimate\x12\x18\n" +
+	"\acharged\x18\x02 \x01(\x03R\acharged\x12\x1a\n" +
+	"\brefunded\x18\x03 \x01(\x03R\brefunded\x12\x18\n" +
+	"\aoverrun\x18\x04 \x01(\x03R\aoverrun\x12\x12\n" +
+	"\x04debt\x18\x05 \x01(\x03R\x04debt\x12\x1a\n" +
+	"\breplayed\x18\x06 \x01(\bR\breplayed\"\x89\x01\n" +
 	"\x0eReserveRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x1d\n" +
@@ -665,12 +859,13 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12\x18\n" +
 	"\aunspent\x18\x03 \x01(\x03R\aunspent\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
-	"\breturned\x18\x01 \x01(\x03R\breturned\"\\\n" +
+	"\breturned\x18\x01 \x01(\x03R\breturned\"\x7f\n" +
 	"\fCheckRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
 	"\x04cost\x18\x02 \x01(\x03R\x04cost\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\"\xe8\x02\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12!\n" +
+	"\fsettle_later\x18\x04 \x01(\bR\vsettleLater\"\xc9\x03\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12,\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x14.leasehold.v1.ReasonR\x06reason\x12\x1c\n" +
@@ -681,7 +876,11 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"resetAfter\x12!\n" +
 	"\flimit_tokens\x18\x06 \x01(\x03R\vlimitTokens\x121\n" +
 	"\x06window\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06window\x12#\n" +
-	"\rlimit_version\x18\b \x01(\x03R\flimitVersion\"G\n" +
+	"\rlimit_version\x18\b \x01(\x03R\flimitVersion\x12\x1f\n" +
+	"\vdecision_id\x18\t \x01(\tR\n" +
+	"decisionId\x12>\n" +
+	"\rsettle_within\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\fsettleWithin\"G\n" +
 	"\x11CheckMultiRequest\x122\n" +
 	"\x06checks\x18\x01 \x03(\v2\x1a.leasehold.v1.CheckRequestR\x06checks\"e\n" +
 	"\x12CheckMultiResponse\x12\x18\n" +
@@ -692,13 +891,14 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\tREASON_OK\x10\x01\x12\x15\n" +
 	"\x11REASON_OVER_LIMIT\x10\x02\x12\x16\n" +
 	"\x12REASON_UNAVAILABLE\x10\x03\x12\x13\n" +
-	"\x0fREASON_FALLBACK\x10\x042\xb0\x02\n" +
+	"\x0fREASON_FALLBACK\x10\x042\xf5\x02\n" +
 	"\vRegionAgent\x12@\n" +
 	"\x05Check\x12\x1a.leasehold.v1.CheckRequest\x1a\x1b.leasehold.v1.CheckResponse\x12O\n" +
 	"\n" +
 	"CheckMulti\x12\x1f.leasehold.v1.CheckMultiRequest\x1a .leasehold.v1.CheckMultiResponse\x12F\n" +
 	"\aReserve\x12\x1c.leasehold.v1.ReserveRequest\x1a\x1d.leasehold.v1.ReserveResponse\x12F\n" +
-	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
+	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponse\x12C\n" +
+	"\x06Settle\x12\x1b.leasehold.v1.SettleRequest\x1a\x1c.leasehold.v1.SettleResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_agent_proto_rawDescOnce sync.Once
@@ -713,44 +913,49 @@ func file_leasehold_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_leasehold_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_leasehold_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_leasehold_v1_agent_proto_goTypes = []any{
 	(Reason)(0),                 // 0: leasehold.v1.Reason
-	(*ReserveRequest)(nil),      // 1: leasehold.v1.ReserveRequest
-	(*ReserveResponse)(nil),     // 2: leasehold.v1.ReserveResponse
-	(*ReleaseRequest)(nil),      // 3: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),     // 4: leasehold.v1.ReleaseResponse
-	(*CheckRequest)(nil),        // 5: leasehold.v1.CheckRequest
-	(*CheckResponse)(nil),       // 6: leasehold.v1.CheckResponse
-	(*CheckMultiRequest)(nil),   // 7: leasehold.v1.CheckMultiRequest
-	(*CheckMultiResponse)(nil),  // 8: leasehold.v1.CheckMultiResponse
-	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
+	(*SettleRequest)(nil),       // 1: leasehold.v1.SettleRequest
+	(*SettleResponse)(nil),      // 2: leasehold.v1.SettleResponse
+	(*ReserveRequest)(nil),      // 3: leasehold.v1.ReserveRequest
+	(*ReserveResponse)(nil),     // 4: leasehold.v1.ReserveResponse
+	(*ReleaseRequest)(nil),      // 5: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 6: leasehold.v1.ReleaseResponse
+	(*CheckRequest)(nil),        // 7: leasehold.v1.CheckRequest
+	(*CheckResponse)(nil),       // 8: leasehold.v1.CheckResponse
+	(*CheckMultiRequest)(nil),   // 9: leasehold.v1.CheckMultiRequest
+	(*CheckMultiResponse)(nil),  // 10: leasehold.v1.CheckMultiResponse
+	(*durationpb.Duration)(nil), // 11: google.protobuf.Duration
 }
 var file_leasehold_v1_agent_proto_depIdxs = []int32{
-	9,  // 0: leasehold.v1.ReserveResponse.expires_in:type_name -> google.protobuf.Duration
+	11, // 0: leasehold.v1.ReserveResponse.expires_in:type_name -> google.protobuf.Duration
 	0,  // 1: leasehold.v1.ReserveResponse.reason:type_name -> leasehold.v1.Reason
-	9,  // 2: leasehold.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
-	9,  // 3: leasehold.v1.ReserveResponse.reset_after:type_name -> google.protobuf.Duration
-	9,  // 4: leasehold.v1.ReserveResponse.window:type_name -> google.protobuf.Duration
+	11, // 2: leasehold.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	11, // 3: leasehold.v1.ReserveResponse.reset_after:type_name -> google.protobuf.Duration
+	11, // 4: leasehold.v1.ReserveResponse.window:type_name -> google.protobuf.Duration
 	0,  // 5: leasehold.v1.CheckResponse.reason:type_name -> leasehold.v1.Reason
-	9,  // 6: leasehold.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
-	9,  // 7: leasehold.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
-	9,  // 8: leasehold.v1.CheckResponse.window:type_name -> google.protobuf.Duration
-	5,  // 9: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
-	6,  // 10: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
-	5,  // 11: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
-	7,  // 12: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
-	1,  // 13: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
-	3,  // 14: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
-	6,  // 15: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
-	8,  // 16: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
-	2,  // 17: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
-	4,  // 18: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
-	15, // [15:19] is the sub-list for method output_type
-	11, // [11:15] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	11, // 6: leasehold.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
+	11, // 7: leasehold.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
+	11, // 8: leasehold.v1.CheckResponse.window:type_name -> google.protobuf.Duration
+	11, // 9: leasehold.v1.CheckResponse.settle_within:type_name -> google.protobuf.Duration
+	7,  // 10: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
+	8,  // 11: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
+	7,  // 12: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
+	9,  // 13: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
+	3,  // 14: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
+	5,  // 15: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
+	1,  // 16: leasehold.v1.RegionAgent.Settle:input_type -> leasehold.v1.SettleRequest
+	8,  // 17: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
+	10, // 18: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
+	4,  // 19: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
+	6,  // 20: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
+	2,  // 21: leasehold.v1.RegionAgent.Settle:output_type -> leasehold.v1.SettleResponse
+	17, // [17:22] is the sub-list for method output_type
+	12, // [12:17] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_agent_proto_init() }
@@ -764,7 +969,7 @@ func file_leasehold_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_agent_proto_rawDesc), len(file_leasehold_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	RegionAgent_CheckMulti_FullMethodName = "/leasehold.v1.RegionAgent/CheckMulti"
 	RegionAgent_Reserve_FullMethodName    = "/leasehold.v1.RegionAgent/Reserve"
 	RegionAgent_Release_FullMethodName    = "/leasehold.v1.RegionAgent/Release"
+	RegionAgent_Settle_FullMethodName     = "/leasehold.v1.RegionAgent/Settle"
 )
 
 // RegionAgentClient is the client API for RegionAgent service.
@@ -52,6 +53,18 @@ type RegionAgentClient interface {
 	// admitted. Idempotent by reservation id. A reservation never released
 	// counts as fully admitted when it expires.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Settle settles a settle-later Check (CheckRequest.settle_later) with
+	// the request's actual cost: the difference with the estimate is
+	// charged to the same limit and window (a refund when it cost less),
+	// taken from the region's balance of that window; an overrun the
+	// window cannot hold is admitted, counted in the window's settlement
+	// term, and carried into the region's next window as debt (the limit's
+	// debt_policy). Idempotent by decision id: a retry answers what the
+	// first settle did. INVALID_ARGUMENT for a bad field, NOT_FOUND for an
+	// unknown decision id, FAILED_PRECONDITION after the limit's
+	// settle_grace or when retried with another actual cost, UNAVAILABLE
+	// when the region's Redis cannot be reached (retry: it is idempotent).
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 }
 
 type regionAgentClient struct {
@@ -102,6 +115,16 @@ func (c *regionAgentClient) Release(ctx context.Context, in *ReleaseRequest, opt
 	return out, nil
 }
 
+func (c *regionAgentClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, RegionAgent_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegionAgentServer is the server API for RegionAgent service.
 // All implementations must embed UnimplementedRegionAgentServer
 // for forward compatibility.
@@ -129,6 +152,18 @@ type RegionAgentServer interface {
 	// admitted. Idempotent by reservation id. A reservation never released
 	// counts as fully admitted when it expires.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Settle settles a settle-later Check (CheckRequest.settle_later) with
+	// the request's actual cost: the difference with the estimate is
+	// charged to the same limit and window (a refund when it cost less),
+	// taken from the region's balance of that window; an overrun the
+	// window cannot hold is admitted, counted in the window's settlement
+	// term, and carried into the region's next window as debt (the limit's
+	// debt_policy). Idempotent by decision id: a retry answers what the
+	// first settle did. INVALID_ARGUMENT for a bad field, NOT_FOUND for an
+	// unknown decision id, FAILED_PRECONDITION after the limit's
+	// settle_grace or when retried with another actual cost, UNAVAILABLE
+	// when the region's Redis cannot be reached (retry: it is idempotent).
+	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	mustEmbedUnimplementedRegionAgentServer()
 }
 
@@ -150,6 +185,9 @@ func (UnimplementedRegionAgentServer) Reserve(context.Context, *ReserveRequest) 
 }
 func (UnimplementedRegionAgentServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedRegionAgentServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
 }
 func (UnimplementedRegionAgentServer) mustEmbedUnimplementedRegionAgentServer() {}
 func (UnimplementedRegionAgentServer) testEmbeddedByValue()                     {}
@@ -244,6 +282,24 @@ func _RegionAgent_Release_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegionAgent_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionAgentServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionAgent_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionAgentServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegionAgent_ServiceDesc is the grpc.ServiceDesc for RegionAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -266,6 +322,10 @@ var RegionAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _RegionAgent_Release_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _RegionAgent_Settle_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

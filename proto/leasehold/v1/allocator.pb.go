@@ -832,7 +832,10 @@ type Usage struct {
 	// count in admitted from the reservation on, and are subtracted from it.
 	// Reported apart so that every count only grows (the allocator keeps
 	// each reporter's highest), whatever order reports arrive in.
-	Released      int64 `protobuf:"varint,8,opt,name=released,proto3" json:"released,omitempty"`
+	Released int64 `protobuf:"varint,8,opt,name=released,proto3" json:"released,omitempty"`
+	// settle_overrun is the cost that settle-later Checks admitted beyond
+	// the region's leases of the window: its settlement term.
+	SettleOverrun int64 `protobuf:"varint,9,opt,name=settle_overrun,json=settleOverrun,proto3" json:"settle_overrun,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -919,6 +922,13 @@ func (x *Usage) GetRedisRollbackTokens() int64 {
 func (x *Usage) GetReleased() int64 {
 	if x != nil {
 		return x.Released
+	}
+	return 0
+}
+
+func (x *Usage) GetSettleOverrun() int64 {
+	if x != nil {
+		return x.SettleOverrun
 	}
 	return 0
 }
@@ -1256,7 +1266,7 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x123\n" +
 	"\areturns\x18\x02 \x03(\v2\x19.leasehold.v1.LeaseReturnR\areturns\"L\n" +
 	"\x14ReturnLeasesResponse\x124\n" +
-	"\aresults\x18\x01 \x03(\v2\x1a.leasehold.v1.ReturnResultR\aresults\"\xae\x02\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.leasehold.v1.ReturnResultR\aresults\"\xd5\x02\n" +
 	"\x05Usage\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12!\n" +
 	"\fwindow_index\x18\x02 \x01(\x03R\vwindowIndex\x12\x1a\n" +
@@ -1265,7 +1275,8 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x11fallback_admitted\x18\x05 \x01(\x03R\x10fallbackAdmitted\x126\n" +
 	"\bfallback\x18\x06 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\bfallback\x122\n" +
 	"\x15redis_rollback_tokens\x18\a \x01(\x03R\x13redisRollbackTokens\x12\x1a\n" +
-	"\breleased\x18\b \x01(\x03R\breleased\"s\n" +
+	"\breleased\x18\b \x01(\x03R\breleased\x12%\n" +
+	"\x0esettle_overrun\x18\t \x01(\x03R\rsettleOverrun\"s\n" +
 	"\x12ReportUsageRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1a\n" +
 	"\breporter\x18\x02 \x01(\tR\breporter\x12)\n" +

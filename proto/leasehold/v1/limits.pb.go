@@ -132,6 +132,61 @@ func (FallbackKind) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{1}
 }
 
+// DebtPolicy says what happens to a settle-later overrun that the
+// decision's window could not absorb (docs/settle.md).
+type DebtPolicy int32
+
+const (
+	// UNSPECIFIED means CARRY.
+	DebtPolicy_DEBT_POLICY_UNSPECIFIED DebtPolicy = 0
+	// CARRY: the region's next window pays it first (from the leases it
+	// holds and those it gets next); what that window cannot pay is dropped.
+	DebtPolicy_DEBT_POLICY_CARRY DebtPolicy = 1
+	// FORGIVE: counted in the window's settlement term, never paid.
+	DebtPolicy_DEBT_POLICY_FORGIVE DebtPolicy = 2
+)
+
+// Enum value maps for DebtPolicy.
+var (
+	DebtPolicy_name = map[int32]string{
+		0: "DEBT_POLICY_UNSPECIFIED",
+		1: "DEBT_POLICY_CARRY",
+		2: "DEBT_POLICY_FORGIVE",
+	}
+	DebtPolicy_value = map[string]int32{
+		"DEBT_POLICY_UNSPECIFIED": 0,
+		"DEBT_POLICY_CARRY":       1,
+		"DEBT_POLICY_FORGIVE":     2,
+	}
+)
+
+func (x DebtPolicy) Enum() *DebtPolicy {
+	p := new(DebtPolicy)
+	*p = x
+	return p
+}
+
+func (x DebtPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DebtPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_limits_proto_enumTypes[2].Descriptor()
+}
+
+func (DebtPolicy) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_limits_proto_enumTypes[2]
+}
+
+func (x DebtPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DebtPolicy.Descriptor instead.
+func (DebtPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{2}
+}
+
 // Fallback is a region's fail mode: "closed", "local:A" or "open".
 type Fallback struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -287,7 +342,14 @@ type Limit struct {
 	// empty means the limit id (the layout without hash tags). It cannot be
 	// changed on an existing limit (that would move its keys): delete the
 	// limit and create it again.
-	HashTag       string `protobuf:"bytes,14,opt,name=hash_tag,json=hashTag,proto3" json:"hash_tag,omitempty"`
+	HashTag string `protobuf:"bytes,14,opt,name=hash_tag,json=hashTag,proto3" json:"hash_tag,omitempty"`
+	// settle_grace is how long after a settle-later Check its Settle is
+	// accepted: unset means 30s; 1s..60s in whole milliseconds. A settle
+	// after it is refused and the estimate stands.
+	SettleGrace *durationpb.Duration `protobuf:"bytes,20,opt,name=settle_grace,json=settleGrace,proto3" json:"settle_grace,omitempty"`
+	// debt_policy is what happens to a settlement overrun the window could
+	// not absorb.
+	DebtPolicy    DebtPolicy `protobuf:"varint,21,opt,name=debt_policy,json=debtPolicy,proto3,enum=leasehold.v1.DebtPolicy" json:"debt_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -420,6 +482,20 @@ func (x *Limit) GetHashTag() string {
 	return ""
 }
 
+func (x *Limit) GetSettleGrace() *durationpb.Duration {
+	if x != nil {
+		return x.SettleGrace
+	}
+	return nil
+}
+
+func (x *Limit) GetDebtPolicy() DebtPolicy {
+	if x != nil {
+		return x.DebtPolicy
+	}
+	return DebtPolicy_DEBT_POLICY_UNSPECIFIED
+}
+
 var File_leasehold_v1_limits_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_limits_proto_rawDesc = "" +
@@ -431,7 +507,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xc3\x05\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xbc\x06\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -447,7 +523,10 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\aversion\x18\v \x01(\x03R\aversion\x12A\n" +
 	"\x0eeffective_from\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\reffectiveFrom\x12/\n" +
 	"\bprevious\x18\r \x01(\v2\x13.leasehold.v1.LimitR\bprevious\x12\x19\n" +
-	"\bhash_tag\x18\x0e \x01(\tR\ahashTag\x1aS\n" +
+	"\bhash_tag\x18\x0e \x01(\tR\ahashTag\x12<\n" +
+	"\fsettle_grace\x18\x14 \x01(\v2\x19.google.protobuf.DurationR\vsettleGrace\x129\n" +
+	"\vdebt_policy\x18\x15 \x01(\x0e2\x18.leasehold.v1.DebtPolicyR\n" +
+	"debtPolicy\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +
@@ -462,7 +541,12 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\x19FALLBACK_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FALLBACK_KIND_CLOSED\x10\x01\x12\x17\n" +
 	"\x13FALLBACK_KIND_LOCAL\x10\x02\x12\x16\n" +
-	"\x12FALLBACK_KIND_OPEN\x10\x03B*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
+	"\x12FALLBACK_KIND_OPEN\x10\x03*Y\n" +
+	"\n" +
+	"DebtPolicy\x12\x1b\n" +
+	"\x17DEBT_POLICY_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11DEBT_POLICY_CARRY\x10\x01\x12\x17\n" +
+	"\x13DEBT_POLICY_FORGIVE\x10\x02B*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_limits_proto_rawDescOnce sync.Once
@@ -476,35 +560,38 @@ func file_leasehold_v1_limits_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_limits_proto_rawDescData
 }
 
-var file_leasehold_v1_limits_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_leasehold_v1_limits_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_leasehold_v1_limits_proto_goTypes = []any{
 	(Mode)(0),                     // 0: leasehold.v1.Mode
 	(FallbackKind)(0),             // 1: leasehold.v1.FallbackKind
-	(*Fallback)(nil),              // 2: leasehold.v1.Fallback
-	(*LeaseSettings)(nil),         // 3: leasehold.v1.LeaseSettings
-	(*Limit)(nil),                 // 4: leasehold.v1.Limit
-	nil,                           // 5: leasehold.v1.Limit.FallbackEntry
-	nil,                           // 6: leasehold.v1.Limit.TagsEntry
-	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(DebtPolicy)(0),               // 2: leasehold.v1.DebtPolicy
+	(*Fallback)(nil),              // 3: leasehold.v1.Fallback
+	(*LeaseSettings)(nil),         // 4: leasehold.v1.LeaseSettings
+	(*Limit)(nil),                 // 5: leasehold.v1.Limit
+	nil,                           // 6: leasehold.v1.Limit.FallbackEntry
+	nil,                           // 7: leasehold.v1.Limit.TagsEntry
+	(*durationpb.Duration)(nil),   // 8: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_leasehold_v1_limits_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.Fallback.kind:type_name -> leasehold.v1.FallbackKind
-	7,  // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
-	7,  // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
+	8,  // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	8,  // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
 	0,  // 3: leasehold.v1.Limit.mode:type_name -> leasehold.v1.Mode
-	5,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
-	3,  // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
-	6,  // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
-	8,  // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
-	4,  // 8: leasehold.v1.Limit.previous:type_name -> leasehold.v1.Limit
-	2,  // 9: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	6,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
+	4,  // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
+	7,  // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
+	9,  // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
+	5,  // 8: leasehold.v1.Limit.previous:type_name -> leasehold.v1.Limit
+	8,  // 9: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
+	2,  // 10: leasehold.v1.Limit.debt_policy:type_name -> leasehold.v1.DebtPolicy
+	3,  // 11: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_limits_proto_init() }
@@ -517,7 +604,7 @@ func file_leasehold_v1_limits_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_limits_proto_rawDesc), len(file_leasehold_v1_limits_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -16,6 +16,8 @@
 --   admitted, denied: cost counters; other names without ':' are counters.
 --   v:<res>    a sub-lease reservation: tokens taken   w:<res> its deadline
 --   x:<res>    a released reservation: tokens it returned
+--   g:<res>    a settle-later decision (a reservation): settle by, ms
+--   y:<res>    a settled decision: "actual,charged,refunded,overrun,debt"
 
 local function int(v, name)
   local n = tonumber(v)
@@ -63,7 +65,8 @@ local function load(key, counters)
         all[#all + 1] = l
       end
       l[string.sub(f, 1, 1)] = tonumber(flat[i + 1])
-    elseif counters and p ~= 'v:' and p ~= 'w:' and p ~= 'x:' and p ~= 'f:' then
+    elseif counters and p ~= 'v:' and p ~= 'w:' and p ~= 'x:' and p ~= 'f:' and p ~= 'g:'
+      and p ~= 'y:' then
       counters[f] = tonumber(flat[i + 1])
     end
   end
@@ -131,4 +134,44 @@ local function orphan(key, ttl)
   if ttl > 0 and redis.call('PTTL', key) == -1 then
     redis.call('PEXPIRE', key, fmt(ttl))
   end
+end
+
+-- release_reservation ends reservation id (reserved tokens, deadline) of
+-- key at now with unspent tokens (0 <= unspent <= reserved) and returns
+-- what is spendable again (release.lua says how; settle.lua refunds
+-- with it).
+local function release_reservation(key, id, unspent, deadline, now)
+  local returned = 0
+  if unspent > 0 then
+    redis.call('HINCRBY', key, 'released', fmt(unspent))
+    local left = unspent
+    local from = redis.call('HGET', key, 'f:' .. id)
+    if from then
+      for lid, n in string.gmatch(from, '([^=,]+)=(%d+)') do
+        if left == 0 then
+          break
+        end
+        local t = tonumber(n)
+        if t > left then
+          t = left
+        end
+        local f = redis.call('HMGET', key, 'r:' .. lid, 'd:' .. lid)
+        if f[1] and f[2] then -- not closed: back into the lease
+          redis.call('HINCRBY', key, 'r:' .. lid, fmt(t))
+          if now < tonumber(f[2]) then
+            returned = returned + t
+          end
+          left = left - t
+        end
+      end
+    end
+    if left > 0 and now < deadline then
+      local sub = 'sub:' .. id
+      redis.call('HSET', key, 'r:' .. sub, fmt(left), 's:' .. sub, '0', 'd:' .. sub, fmt(deadline))
+      returned = returned + left
+    end
+  end
+  redis.call('HSET', key, 'x:' .. id, fmt(returned))
+  redis.call('HDEL', key, 'v:' .. id, 'w:' .. id, 'f:' .. id, 'g:' .. id)
+  return returned
 end

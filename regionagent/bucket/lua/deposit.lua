@@ -6,6 +6,9 @@
 -- ARGV[4]  deadline ms, Redis clock, exclusive (> start)
 -- ARGV[5]  key expire-at ms, Redis clock (PEXPIREAT; only ever extended)
 -- ARGV[6]  now ms (0 = Redis TIME)
+-- A new lease first pays the bucket's debt (debt_owed - debt_paid, carried
+-- from the window before by settle.lua): what it pays leaves the lease at
+-- once and counts as admitted and in debt_paid.
 -- Reply {status, spendable balance at now}:
 --   status 1 deposited, 2 duplicate (already there, nothing changed),
 --          3 closed (refused: the lease was closed before),
@@ -33,7 +36,16 @@ elseif redis.call('HEXISTS', key, 'c:' .. id) == 1 then
 elseif redis.call('HEXISTS', key, 'r:' .. id) == 1 then
   status = 2
 else
-  redis.call('HSET', key, 'r:' .. id, ARGV[2], 's:' .. id, ARGV[3], 'd:' .. id, ARGV[4])
+  local owed = redis.call('HMGET', key, 'debt_owed', 'debt_paid')
+  local pay = 0
+  if owed[1] then
+    pay = math.min(tokens, tonumber(owed[1]) - (tonumber(owed[2]) or 0))
+  end
+  if pay > 0 then
+    redis.call('HINCRBY', key, 'debt_paid', fmt(pay))
+    redis.call('HINCRBY', key, 'admitted', fmt(pay))
+  end
+  redis.call('HSET', key, 'r:' .. id, fmt(tokens - pay), 's:' .. id, ARGV[3], 'd:' .. id, ARGV[4])
   status = 1
 end
 

@@ -40,36 +40,4 @@ local reserved, deadline = tonumber(cur[1]), tonumber(cur[2])
 if unspent < 0 or unspent > reserved then
   return {0, 4}
 end
-local returned = 0
-if unspent > 0 then
-  redis.call('HINCRBY', key, 'released', fmt(unspent))
-  local left = unspent
-  local from = redis.call('HGET', key, 'f:' .. id)
-  if from then
-    for lid, n in string.gmatch(from, '([^=,]+)=(%d+)') do
-      if left == 0 then
-        break
-      end
-      local t = tonumber(n)
-      if t > left then
-        t = left
-      end
-      local f = redis.call('HMGET', key, 'r:' .. lid, 'd:' .. lid)
-      if f[1] and f[2] then -- not closed: back into the lease
-        redis.call('HINCRBY', key, 'r:' .. lid, fmt(t))
-        if now < tonumber(f[2]) then
-          returned = returned + t
-        end
-        left = left - t
-      end
-    end
-  end
-  if left > 0 and now < deadline then
-    local sub = 'sub:' .. id
-    redis.call('HSET', key, 'r:' .. sub, fmt(left), 's:' .. sub, '0', 'd:' .. sub, fmt(deadline))
-    returned = returned + left
-  end
-end
-redis.call('HSET', key, 'x:' .. id, fmt(returned))
-redis.call('HDEL', key, 'v:' .. id, 'w:' .. id, 'f:' .. id)
-return {returned, 1}
+return {release_reservation(key, id, unspent, deadline, now), 1}

@@ -6,6 +6,8 @@
 -- ARGV[3]  want (>= 1)
 -- ARGV[4]  min (1 <= min <= want): below it nothing is taken
 -- ARGV[5]  last ms (>= 0, optional): only from leases that last this long
+-- ARGV[6]  settle grace ms (>= 0, optional): > 0 makes the reservation a
+--          settle-later decision that settle.lua settles until now + it
 --
 -- Tokens are taken like a spend: from spendable leases, earliest deadline
 -- first; with `last`, only from leases that last at least `last` ms more,
@@ -44,6 +46,13 @@ if ARGV[5] ~= nil then
 end
 if last < 0 then
   error('bucket: bad reservation last')
+end
+local grace = 0
+if ARGV[6] ~= nil then
+  grace = int(ARGV[6], 'grace')
+end
+if grace < 0 then
+  error('bucket: bad settle grace')
 end
 local leases = load(key)
 local bal = spendable(leases, now)
@@ -93,6 +102,10 @@ set[#set + 1] = 'v:' .. id
 set[#set + 1] = fmt(take)
 set[#set + 1] = 'w:' .. id
 set[#set + 1] = fmt(deadline)
+if grace > 0 then
+  set[#set + 1] = 'g:' .. id
+  set[#set + 1] = fmt(now + grace)
+end
 redis.call('HSET', key, unpack(set))
 redis.call('HINCRBY', key, 'admitted', fmt(take))
 return {take, deadline, bal - take, now, 1}
