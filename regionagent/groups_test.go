@@ -50,11 +50,13 @@ func startGroups(t *testing.T, notice time.Duration, regions ...string) *groupWo
 	gw.store = allocator.NewMapStore(gw.cli, "", notice)
 	ctx := context.Background()
 	var groups []groupmap.Group
+	var views []*allocator.MapView
 	for _, g := range []string{"a", "b"} {
 		view, err := allocator.NewMapView(ctx, gw.store, time.Now)
 		if err != nil {
 			t.Fatal(err)
 		}
+		views = append(views, view)
 		a, err := allocator.New(allocator.Config{Client: gw.cli, Prefix: groupPrefix(g), Regions: regions, Advertise: "alloc-" + g,
 			Logger: slog.New(slog.DiscardHandler)}, allocator.WithGroup(g, view))
 		if err != nil {
@@ -70,6 +72,14 @@ func startGroups(t *testing.T, notice time.Duration, regions ...string) *groupWo
 	gw.m, gw.rev, err = gw.store.Change(ctx, 0, groupmap.Map{}, time.Now(), groupmap.Change{Groups: groups, Reason: "test"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, v := range views { // the groups take writes once they read the map
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := v.Wait(wctx, gw.rev)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, r := range regions {
 		gw.redis[r] = redistest.Start(t)
@@ -257,5 +267,111 @@ func TestGroupsRouteEveryWindowToOneGroup(t *testing.T) {
 	}
 	if redirects > float64(len(groups))/10 {
 		t.Errorf("%v lease requests redirected for %d windows granted: the agents do not route by the map", redirects, len(groups))
+	}
+}
+
+// TestGroupsMoveUnderLoad: a limit moves from its group to the other
+// while three regions spend it (G per window far below demand). The map
+// version is written, the limit copied to its new group (as quotactl
+// groups place does); every window that started before the version's
+// From is granted by the old group only, every window from it by the new
+// group only (grant records in etcd), and no window admits more than G,
+// counted from the answers.
+func TestGroupsMoveUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two allocator groups and three agents on the wall clock: about 15 s")
+	}
+	regions := []string{"eu", "us", "ap"}
+	gw := startGroups(t, 4*time.Second, regions...)
+	const G, W = 50, 2 * time.Second
+	ids, owners := gw.putLimits(8, G, W, regions...)
+	id := ids[0]
+	from, to := owners[id], map[string]string{"a": "b", "b": "a"}[owners[id]]
+	agents := map[string]*Agent{}
+	for _, r := range regions {
+		agents[r] = gw.agent(r)
+	}
+	var mu sync.Mutex
+	admitted := map[int64]int64{}
+	end := time.Now().Add(6 * W)
+	var wg sync.WaitGroup
+	for _, r := range regions {
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := 0; n < 20_000 && time.Now().Before(end); n++ {
+					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+					d, err := agents[r].Check(ctx, id, 1)
+					recv := time.Now()
+					cancel()
+					if err != nil {
+						t.Errorf("check in %s: %v", r, err)
+						return
+					}
+					if d.Allowed {
+						w := int64(math.Round(float64(recv.Add(d.ResetAfter).UnixNano())/float64(W))) - 1
+						mu.Lock()
+						admitted[w]++
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+	}
+	// Two windows in, move the limit: write the map, then copy the limit
+	// once the new group has read it (it refuses the write until then).
+	time.Sleep(2 * W) // the load's timeline: moving mid-run
+	ctx := context.Background()
+	m, _, err := gw.store.Change(ctx, gw.rev, gw.m, time.Now(), groupmap.Change{Place: map[string]string{id: to}, Reason: "move"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	moveFrom := m.Current().From
+	l := limit(id, G, W, W, regions...)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, err := gw.allocs[to].PutLimit(ctx, l, allocator.Change{Reason: "moved", Effective: pb.Effective_EFFECTIVE_NOW})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("copying %s to group %s: %v", id, to, err)
+		}
+		time.Sleep(100 * time.Millisecond) // polling the new group's read of the map
+	}
+	wg.Wait()
+
+	for w, n := range admitted {
+		if n > G {
+			t.Errorf("window %d admitted %d > G = %d", w, n, G)
+		}
+	}
+	groups, net := gw.grantsByWindow()
+	moved, before, after := 0, 0, 0
+	for k, gs := range groups {
+		lim, win, _ := strings.Cut(k, "!")
+		if lim != id {
+			continue
+		}
+		var idx int64
+		fmt.Sscan(win, &idx)
+		start := time.Unix(0, idx*int64(W))
+		want := from
+		if !start.Before(moveFrom) {
+			want, after = to, after+1
+		} else {
+			before++
+		}
+		if len(gs) != 1 || !gs[want] {
+			t.Errorf("window %d (start %v after the move's From) granted by %v, want group %s only", idx, start.Sub(moveFrom), gs, want)
+		}
+		if net[k] > G {
+			t.Errorf("window %d: %d granted net of returns > G = %d", idx, net[k], G)
+		}
+		moved++
+	}
+	t.Logf("%s moved %s -> %s at From; %d windows granted before it, %d from it; admitted per window %v", id, from, to, before, after, admitted)
+	if before == 0 || after == 0 {
+		t.Fatalf("windows granted before the move %d, after %d: want both", before, after)
 	}
 }

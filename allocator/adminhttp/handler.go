@@ -369,6 +369,16 @@ func (s *stream) SetTrailer(md metadata.MD) error {
 	return nil
 }
 
+// group is the allocator group (and one of its allocators) that another
+// group named as the limit's, "" if none.
+func (s *stream) group() (group, allocator string) {
+	g, a := s.trailer.Get(vocab.GroupMetadataKey), s.trailer.Get(vocab.GroupAllocatorMetadataKey)
+	if len(g) == 0 || len(a) == 0 {
+		return "", ""
+	}
+	return vocab.Cap(g[0], 64), vocab.Cap(a[0], 256)
+}
+
 // leader is the leader's address a follower named, "" if none.
 func (s *stream) leader() string {
 	if v := s.trailer.Get(vocab.LeaderMetadataKey); len(v) > 0 {

@@ -20,6 +20,15 @@ import (
 // HTTP form of the "leasehold-leader" gRPC trailer.
 const LeaderHeader = "Leasehold-Leader"
 
+// GroupHeader and GroupAllocatorHeader name, on a 421, the allocator
+// group a limit lives in and one of its allocators (gRPC address), when
+// the limits are sharded over several allocator groups: the HTTP form of
+// the "leasehold-group" and "leasehold-group-allocator" trailers.
+const (
+	GroupHeader          = "Leasehold-Group"
+	GroupAllocatorHeader = "Leasehold-Group-Allocator"
+)
+
 // problem is an RFC 9457 problem detail, and the error that becomes one.
 type problem struct {
 	Type   string `json:"type"`
@@ -33,6 +42,10 @@ type problem struct {
 	CurrentVersion *int64 `json:"current-version,omitempty"`
 	// Leader is the leader's gRPC address on a follower's 503.
 	Leader string `json:"leader,omitempty"`
+	// Group and Allocator name, on a 421, the allocator group the limit
+	// lives in and one of its allocators (gRPC address).
+	Group     string `json:"group,omitempty"`
+	Allocator string `json:"allocator,omitempty"`
 }
 
 // invalidParam is one bad field: name as the service names fields
@@ -115,6 +128,13 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, c *call, err erro
 		}
 	case codes.Unavailable:
 		p.Leader = c.stream.leader()
+	case codes.FailedPrecondition:
+		if g, a := c.stream.group(); g != "" {
+			// Another allocator group's limit: ask there (RFC 9110 421).
+			p.Status, p.Group, p.Allocator = http.StatusMisdirectedRequest, g, a
+			w.Header().Set(GroupHeader, g)
+			w.Header().Set(GroupAllocatorHeader, a)
+		}
 	}
 	if code == http.StatusInternalServerError {
 		h.log.Error("admin http: internal error", "method", r.Method, "path", r.URL.Path, "code", s.Code(), "err", s.Message())
