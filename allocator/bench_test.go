@@ -10,6 +10,7 @@ import (
 
 	"leasehold/internal/allocatortest"
 	"leasehold/internal/etcdtest"
+	"leasehold/internal/groupmap"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -73,5 +74,99 @@ func BenchmarkGrants(b *testing.B) {
 				b.ReportMetric(float64(b.N*items)/time.Since(start).Seconds(), "grants/s")
 			})
 		}
+	}
+}
+
+// BenchmarkGroupGrants measures lease grants per second with the limits
+// sharded over 1, 2 and 4 allocator groups, each group one leader on its
+// own single-member embedded etcd (the map in the first's), 64 callers
+// asking 16 leases of one group's limits per call, spread over the groups.
+// On one machine the groups share its cores; what scales here is etcd's
+// commit path, one per group.
+//
+//	go test -run '^$' -bench BenchmarkGroupGrants -benchtime 20000x ./allocator/
+func BenchmarkGroupGrants(b *testing.B) {
+	for _, n := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("groups=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			mapEtcd := etcdtest.Start(b, 1)
+			store := NewMapStore(mapEtcd.Client(b), "", 0)
+			var groups []groupmap.Group
+			allocs := map[string]*Allocator{}
+			var views []*MapView
+			for i := range n {
+				name := fmt.Sprintf("g%d", i+1)
+				c := mapEtcd
+				if i > 0 {
+					c = etcdtest.Start(b, 1)
+				}
+				view, err := NewMapView(ctx, store, time.Now)
+				if err != nil {
+					b.Fatal(err)
+				}
+				a, err := New(Config{Client: c.Client(b), Prefix: "/leasehold/g/" + name + "/", Regions: []string{"eu", "us"},
+					Advertise: name, Logger: slog.New(slog.DiscardHandler)}, WithGroupCommit(128, 4), WithGroup(name, view))
+				if err != nil {
+					b.Fatal(err)
+				}
+				allocatortest.Run(b, a)
+				allocatortest.WaitLeader(b, a)
+				allocs[name], views = a, append(views, view)
+				groups = append(groups, groupmap.Group{Name: name, Allocators: []string{name + ":1"}})
+			}
+			m, rev, err := store.Change(ctx, 0, groupmap.Map{}, time.Now(), groupmap.Change{Groups: groups})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, v := range views {
+				if err := v.Wait(ctx, rev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			byGroup := map[string][]string{}
+			for i := range 100 * n {
+				l := validLimit()
+				l.Id = fmt.Sprintf("tenant/b%d", i)
+				l.LimitTokens = 1 << 50
+				l.Lease.MinChunk, l.Lease.MaxChunk = 1, 1
+				owner, _, _ := m.Owner(l.Id, time.Now())
+				if _, err := allocs[owner].PutLimit(ctx, l, Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}); err != nil {
+					b.Fatal(err)
+				}
+				byGroup[owner] = append(byGroup[owner], l.Id)
+			}
+			for name, a := range allocs {
+				for {
+					var k int
+					_ = a.View(func(_ time.Time, c *Core) { k = len(c.limits) })
+					if k == len(byGroup[name]) {
+						break
+					}
+					time.Sleep(time.Millisecond) // polling the leader's watch
+				}
+			}
+			const items = 16
+			var seq atomic.Int64
+			b.SetParallelism(32) // 64 callers on 2 cores
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb_ *testing.PB) {
+				reqs := make([]*pb.LeaseRequest, items)
+				for pb_.Next() {
+					k := seq.Add(1)
+					g := groups[int(k)%n].Name
+					ids := byGroup[g]
+					for i := range reqs {
+						reqs[i] = &pb.LeaseRequest{RequestId: fmt.Sprint("r", k, "-", i), LimitId: ids[(int(k)+i)%len(ids)], DemandPerSecond: 1}
+					}
+					res, err := allocs[g].AcquireLeases(ctx, "eu", reqs)
+					if err != nil || res[0].Lease == nil {
+						b.Errorf("acquire: %v %v", res, err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N*items)/time.Since(start).Seconds(), "grants/s")
+		})
 	}
 }

@@ -223,7 +223,9 @@ func (v *MapView) Run(ctx context.Context, poll time.Duration, report func(error
 		backoff.WithMaxInterval(poll), backoff.WithMaxElapsedTime(0))
 	for {
 		wait := poll
-		rctx, cancel := context.WithTimeout(ctx, poll)
+		// A read may take longer than the poll interval on a loaded etcd:
+		// it is what moves the horizon, so it gets time to finish.
+		rctx, cancel := context.WithTimeout(ctx, max(poll, 5*time.Second))
 		err := v.read(rctx)
 		cancel()
 		if ctx.Err() != nil {
