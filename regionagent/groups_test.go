@@ -39,7 +39,7 @@ type groupWorld struct {
 	redis  map[string]*redistest.Server
 	m      groupmap.Map
 	rev    int64
-	calls  map[string]*callCounter // allocator calls per group
+	calls  map[string]*callCounter  // allocator calls per group
 	leases map[string]*atomic.Int64 // lease requests per group
 }
 
