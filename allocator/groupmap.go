@@ -245,6 +245,16 @@ func (v *MapView) Run(ctx context.Context, poll time.Duration, report func(error
 	}
 }
 
+// WaitGroupMap returns once this allocator has read the group map at
+// revision rev or later (at once without groups), or ctx's error: what a
+// caller that just wrote the map waits for before it writes a limit here.
+func (a *Allocator) WaitGroupMap(ctx context.Context, rev int64) error {
+	if a.opt.groupView == nil {
+		return nil
+	}
+	return a.opt.groupView.Wait(ctx, rev)
+}
+
 // addGroupMap names this allocator's group in a sync answer and adds the
 // group map when the caller's is older (nothing without groups).
 func (a *Allocator) addGroupMap(out *pb.SyncLimitsResponse, known int64) error {

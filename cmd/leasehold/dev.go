@@ -424,9 +424,14 @@ func writeDevGroupMap(ctx context.Context, etcd string, names []string, allocs m
 	if err != nil {
 		return "", fmt.Errorf("reading the group map: %w", err)
 	}
-	m, _, err := store.Change(wctx, rev, cur, time.Now(), groupmap.Change{Groups: groups, Reason: "leasehold dev"})
+	m, nrev, err := store.Change(wctx, rev, cur, time.Now(), groupmap.Change{Groups: groups, Reason: "leasehold dev"})
 	if err != nil {
 		return "", fmt.Errorf("writing the group map: %w", err)
+	}
+	for _, n := range names { // a group takes its limits once it has read the map
+		if err := allocs[n].a.WaitGroupMap(wctx, nrev); err != nil {
+			return "", fmt.Errorf("allocator group %s did not read the group map: %w", n, err)
+		}
 	}
 	owner, _, _ := m.Owner(demoLimit, time.Now())
 	return owner, nil

@@ -42,29 +42,35 @@ func argValue(args []string, name string) string {
 	return ""
 }
 
+// waitDemoAdmitted waits until each agent serves and admits the demo
+// limit (it syncs limits and leases in the background), G = 1000.
+func waitDemoAdmitted(t *testing.T, s *started, agents ...string) {
+	t.Helper()
+	for _, addr := range agents {
+		conn := dial(t, addr)
+		waitServing(t, conn, pb.RegionAgent_ServiceDesc.ServiceName, s)
+		cl := pb.NewRegionAgentClient(conn)
+		var resp *pb.CheckResponse
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			resp, err = cl.Check(context.Background(), &pb.CheckRequest{LimitId: demoLimit, Cost: 1})
+			if err == nil && resp.Allowed || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // polling the agent's background sync
+		}
+		if err != nil || !resp.Allowed || resp.LimitTokens != 1000 {
+			t.Fatalf("agent %s: %v %v", addr, resp, err)
+		}
+	}
+}
+
 func TestDevServesTheDemoLimit(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "dev")
 	args, alloc, eu, us, euHTTP := devArgs(t, dir)
 	s := startCmd(t, args...)
 	ctx := context.Background()
-	for _, addr := range []string{eu, us} {
-		conn := dial(t, addr)
-		waitServing(t, conn, pb.RegionAgent_ServiceDesc.ServiceName, s)
-		cl := pb.NewRegionAgentClient(conn)
-		var resp *pb.CheckResponse
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			var err error
-			resp, err = cl.Check(ctx, &pb.CheckRequest{LimitId: demoLimit, Cost: 1})
-			if err == nil && resp.Allowed || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond) // the agent syncs limits and leases in the background
-		}
-		if !resp.Allowed || resp.LimitTokens != 1000 {
-			t.Fatalf("agent %s: %v", addr, resp)
-		}
-	}
+	waitDemoAdmitted(t, s, eu, us)
 	lim, err := pb.NewAdminClient(dial(t, alloc)).GetLimit(ctx, &pb.GetLimitRequest{Id: demoLimit})
 	if err != nil || lim.Limit.Version != 1 {
 		t.Fatalf("demo limit: %v %v", lim, err)
@@ -165,23 +171,7 @@ func TestDevGroups(t *testing.T) {
 	args = append(args, "--groups", "2")
 	s := startCmd(t, args...)
 	ctx := context.Background()
-	for _, addr := range []string{eu, us} {
-		conn := dial(t, addr)
-		waitServing(t, conn, pb.RegionAgent_ServiceDesc.ServiceName, s)
-		cl := pb.NewRegionAgentClient(conn)
-		var resp *pb.CheckResponse
-		var err error
-		for deadline := time.Now().Add(20 * time.Second); ; {
-			resp, err = cl.Check(ctx, &pb.CheckRequest{LimitId: demoLimit, Cost: 1})
-			if err == nil && resp.Allowed || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond) // the agent syncs the groups' limits and leases in the background
-		}
-		if err != nil || !resp.Allowed || resp.LimitTokens != 1000 {
-			t.Fatalf("agent %s: %v %v", addr, resp, err)
-		}
-	}
+	waitDemoAdmitted(t, s, eu, us)
 	if !strings.Contains(s.stdout.String(), "2 allocator groups (g1, g2)") {
 		t.Errorf("dev's output does not name the groups:\n%s", s.stdout.String())
 	}
