@@ -17,7 +17,7 @@ import (
 // limitFields flattens the fields of a limit that a person sets, by the
 // names a FieldChange uses: "limit_tokens", "window", "regions", "mode",
 // "fallback.<region>", "lease.ttl", "lease.min_chunk", "lease.max_chunk",
-// "owner", "description", "tags.<key>", "hash_tag". A nil limit has none.
+// "owner", "description", "tags.<key>", "hash_tag", "shadow". A nil limit has none.
 func limitFields(l *pb.Limit) map[string]string {
 	if l == nil {
 		return map[string]string{}
@@ -34,6 +34,9 @@ func limitFields(l *pb.Limit) map[string]string {
 		"description":     l.Description,
 		"hash_tag":        l.HashTag,
 	}
+	if l.Shadow {
+		m["shadow"] = "true" // absent: enforced
+	}
 	for _, r := range l.Regions {
 		m["fallback."+r] = limitspec.FallbackName(l.Fallback[r])
 	}
@@ -46,7 +49,7 @@ func limitFields(l *pb.Limit) map[string]string {
 // fieldOrder lists the fixed fields in the order a diff shows them;
 // fallback.* and tags.* follow their neighbours, by name.
 var fieldOrder = []string{"limit_tokens", "window", "regions", "mode", "fallback.", "lease.ttl",
-	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag"}
+	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "shadow"}
 
 func fieldRank(f string) int {
 	for i, p := range fieldOrder {

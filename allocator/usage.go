@@ -22,7 +22,12 @@ type UsageRecord struct {
 	// Released tokens of sub-leases came back unspent: Admitted counts them
 	// from the reservation on, and NetAdmitted subtracts them.
 	Released int64 `json:"rel,omitempty"`
-	At       int64 `json:"at"` // unix ns of the last change, allocator clock
+	// WouldDeny and WouldDenyChecks are, for a limit in shadow mode, the
+	// cost and the number of checks admitted although enforcement would
+	// have denied them (not in Admitted).
+	WouldDeny       int64 `json:"wd,omitempty"`
+	WouldDenyChecks int64 `json:"wdc,omitempty"`
+	At              int64 `json:"at"` // unix ns of the last change, allocator clock
 }
 
 // NetAdmitted is what was admitted: Admitted minus the tokens of sub-lease
@@ -102,6 +107,8 @@ func (r *UsageRecord) merge(u *pb.Usage) bool {
 	grow(&r.FallbackAdmitted, u.FallbackAdmitted)
 	grow(&r.RedisRollback, u.RedisRollbackTokens)
 	grow(&r.Released, u.Released)
+	grow(&r.WouldDeny, u.WouldDeny)
+	grow(&r.WouldDenyChecks, u.WouldDenyChecks)
 	if fallbackRank(int32(u.Fallback)) > fallbackRank(r.Fallback) {
 		r.Fallback, changed = int32(u.Fallback), true
 	}
@@ -133,6 +140,8 @@ func (c *Core) RegionUsage(limit string, window int64) map[string]UsageRecord {
 		s.FallbackAdmitted += u.FallbackAdmitted
 		s.RedisRollback += u.RedisRollback
 		s.Released += u.Released
+		s.WouldDeny += u.WouldDeny
+		s.WouldDenyChecks += u.WouldDenyChecks
 		if fallbackRank(u.Fallback) > fallbackRank(s.Fallback) {
 			s.Fallback = u.Fallback
 		}

@@ -112,7 +112,8 @@ func ValidateReport(req *pb.ReportUsageRequest) error {
 			return fieldErr(f+".window_index", "must be >= 0")
 		}
 		for name, v := range map[string]int64{"admitted": u.Admitted, "denied": u.Denied,
-			"fallback_admitted": u.FallbackAdmitted, "redis_rollback_tokens": u.RedisRollbackTokens, "released": u.Released} {
+			"fallback_admitted": u.FallbackAdmitted, "redis_rollback_tokens": u.RedisRollbackTokens, "released": u.Released,
+			"would_deny": u.WouldDeny, "would_deny_checks": u.WouldDenyChecks} {
 			if v < 0 {
 				return fieldErr(f+"."+name, "must be >= 0, got %d", v)
 			}

@@ -25,6 +25,7 @@ type windowCollector struct {
 	a *Allocator
 
 	limitTokens, admitted, fallbackAdmitted, bound, observed, stranded, lost, mode, exported *prometheus.Desc
+	wouldDeny, wouldDenyChecks                                                               *prometheus.Desc
 }
 
 func newWindowCollector(a *Allocator) *windowCollector {
@@ -42,11 +43,15 @@ func newWindowCollector(a *Allocator) *windowCollector {
 		lost:             d("leasehold_lost_grants_tokens", "Tokens granted beyond G in the last closed window: above 0 is an allocator bug.", "limit"),
 		mode:             d("leasehold_region_fallback_mode", "Most permissive fail mode in force per region in the running window: 0 none, 1 closed, 2 local, 3 open.", "limit", "region"),
 		exported:         d("leasehold_report_limits", "Limits exported with a limit label by the window metrics (capped)."),
+		wouldDeny: d("leasehold_window_would_deny_tokens",
+			"Shadow mode: tokens admitted in the last closed window that enforcement would have denied, per region (not in admitted).", "limit", "region"),
+		wouldDenyChecks: d("leasehold_window_would_deny_checks",
+			"Shadow mode: checks admitted in the last closed window that enforcement would have denied, all regions.", "limit"),
 	}
 }
 
 func (c *windowCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.limitTokens, c.admitted, c.fallbackAdmitted, c.bound, c.observed, c.stranded, c.lost, c.mode, c.exported} {
+	for _, d := range []*prometheus.Desc{c.limitTokens, c.admitted, c.fallbackAdmitted, c.bound, c.observed, c.stranded, c.lost, c.mode, c.exported, c.wouldDeny, c.wouldDenyChecks} {
 		ch <- d
 	}
 }
@@ -76,7 +81,7 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 				row.mode = run.Fallback
 			}
 			row.priority = rep.ObservedOvershoot > 0 && !rep.Bound.Infinite && rep.ObservedOvershoot > rep.Bound.Tokens ||
-				rep.Terms.LostGrants > 0 || rep.Stranded*10 > rep.LimitTokens
+				rep.Terms.LostGrants > 0 || rep.Stranded*10 > rep.LimitTokens || rep.WouldDenyChecks > 0
 			for _, k := range rep.Fallback {
 				row.priority = row.priority || k == pb.FallbackKind_FALLBACK_KIND_LOCAL || k == pb.FallbackKind_FALLBACK_KIND_OPEN
 			}
@@ -125,6 +130,12 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for region, n := range r.fallback {
 			g(c.fallbackAdmitted, float64(n), id, region)
+		}
+		if r.rep.Shadow || r.rep.WouldDenyChecks > 0 {
+			for _, reg := range r.regions {
+				g(c.wouldDeny, float64(r.rep.WouldDeny[reg]), id, reg)
+			}
+			g(c.wouldDenyChecks, float64(r.rep.WouldDenyChecks), id)
 		}
 	}
 	g(c.exported, float64(len(rows)))

@@ -152,7 +152,7 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 // limitOf is what the core needs of a limit, for region.
 func limitOf(l *pb.Limit, region string) core.Limit {
 	out := core.Limit{ID: l.Id, Tokens: l.LimitTokens, Window: dur(l.Window), TTL: dur(l.GetLease().GetTtl()),
-		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag}
+		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag, Shadow: l.Shadow}
 	if fb := l.Fallback[region]; fb != nil {
 		out.Fallback = core.Fallback{Kind: core.FallbackKind(fb.Kind), LocalTokens: fb.LocalTokens}
 	}
@@ -285,6 +285,10 @@ func usageOf(limit string, window, admitted, denied int64, counters []store.Coun
 			u.Fallback = pb.FallbackKind_FALLBACK_KIND_OPEN
 		case store.CounterReleased:
 			u.Released = c.Value
+		case store.CounterWouldDeny:
+			u.WouldDeny = c.Value
+		case store.CounterWouldDenyChecks:
+			u.WouldDenyChecks = c.Value
 		}
 	}
 	return u

@@ -55,6 +55,7 @@ func toProto(d Decision) *pb.CheckResponse {
 		LimitTokens:  d.Limit,
 		Window:       durationpb.New(d.Window),
 		LimitVersion: d.Version,
+		WouldDeny:    d.WouldDeny,
 	}
 }
 

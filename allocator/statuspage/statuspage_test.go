@@ -585,3 +585,21 @@ func TestTopLimitsIsTheSortedPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestShadowShown: a limit in shadow mode reads so in its mode, its last
+// window's would-deny requests are an attention tag (not a warning: the
+// limit is being tried), and the window's row says them per region.
+func TestShadowShown(t *testing.T) {
+	id := "tenant/try"
+	l := limit(id, 1000, "eu", "us")
+	l.Shadow = true
+	last := window(id, 0, true, overshoot.Window{Limit: 1000, Granted: 1000, Regions: []overshoot.Region{{Name: "eu", Admitted: 950}}})
+	last.Shadow, last.WouldDeny, last.WouldDenyTotal, last.WouldDenyChecks = true, map[string]int64{"eu": 30, "us": 12}, 42, 21
+	rw := newRow(late, l, []allocator.WindowReport{last, healthy(id, 1, false, 1000, 1, 1)})
+	if rw.Mode != "strict · shadow" || rw.Level != "" || len(rw.Alerts) != 1 || rw.Alerts[0].Text != "shadow: would deny 21 checks" {
+		t.Fatalf("mode %q level %q alerts %+v", rw.Mode, rw.Level, rw.Alerts)
+	}
+	if got := newWindowRow(late, last, []string{"eu", "us"}).Fallback; got != "would deny 21 checks (eu 30, us 12 tokens)" {
+		t.Fatalf("window row %q", got)
+	}
+}

@@ -43,6 +43,7 @@ change and its effect on the current window, and writes nothing.`,
 		f.stringVar(&l.Owner, "owner", "`S`: who owns the limit, e.g. a team or a contract")
 		f.stringVar(&l.Description, "description", "`S`: free text")
 		f.stringVar(&l.HashTag, "hash-tag", "`T`: the Redis hash tag of the limit's keys: limits checked together in one CheckMulti share it on Redis Cluster, e.g. the tenant (default: the id; cannot change later)")
+		f.boolVar(&l.Shadow, "shadow", "shadow mode: decide every request as if enforced, admit it anyway, and count (and answer) the ones it would have denied")
 		l.Tags = map[string]string{}
 		f.value("tag", "`KEY=VALUE`: a tag; repeatable", func(s string) error { return parseTag(s, l.Tags) })
 		f.int64Var(&expect, "expect-version", "`V`: write only if the stored version is V (0: only if the limit does not exist)")

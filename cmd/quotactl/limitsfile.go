@@ -36,6 +36,7 @@ import (
 //	    description: Atlas contract
 //	    tags: {plan: gold}
 //	    hash_tag: atlas        # Redis keys: limits checked together share it
+//	    shadow: true           # tried, not enforced: would-deny counted
 //
 // Decoding is strict: unknown keys, duplicate keys, aliases, a second
 // document and values of the wrong shape are refused with the file, the
@@ -330,6 +331,21 @@ func scalarString(n *yaml.Node, what string) (string, error) {
 	return n.Value, nil
 }
 
+// scalarBool is true or false (YAML 1.2's, as the file says them).
+func scalarBool(n *yaml.Node, what string) (bool, error) {
+	s, err := scalarString(n, what)
+	if err != nil {
+		return false, err
+	}
+	switch s {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, errAt(n, "%s: %q: want true or false", what, s)
+}
+
 func scalarInt(n *yaml.Node, what string) (int64, error) {
 	s, err := scalarString(n, what)
 	if err != nil {
@@ -355,7 +371,7 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 }
 
 // limitKeys are the keys of one limit, in the order export writes them.
-var limitKeys = []string{"id", "limit", "window", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag"}
+var limitKeys = []string{"id", "limit", "window", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag", "shadow"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
 // allocator's field names (limit_tokens, lease.ttl, ...) to lines, so a
@@ -448,6 +464,12 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 			l.Description = s
 		default:
 			l.HashTag = s
+		}
+	}
+	if fv, ok := f["shadow"]; ok {
+		lines["shadow"] = fv.val.Line
+		if l.Shadow, err = scalarBool(fv.val, what+": shadow"); err != nil {
+			return nil, err
 		}
 	}
 	if fv, ok := f["tags"]; ok {
@@ -712,6 +734,9 @@ func limitNode(l *pb.Limit) *yaml.Node {
 	}
 	if l.GetHashTag() != "" {
 		add("hash_tag", str(l.GetHashTag()))
+	}
+	if l.GetShadow() {
+		add("shadow", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
 	}
 	return n
 }

@@ -79,6 +79,9 @@ func (e *env) printLimit(l *pb.Limit) error {
 	if t := l.GetHashTag(); t != "" {
 		rows = append(rows, [2]string{"hash-tag", t})
 	}
+	if l.GetShadow() {
+		rows = append(rows, [2]string{"shadow", "yes: tried, not enforced (every request admitted; would-deny counted)"})
+	}
 	rows = append(rows, [2]string{"version", strconv.FormatInt(l.GetVersion(), 10)})
 	if ts := formatTS(l.GetEffectiveFrom()); ts != "" {
 		rows = append(rows, [2]string{"effective-from", ts})

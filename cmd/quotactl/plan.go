@@ -25,7 +25,7 @@ import (
 // fieldDiff is one setting a change sets to another value. Names are the
 // limits file's keys: limit, window, regions, mode, fallback.eu,
 // lease.ttl, lease.min_chunk, lease.max_chunk, owner, description,
-// tags.KEY, hash_tag. An absent value (a tag added or removed) is "".
+// tags.KEY, hash_tag, shadow (only when true). An absent value (a tag added or removed) is "".
 type fieldDiff struct {
 	Field string `json:"field"`
 	Old   string `json:"old"`
@@ -68,7 +68,11 @@ func flatten(l *pb.Limit) []setting {
 	for _, k := range slices.Sorted(maps.Keys(l.GetTags())) {
 		out = append(out, setting{"tags." + k, l.GetTags()[k]})
 	}
-	return append(out, setting{"hash_tag", l.GetHashTag()})
+	out = append(out, setting{"hash_tag", l.GetHashTag()})
+	if l.GetShadow() {
+		out = append(out, setting{"shadow", "true"}) // absent: enforced
+	}
+	return out
 }
 
 // diffLimits lists the settings that differ between old and new (either

@@ -58,6 +58,10 @@ type Limit struct {
 	// id: the id is its tag). Limits checked together must share one when
 	// the store is a Redis Cluster (Config.SameSlotRequired).
 	HashTag string
+	// Shadow: the limit is tried, not enforced. Its Checks are decided as
+	// if enforced, then admitted; one that would have been denied says so
+	// (Answer.WouldDeny) and is counted in the window's CounterWouldDeny.
+	Shadow bool
 }
 
 // Tag is the limit's effective hash tag: HashTag, or the id.
@@ -134,4 +138,7 @@ const (
 	ResultFallbackDenied Result = "fallback_denied"
 	ResultStoreError     Result = "redis_error"
 	ResultNotSynced      Result = "not_synced"
+	// ResultWouldDeny: admitted although enforcement would have denied it
+	// (its limits in shadow mode).
+	ResultWouldDeny Result = "would_deny"
 )

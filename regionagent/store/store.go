@@ -56,6 +56,11 @@ const (
 	// back unspent: admitted counts them from the reservation on, so what
 	// was admitted is admitted minus released. (Every counter only grows.)
 	CounterReleased = "released"
+	// CounterWouldDeny and CounterWouldDenyChecks are, for a limit in
+	// shadow mode, the cost and the number of the Checks admitted although
+	// enforcement would have denied them (not in admitted).
+	CounterWouldDeny       = "would_deny"
+	CounterWouldDenyChecks = "would_deny_checks"
 )
 
 // SubLeasePrefix marks the lease that a released sub-lease reservation's

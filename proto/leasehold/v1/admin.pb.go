@@ -1671,7 +1671,16 @@ type WindowReport struct {
 	// The bound's terms (docs/overshoot.md).
 	Terms *BoundTerms `protobuf:"bytes,15,opt,name=terms,proto3" json:"terms,omitempty"`
 	// fallback per region: the most permissive mode in force in the window.
-	Fallback      map[string]FallbackKind `protobuf:"bytes,16,rep,name=fallback,proto3" json:"fallback,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value,enum=leasehold.v1.FallbackKind"`
+	Fallback map[string]FallbackKind `protobuf:"bytes,16,rep,name=fallback,proto3" json:"fallback,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value,enum=leasehold.v1.FallbackKind"`
+	// would_deny per region: for a limit in shadow mode, the cost of the
+	// checks admitted although enforcement would have denied them (not in
+	// admitted, which counts what enforcement would have admitted);
+	// would_deny_checks counts those checks, all regions together.
+	WouldDeny       map[string]int64 `protobuf:"bytes,17,rep,name=would_deny,json=wouldDeny,proto3" json:"would_deny,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	WouldDenyTotal  int64            `protobuf:"varint,18,opt,name=would_deny_total,json=wouldDenyTotal,proto3" json:"would_deny_total,omitempty"`
+	WouldDenyChecks int64            `protobuf:"varint,19,opt,name=would_deny_checks,json=wouldDenyChecks,proto3" json:"would_deny_checks,omitempty"`
+	// shadow: the limit was in shadow mode at the window's end.
+	Shadow        bool `protobuf:"varint,20,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1816,6 +1825,34 @@ func (x *WindowReport) GetFallback() map[string]FallbackKind {
 		return x.Fallback
 	}
 	return nil
+}
+
+func (x *WindowReport) GetWouldDeny() map[string]int64 {
+	if x != nil {
+		return x.WouldDeny
+	}
+	return nil
+}
+
+func (x *WindowReport) GetWouldDenyTotal() int64 {
+	if x != nil {
+		return x.WouldDenyTotal
+	}
+	return 0
+}
+
+func (x *WindowReport) GetWouldDenyChecks() int64 {
+	if x != nil {
+		return x.WouldDenyChecks
+	}
+	return 0
+}
+
+func (x *WindowReport) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
 }
 
 type BoundTerms struct {
@@ -2012,7 +2049,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\x05R\x04last\"K\n" +
 	"\x13ListWindowsResponse\x124\n" +
-	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\"\xc2\x06\n" +
+	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\"\xb8\b\n" +
 	"\fWindowReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2031,13 +2068,21 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x12observed_overshoot\x18\r \x01(\x03R\x11observedOvershoot\x12\x1a\n" +
 	"\bstranded\x18\x0e \x01(\x03R\bstranded\x12.\n" +
 	"\x05terms\x18\x0f \x01(\v2\x18.leasehold.v1.BoundTermsR\x05terms\x12D\n" +
-	"\bfallback\x18\x10 \x03(\v2(.leasehold.v1.WindowReport.FallbackEntryR\bfallback\x1a;\n" +
+	"\bfallback\x18\x10 \x03(\v2(.leasehold.v1.WindowReport.FallbackEntryR\bfallback\x12H\n" +
+	"\n" +
+	"would_deny\x18\x11 \x03(\v2).leasehold.v1.WindowReport.WouldDenyEntryR\twouldDeny\x12(\n" +
+	"\x10would_deny_total\x18\x12 \x01(\x03R\x0ewouldDenyTotal\x12*\n" +
+	"\x11would_deny_checks\x18\x13 \x01(\x03R\x0fwouldDenyChecks\x12\x16\n" +
+	"\x06shadow\x18\x14 \x01(\bR\x06shadow\x1a;\n" +
 	"\rAdmittedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aW\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
-	"\x05value\x18\x02 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\x05value:\x028\x01\"\xb4\x01\n" +
+	"\x05value\x18\x02 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\x05value:\x028\x01\x1a<\n" +
+	"\x0eWouldDenyEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xb4\x01\n" +
 	"\n" +
 	"BoundTerms\x12\x1d\n" +
 	"\n" +
@@ -2082,7 +2127,7 @@ func file_leasehold_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_leasehold_v1_admin_proto_goTypes = []any{
 	(Effective)(0),                // 0: leasehold.v1.Effective
 	(AuditOutcome)(0),             // 1: leasehold.v1.AuditOutcome
@@ -2112,64 +2157,66 @@ var file_leasehold_v1_admin_proto_goTypes = []any{
 	(*BoundTerms)(nil),            // 25: leasehold.v1.BoundTerms
 	nil,                           // 26: leasehold.v1.WindowReport.AdmittedEntry
 	nil,                           // 27: leasehold.v1.WindowReport.FallbackEntry
-	(*Limit)(nil),                 // 28: leasehold.v1.Limit
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(FallbackKind)(0),             // 30: leasehold.v1.FallbackKind
+	nil,                           // 28: leasehold.v1.WindowReport.WouldDenyEntry
+	(*Limit)(nil),                 // 29: leasehold.v1.Limit
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(FallbackKind)(0),             // 31: leasehold.v1.FallbackKind
 }
 var file_leasehold_v1_admin_proto_depIdxs = []int32{
-	28, // 0: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
+	29, // 0: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
 	0,  // 1: leasehold.v1.PutLimitRequest.effective:type_name -> leasehold.v1.Effective
-	28, // 2: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
+	29, // 2: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
 	14, // 3: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	28, // 4: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
-	28, // 5: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	29, // 4: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
+	29, // 5: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
 	14, // 6: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	28, // 7: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
+	29, // 7: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
 	10, // 8: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
 	0,  // 9: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
-	28, // 10: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	29, // 10: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
 	14, // 11: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
 	13, // 12: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
-	29, // 13: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
-	29, // 14: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
+	30, // 13: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
+	30, // 14: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
 	19, // 15: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
-	29, // 16: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	30, // 16: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	19, // 17: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
-	29, // 18: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	30, // 18: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	1,  // 19: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
-	28, // 20: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
-	28, // 21: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
-	29, // 22: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
+	29, // 20: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
+	29, // 21: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
+	30, // 22: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
 	24, // 23: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
-	29, // 24: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
-	29, // 25: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	30, // 24: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	30, // 25: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
 	26, // 26: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
 	25, // 27: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
 	27, // 28: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
-	30, // 29: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	2,  // 30: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	4,  // 31: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	6,  // 32: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	8,  // 33: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	22, // 34: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	11, // 35: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
-	15, // 36: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
-	17, // 37: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
-	20, // 38: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
-	3,  // 39: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	5,  // 40: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	7,  // 41: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	9,  // 42: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	23, // 43: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	12, // 44: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
-	16, // 45: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
-	18, // 46: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
-	21, // 47: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
-	39, // [39:48] is the sub-list for method output_type
-	30, // [30:39] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	28, // 29: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
+	31, // 30: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	2,  // 31: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	4,  // 32: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	6,  // 33: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	8,  // 34: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	22, // 35: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	11, // 36: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	15, // 37: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	17, // 38: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	20, // 39: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	3,  // 40: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	5,  // 41: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	7,  // 42: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	9,  // 43: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	23, // 44: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	12, // 45: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	16, // 46: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	18, // 47: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	21, // 48: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	40, // [40:49] is the sub-list for method output_type
+	31, // [31:40] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
@@ -2190,7 +2237,7 @@ func file_leasehold_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_admin_proto_rawDesc), len(file_leasehold_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -446,9 +446,13 @@ type CheckResponse struct {
 	// reset_after is the time until the current window ends.
 	ResetAfter *durationpb.Duration `protobuf:"bytes,5,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
 	// limit_tokens is G and window is W of the limit's version below.
-	LimitTokens   int64                `protobuf:"varint,6,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
-	Window        *durationpb.Duration `protobuf:"bytes,7,opt,name=window,proto3" json:"window,omitempty"`
-	LimitVersion  int64                `protobuf:"varint,8,opt,name=limit_version,json=limitVersion,proto3" json:"limit_version,omitempty"`
+	LimitTokens  int64                `protobuf:"varint,6,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
+	Window       *durationpb.Duration `protobuf:"bytes,7,opt,name=window,proto3" json:"window,omitempty"`
+	LimitVersion int64                `protobuf:"varint,8,opt,name=limit_version,json=limitVersion,proto3" json:"limit_version,omitempty"`
+	// would_deny is, for a limit in shadow mode (Limit.shadow), the reason
+	// enforcement would have denied this check (OVER_LIMIT or UNAVAILABLE):
+	// allowed is then true and reason OK. UNSPECIFIED otherwise.
+	WouldDeny     Reason `protobuf:"varint,9,opt,name=would_deny,json=wouldDeny,proto3,enum=leasehold.v1.Reason" json:"would_deny,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -537,6 +541,13 @@ func (x *CheckResponse) GetLimitVersion() int64 {
 		return x.LimitVersion
 	}
 	return 0
+}
+
+func (x *CheckResponse) GetWouldDeny() Reason {
+	if x != nil {
+		return x.WouldDeny
+	}
+	return Reason_REASON_UNSPECIFIED
 }
 
 type CheckMultiRequest struct {
@@ -670,7 +681,7 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
 	"\x04cost\x18\x02 \x01(\x03R\x04cost\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\"\xe8\x02\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"\x9d\x03\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12,\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x14.leasehold.v1.ReasonR\x06reason\x12\x1c\n" +
@@ -681,7 +692,9 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"resetAfter\x12!\n" +
 	"\flimit_tokens\x18\x06 \x01(\x03R\vlimitTokens\x121\n" +
 	"\x06window\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06window\x12#\n" +
-	"\rlimit_version\x18\b \x01(\x03R\flimitVersion\"G\n" +
+	"\rlimit_version\x18\b \x01(\x03R\flimitVersion\x123\n" +
+	"\n" +
+	"would_deny\x18\t \x01(\x0e2\x14.leasehold.v1.ReasonR\twouldDeny\"G\n" +
 	"\x11CheckMultiRequest\x122\n" +
 	"\x06checks\x18\x01 \x03(\v2\x1a.leasehold.v1.CheckRequestR\x06checks\"e\n" +
 	"\x12CheckMultiResponse\x12\x18\n" +
@@ -736,21 +749,22 @@ var file_leasehold_v1_agent_proto_depIdxs = []int32{
 	9,  // 6: leasehold.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
 	9,  // 7: leasehold.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
 	9,  // 8: leasehold.v1.CheckResponse.window:type_name -> google.protobuf.Duration
-	5,  // 9: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
-	6,  // 10: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
-	5,  // 11: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
-	7,  // 12: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
-	1,  // 13: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
-	3,  // 14: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
-	6,  // 15: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
-	8,  // 16: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
-	2,  // 17: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
-	4,  // 18: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
-	15, // [15:19] is the sub-list for method output_type
-	11, // [11:15] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	0,  // 9: leasehold.v1.CheckResponse.would_deny:type_name -> leasehold.v1.Reason
+	5,  // 10: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
+	6,  // 11: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
+	5,  // 12: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
+	7,  // 13: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
+	1,  // 14: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
+	3,  // 15: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
+	6,  // 16: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
+	8,  // 17: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
+	2,  // 18: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
+	4,  // 19: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_agent_proto_init() }

@@ -817,9 +817,14 @@ type Usage struct {
 	// count in admitted from the reservation on, and are subtracted from it.
 	// Reported apart so that every count only grows (the allocator keeps
 	// each reporter's highest), whatever order reports arrive in.
-	Released      int64 `protobuf:"varint,8,opt,name=released,proto3" json:"released,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Released int64 `protobuf:"varint,8,opt,name=released,proto3" json:"released,omitempty"`
+	// would_deny is the cost of the checks of a shadow-mode limit that were
+	// admitted although enforcement would have denied them, and
+	// would_deny_checks how many such checks (neither is in admitted).
+	WouldDeny       int64 `protobuf:"varint,9,opt,name=would_deny,json=wouldDeny,proto3" json:"would_deny,omitempty"`
+	WouldDenyChecks int64 `protobuf:"varint,10,opt,name=would_deny_checks,json=wouldDenyChecks,proto3" json:"would_deny_checks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
@@ -904,6 +909,20 @@ func (x *Usage) GetRedisRollbackTokens() int64 {
 func (x *Usage) GetReleased() int64 {
 	if x != nil {
 		return x.Released
+	}
+	return 0
+}
+
+func (x *Usage) GetWouldDeny() int64 {
+	if x != nil {
+		return x.WouldDeny
+	}
+	return 0
+}
+
+func (x *Usage) GetWouldDenyChecks() int64 {
+	if x != nil {
+		return x.WouldDenyChecks
 	}
 	return 0
 }
@@ -1200,7 +1219,7 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x123\n" +
 	"\areturns\x18\x02 \x03(\v2\x19.leasehold.v1.LeaseReturnR\areturns\"L\n" +
 	"\x14ReturnLeasesResponse\x124\n" +
-	"\aresults\x18\x01 \x03(\v2\x1a.leasehold.v1.ReturnResultR\aresults\"\xae\x02\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.leasehold.v1.ReturnResultR\aresults\"\xf9\x02\n" +
 	"\x05Usage\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12!\n" +
 	"\fwindow_index\x18\x02 \x01(\x03R\vwindowIndex\x12\x1a\n" +
@@ -1209,7 +1228,11 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x11fallback_admitted\x18\x05 \x01(\x03R\x10fallbackAdmitted\x126\n" +
 	"\bfallback\x18\x06 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\bfallback\x122\n" +
 	"\x15redis_rollback_tokens\x18\a \x01(\x03R\x13redisRollbackTokens\x12\x1a\n" +
-	"\breleased\x18\b \x01(\x03R\breleased\"s\n" +
+	"\breleased\x18\b \x01(\x03R\breleased\x12\x1d\n" +
+	"\n" +
+	"would_deny\x18\t \x01(\x03R\twouldDeny\x12*\n" +
+	"\x11would_deny_checks\x18\n" +
+	" \x01(\x03R\x0fwouldDenyChecks\"s\n" +
 	"\x12ReportUsageRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1a\n" +
 	"\breporter\x18\x02 \x01(\tR\breporter\x12)\n" +

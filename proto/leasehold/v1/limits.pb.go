@@ -287,7 +287,14 @@ type Limit struct {
 	// empty means the limit id (the layout without hash tags). It cannot be
 	// changed on an existing limit (that would move its keys): delete the
 	// limit and create it again.
-	HashTag       string `protobuf:"bytes,14,opt,name=hash_tag,json=hashTag,proto3" json:"hash_tag,omitempty"`
+	HashTag string `protobuf:"bytes,14,opt,name=hash_tag,json=hashTag,proto3" json:"hash_tag,omitempty"`
+	// shadow: the limit is tried, not enforced. Every Check is decided as
+	// if enforced (leases, pools and fallbacks as usual) and then admitted;
+	// a Check that enforcement would have denied is answered allowed with
+	// CheckResponse.would_deny set, and counted per window and region
+	// (WindowReport.would_deny). Turning it off enforces from the next
+	// Check.
+	Shadow        bool `protobuf:"varint,25,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -420,6 +427,13 @@ func (x *Limit) GetHashTag() string {
 	return ""
 }
 
+func (x *Limit) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
 var File_leasehold_v1_limits_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_limits_proto_rawDesc = "" +
@@ -431,7 +445,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xc3\x05\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xdb\x05\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -447,7 +461,8 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\aversion\x18\v \x01(\x03R\aversion\x12A\n" +
 	"\x0eeffective_from\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\reffectiveFrom\x12/\n" +
 	"\bprevious\x18\r \x01(\v2\x13.leasehold.v1.LimitR\bprevious\x12\x19\n" +
-	"\bhash_tag\x18\x0e \x01(\tR\ahashTag\x1aS\n" +
+	"\bhash_tag\x18\x0e \x01(\tR\ahashTag\x12\x16\n" +
+	"\x06shadow\x18\x19 \x01(\bR\x06shadow\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +
