@@ -37,6 +37,9 @@ func limitFields(l *pb.Limit) map[string]string {
 	if l.Shadow {
 		m["shadow"] = "true" // absent: enforced
 	}
+	if o := l.GetOverride(); o != nil {
+		m["override"] = "until " + o.GetEndsAt().AsTime().UTC().Format(time.RFC3339Nano) + ", then version in force before it"
+	}
 	for _, r := range l.Regions {
 		m["fallback."+r] = limitspec.FallbackName(l.Fallback[r])
 	}
@@ -49,7 +52,7 @@ func limitFields(l *pb.Limit) map[string]string {
 // fieldOrder lists the fixed fields in the order a diff shows them;
 // fallback.* and tags.* follow their neighbours, by name.
 var fieldOrder = []string{"limit_tokens", "window", "regions", "mode", "fallback.", "lease.ttl",
-	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "shadow"}
+	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "shadow", "override"}
 
 func fieldRank(f string) int {
 	for i, p := range fieldOrder {

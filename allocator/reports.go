@@ -63,8 +63,15 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 		Granted: ws.granted, Credited: ws.credited, Late: ws.late, Regions: c.RegionUsage(k.limit, k.index)}
 	if l, ok := c.limits[k.limit]; ok {
 		v := l
-		if l.Previous != nil {
-			v = l.At(lease.Window{Index: k.index, Length: ws.length}.Start())
+		win := lease.Window{Index: k.index, Length: ws.length}
+		switch {
+		case l.Previous != nil:
+			v = l.At(win.Start())
+		case l.After != nil:
+			// An override ends mid-window: G at the window's end (the
+			// bound's limit_lowered term covers grants made under a
+			// higher G before).
+			v = l.At(win.End().Add(-1))
 		}
 		s.G = v.Tokens
 		s.Local = localAllowances(v)

@@ -25,7 +25,7 @@ type windowCollector struct {
 	a *Allocator
 
 	limitTokens, admitted, fallbackAdmitted, bound, observed, stranded, lost, mode, exported *prometheus.Desc
-	wouldDeny, wouldDenyChecks                                                               *prometheus.Desc
+	wouldDeny, wouldDenyChecks, overrideEnd                                                  *prometheus.Desc
 }
 
 func newWindowCollector(a *Allocator) *windowCollector {
@@ -45,13 +45,15 @@ func newWindowCollector(a *Allocator) *windowCollector {
 		exported:         d("leasehold_report_limits", "Limits exported with a limit label by the window metrics (capped)."),
 		wouldDeny: d("leasehold_window_would_deny_tokens",
 			"Shadow mode: tokens admitted in the last closed window that enforcement would have denied, per region (not in admitted).", "limit", "region"),
+		overrideEnd: d("leasehold_limit_override_end_timestamp_seconds",
+			"When the override in force on a limit ends (Unix seconds; absent without one): the version before it governs again then.", "limit"),
 		wouldDenyChecks: d("leasehold_window_would_deny_checks",
 			"Shadow mode: checks admitted in the last closed window that enforcement would have denied, all regions.", "limit"),
 	}
 }
 
 func (c *windowCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.limitTokens, c.admitted, c.fallbackAdmitted, c.bound, c.observed, c.stranded, c.lost, c.mode, c.exported, c.wouldDeny, c.wouldDenyChecks} {
+	for _, d := range []*prometheus.Desc{c.limitTokens, c.admitted, c.fallbackAdmitted, c.bound, c.observed, c.stranded, c.lost, c.mode, c.exported, c.wouldDeny, c.wouldDenyChecks, c.overrideEnd} {
 		ch <- d
 	}
 }
@@ -66,8 +68,12 @@ type limitRow struct {
 
 func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 	var rows []limitRow
+	overrides := map[string]time.Time{}
 	err := c.a.View(func(now time.Time, core *Core) {
 		for id, l := range core.limits {
+			if l.After != nil && now.Before(l.OverrideEnds) {
+				overrides[id] = l.OverrideEnds // every one: there are few, and each is an emergency
+			}
 			cur := lease.WindowOf(now, l.At(now).Window).Index
 			rep, ok := core.report(now, id, cur-1)
 			if !ok {
@@ -139,6 +145,9 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	g(c.exported, float64(len(rows)))
+	for id, end := range overrides {
+		g(c.overrideEnd, float64(end.UnixMilli())/1000, id)
+	}
 }
 
 // windowUsage is a window's usage per region, live or from its summary.

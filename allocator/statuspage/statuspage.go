@@ -508,6 +508,14 @@ func newRow(v view, l *pb.Limit, reps []allocator.WindowReport) *row {
 			crit(rf.Region + " OPEN")
 		}
 	}
+	if o := l.GetOverride(); o != nil {
+		// An emergency change in force: it ends by itself.
+		rw.Alerts = append(rw.Alerts, alertTag{"override until " + o.GetEndsAt().AsTime().UTC().Format("2006-01-02 15:04:05") +
+			" UTC, then G " + fmtInt(o.GetAfter().GetLimitTokens()), "warn"})
+		if rw.Level == "" {
+			rw.Level = "warn"
+		}
+	}
 	if last != nil && (l.GetShadow() || last.WouldDenyChecks > 0) {
 		rw.Alerts = append(rw.Alerts, alertTag{"shadow: would deny " + fmtInt(last.WouldDenyChecks) + " checks", "info"})
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"leasehold/allocator"
 	"leasehold/overshoot"
@@ -601,5 +602,17 @@ func TestShadowShown(t *testing.T) {
 	}
 	if got := newWindowRow(late, last, []string{"eu", "us"}).Fallback; got != "would deny 21 checks (eu 30, us 12 tokens)" {
 		t.Fatalf("window row %q", got)
+	}
+}
+
+// TestOverrideShown: an override in force is an attention tag with its
+// end and the G it returns to.
+func TestOverrideShown(t *testing.T) {
+	l := limit("tenant/o", 300, "eu")
+	l.Override = &pb.LimitOverride{Reason: "incident", EndsAt: timestamppb.New(time.Date(2026, 12, 3, 9, 30, 0, 0, time.UTC)),
+		After: limit("tenant/o", 100, "eu")}
+	rw := newRow(late, l, nil)
+	if rw.Level != "warn" || len(rw.Alerts) != 1 || rw.Alerts[0].Text != "override until 2026-12-03 09:30:00 UTC, then G 100" {
+		t.Fatalf("level %q alerts %+v", rw.Level, rw.Alerts)
 	}
 }

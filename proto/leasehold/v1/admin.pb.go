@@ -9,6 +9,7 @@ package leaseholdv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -146,7 +147,13 @@ type PutLimitRequest struct {
 	Reason    string    `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Effective Effective `protobuf:"varint,4,opt,name=effective,proto3,enum=leasehold.v1.Effective" json:"effective,omitempty"`
 	// dry_run validates, authorizes and computes the effect, changing nothing.
-	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	DryRun bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// override_for makes the change an emergency override of an existing
+	// limit (1s to 31 days): it governs at once (effective must be
+	// UNSPECIFIED or NOW) and ends by itself after override_for, when the
+	// version in force before it governs again (Limit.override). A later
+	// change without override_for replaces the override and ends it.
+	OverrideFor   *durationpb.Duration `protobuf:"bytes,6,opt,name=override_for,json=overrideFor,proto3" json:"override_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -214,6 +221,13 @@ func (x *PutLimitRequest) GetDryRun() bool {
 		return x.DryRun
 	}
 	return false
+}
+
+func (x *PutLimitRequest) GetOverrideFor() *durationpb.Duration {
+	if x != nil {
+		return x.OverrideFor
+	}
+	return nil
 }
 
 type PutLimitResponse struct {
@@ -1935,13 +1949,14 @@ var File_leasehold_v1_admin_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19leasehold/v1/limits.proto\"\xe9\x01\n" +
+	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19leasehold/v1/limits.proto\"\xa7\x02\n" +
 	"\x0fPutLimitRequest\x12)\n" +
 	"\x05limit\x18\x01 \x01(\v2\x13.leasehold.v1.LimitR\x05limit\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x125\n" +
 	"\teffective\x18\x04 \x01(\x0e2\x17.leasehold.v1.EffectiveR\teffective\x12\x17\n" +
-	"\adry_run\x18\x05 \x01(\bR\x06dryRunB\x13\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\x12<\n" +
+	"\foverride_for\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\voverrideForB\x13\n" +
 	"\x11_expected_version\"q\n" +
 	"\x10PutLimitResponse\x12)\n" +
 	"\x05limit\x18\x01 \x01(\v2\x13.leasehold.v1.LimitR\x05limit\x122\n" +
@@ -2159,64 +2174,66 @@ var file_leasehold_v1_admin_proto_goTypes = []any{
 	nil,                           // 27: leasehold.v1.WindowReport.FallbackEntry
 	nil,                           // 28: leasehold.v1.WindowReport.WouldDenyEntry
 	(*Limit)(nil),                 // 29: leasehold.v1.Limit
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(FallbackKind)(0),             // 31: leasehold.v1.FallbackKind
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(FallbackKind)(0),             // 32: leasehold.v1.FallbackKind
 }
 var file_leasehold_v1_admin_proto_depIdxs = []int32{
 	29, // 0: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
 	0,  // 1: leasehold.v1.PutLimitRequest.effective:type_name -> leasehold.v1.Effective
-	29, // 2: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
-	14, // 3: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	29, // 4: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
-	29, // 5: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	14, // 6: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	29, // 7: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
-	10, // 8: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
-	0,  // 9: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
-	29, // 10: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	14, // 11: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
-	13, // 12: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
-	30, // 13: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
-	30, // 14: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
-	19, // 15: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
-	30, // 16: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	19, // 17: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
-	30, // 18: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	1,  // 19: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
-	29, // 20: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
-	29, // 21: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
-	30, // 22: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
-	24, // 23: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
-	30, // 24: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
-	30, // 25: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
-	26, // 26: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
-	25, // 27: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
-	27, // 28: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
-	28, // 29: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
-	31, // 30: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	2,  // 31: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	4,  // 32: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	6,  // 33: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	8,  // 34: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	22, // 35: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	11, // 36: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
-	15, // 37: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
-	17, // 38: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
-	20, // 39: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
-	3,  // 40: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	5,  // 41: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	7,  // 42: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	9,  // 43: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	23, // 44: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	12, // 45: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
-	16, // 46: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
-	18, // 47: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
-	21, // 48: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
-	40, // [40:49] is the sub-list for method output_type
-	31, // [31:40] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	30, // 2: leasehold.v1.PutLimitRequest.override_for:type_name -> google.protobuf.Duration
+	29, // 3: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
+	14, // 4: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
+	29, // 5: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
+	29, // 6: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	14, // 7: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
+	29, // 8: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
+	10, // 9: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
+	0,  // 10: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
+	29, // 11: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	14, // 12: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
+	13, // 13: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
+	31, // 14: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
+	31, // 15: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
+	19, // 16: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
+	31, // 17: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	19, // 18: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
+	31, // 19: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	1,  // 20: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
+	29, // 21: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
+	29, // 22: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
+	31, // 23: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
+	24, // 24: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
+	31, // 25: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	31, // 26: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	26, // 27: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
+	25, // 28: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
+	27, // 29: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
+	28, // 30: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
+	32, // 31: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	2,  // 32: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	4,  // 33: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	6,  // 34: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	8,  // 35: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	22, // 36: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	11, // 37: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	15, // 38: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	17, // 39: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	20, // 40: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	3,  // 41: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	5,  // 42: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	7,  // 43: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	9,  // 44: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	23, // 45: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	12, // 46: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	16, // 47: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	18, // 48: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	21, // 49: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	41, // [41:50] is the sub-list for method output_type
+	32, // [32:41] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
