@@ -407,6 +407,44 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 	return next, nil
 }
 
+// overrideEnder is the principal that records an override's end.
+var overrideEnder = &auth.Principal{Name: "allocator (override ended)", Kind: auth.KindAnonymous, Role: auth.RoleAdmin, Via: auth.ViaNone}
+
+// recordOverrideEnds writes, for every stored override that has ended, the
+// version it returned to as a change of its own (history and audit say
+// when and why it ended, and the record no longer carries the override).
+// Bookkeeping only: the override stopped governing at its end whether or
+// not this runs (Limit.At, inForce), so a failure is retried at the next
+// sweep, and a change made meanwhile wins (expected version).
+func (a *Allocator) recordOverrideEnds(t *term) {
+	now := a.opt.now()
+	var ended []*pb.Limit
+	t.mu.Lock()
+	for _, l := range t.core.limits {
+		if l.After != nil && !now.Before(l.OverrideEnds) {
+			ended = append(ended, l.Proto)
+		}
+	}
+	t.mu.Unlock()
+	for _, p := range ended {
+		// The core learns of writes through the watch: read the record,
+		// so that an end just recorded (or a change made meanwhile) is
+		// not written again and refused as a conflict.
+		if cur, err := a.store.GetLimit(t.ctx, p.Id); err != nil || cur == nil || cur.Version != p.Version || !overrideEnded(cur, now) {
+			continue
+		}
+		next := afterOf(p)
+		next.Version, next.EffectiveFrom = 0, nil
+		v := p.Version
+		_, err := a.applyChanges(t.ctx, overrideEnder, changeSet{action: "put", effective: pb.Effective_EFFECTIVE_NOW,
+			reason: "override ended (" + vocab.Cap(p.Override.Reason, maxReasonLen-40) + ")",
+			items:  []changeItem{{put: next, expected: &v, field: "limit", expField: "expected_version"}}})
+		if err != nil && t.ctx.Err() == nil && !errors.Is(err, ErrVersionMismatch) {
+			a.log.Warn("recording an override's end", "limit", p.Id, "err", err)
+		}
+	}
+}
+
 // overrideRecord makes next (the record a put stores over stored) an
 // override that ends by itself at now + cs.overrideFor: from then on the
 // version in force now governs again. An override of an override keeps

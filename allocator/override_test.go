@@ -136,6 +136,31 @@ leasehold_limit_override_end_timestamp_seconds{limit="tenant/ovr"} `+strconv.For
 	if err != nil || got.Limit.LimitTokens != 100 || got.Limit.Override != nil || got.Limit.Version != o.Version {
 		t.Fatalf("GetLimit after the end: %v %v", got, err)
 	}
+	// The leader records the end as a change of its own (bookkeeping: the
+	// grants above followed the end before it).
+	if err := b.sweepOnce(b.currentTermOrNil()); err != nil {
+		t.Fatal(err)
+	}
+	got, err = NewServer(b.Allocator).GetLimit(ctx, &pb.GetLimitRequest{Id: o.Id})
+	if err != nil || got.Limit.LimitTokens != 100 || got.Limit.Override != nil || got.Limit.Version != o.Version+1 {
+		t.Fatalf("GetLimit after the end was recorded: %v %v", got, err)
+	}
+	hist, err := NewServer(b.Allocator).LimitHistory(ctx, &pb.LimitHistoryRequest{Id: o.Id})
+	if err != nil || len(hist.Events) != 3 {
+		t.Fatalf("history: %v %v", hist, err)
+	}
+	var last *pb.AuditEvent
+	for _, e := range hist.Events {
+		if last == nil || e.GetNew().GetVersion() > last.GetNew().GetVersion() {
+			last = e
+		}
+	}
+	if last.Reason != "override ended (incident 42: launch traffic)" || last.GetNew().GetLimitTokens() != 100 {
+		t.Fatalf("the end's history entry: %v", last)
+	}
+	if err := b.sweepOnce(b.currentTermOrNil()); err != nil { // nothing more to record
+		t.Fatal(err)
+	}
 	// The window that saw the end reports G at its end and the grants
 	// made under the override as the bound's limit_lowered term.
 	reps, err := b.Reports(o.Id, 10)
