@@ -456,6 +456,12 @@ func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *c
 	if stored == nil {
 		return nil, fieldErr("override_for", "an override changes an existing limit: %q does not exist", it.id())
 	}
+	if scheduled(stored, now) {
+		// Its end would return to the version in force now and lose the
+		// scheduled one.
+		return nil, fieldErr("override_for", "a change of %q is scheduled for %s: wait for it, or make it effective now, before an override",
+			it.id(), stored.EffectiveFrom.AsTime().UTC().Format(time.RFC3339))
+	}
 	after := inForce(stored, now)
 	if overriding(stored, now) {
 		after = stored.Override.After

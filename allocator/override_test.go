@@ -212,6 +212,22 @@ func TestOverrideRefusals(t *testing.T) {
 			t.Errorf("%+v: %v, want an error naming %s", s.c, fe, s.field)
 		}
 	}
+	// A change scheduled for the next window: no override on top of it
+	// (its end would lose the scheduled version).
+	sched := overrideBase()
+	sched.LimitTokens = 120
+	s, err := a.PutLimit(ctx, sched, Change{Reason: "next month"})
+	if err != nil || s.Previous == nil {
+		t.Fatalf("scheduled change: %v %v", s, err)
+	}
+	waitLimit(t, a.Allocator, s.Id, s.Version)
+	if _, err := a.PutLimit(ctx, up, Change{Reason: "incident", OverrideFor: time.Hour}); err == nil || !strings.HasPrefix(err.Error(), "override_for:") {
+		t.Fatalf("override over a scheduled change: %v", err)
+	}
+	sched.LimitTokens = 110
+	if n, err := a.PutLimit(ctx, sched, Change{Reason: "now", Effective: pb.Effective_EFFECTIVE_NOW}); err != nil || n.Previous != nil {
+		t.Fatalf("change now: %v %v", n, err)
+	}
 	// While an override is in force, a change for the next window is
 	// refused (it would outlive the override's end); one effective now
 	// replaces the override.
