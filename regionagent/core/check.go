@@ -104,6 +104,7 @@ type Check struct {
 	// decide. nil in other Checks.
 	shadowed    []Reason
 	shadowCosts []int64
+	failed      int // the item whose spend was refused (a spent pool)
 
 	// one backs the slices of a Check of one item (most Checks), so that
 	// such a Check allocates only itself.
@@ -373,6 +374,7 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 	if f < 0 || f >= len(chk.sts) {
 		f = 0
 	}
+	chk.failed = f
 	st, w := chk.sts[f], chk.wins[f]
 	if res.Keys[f].PoolSpent && st.spentWindow < w.Index {
 		// Another replica learned that the window's pool is spent.
@@ -568,8 +570,8 @@ func (c *Core) shadow(now time.Time, chk *Check) {
 			any = true
 		}
 	}
-	if !any {
-		return
+	if !any || !all && chk.Result == ResultOverLimit && !chk.sts[chk.failed].l.Shadow {
+		return // an enforced limit's pool is spent: denied, whatever the shadow ones say
 	}
 	reason := chk.Answers[0].Reason
 	if all {

@@ -18,7 +18,8 @@ func TestShadowStepTable(t *testing.T) {
 	sh := strictLimit("s", 5, time.Minute, time.Minute)
 	sh.Shadow = true
 	enf := strictLimit("e", 1, time.Minute, time.Minute)
-	w := newWorld(t, 5, sh, enf)
+	roomy := strictLimit("r", 100, time.Minute, time.Minute)
+	w := newWorld(t, 5, sh, enf, roomy)
 	win := lease.WindowOf(w.now, time.Minute).Index
 	key := store.Key{Limit: "s", Window: win}
 	for i := range 5 {
@@ -52,6 +53,28 @@ func TestShadowStepTable(t *testing.T) {
 		if got, n := counter(bal, store.CounterWouldDeny), counter(bal, store.CounterWouldDenyChecks); got != s.denied || n != s.checks {
 			t.Fatalf("step %d: would_deny %d (%d checks), want %d (%d)", i, got, n, s.denied, s.checks)
 		}
+	}
+
+	// Shadow and enforced limits in one Check: an enforced limit over its
+	// pool denies it and nothing is counted; a shadow limit over its pool
+	// does not, the enforced one is charged and the shadow one counted.
+	as, _ := w.checkMulti(Item{Limit: "e", Cost: 1}, Item{Limit: "s", Cost: 1})
+	w.drain()
+	if as[0].Allowed || as[1].Allowed || as[0].Reason != ReasonOverLimit || as[1].WouldDeny != 0 {
+		t.Fatalf("enforced limit over, shadow over too: %+v", as)
+	}
+	rkey := store.Key{Limit: "r", Window: win}
+	before := w.shared.Balance(rkey, ms(w.now)).Admitted
+	as, _ = w.checkMulti(Item{Limit: "r", Cost: 2}, Item{Limit: "s", Cost: 1})
+	w.drain()
+	if !as[0].Allowed || as[0].WouldDeny != 0 || !as[1].Allowed || as[1].WouldDeny != ReasonOverLimit {
+		t.Fatalf("enforced limit with room, shadow over: %+v", as)
+	}
+	bal := w.shared.Balance(key, ms(w.now))
+	if got := w.shared.Balance(rkey, ms(w.now)).Admitted - before; got != 2 ||
+		counter(bal, store.CounterWouldDeny) != 4 || counter(bal, store.CounterWouldDenyChecks) != 3 {
+		t.Fatalf("charged %d to the enforced limit (want 2); would_deny %d (%d checks), want 4 (3)", got,
+			counter(bal, store.CounterWouldDeny), counter(bal, store.CounterWouldDenyChecks))
 	}
 
 	// The allocator unreachable, a new shadow limit with no lease and a
