@@ -48,6 +48,19 @@ func (s *Server) allow(ctx context.Context, rpc string, action auth.Action, limi
 	return p, nil
 }
 
+// overrideFor is req's override_for (0: none; an invalid duration is
+// refused by validateChanges as out of range).
+func overrideFor(req *pb.PutLimitRequest) time.Duration {
+	d := req.GetOverrideFor()
+	if d == nil {
+		return 0
+	}
+	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
+		return -1
+	}
+	return d.AsDuration()
+}
+
 // PutLimit implements pb.AdminServer.
 func (s *Server) PutLimit(ctx context.Context, req *pb.PutLimitRequest) (*pb.PutLimitResponse, error) {
 	p, err := s.principal(ctx, "PutLimit")
@@ -56,7 +69,8 @@ func (s *Server) PutLimit(ctx context.Context, req *pb.PutLimitRequest) (*pb.Put
 	}
 	res, err := s.a.applyChanges(ctx, p, changeSet{
 		action: "put", reason: req.GetReason(), effective: req.GetEffective(), dryRun: req.GetDryRun(),
-		items: []changeItem{{put: req.GetLimit(), expected: req.ExpectedVersion, field: "limit", expField: "expected_version"}},
+		items:       []changeItem{{put: req.GetLimit(), expected: req.ExpectedVersion, field: "limit", expField: "expected_version"}},
+		overrideFor: overrideFor(req),
 	})
 	if err != nil {
 		return nil, toStatus(ctx, err)

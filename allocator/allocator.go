@@ -621,9 +621,10 @@ func (a *Allocator) sweep(t *term) {
 	}
 }
 
-// sweepOnce removes the expired windows' records (fenced, batched) and
-// then forgets them in the core.
+// sweepOnce records the end of overrides that ended, removes the expired
+// windows' records (fenced, batched) and then forgets them in the core.
 func (a *Allocator) sweepOnce(t *term) error {
+	a.recordOverrideEnds(t)
 	t.mu.Lock()
 	keys := t.core.Expired(a.opt.now(), a.opt.retention)
 	t.mu.Unlock()

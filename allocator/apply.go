@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,6 +39,9 @@ type Change struct {
 	// Expected is the version the change expects (0: the limit must not
 	// exist); nil changes whatever version is stored.
 	Expected *int64
+	// OverrideFor > 0 makes the change an override that ends by itself
+	// (PutLimitRequest.override_for).
+	OverrideFor time.Duration
 }
 
 // inProcess is the principal of Go callers in the allocator's own process
@@ -56,7 +60,7 @@ func callerOf(ctx context.Context) *auth.Principal {
 // trusted). It is served by the leader.
 func (a *Allocator) PutLimit(ctx context.Context, l *pb.Limit, c Change) (*pb.Limit, error) {
 	res, err := a.applyChanges(ctx, callerOf(ctx), changeSet{
-		action: "put", reason: c.Reason, effective: c.Effective,
+		action: "put", reason: c.Reason, effective: c.Effective, overrideFor: c.OverrideFor,
 		items: []changeItem{{put: l, expected: c.Expected, field: "limit", expField: "expected_version"}},
 	})
 	if err != nil {
@@ -100,7 +104,10 @@ type changeSet struct {
 	reason    string
 	effective pb.Effective
 	dryRun    bool
-	principal *auth.Principal // set by applyChanges
+	// overrideFor > 0 makes a put an override of an existing limit that
+	// ends by itself after this long (PutLimitRequest.override_for).
+	overrideFor time.Duration
+	principal   *auth.Principal // set by applyChanges
 }
 
 // changeResult is what a change did (or, on a dry run, would do).
@@ -236,6 +243,18 @@ func (a *Allocator) validateChanges(cs *changeSet) (*changeItem, error) {
 	if _, ok := pb.Effective_name[int32(cs.effective)]; !ok {
 		return firstItem(cs), fieldErr("effective", "unknown value %d: NEXT_WINDOW or NOW", cs.effective)
 	}
+	if cs.overrideFor != 0 {
+		switch {
+		case cs.overrideFor < time.Second || cs.overrideFor > limitspec.MaxWindow:
+			return firstItem(cs), fieldErr("override_for", "must be 1s to %v, got %v", limitspec.MaxWindow, cs.overrideFor)
+		case cs.overrideFor%time.Millisecond != 0:
+			return firstItem(cs), fieldErr("override_for", "must be whole milliseconds, got %v", cs.overrideFor)
+		case cs.effective == pb.Effective_EFFECTIVE_NEXT_WINDOW:
+			return firstItem(cs), fieldErr("effective", "an override governs at once: leave effective out or send NOW")
+		case len(cs.items) != 1 || cs.items[0].deleting:
+			return firstItem(cs), fieldErr("override_for", "only a put of one limit can be an override")
+		}
+	}
 	if len(cs.items) == 0 {
 		return nil, fieldErr("changes", "at least one change is required")
 	}
@@ -324,7 +343,10 @@ func (a *Allocator) planChanges(ctx context.Context, t *term, cs *changeSet) (*c
 		if it.deleting && pl.stored[i] == nil {
 			return nil, it, fmt.Errorf("%w: %s: limit %q", ErrNotFound, it.field, it.id())
 		}
-		next, err := nextRecord(now, pl.stored[i], it, cs.effective)
+		next, err := nextRecord(now, pl.stored[i], it, cs.effective, cs.overrideFor > 0)
+		if err == nil && cs.overrideFor > 0 {
+			next, err = overrideRecord(now, pl.stored[i], next, it, cs)
+		}
 		if err != nil {
 			return nil, it, err
 		}
@@ -347,7 +369,7 @@ func (a *Allocator) planChanges(ctx context.Context, t *term, cs *changeSet) (*c
 
 // nextRecord is the record a change stores over stored (nil: absent), or
 // nil for a delete or a put that changes nothing.
-func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effective) (*pb.Limit, error) {
+func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effective, overridePut bool) (*pb.Limit, error) {
 	if it.deleting {
 		return nil, nil
 	}
@@ -370,6 +392,10 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 	}
 	next.Version = stored.Version + 1
 	cur := inForce(stored, now)
+	if overriding(stored, now) && eff != pb.Effective_EFFECTIVE_NOW && !overridePut {
+		return nil, fieldErr("effective", "an override is in force until %s: change the limit with effective NOW (which ends the override) or after it ends",
+			stored.Override.EndsAt.AsTime().UTC().Format(time.RFC3339))
+	}
 	if eff == pb.Effective_EFFECTIVE_NOW || len(diffLimits(cur, next)) == 0 {
 		// At once; or back to the version in force, which cancels the
 		// scheduled change.
@@ -383,6 +409,81 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 	prev := cloneLimit(cur)
 	prev.Previous = nil
 	next.EffectiveFrom, next.Previous = timestamppb.New(from), prev
+	return next, nil
+}
+
+// overrideEnder is the principal that records an override's end.
+var overrideEnder = &auth.Principal{Name: "allocator (override ended)", Kind: auth.KindAnonymous, Role: auth.RoleAdmin, Via: auth.ViaNone}
+
+// recordOverrideEnds writes, for every stored override that has ended, the
+// version it returned to as a change of its own (history and audit say
+// when and why it ended, and the record no longer carries the override).
+// Bookkeeping only: the override stopped governing at its end whether or
+// not this runs (Limit.At, inForce), so a failure is retried at the next
+// sweep, and a change made meanwhile wins (expected version).
+func (a *Allocator) recordOverrideEnds(t *term) {
+	now := a.opt.now()
+	var ended []*pb.Limit
+	t.mu.Lock()
+	for _, l := range t.core.limits {
+		if l.After != nil && !now.Before(l.OverrideEnds) {
+			ended = append(ended, l.Proto)
+		}
+	}
+	t.mu.Unlock()
+	for _, p := range ended {
+		// The core learns of writes through the watch: read the record,
+		// so that an end just recorded (or a change made meanwhile) is
+		// not written again and refused as a conflict.
+		if cur, err := a.store.GetLimit(t.ctx, p.Id); err != nil || cur == nil || cur.Version != p.Version || !overrideEnded(cur, now) {
+			continue
+		}
+		next := afterOf(p)
+		next.Version, next.EffectiveFrom = 0, nil
+		v := p.Version
+		_, err := a.applyChanges(t.ctx, overrideEnder, changeSet{action: "put", effective: pb.Effective_EFFECTIVE_NOW,
+			reason: "override ended (" + vocab.Cap(p.Override.Reason, maxReasonLen-40) + ")",
+			items:  []changeItem{{put: next, expected: &v, field: "limit", expField: "expected_version"}}})
+		if err != nil && t.ctx.Err() == nil && !errors.Is(err, ErrVersionMismatch) {
+			a.log.Warn("recording an override's end", "limit", p.Id, "err", err)
+		}
+	}
+}
+
+// overrideRecord makes next (the record a put stores over stored) an
+// override that ends by itself at now + cs.overrideFor: from then on the
+// version in force now governs again. An override of an override keeps
+// the first one's version to return to. It may change G, the mode, the
+// fallbacks, the lease settings and shadow mode; not the window or the
+// regions (a window that changes length and back mid-window has no
+// meaning).
+func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *changeSet) (*pb.Limit, error) {
+	if stored == nil {
+		return nil, fieldErr("override_for", "an override changes an existing limit: %q does not exist", it.id())
+	}
+	if scheduled(stored, now) {
+		// Its end would return to the version in force now and lose the
+		// scheduled one.
+		return nil, fieldErr("override_for", "a change of %q is scheduled for %s: wait for it, or make it effective now, before an override",
+			it.id(), stored.EffectiveFrom.AsTime().UTC().Format(time.RFC3339))
+	}
+	after := inForce(stored, now)
+	if overriding(stored, now) {
+		after = stored.Override.After
+	}
+	after = cloneLimit(after)
+	after.Previous, after.Override, after.EffectiveFrom = nil, nil, nil
+	if next == nil { // the same settings as in force: an override that changes nothing
+		return nil, fieldErr(it.field, "the override changes nothing: it equals the version in force")
+	}
+	if next.Window.AsDuration() != after.Window.AsDuration() {
+		return nil, fieldErr(it.field+".window", "an override keeps the window (%v), got %v", after.Window.AsDuration(), next.Window.AsDuration())
+	}
+	if !slices.Equal(slices.Sorted(slices.Values(next.Regions)), slices.Sorted(slices.Values(after.Regions))) {
+		return nil, fieldErr(it.field+".regions", "an override keeps the regions (%s)", strings.Join(after.Regions, ","))
+	}
+	next.EffectiveFrom, next.Previous = timestamppb.New(now), nil
+	next.Override = &pb.LimitOverride{Reason: cs.reason, EndsAt: timestamppb.New(now.Add(cs.overrideFor)), After: after}
 	return next, nil
 }
 

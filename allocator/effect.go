@@ -17,7 +17,7 @@ import (
 // limitFields flattens the fields of a limit that a person sets, by the
 // names a FieldChange uses: "limit_tokens", "window", "regions", "mode",
 // "fallback.<region>", "lease.ttl", "lease.min_chunk", "lease.max_chunk",
-// "owner", "description", "tags.<key>", "hash_tag", and when set
+// "owner", "description", "tags.<key>", "hash_tag", "shadow", and when set
 // "settle_grace", "debt_policy". A nil limit has none.
 func limitFields(l *pb.Limit) map[string]string {
 	if l == nil {
@@ -41,6 +41,12 @@ func limitFields(l *pb.Limit) map[string]string {
 	if l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED {
 		m["debt_policy"] = strings.ToLower(strings.TrimPrefix(l.DebtPolicy.String(), "DEBT_POLICY_"))
 	}
+	if l.Shadow {
+		m["shadow"] = "true" // absent: enforced
+	}
+	if o := l.GetOverride(); o != nil {
+		m["override"] = "until " + o.GetEndsAt().AsTime().UTC().Format(time.RFC3339Nano) + ", then version in force before it"
+	}
 	for _, r := range l.Regions {
 		m["fallback."+r] = limitspec.FallbackName(l.Fallback[r])
 	}
@@ -53,7 +59,7 @@ func limitFields(l *pb.Limit) map[string]string {
 // fieldOrder lists the fixed fields in the order a diff shows them;
 // fallback.* and tags.* follow their neighbours, by name.
 var fieldOrder = []string{"limit_tokens", "window", "regions", "mode", "fallback.", "lease.ttl",
-	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy"}
+	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override"}
 
 func fieldRank(f string) int {
 	for i, p := range fieldOrder {

@@ -70,6 +70,9 @@ func (a *Allocator) SyncLimits(ctx context.Context, region string, known int64) 
 		if scheduled(l, now) && (slices.Contains(l.Regions, region) || slices.Contains(l.Previous.Regions, region)) {
 			pending++
 		}
+		if overriding(l, now) && slices.Contains(l.Regions, region) {
+			pending++ // its end changes what the region enforces, with no write
+		}
 	}
 	rev := etcdRev
 	if pending > 0 {

@@ -25,13 +25,23 @@ type Limit struct {
 	// Windows are decided by the version that governs their start.
 	EffectiveFrom time.Time
 	Previous      *Limit
+	// OverrideEnds is when an override (this version) ends and After, the
+	// version in force before it, governs again (nil: no override). The
+	// end is stored state read against the clock: every replica, a new
+	// leader included, switches at the same instant, and nothing has to
+	// be written for it.
+	OverrideEnds time.Time
+	After        *Limit
 }
 
 // At returns the version of l that governs instant t: Previous before
-// EffectiveFrom, l from then on.
+// EffectiveFrom, After from OverrideEnds on, l otherwise.
 func (l *Limit) At(t time.Time) *Limit {
 	if l.Previous != nil && t.Before(l.EffectiveFrom) {
 		return l.Previous
+	}
+	if l.After != nil && !t.Before(l.OverrideEnds) {
+		return l.After
 	}
 	return l
 }
@@ -42,12 +52,15 @@ func (l *Limit) At(t time.Time) *Limit {
 // readings are governed by their own version (window lengths differ), the
 // reading nearest to now.
 func (l *Limit) forIndex(index int64, now time.Time) *Limit {
-	if l.Previous == nil {
+	if l.Previous == nil && l.After == nil {
 		return l
 	}
 	var best *Limit
 	var bestDist time.Duration
-	for _, v := range []*Limit{l, l.Previous} {
+	for _, v := range []*Limit{l, l.Previous, l.After} {
+		if v == nil {
+			continue
+		}
 		start := lease.Window{Index: index, Length: v.Window}.Start()
 		if l.At(start) != v {
 			continue
@@ -80,7 +93,35 @@ func decodeLimit(p *pb.Limit) *Limit {
 		l.EffectiveFrom = p.EffectiveFrom.AsTime()
 		l.Previous = decodeVersion(p.Previous)
 	}
+	if o := p.GetOverride(); o.GetAfter() != nil && o.GetEndsAt() != nil {
+		l.OverrideEnds = o.EndsAt.AsTime()
+		l.After = decodeVersion(afterOf(p))
+	}
 	return l
+}
+
+// overriding reports whether the stored limit p is an override still in
+// force at now.
+func overriding(p *pb.Limit, now time.Time) bool {
+	o := p.GetOverride()
+	return o.GetAfter() != nil && o.GetEndsAt() != nil && now.Before(o.EndsAt.AsTime())
+}
+
+// overrideEnded reports whether the stored limit p is an override that
+// ended at or before now.
+func overrideEnded(p *pb.Limit, now time.Time) bool {
+	o := p.GetOverride()
+	return o.GetAfter() != nil && o.GetEndsAt() != nil && !now.Before(o.EndsAt.AsTime())
+}
+
+// afterOf is the version an override of p reverts to, as it governs: the
+// stored record's version number (a version names a record), in force
+// from the override's end.
+func afterOf(p *pb.Limit) *pb.Limit {
+	v := cloneLimit(p.Override.After)
+	v.Previous, v.Override = nil, nil
+	v.Version, v.EffectiveFrom = p.Version, p.Override.EndsAt
+	return v
 }
 
 func decodeVersion(p *pb.Limit) *Limit {
@@ -106,6 +147,9 @@ func scheduled(p *pb.Limit, now time.Time) bool {
 // inForce returns the version of the stored limit p that governs now,
 // without a previous version: what agents enforce.
 func inForce(p *pb.Limit, now time.Time) *pb.Limit {
+	if overrideEnded(p, now) {
+		return afterOf(p)
+	}
 	if scheduled(p, now) {
 		v := cloneLimit(p.Previous)
 		v.Previous = nil
@@ -122,6 +166,9 @@ func inForce(p *pb.Limit, now time.Time) *pb.Limit {
 // asShown returns the stored limit p as readers see it at now: the
 // previous version is kept only while it is still in force.
 func asShown(p *pb.Limit, now time.Time) *pb.Limit {
+	if overrideEnded(p, now) {
+		return afterOf(p)
+	}
 	if p.GetPrevious() == nil || scheduled(p, now) {
 		return p
 	}

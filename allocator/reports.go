@@ -24,6 +24,14 @@ type WindowReport struct {
 	// Fallback is, per region, the most permissive fail mode in force in
 	// the window (absent: none).
 	Fallback map[string]pb.FallbackKind `json:"fallback,omitempty"`
+	// WouldDeny is, per region, the cost admitted in shadow mode that
+	// enforcement would have denied (not in Admitted); WouldDenyChecks
+	// counts those checks, all regions together.
+	WouldDeny       map[string]int64 `json:"would_deny,omitempty"`
+	WouldDenyTotal  int64            `json:"would_deny_total,omitempty"`
+	WouldDenyChecks int64            `json:"would_deny_checks,omitempty"`
+	// Shadow: the limit was in shadow mode at the window's end.
+	Shadow bool `json:"shadow,omitempty"`
 }
 
 // WindowSummary is what is kept of a closed window once its grant and
@@ -41,6 +49,8 @@ type WindowSummary struct {
 	Regions  map[string]UsageRecord `json:"regions,omitempty"`
 	// Local is, per region, the local:A allowance in force (for the bound).
 	Local map[string]int64 `json:"local,omitempty"`
+	// Shadow: the limit was in shadow mode (tried, not enforced).
+	Shadow bool `json:"shadow,omitempty"`
 }
 
 // summarize captures a window of the core (nil if it has none).
@@ -53,11 +63,19 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 		Granted: ws.granted, Credited: ws.credited, Late: ws.late, Regions: c.RegionUsage(k.limit, k.index)}
 	if l, ok := c.limits[k.limit]; ok {
 		v := l
-		if l.Previous != nil {
-			v = l.At(lease.Window{Index: k.index, Length: ws.length}.Start())
+		win := lease.Window{Index: k.index, Length: ws.length}
+		switch {
+		case l.Previous != nil:
+			v = l.At(win.Start())
+		case l.After != nil:
+			// An override ends mid-window: G at the window's end (the
+			// bound's limit_lowered term covers grants made under a
+			// higher G before).
+			v = l.At(win.End().Add(-1))
 		}
 		s.G = v.Tokens
 		s.Local = localAllowances(v)
+		s.Shadow = v.Proto.GetShadow()
 	}
 	return s
 }
@@ -108,6 +126,8 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 	}
 	w := overshoot.Window{Limit: s.G, LimitAtGrant: s.MaxG, Granted: s.Granted, Returned: s.Credited}
 	fallback := map[string]pb.FallbackKind{}
+	var wouldDeny map[string]int64
+	var wouldDenyTotal, wouldDenyChecks int64
 	regions := make([]string, 0, len(s.Regions))
 	for r := range s.Regions {
 		regions = append(regions, r)
@@ -124,13 +144,22 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 		if u.Fallback != 0 {
 			fallback[r] = pb.FallbackKind(u.Fallback)
 		}
+		if u.WouldDeny > 0 || u.WouldDenyChecks > 0 {
+			if wouldDeny == nil {
+				wouldDeny = map[string]int64{}
+			}
+			wouldDeny[r] = u.WouldDeny
+			wouldDenyTotal += u.WouldDeny
+			wouldDenyChecks += u.WouldDenyChecks
+		}
 		w.Regions = append(w.Regions, reg)
 	}
 	win := lease.Window{Index: index, Length: time.Duration(s.WindowMs) * time.Millisecond}
 	rep := WindowReport{
-		Report:   overshoot.NewReport(limit, win.Start(), win.End(), w),
-		Closed:   !now.Before(win.End()),
-		Fallback: fallback,
+		Report:    overshoot.NewReport(limit, win.Start(), win.End(), w),
+		Closed:    !now.Before(win.End()),
+		Fallback:  fallback,
+		WouldDeny: wouldDeny, WouldDenyTotal: wouldDenyTotal, WouldDenyChecks: wouldDenyChecks, Shadow: s.Shadow,
 	}
 	return rep, true
 }
@@ -214,7 +243,11 @@ func (r WindowReport) ToProto() *pb.WindowReport {
 		Stranded:          r.Stranded,
 		Terms: &pb.BoundTerms{CarryOver: r.Terms.CarryOver, Fallback: r.Terms.Fallback, LostGrants: r.Terms.LostGrants,
 			RedisRollback: r.Terms.RedisRollback, LimitLowered: r.Terms.LimitLowered, Settlement: r.Terms.Settlement},
-		Fallback: r.Fallback,
+		Fallback:        r.Fallback,
+		WouldDeny:       r.WouldDeny,
+		WouldDenyTotal:  r.WouldDenyTotal,
+		WouldDenyChecks: r.WouldDenyChecks,
+		Shadow:          r.Shadow,
 	}
 	if !r.Bound.Infinite {
 		out.Bound = r.Bound.Tokens

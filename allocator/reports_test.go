@@ -263,3 +263,86 @@ func TestKeepSummaries(t *testing.T) {
 		t.Fatalf("kept %d summaries from %d", got, c.summaries["x"][0].Window)
 	}
 }
+
+// TestShadowWindowReport: would-deny counts of a limit in shadow mode add
+// up per region over reporters (a retried report counts once), reach the
+// window report and the metrics, and survive the sweep and a failover.
+func TestShadowWindowReport(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	reg := prometheus.NewRegistry()
+	a := startAllocatorReg(t, c, "a", reg, clock.opt(), WithRetention(30*time.Second, time.Hour))
+	allocatortest.WaitLeader(t, a)
+	lim := boundedLimit()
+	lim.Shadow = true
+	l, err := a.PutLimit(context.Background(), lim, Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
+	if err != nil || !l.Shadow {
+		t.Fatalf("put: %v %v", l, err)
+	}
+	waitLimit(t, a.Allocator, l.Id, l.Version)
+	w := lease.WindowOf(clock.Now(), time.Minute).Index
+	ctx := context.Background()
+	for _, r := range []struct {
+		region, reporter string
+		u                *pb.Usage
+	}{
+		{"eu", "r1", &pb.Usage{LimitId: l.Id, WindowIndex: w, Admitted: 500, WouldDeny: 30, WouldDenyChecks: 10}},
+		{"eu", "r1", &pb.Usage{LimitId: l.Id, WindowIndex: w, Admitted: 500, WouldDeny: 30, WouldDenyChecks: 10}}, // a retry
+		{"eu", "r2", &pb.Usage{LimitId: l.Id, WindowIndex: w, Admitted: 100, WouldDeny: 12, WouldDenyChecks: 4}},
+		{"us", "r1", &pb.Usage{LimitId: l.Id, WindowIndex: w, Admitted: 300, WouldDeny: 5, WouldDenyChecks: 5}},
+	} {
+		if _, err := a.ReportUsage(ctx, r.region, r.reporter, []*pb.Usage{r.u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(what string, a *Allocator) {
+		t.Helper()
+		reps, err := a.Reports(l.Id, 10)
+		if err != nil || len(reps) != 1 {
+			t.Fatalf("%s: %v %v", what, reps, err)
+		}
+		r := reps[0]
+		if !r.Shadow || r.WouldDeny["eu"] != 42 || r.WouldDeny["us"] != 5 || r.WouldDenyTotal != 47 || r.WouldDenyChecks != 19 ||
+			r.AdmittedTotal != 900 {
+			t.Fatalf("%s: %+v: want shadow, would deny eu 42 us 5 (47, 19 checks), admitted 900", what, r)
+		}
+		p := r.ToProto()
+		if !p.Shadow || p.WouldDeny["eu"] != 42 || p.WouldDenyTotal != 47 || p.WouldDenyChecks != 19 {
+			t.Fatalf("%s: proto %v", what, p)
+		}
+	}
+	check("live", a.Allocator)
+	clock.Set(t0.Add(time.Minute + time.Second)) // w is the last closed window
+	want := `
+# HELP leasehold_window_would_deny_checks Shadow mode: checks admitted in the last closed window that enforcement would have denied, all regions.
+# TYPE leasehold_window_would_deny_checks gauge
+leasehold_window_would_deny_checks{limit="tenant/rep"} 19
+# HELP leasehold_window_would_deny_tokens Shadow mode: tokens admitted in the last closed window that enforcement would have denied, per region (not in admitted).
+# TYPE leasehold_window_would_deny_tokens gauge
+leasehold_window_would_deny_tokens{limit="tenant/rep",region="eu"} 42
+leasehold_window_would_deny_tokens{limit="tenant/rep",region="us"} 5
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "leasehold_window_would_deny_checks", "leasehold_window_would_deny_tokens"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(t0.Add(2 * time.Minute))
+	if err := a.sweepOnce(a.currentTermOrNil()); err != nil {
+		t.Fatal(err)
+	}
+	check("summary", a.Allocator)
+	a.Stop()
+	b := startAllocator(t, c, "b", clock.opt())
+	allocatortest.WaitLeader(t, b)
+	check("after failover", b.Allocator)
+}
+
+// TestUsageWouldDenyValidated: negative would-deny counts are refused,
+// naming the field.
+func TestUsageWouldDenyValidated(t *testing.T) {
+	for _, u := range []*pb.Usage{{LimitId: "tenant/a", WouldDeny: -1}, {LimitId: "tenant/a", WouldDenyChecks: -1}} {
+		err := ValidateReport(&pb.ReportUsageRequest{Region: "eu", Reporter: "r1", Usage: []*pb.Usage{u}})
+		if err == nil || (!strings.Contains(err.Error(), "usage[0].would_deny")) {
+			t.Fatalf("%v: %v", u, err)
+		}
+	}
+}

@@ -25,7 +25,12 @@ type UsageRecord struct {
 	// SettleOverrun is what settle-later Checks admitted beyond the
 	// region's leases (its settlement term); Admitted counts it.
 	SettleOverrun int64 `json:"so,omitempty"`
-	At            int64 `json:"at"` // unix ns of the last change, allocator clock
+	// WouldDeny and WouldDenyChecks are, for a limit in shadow mode, the
+	// cost and the number of checks admitted although enforcement would
+	// have denied them (not in Admitted).
+	WouldDeny       int64 `json:"wd,omitempty"`
+	WouldDenyChecks int64 `json:"wdc,omitempty"`
+	At              int64 `json:"at"` // unix ns of the last change, allocator clock
 }
 
 // NetAdmitted is what was admitted: Admitted minus the tokens of sub-lease
@@ -106,6 +111,8 @@ func (r *UsageRecord) merge(u *pb.Usage) bool {
 	grow(&r.RedisRollback, u.RedisRollbackTokens)
 	grow(&r.Released, u.Released)
 	grow(&r.SettleOverrun, u.SettleOverrun)
+	grow(&r.WouldDeny, u.WouldDeny)
+	grow(&r.WouldDenyChecks, u.WouldDenyChecks)
 	if fallbackRank(int32(u.Fallback)) > fallbackRank(r.Fallback) {
 		r.Fallback, changed = int32(u.Fallback), true
 	}
@@ -138,6 +145,8 @@ func (c *Core) RegionUsage(limit string, window int64) map[string]UsageRecord {
 		s.RedisRollback += u.RedisRollback
 		s.Released += u.Released
 		s.SettleOverrun += u.SettleOverrun
+		s.WouldDeny += u.WouldDeny
+		s.WouldDenyChecks += u.WouldDenyChecks
 		if fallbackRank(u.Fallback) > fallbackRank(s.Fallback) {
 			s.Fallback = u.Fallback
 		}

@@ -113,7 +113,7 @@ func ValidateReport(req *pb.ReportUsageRequest) error {
 		}
 		for name, v := range map[string]int64{"admitted": u.Admitted, "denied": u.Denied,
 			"fallback_admitted": u.FallbackAdmitted, "redis_rollback_tokens": u.RedisRollbackTokens, "released": u.Released,
-			"settle_overrun": u.SettleOverrun} {
+			"settle_overrun": u.SettleOverrun, "would_deny": u.WouldDeny, "would_deny_checks": u.WouldDenyChecks} {
 			if v < 0 {
 				return fieldErr(f+"."+name, "must be >= 0, got %d", v)
 			}

@@ -25,6 +25,7 @@ type windowCollector struct {
 	a *Allocator
 
 	limitTokens, admitted, fallbackAdmitted, bound, observed, stranded, lost, settlement, mode, exported *prometheus.Desc
+	wouldDeny, wouldDenyChecks, overrideEnd                                                              *prometheus.Desc
 }
 
 func newWindowCollector(a *Allocator) *windowCollector {
@@ -43,11 +44,17 @@ func newWindowCollector(a *Allocator) *windowCollector {
 		settlement:       d("leasehold_window_settlement_tokens", "The bound's settlement term in the last closed window: cost settle-later Checks admitted beyond the window's leases.", "limit"),
 		mode:             d("leasehold_region_fallback_mode", "Most permissive fail mode in force per region in the running window: 0 none, 1 closed, 2 local, 3 open.", "limit", "region"),
 		exported:         d("leasehold_report_limits", "Limits exported with a limit label by the window metrics (capped)."),
+		wouldDeny: d("leasehold_window_would_deny_tokens",
+			"Shadow mode: tokens admitted in the last closed window that enforcement would have denied, per region (not in admitted).", "limit", "region"),
+		overrideEnd: d("leasehold_limit_override_end_timestamp_seconds",
+			"When the override in force on a limit ends (Unix seconds; absent without one): the version before it governs again then.", "limit"),
+		wouldDenyChecks: d("leasehold_window_would_deny_checks",
+			"Shadow mode: checks admitted in the last closed window that enforcement would have denied, all regions.", "limit"),
 	}
 }
 
 func (c *windowCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.limitTokens, c.admitted, c.fallbackAdmitted, c.bound, c.observed, c.stranded, c.lost, c.settlement, c.mode, c.exported} {
+	for _, d := range []*prometheus.Desc{c.limitTokens, c.admitted, c.fallbackAdmitted, c.bound, c.observed, c.stranded, c.lost, c.settlement, c.mode, c.exported, c.wouldDeny, c.wouldDenyChecks, c.overrideEnd} {
 		ch <- d
 	}
 }
@@ -62,8 +69,12 @@ type limitRow struct {
 
 func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 	var rows []limitRow
+	overrides := map[string]time.Time{}
 	err := c.a.View(func(now time.Time, core *Core) {
 		for id, l := range core.limits {
+			if l.After != nil && now.Before(l.OverrideEnds) {
+				overrides[id] = l.OverrideEnds // every one: there are few, and each is an emergency
+			}
 			cur := lease.WindowOf(now, l.At(now).Window).Index
 			rep, ok := core.report(now, id, cur-1)
 			if !ok {
@@ -77,7 +88,7 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 				row.mode = run.Fallback
 			}
 			row.priority = rep.ObservedOvershoot > 0 && !rep.Bound.Infinite && rep.ObservedOvershoot > rep.Bound.Tokens ||
-				rep.Terms.LostGrants > 0 || rep.Stranded*10 > rep.LimitTokens
+				rep.Terms.LostGrants > 0 || rep.Stranded*10 > rep.LimitTokens || rep.WouldDenyChecks > 0
 			for _, k := range rep.Fallback {
 				row.priority = row.priority || k == pb.FallbackKind_FALLBACK_KIND_LOCAL || k == pb.FallbackKind_FALLBACK_KIND_OPEN
 			}
@@ -128,8 +139,17 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 		for region, n := range r.fallback {
 			g(c.fallbackAdmitted, float64(n), id, region)
 		}
+		if r.rep.Shadow || r.rep.WouldDenyChecks > 0 {
+			for _, reg := range r.regions {
+				g(c.wouldDeny, float64(r.rep.WouldDeny[reg]), id, reg)
+			}
+			g(c.wouldDenyChecks, float64(r.rep.WouldDenyChecks), id)
+		}
 	}
 	g(c.exported, float64(len(rows)))
+	for id, end := range overrides {
+		g(c.overrideEnd, float64(end.UnixMilli())/1000, id)
+	}
 }
 
 // windowUsage is a window's usage per region, live or from its summary.

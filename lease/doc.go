@@ -11,6 +11,10 @@
 //   - [Window] and [WindowOf]: which window an instant belongs to. Windows
 //     are aligned on the Unix epoch of the allocator's clock, the only clock
 //     that defines windows.
+//   - [Calendar] and [CalendarWindow]: calendar windows (a day, an ISO
+//     week, a month, a year) in an IANA time zone, of varying length, with
+//     the same numbering, clamping and scheduling. Arithmetic only so far:
+//     no limit can ask for them yet (docs/design.md, "Calendar windows").
 //   - [Clamp] and [Schedule] (allocator side): when a lease becomes spendable
 //     and when it expires, as durations from now, so that no lease outlives
 //     its window.

@@ -321,6 +321,9 @@ type Decision struct {
 	// for Settle, until SettleWithin has passed.
 	DecisionID   string
 	SettleWithin time.Duration
+	// WouldDeny: the limit is in shadow mode and enforcement would have
+	// denied the check for this reason (Allowed is true); 0 otherwise.
+	WouldDeny pb.Reason
 }
 
 // CheckItem is one limit and cost of a check.
@@ -363,7 +366,7 @@ func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) 
 		a.recordCheck([]CheckItem{item}, chk, spendAt)
 	}
 	d := decisionOf(chk.Answers[0])
-	if chk.Store == core.Local && d.Reason == pb.Reason_REASON_OK {
+	if chk.Store == core.Local && d.Reason == pb.Reason_REASON_OK && d.WouldDeny == 0 {
 		a.lm.admitted.Add(float64(chk.Costs[0]))
 	}
 	if a.chunks != nil && d.Limit > 0 && chk.Demand >= a.opt.chunks.HotRate/2 {
@@ -437,7 +440,7 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 	}
 	if chk.Store == core.Local {
 		for i, d := range out {
-			if d.Reason == pb.Reason_REASON_OK {
+			if d.Reason == pb.Reason_REASON_OK && d.WouldDeny == 0 {
 				a.lm.admitted.Add(float64(chk.Costs[i]))
 			}
 		}
@@ -668,7 +671,7 @@ func (a *Agent) wakeLocked(ids []string) {
 
 func decisionOf(an core.Answer) Decision {
 	return Decision{Allowed: an.Allowed, Reason: pb.Reason(an.Reason), Remaining: an.Remaining, RetryAfter: an.RetryAfter,
-		ResetAfter: an.ResetAfter, Limit: an.Limit, Window: an.Window, Version: an.Version}
+		ResetAfter: an.ResetAfter, Limit: an.Limit, Window: an.Window, Version: an.Version, WouldDeny: pb.Reason(an.WouldDeny)}
 }
 
 func randomHex(n int) string {

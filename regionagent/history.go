@@ -28,8 +28,14 @@ func (a *Agent) recordCheck(items []CheckItem, chk *core.Check, spendAt time.Tim
 		path = history.PathNone
 	}
 	for i, an := range chk.Answers {
+		reason := an.Reason
+		if an.WouldDeny != 0 {
+			// Shadow mode: the history holds the enforced decision (the
+			// checker's bounds are about it); the request passed anyway.
+			reason = an.WouldDeny
+		}
 		rec := history.Record{Kind: history.KindDecision, T: now, Proc: a.cfg.ReplicaID, Region: a.cfg.Region,
-			G: an.Limit, WindowLen: int64(an.Window), Path: path, Answer: answerOf(an.Reason)}
+			G: an.Limit, WindowLen: int64(an.Window), Path: path, Answer: answerOf(reason)}
 		if i < len(items) {
 			rec.Limit, rec.Cost = items[i].Limit, max(1, items[i].Cost)
 		}

@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_agent_checks_total",
-			Help: "Check decisions, by result: ok, over_limit, unavailable, fallback, fallback_denied, redis_error; cross_slot: a CheckMulti refused (InvalidArgument) because its limits do not share a hash tag on Redis Cluster.",
+			Help: "Check decisions, by result: ok, over_limit, unavailable, fallback, fallback_denied, redis_error, not_synced, would_deny (admitted: its limits are in shadow mode and enforcement would have denied it); cross_slot: a CheckMulti refused (InvalidArgument) because its limits do not share a hash tag on Redis Cluster.",
 		}, []string{"result"}),
 		checkDur: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "leasehold_agent_check_duration_seconds",
@@ -75,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	// Every result from the start, at 0: a panel of fallbacks has data
 	// (zero) on a healthy system, and rate() sees the first one.
 	for _, r := range []core.Result{core.ResultOverLimit, core.ResultUnavailable, core.ResultFallback,
-		core.ResultFallbackDenied, core.ResultStoreError, core.ResultNotSynced} {
+		core.ResultFallbackDenied, core.ResultStoreError, core.ResultNotSynced, core.ResultWouldDeny} {
 		m.checks.WithLabelValues(string(r))
 	}
 	m.checks.WithLabelValues(resultCrossSlot)

@@ -169,7 +169,7 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 func limitOf(l *pb.Limit, region string) core.Limit {
 	out := core.Limit{ID: l.Id, Tokens: l.LimitTokens, Window: dur(l.Window), TTL: dur(l.GetLease().GetTtl()),
 		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag,
-		SettleGrace: limitspec.SettleGrace(l), CarryDebt: l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_FORGIVE}
+		SettleGrace: limitspec.SettleGrace(l), CarryDebt: l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_FORGIVE, Shadow: l.Shadow}
 	if fb := l.Fallback[region]; fb != nil {
 		out.Fallback = core.Fallback{Kind: core.FallbackKind(fb.Kind), LocalTokens: fb.LocalTokens}
 	}
@@ -304,6 +304,10 @@ func usageOf(limit string, window, admitted, denied int64, counters []store.Coun
 			u.Released = c.Value
 		case store.CounterSettleOverrun:
 			u.SettleOverrun = c.Value
+		case store.CounterWouldDeny:
+			u.WouldDeny = c.Value
+		case store.CounterWouldDenyChecks:
+			u.WouldDenyChecks = c.Value
 		}
 	}
 	return u

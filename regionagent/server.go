@@ -61,6 +61,7 @@ func toProto(d Decision) *pb.CheckResponse {
 		LimitVersion: d.Version,
 		DecisionId:   d.DecisionID,
 		SettleWithin: settleWithin(d),
+		WouldDeny:    d.WouldDeny,
 	}
 }
 

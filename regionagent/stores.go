@@ -313,7 +313,7 @@ func (s *redisStore) usage(ctx context.Context, reads []core.ReportRead) []usage
 		}
 		out[i].usage = nil
 		for _, c := range counts {
-			if u := usageOf(r.Limit, c.Window, c.Admitted, c.Denied, c.Counters); u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
+			if u := usageOf(r.Limit, c.Window, c.Admitted, c.Denied, c.Counters); u.Admitted+u.Denied+u.FallbackAdmitted+u.WouldDenyChecks > 0 {
 				out[i].usage = append(out[i].usage, u)
 			}
 		}
@@ -484,7 +484,7 @@ func (s *memStore) usage(_ context.Context, reads []core.ReportRead) []usageOut 
 		out[i].reporter = s.rep
 		for _, w := range r.Windows {
 			b := s.mem.Balance(store.Key{Limit: r.Limit, Window: w, HashTag: r.HashTag}, nowMs)
-			if u := usageOf(r.Limit, w, b.Admitted, b.Denied, b.Counters); u.Admitted+u.Denied+u.FallbackAdmitted > 0 {
+			if u := usageOf(r.Limit, w, b.Admitted, b.Denied, b.Counters); u.Admitted+u.Denied+u.FallbackAdmitted+u.WouldDenyChecks > 0 {
 				out[i].usage = append(out[i].usage, u)
 			}
 		}

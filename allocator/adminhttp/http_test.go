@@ -710,3 +710,29 @@ func benchGet(b *testing.B, url string) {
 		}
 	})
 }
+
+// TestOverrideOverHTTP: PUT with override_for stores an override that
+// ends by itself (its end and the version it returns to in the answer);
+// a body carrying limit.override, or an override for the next window, is
+// a 400 naming the field.
+func TestOverrideOverHTTP(t *testing.T) {
+	c, _ := newAPI(t, nil)
+	mustCode(t, c.do("PUT", "/v1/limits/tenant/atlas", nil, limitBody(100, "")), 200)
+	r := c.do("PUT", "/v1/limits/tenant/atlas", nil, limitBody(300, `, "override_for": "7200s"`))
+	mustCode(t, r, 200)
+	for _, want := range []string{`"override":{"reason":"test","ends_at":`, `"after":{"id":"tenant/atlas","limit_tokens":"100"`} {
+		if !strings.Contains(string(r.body), want) {
+			t.Fatalf("override answer lacks %s: %s", want, r.body)
+		}
+	}
+	for _, s := range []struct{ body, field string }{
+		{`{"limit": {"limit_tokens": 5, "window": "60s", "regions": ["eu", "us"], "mode": "MODE_STRICT", "override": {"reason": "x"}}, "reason": "test", "effective": "EFFECTIVE_NOW"}`, "limit.override"},
+		{limitBody(300, `, "override_for": "3600s", "effective": "EFFECTIVE_NEXT_WINDOW"`), "effective"},
+		{limitBody(300, `, "override_for": "0.5s"`), "override_for"},
+		{limitBody(50, ""), "effective"}, // next window, during the override
+	} {
+		if got := c.do("PUT", "/v1/limits/tenant/atlas", nil, s.body).field(t); got != s.field {
+			t.Errorf("%s: 400 names %q, want %q", s.body, got, s.field)
+		}
+	}
+}

@@ -456,6 +456,9 @@ func newRow(v view, l *pb.Limit, reps []allocator.WindowReport) *row {
 		Window: fmtDuration(l.GetWindow().AsDuration()), Regions: l.GetRegions(), Mode: limitspec.ModeName(l.GetMode()),
 		Version: l.GetVersion(),
 	}
+	if l.GetShadow() {
+		rw.Mode += " · shadow"
+	}
 	// The last final window, and the fail modes in force in it and in the
 	// windows after it (settling or running).
 	var last *allocator.WindowReport
@@ -505,6 +508,17 @@ func newRow(v view, l *pb.Limit, reps []allocator.WindowReport) *row {
 			crit(rf.Region + " OPEN")
 		}
 	}
+	if o := l.GetOverride(); o != nil {
+		// An emergency change in force: it ends by itself.
+		rw.Alerts = append(rw.Alerts, alertTag{"override until " + o.GetEndsAt().AsTime().UTC().Format("2006-01-02 15:04:05") +
+			" UTC, then G " + fmtInt(o.GetAfter().GetLimitTokens()), "warn"})
+		if rw.Level == "" {
+			rw.Level = "warn"
+		}
+	}
+	if last != nil && (l.GetShadow() || last.WouldDenyChecks > 0) {
+		rw.Alerts = append(rw.Alerts, alertTag{"shadow: would deny " + fmtInt(last.WouldDenyChecks) + " checks", "info"})
+	}
 	if last != nil && rw.Last.StrandedHigh {
 		rw.Alerts = append(rw.Alerts, alertTag{"stranded > 10% of G", "warn"})
 		if rw.Level == "" {
@@ -537,6 +551,14 @@ func newWindowRow(v view, rep allocator.WindowReport, regions []string) windowRo
 	var fb []string
 	for _, r := range sortedKeys(rep.Fallback) {
 		fb = append(fb, r+" "+kindName(rep.Fallback[r]))
+	}
+	if rep.WouldDenyChecks > 0 {
+		// Shadow mode: what enforcement would have denied, per region.
+		var per []string
+		for _, r := range sortedKeys(rep.WouldDeny) {
+			per = append(per, r+" "+fmtInt(rep.WouldDeny[r]))
+		}
+		fb = append(fb, "would deny "+fmtInt(rep.WouldDenyChecks)+" checks ("+strings.Join(per, ", ")+" tokens)")
 	}
 	wr.Fallback = strings.Join(fb, ", ")
 	return wr

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"leasehold/allocator"
 	"leasehold/overshoot"
@@ -583,5 +584,35 @@ func TestTopLimitsIsTheSortedPrefix(t *testing.T) {
 		if !slices.Equal(ls, orig) {
 			t.Fatal("topLimits modified its input")
 		}
+	}
+}
+
+// TestShadowShown: a limit in shadow mode reads so in its mode, its last
+// window's would-deny requests are an attention tag (not a warning: the
+// limit is being tried), and the window's row says them per region.
+func TestShadowShown(t *testing.T) {
+	id := "tenant/try"
+	l := limit(id, 1000, "eu", "us")
+	l.Shadow = true
+	last := window(id, 0, true, overshoot.Window{Limit: 1000, Granted: 1000, Regions: []overshoot.Region{{Name: "eu", Admitted: 950}}})
+	last.Shadow, last.WouldDeny, last.WouldDenyTotal, last.WouldDenyChecks = true, map[string]int64{"eu": 30, "us": 12}, 42, 21
+	rw := newRow(late, l, []allocator.WindowReport{last, healthy(id, 1, false, 1000, 1, 1)})
+	if rw.Mode != "strict · shadow" || rw.Level != "" || len(rw.Alerts) != 1 || rw.Alerts[0].Text != "shadow: would deny 21 checks" {
+		t.Fatalf("mode %q level %q alerts %+v", rw.Mode, rw.Level, rw.Alerts)
+	}
+	if got := newWindowRow(late, last, []string{"eu", "us"}).Fallback; got != "would deny 21 checks (eu 30, us 12 tokens)" {
+		t.Fatalf("window row %q", got)
+	}
+}
+
+// TestOverrideShown: an override in force is an attention tag with its
+// end and the G it returns to.
+func TestOverrideShown(t *testing.T) {
+	l := limit("tenant/o", 300, "eu")
+	l.Override = &pb.LimitOverride{Reason: "incident", EndsAt: timestamppb.New(time.Date(2026, 12, 3, 9, 30, 0, 0, time.UTC)),
+		After: limit("tenant/o", 100, "eu")}
+	rw := newRow(late, l, nil)
+	if rw.Level != "warn" || len(rw.Alerts) != 1 || rw.Alerts[0].Text != "override until 2026-12-03 09:30:00 UTC, then G 100" {
+		t.Fatalf("level %q alerts %+v", rw.Level, rw.Alerts)
 	}
 }

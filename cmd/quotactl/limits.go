@@ -10,7 +10,7 @@ var limitsCmd = &command{
 	name:    "limits",
 	summary: "create, read, list and delete global limits, see their history, apply limits files",
 	sub: []*command{limitsSetCmd, limitsGetCmd, limitsListCmd, limitsDeleteCmd, limitsHistoryCmd,
-		limitsPlanCmd, limitsApplyCmd, limitsExportCmd},
+		limitsOverrideCmd, limitsPlanCmd, limitsApplyCmd, limitsExportCmd},
 }
 
 // oneID returns the single positional ID argument.

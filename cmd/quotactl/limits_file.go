@@ -259,7 +259,8 @@ var limitsExportCmd = &command{
 	summary: "write the live limits as a limits file (YAML) on stdout",
 	detail: `export writes the live limits (those under --prefix, or all) as a limits
 file whose scope ("manage:") is the prefix, or "*" for all: planning it
-against the same live limits shows no changes.`,
+against the same live limits shows no changes. A limit with an override in
+force (limits override) is written as the version the override returns to.`,
 	flags: func(f *flagSet) action {
 		var prefix string
 		f.stringVar(&prefix, "prefix", "`P`: only ids that start with P, e.g. tenant/; the file manages P")
@@ -285,7 +286,15 @@ against the same live limits shows no changes.`,
 			if prefix != "" {
 				manage = []string{prefix}
 			}
-			for _, l := range ls {
+			for i, l := range ls {
+				if a := l.GetOverride().GetAfter(); a != nil {
+					// An override in force ends by itself: the file holds
+					// the version it returns to (planning the file shows
+					// the override as a change).
+					b := proto.Clone(a).(*pb.Limit)
+					b.Id, b.Version, b.EffectiveFrom, b.Previous, b.Override = l.GetId(), 0, nil, nil, nil
+					ls[i], l = b, b
+				}
 				if _, err := normalizeLimit(l); err != nil {
 					return errors.New("live limit " + l.GetId() + " does not fit a limits file: " + err.Error())
 				}

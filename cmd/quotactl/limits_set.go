@@ -49,6 +49,7 @@ change and its effect on the current window, and writes nothing.`,
 			l.DebtPolicy = p
 			return err
 		})
+		f.boolVar(&l.Shadow, "shadow", "shadow mode: decide every request as if enforced, admit it anyway, and count (and answer) the ones it would have denied")
 		l.Tags = map[string]string{}
 		f.value("tag", "`KEY=VALUE`: a tag; repeatable", func(s string) error { return parseTag(s, l.Tags) })
 		f.int64Var(&expect, "expect-version", "`V`: write only if the stored version is V (0: only if the limit does not exist)")

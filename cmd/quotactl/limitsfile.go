@@ -38,6 +38,7 @@ import (
 //	    hash_tag: atlas        # Redis keys: limits checked together share it
 //	    settle_grace: 30s      # settle-later Checks: Settle taken this long
 //	    debt_policy: carry     # carry (default) or forgive
+//	    shadow: true           # tried, not enforced: would-deny counted
 //
 // Decoding is strict: unknown keys, duplicate keys, aliases, a second
 // document and values of the wrong shape are refused with the file, the
@@ -332,6 +333,21 @@ func scalarString(n *yaml.Node, what string) (string, error) {
 	return n.Value, nil
 }
 
+// scalarBool is true or false (YAML 1.2's, as the file says them).
+func scalarBool(n *yaml.Node, what string) (bool, error) {
+	s, err := scalarString(n, what)
+	if err != nil {
+		return false, err
+	}
+	switch s {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, errAt(n, "%s: %q: want true or false", what, s)
+}
+
 func scalarInt(n *yaml.Node, what string) (int64, error) {
 	s, err := scalarString(n, what)
 	if err != nil {
@@ -358,7 +374,7 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 
 // limitKeys are the keys of one limit, in the order export writes them.
 var limitKeys = []string{"id", "limit", "window", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
-	"settle_grace", "debt_policy"}
+	"settle_grace", "debt_policy", "shadow"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
 // allocator's field names (limit_tokens, lease.ttl, ...) to lines, so a
@@ -467,6 +483,12 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 		}
 		if l.DebtPolicy, err = parseDebtPolicy(s); err != nil {
 			return nil, errAt(fv.val, "%s: debt_policy: %q: want carry or forgive", what, s)
+		}
+	}
+	if fv, ok := f["shadow"]; ok {
+		lines["shadow"] = fv.val.Line
+		if l.Shadow, err = scalarBool(fv.val, what+": shadow"); err != nil {
+			return nil, err
 		}
 	}
 	if fv, ok := f["tags"]; ok {
@@ -737,6 +759,9 @@ func limitNode(l *pb.Limit) *yaml.Node {
 	}
 	if l.GetDebtPolicy() != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED {
 		add("debt_policy", str(debtPolicyName(l.GetDebtPolicy())))
+	}
+	if l.GetShadow() {
+		add("shadow", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
 	}
 	return n
 }

@@ -250,3 +250,27 @@ func FuzzLimitsFile(f *testing.F) {
 		}
 	})
 }
+
+// TestLimitsFileShadow: shadow is true or false, kept in a round trip,
+// and anything else is refused naming the line and the key.
+func TestLimitsFileShadow(t *testing.T) {
+	src := "limits:\n  - id: tenant/try\n    limit: 10\n    window: 1m\n    regions: [eu]\n    mode: strict\n    shadow: true\n"
+	lf, err := decodeLimitsFile("limits.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lf.limits[0].limit.Shadow {
+		t.Fatal("shadow: true decoded as false")
+	}
+	var buf bytes.Buffer
+	if err := encodeLimitsFile(&buf, nil, []*pb.Limit{lf.limits[0].limit}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "    shadow: true\n") {
+		t.Fatalf("export lacks shadow:\n%s", buf.String())
+	}
+	_, err = decodeLimitsFile("limits.yaml", []byte(strings.Replace(src, "shadow: true", "shadow: maybe", 1)))
+	if err == nil || err.Error() != `limits.yaml:7: tenant/try: shadow: "maybe": want true or false` {
+		t.Fatalf("shadow: maybe: %v", err)
+	}
+}

@@ -85,6 +85,13 @@ func (e *env) printLimit(l *pb.Limit) error {
 	if p := l.GetDebtPolicy(); p != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED {
 		rows = append(rows, [2]string{"debt-policy", debtPolicyName(p)})
 	}
+	if l.GetShadow() {
+		rows = append(rows, [2]string{"shadow", "yes: tried, not enforced (every request admitted; would-deny counted)"})
+	}
+	if o := l.GetOverride(); o != nil {
+		rows = append(rows, [2]string{"override", fmt.Sprintf("in force until %s (%s); then limit %d%s", formatTS(o.GetEndsAt()),
+			oneLine(o.GetReason()), o.GetAfter().GetLimitTokens(), shadowSuffix(o.GetAfter()))})
+	}
 	rows = append(rows, [2]string{"version", strconv.FormatInt(l.GetVersion(), 10)})
 	if ts := formatTS(l.GetEffectiveFrom()); ts != "" {
 		rows = append(rows, [2]string{"effective-from", ts})
@@ -282,4 +289,12 @@ func formatTags(m map[string]string) string {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s) // a string always encodes
 	return string(b)
+}
+
+// shadowSuffix says ", shadow" for a version in shadow mode.
+func shadowSuffix(l *pb.Limit) string {
+	if l.GetShadow() {
+		return ", shadow"
+	}
+	return ""
 }

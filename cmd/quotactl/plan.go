@@ -25,7 +25,8 @@ import (
 // fieldDiff is one setting a change sets to another value. Names are the
 // limits file's keys: limit, window, regions, mode, fallback.eu,
 // lease.ttl, lease.min_chunk, lease.max_chunk, owner, description,
-// tags.KEY, hash_tag. An absent value (a tag added or removed) is "".
+// tags.KEY, hash_tag, shadow (only when true), override (only when in
+// force). An absent value (a tag added or removed) is "".
 type fieldDiff struct {
 	Field string `json:"field"`
 	Old   string `json:"old"`
@@ -74,6 +75,12 @@ func flatten(l *pb.Limit) []setting {
 	}
 	if p := l.GetDebtPolicy(); p != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED {
 		out = append(out, setting{"debt_policy", debtPolicyName(p)})
+	}
+	if l.GetShadow() {
+		out = append(out, setting{"shadow", "true"}) // absent: enforced
+	}
+	if o := l.GetOverride(); o != nil {
+		out = append(out, setting{"override", "until " + formatTS(o.GetEndsAt())}) // absent: none
 	}
 	return out
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -198,6 +199,11 @@ type windowReportJSON struct {
 	Stranded          int64             `json:"stranded"`
 	Fallback          map[string]string `json:"fallback"`
 	Terms             termsJSON         `json:"terms"`
+	// Shadow mode only (absent otherwise).
+	Shadow          bool             `json:"shadow,omitempty"`
+	WouldDeny       map[string]int64 `json:"would_deny,omitempty"`
+	WouldDenyTotal  int64            `json:"would_deny_total,omitempty"`
+	WouldDenyChecks int64            `json:"would_deny_checks,omitempty"`
 }
 
 // boundJSON is a number, or the string "+Inf" (JSON has no infinity).
@@ -250,6 +256,10 @@ func windowJSONOf(w *pb.WindowReport) windowReportJSON {
 	for r, n := range w.GetAdmitted() {
 		out.Admitted[r] = n
 	}
+	out.Shadow, out.WouldDenyTotal, out.WouldDenyChecks = w.GetShadow(), w.GetWouldDenyTotal(), w.GetWouldDenyChecks()
+	if len(w.GetWouldDeny()) > 0 {
+		out.WouldDeny = maps.Clone(w.GetWouldDeny())
+	}
 	for r, k := range w.GetFallback() {
 		if name := windowFallbackName(k); name != "" {
 			out.Fallback[r] = name
@@ -275,8 +285,16 @@ func (e *env) printWindows(ws []*pb.WindowReport) error {
 	}
 	var b bytes.Buffer
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "LIMIT\tWINDOW_START\tWINDOW_END\tLIMIT_TOKENS\tGRANTED\tRETURNED\tADMITTED\t"+
-		"ADMITTED_TOTAL\tFALLBACK_ADMITTED\tBOUND\tOBSERVED_OVERSHOOT\tSTRANDED")
+	shadow := false // the WOULD_DENY columns, only when some window has them
+	for _, w := range ws {
+		shadow = shadow || w.GetShadow() || w.GetWouldDenyChecks() > 0
+	}
+	head := "LIMIT\tWINDOW_START\tWINDOW_END\tLIMIT_TOKENS\tGRANTED\tRETURNED\tADMITTED\t" +
+		"ADMITTED_TOTAL\tFALLBACK_ADMITTED\tBOUND\tOBSERVED_OVERSHOOT\tSTRANDED"
+	if shadow {
+		head += "\tWOULD_DENY\tWOULD_DENY_CHECKS"
+	}
+	fmt.Fprintln(tw, head)
 	running, over := false, false
 	for _, w := range ws {
 		end := cell(formatTS(w.GetWindowEnd()), "-")
@@ -289,10 +307,14 @@ func (e *env) printWindows(ws []*pb.WindowReport) error {
 			overshoot += "!"
 			over = true
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t%d\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t%d",
 			cell(w.GetLimitId(), "-"), cell(formatTS(w.GetWindowStart()), "-"), end,
 			w.GetLimitTokens(), w.GetGranted(), w.GetReturned(), cell(formatAdmitted(w.GetAdmitted()), "-"),
 			w.GetAdmittedTotal(), w.GetFallbackAdmitted(), boundText(w), overshoot, w.GetStranded())
+		if shadow {
+			fmt.Fprintf(tw, "\t%s\t%d", cell(formatAdmitted(w.GetWouldDeny()), "-"), w.GetWouldDenyChecks())
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -470,3 +470,35 @@ func TestWindowsRedirect(t *testing.T) {
 		t.Errorf("requests: %d and %d, want 1 and 1", na, nb)
 	}
 }
+
+// TestWindowsShadow: a limit in shadow mode gets the WOULD_DENY columns
+// (per region, and the number of requests), in the table and in JSON;
+// other limits' output is as before (TestWindowsTable).
+func TestWindowsShadow(t *testing.T) {
+	shadow := &pb.WindowReport{
+		LimitId: "tenant/try", WindowStart: winAt(0), WindowEnd: winAt(1), Closed: true,
+		LimitTokens: 1000, Granted: 1000, Admitted: map[string]int64{"eu": 700, "us": 300}, AdmittedTotal: 1000,
+		Terms: &pb.BoundTerms{}, Shadow: true,
+		WouldDeny: map[string]int64{"us": 40, "eu": 210}, WouldDenyTotal: 250, WouldDenyChecks: 125,
+	}
+	addr := startFakeAdmin(t, &fakeAdmin{windows: map[string][]*pb.WindowReport{"tenant/try": {shadow}}})
+	r := quotactl("--allocator", addr, "windows", "tenant/try").want(t, 0)
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("output:\n%s", r.stdout)
+	}
+	head, row := strings.Fields(lines[0]), strings.Fields(lines[1])
+	wantHead := append(slices.Clone(windowsHeader), "WOULD_DENY", "WOULD_DENY_CHECKS")
+	wantRow := []string{"tenant/try", "2026-11-29T19:30:00.000Z", "2026-11-29T19:31:00.000Z", "1000", "1000", "0",
+		"eu=700,us=300", "1000", "0", "0", "0", "0", "eu=210,us=40", "125"}
+	if !slices.Equal(head, wantHead) || !slices.Equal(row, wantRow) {
+		t.Fatalf("table:\n%s\nwant %q\n     %q", r.stdout, wantHead, wantRow)
+	}
+	r = quotactl("--allocator", addr, "windows", "tenant/try", "--json").want(t, 0)
+	for _, want := range []string{`"shadow": true`, `"would_deny": {` + "\n" + `      "eu": 210,` + "\n" + `      "us": 40` + "\n    }",
+		`"would_deny_total": 250`, `"would_deny_checks": 125`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("JSON lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}

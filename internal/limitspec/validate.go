@@ -108,6 +108,9 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 	if err := CheckSizes(in); err != nil {
 		return nil, err
 	}
+	if in.Override != nil {
+		return nil, fieldErr("limit.override", "is set by the allocator: send the change with override_for to make it an override")
+	}
 	l := proto.Clone(in).(*pb.Limit)
 	// Set by the allocator, never by the caller.
 	l.Version, l.EffectiveFrom, l.Previous = 0, nil, nil

@@ -499,7 +499,7 @@ func fromCheck(r *pb.CheckResponse) Decision {
 		Allowed: r.Allowed, Reason: r.Reason, Remaining: r.Remaining,
 		RetryAfter: dur(r.RetryAfter), ResetAfter: dur(r.ResetAfter),
 		Limit: r.LimitTokens, Window: dur(r.Window), Version: r.LimitVersion,
-		ID: newDecisionID(), Source: SourceAgent,
+		ID: newDecisionID(), Source: SourceAgent, WouldDeny: r.WouldDeny,
 	}
 }
 

@@ -80,4 +80,8 @@ type Decision struct {
 	ID DecisionID
 	// Source says who decided.
 	Source Source
+	// WouldDeny: the limit is in shadow mode and enforcement would have
+	// denied the request for this reason (OVER_LIMIT or UNAVAILABLE);
+	// Allowed is then true. UNSPECIFIED otherwise.
+	WouldDeny pb.Reason
 }

@@ -64,6 +64,10 @@ type Answer struct {
 	Limit      int64
 	Window     time.Duration
 	Version    int64
+	// WouldDeny is, for a limit in shadow mode, the reason enforcement
+	// would have denied the item (ReasonOverLimit or ReasonUnavailable):
+	// Allowed is then true and Reason ReasonOK. 0 otherwise.
+	WouldDeny Reason
 }
 
 // Check is one Check on its way through the Core. Begin makes it; the
@@ -94,6 +98,13 @@ type Check struct {
 	items    []Item
 	after    SyncToken // the syncs started before it arrived
 	lookup   bool      // waiting for a limit sync: a limit of the Check was not in the snapshot
+	// shadowed is, in a Check of shadow and enforced limits, the reason
+	// each shadow item would have been denied for (0: it would not): those
+	// items were taken out of the spend (cost 0), and the enforced ones
+	// decide. nil in other Checks.
+	shadowed    []Reason
+	shadowCosts []int64
+	failed      int // the item whose spend was refused (a spent pool)
 
 	// one backs the slices of a Check of one item (most Checks), so that
 	// such a Check allocates only itself.
@@ -309,6 +320,11 @@ func (c *Core) answer(now time.Time, chk *Check, reason Reason) {
 // Spent hands a Check the result of its spend (err: the store did not
 // decide it).
 func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error) {
+	c.spent(now, chk, res, err)
+	c.shadow(now, chk)
+}
+
+func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error) {
 	if errors.Is(err, store.ErrCrossSlot) || errors.Is(res.Err, store.ErrCrossSlot) {
 		c.crossSlot(chk)
 		return
@@ -358,6 +374,7 @@ func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error
 	if f < 0 || f >= len(chk.sts) {
 		f = 0
 	}
+	chk.failed = f
 	st, w := chk.sts[f], chk.wins[f]
 	if res.Keys[f].PoolSpent && st.spentWindow < w.Index {
 		// Another replica learned that the window's pool is spent.
@@ -487,6 +504,11 @@ func (c *Core) fallback(now time.Time, chk *Check) {
 // counters after it (values[i] belongs to Count[i]); err: the store did
 // not decide it.
 func (c *Core) Counted(now time.Time, chk *Check, ok bool, values []int64, err error) {
+	c.counted(now, chk, ok, values, err)
+	c.shadow(now, chk)
+}
+
+func (c *Core) counted(now time.Time, chk *Check, ok bool, values []int64, err error) {
 	if errors.Is(err, store.ErrCrossSlot) {
 		c.crossSlot(chk)
 		return
@@ -513,6 +535,86 @@ func (c *Core) Counted(now time.Time, chk *Check, ok bool, values []int64, err e
 		c.dirty(now, st, chk.Store, chk.Keys[i].Window)
 	}
 	chk.Result = ResultFallback
+}
+
+// shadow turns a denial of limits in shadow mode into an admission that
+// says it would have been denied, once the Check is decided exactly as if
+// enforced (waits, renewals and fallbacks included): a shadow limit is
+// tried on real traffic with the decisions it would make. A Check of
+// shadow limits only is admitted and counted. In a Check that also names
+// enforced limits, the shadow limits are taken out of the spend (cost 0,
+// their would-be reason kept) and the Check is spent again: the enforced
+// limits decide, all or nothing as ever, and the shadow ones are counted
+// only if the request is admitted. A Check the agent cannot place
+// (unknown limit, not synced) is never turned: the agent does not know
+// the limit is in shadow mode.
+func (c *Core) shadow(now time.Time, chk *Check) {
+	if chk.Step != StepDone || chk.Err != nil || chk.Result == ResultNotSynced || len(chk.Answers) != len(chk.sts) {
+		return
+	}
+	if chk.Answers[0].Allowed {
+		if chk.shadowed != nil {
+			for i, r := range chk.shadowed {
+				if r != 0 {
+					c.wouldDeny(now, chk, i, r, chk.shadowCost(i))
+				}
+			}
+		}
+		return
+	}
+	all, any := true, false
+	for i, st := range chk.sts {
+		if !st.l.Shadow {
+			all = false
+		} else if chk.Costs[i] > 0 {
+			any = true
+		}
+	}
+	if !any || !all && chk.Result == ResultOverLimit && !chk.sts[chk.failed].l.Shadow {
+		return // an enforced limit's pool is spent: denied, whatever the shadow ones say
+	}
+	reason := chk.Answers[0].Reason
+	if all {
+		for i := range chk.sts {
+			c.wouldDeny(now, chk, i, reason, chk.Costs[i])
+		}
+		chk.Result = ResultWouldDeny
+		return
+	}
+	if chk.shadowed == nil {
+		chk.shadowed = make([]Reason, len(chk.sts))
+		chk.shadowCosts = make([]int64, len(chk.sts))
+	}
+	for i, st := range chk.sts {
+		if st.l.Shadow && chk.Costs[i] > 0 {
+			chk.shadowed[i], chk.shadowCosts[i], chk.Costs[i] = reason, chk.Costs[i], 0
+		}
+	}
+	chk.Answers, chk.Result = nil, ""
+	c.name(now, chk)
+	chk.Step, chk.Store = StepSpend, c.store()
+}
+
+// shadowCost is item i's cost before the shadow items were taken out of
+// the spend.
+func (chk *Check) shadowCost(i int) int64 {
+	if chk.shadowCosts != nil && chk.shadowCosts[i] > 0 {
+		return chk.shadowCosts[i]
+	}
+	return chk.Costs[i]
+}
+
+// wouldDeny admits item i of a Check that enforcement would have denied
+// for reason, and counts it in its window's bucket (reported to the
+// allocator with the window's other counters).
+func (c *Core) wouldDeny(now time.Time, chk *Check, i int, reason Reason, cost int64) {
+	a := &chk.Answers[i]
+	a.Allowed, a.Reason, a.WouldDeny, a.RetryAfter = true, ReasonOK, reason, 0
+	st, key := chk.sts[i], chk.Keys[i]
+	c.ready.Counters = append(c.ready.Counters,
+		CounterOp{Store: chk.Store, Key: key, Name: store.CounterWouldDeny, Delta: cost},
+		CounterOp{Store: chk.Store, Key: key, Name: store.CounterWouldDenyChecks, Delta: 1})
+	c.dirty(now, st, chk.Store, key.Window)
 }
 
 // markFallback exports the limit's fail mode as in force, once per episode

@@ -62,6 +62,10 @@ type Limit struct {
 	// CarryDebt carries a settlement overrun into the next window.
 	SettleGrace time.Duration
 	CarryDebt   bool
+	// Shadow: the limit is tried, not enforced. Its Checks are decided as
+	// if enforced, then admitted; one that would have been denied says so
+	// (Answer.WouldDeny) and is counted in the window's CounterWouldDeny.
+	Shadow bool
 }
 
 // Tag is the limit's effective hash tag: HashTag, or the id.
@@ -138,4 +142,7 @@ const (
 	ResultFallbackDenied Result = "fallback_denied"
 	ResultStoreError     Result = "redis_error"
 	ResultNotSynced      Result = "not_synced"
+	// ResultWouldDeny: admitted although enforcement would have denied it
+	// (its limits in shadow mode).
+	ResultWouldDeny Result = "would_deny"
 )

@@ -386,6 +386,9 @@ func (p *plan) respond(ds []regionagent.Decision) *rlsv3.RateLimitResponse {
 	}
 	if n > 0 {
 		resp.ResponseHeadersToAdd = headers(p.names, ds, over, !allowed)
+		if v := wouldDeny(p.names, ds); v != "" {
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: HeaderWouldDeny, Value: v})
+		}
 	}
 	return resp
 }
@@ -432,7 +435,37 @@ const (
 	HeaderXRemaining      = "X-RateLimit-Remaining"
 	HeaderXReset          = "X-RateLimit-Reset"
 	HeaderRetryAfter      = "Retry-After"
+	// HeaderWouldDeny lists the limits in shadow mode that would have
+	// denied an admitted request, each with the reason:
+	// "tenant/atlas";reason=over_limit (or unavailable).
+	HeaderWouldDeny = "Leasehold-Would-Deny"
 )
+
+// wouldDeny is the value of HeaderWouldDeny for ds ("" when no limit in
+// shadow mode would have denied).
+func wouldDeny(names []string, ds []regionagent.Decision) string {
+	var buf []byte
+	for j, d := range ds {
+		if d.WouldDeny == 0 {
+			continue
+		}
+		if len(buf) > 0 {
+			buf = append(buf, ", "...)
+		}
+		buf = strconv.AppendQuote(buf, names[j])
+		buf = append(buf, ";reason="...)
+		buf = append(buf, reasonToken(d.WouldDeny)...)
+	}
+	return string(buf)
+}
+
+// reasonToken names a reason in a header: over_limit, unavailable.
+func reasonToken(r pb.Reason) string {
+	if r == pb.Reason_REASON_OVER_LIMIT {
+		return "over_limit"
+	}
+	return "unavailable"
+}
 
 // headers are the response headers: RateLimit-Policy and RateLimit list
 // every limit of the request (draft-ietf-httpapi-ratelimit-headers-09/10

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
 )
 
@@ -434,5 +435,19 @@ func TestUnknownItemParsing(t *testing.T) {
 		if got := costItem(&regionagent.FieldError{Field: f}, 2); got != -1 {
 			t.Fatalf("costItem(%q) = %d", f, got)
 		}
+	}
+}
+
+// TestWouldDenyHeader: the limits in shadow mode that would have denied an
+// admitted request, each with its reason, in one header; none otherwise.
+func TestWouldDenyHeader(t *testing.T) {
+	names := []string{"tenant/acme", "tenant/acme/search", "vip"}
+	ds := []regionagent.Decision{{Allowed: true, WouldDeny: pb.Reason_REASON_OVER_LIMIT}, {Allowed: true},
+		{Allowed: true, WouldDeny: pb.Reason_REASON_UNAVAILABLE}}
+	if got, want := wouldDeny(names, ds), `"tenant/acme";reason=over_limit, "vip";reason=unavailable`; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if got := wouldDeny(names[1:2], ds[1:2]); got != "" {
+		t.Fatalf("no shadow denial: got %q", got)
 	}
 }

@@ -29,6 +29,11 @@
 //	RateLimit-Policy: "tenant/atlas";q=1000;w=60
 //	RateLimit: "tenant/atlas";r=412;t=17
 //
+// A request admitted by a limit in shadow mode that enforcement would have
+// denied passes with one more header naming the limit and the reason:
+//
+//	Leasehold-Would-Deny: "tenant/atlas";reason=over_limit
+//
 // q is the limit's G, w its window in seconds, r what is left in the
 // region (an estimate: see client.Decision.Remaining), t the seconds until
 // the window resets (rounded up). With ShowRemaining, RateLimit is sent
@@ -49,6 +54,10 @@ import (
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/client"
 )
+
+// HeaderWouldDeny names, on a request admitted by a limit in shadow mode,
+// the limit and why enforcement would have denied it.
+const HeaderWouldDeny = "Leasehold-Would-Deny"
 
 // Limiter decides requests; *client.Client is one.
 type Limiter interface {
@@ -232,6 +241,13 @@ func (o *options) headers(h http.Header, r *http.Request, limit string, d client
 	h.Set("RateLimit-Policy", name+";q="+strconv.FormatInt(d.Limit, 10)+";w="+strconv.FormatInt(ceilSeconds(d.Window), 10))
 	if o.show(r) {
 		h.Set("RateLimit", name+";r="+strconv.FormatInt(max(0, d.Remaining), 10)+";t="+strconv.FormatInt(ceilSeconds(d.ResetAfter), 10))
+	}
+	if d.WouldDeny != pb.Reason_REASON_UNSPECIFIED {
+		reason := "unavailable"
+		if d.WouldDeny == pb.Reason_REASON_OVER_LIMIT {
+			reason = "over_limit"
+		}
+		h.Set(HeaderWouldDeny, name+";reason="+reason)
 	}
 }
 

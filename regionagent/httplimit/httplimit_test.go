@@ -316,3 +316,27 @@ func TestThroughTheClient(t *testing.T) {
 		t.Fatalf("%d Checks: the second 429 should come from the denial cache", checks)
 	}
 }
+
+// TestShadowWouldDenyHeader: a request admitted by a limit in shadow mode
+// that enforcement would have denied passes, with Leasehold-Would-Deny
+// naming the limit and the reason; an ordinary admission has none.
+func TestShadowWouldDenyHeader(t *testing.T) {
+	for _, c := range []struct {
+		would pb.Reason
+		want  string
+	}{
+		{pb.Reason_REASON_OVER_LIMIT, `"tenant/atlas";reason=over_limit`},
+		{pb.Reason_REASON_UNAVAILABLE, `"tenant/atlas";reason=unavailable`},
+		{pb.Reason_REASON_UNSPECIFIED, ""},
+	} {
+		l := &fakeLimiter{d: client.Decision{Allowed: true, Reason: pb.Reason_REASON_OK, WouldDeny: c.would, Limit: 100,
+			Window: time.Minute, ID: testID}}
+		resp, body, called := serve(t, l, tenantReq("atlas"))
+		if resp.StatusCode != 200 || body != "upstream" || !called {
+			t.Fatalf("%v: %d %q", c.would, resp.StatusCode, body)
+		}
+		if got := resp.Header.Get(HeaderWouldDeny); got != c.want {
+			t.Errorf("%v: %s %q, want %q", c.would, HeaderWouldDeny, got, c.want)
+		}
+	}
+}

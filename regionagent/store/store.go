@@ -60,6 +60,11 @@ const (
 	// beyond the window's leases when settled (bucket's settle.lua):
 	// the window's settlement term.
 	CounterSettleOverrun = "settle_overrun"
+	// CounterWouldDeny and CounterWouldDenyChecks are, for a limit in
+	// shadow mode, the cost and the number of the Checks admitted although
+	// enforcement would have denied them (not in admitted).
+	CounterWouldDeny       = "would_deny"
+	CounterWouldDenyChecks = "would_deny_checks"
 )
 
 // SubLeasePrefix marks the lease that a released sub-lease reservation's

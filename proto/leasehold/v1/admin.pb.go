@@ -9,6 +9,7 @@ package leaseholdv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -444,7 +445,13 @@ type PutLimitRequest struct {
 	Reason    string    `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Effective Effective `protobuf:"varint,4,opt,name=effective,proto3,enum=leasehold.v1.Effective" json:"effective,omitempty"`
 	// dry_run validates, authorizes and computes the effect, changing nothing.
-	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	DryRun bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// override_for makes the change an emergency override of an existing
+	// limit (1s to 31 days): it governs at once (effective must be
+	// UNSPECIFIED or NOW) and ends by itself after override_for, when the
+	// version in force before it governs again (Limit.override). A later
+	// change without override_for replaces the override and ends it.
+	OverrideFor   *durationpb.Duration `protobuf:"bytes,6,opt,name=override_for,json=overrideFor,proto3" json:"override_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -512,6 +519,13 @@ func (x *PutLimitRequest) GetDryRun() bool {
 		return x.DryRun
 	}
 	return false
+}
+
+func (x *PutLimitRequest) GetOverrideFor() *durationpb.Duration {
+	if x != nil {
+		return x.OverrideFor
+	}
+	return nil
 }
 
 type PutLimitResponse struct {
@@ -1992,7 +2006,16 @@ type WindowReport struct {
 	// The bound's terms (docs/overshoot.md).
 	Terms *BoundTerms `protobuf:"bytes,15,opt,name=terms,proto3" json:"terms,omitempty"`
 	// fallback per region: the most permissive mode in force in the window.
-	Fallback      map[string]FallbackKind `protobuf:"bytes,16,rep,name=fallback,proto3" json:"fallback,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value,enum=leasehold.v1.FallbackKind"`
+	Fallback map[string]FallbackKind `protobuf:"bytes,16,rep,name=fallback,proto3" json:"fallback,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value,enum=leasehold.v1.FallbackKind"`
+	// would_deny per region: for a limit in shadow mode, the cost of the
+	// checks admitted although enforcement would have denied them (not in
+	// admitted, which counts what enforcement would have admitted);
+	// would_deny_checks counts those checks, all regions together.
+	WouldDeny       map[string]int64 `protobuf:"bytes,17,rep,name=would_deny,json=wouldDeny,proto3" json:"would_deny,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	WouldDenyTotal  int64            `protobuf:"varint,18,opt,name=would_deny_total,json=wouldDenyTotal,proto3" json:"would_deny_total,omitempty"`
+	WouldDenyChecks int64            `protobuf:"varint,19,opt,name=would_deny_checks,json=wouldDenyChecks,proto3" json:"would_deny_checks,omitempty"`
+	// shadow: the limit was in shadow mode at the window's end.
+	Shadow        bool `protobuf:"varint,20,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2139,6 +2162,34 @@ func (x *WindowReport) GetFallback() map[string]FallbackKind {
 	return nil
 }
 
+func (x *WindowReport) GetWouldDeny() map[string]int64 {
+	if x != nil {
+		return x.WouldDeny
+	}
+	return nil
+}
+
+func (x *WindowReport) GetWouldDenyTotal() int64 {
+	if x != nil {
+		return x.WouldDenyTotal
+	}
+	return 0
+}
+
+func (x *WindowReport) GetWouldDenyChecks() int64 {
+	if x != nil {
+		return x.WouldDenyChecks
+	}
+	return 0
+}
+
+func (x *WindowReport) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
 type BoundTerms struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	CarryOver     int64                  `protobuf:"varint,1,opt,name=carry_over,json=carryOver,proto3" json:"carry_over,omitempty"`
@@ -2229,7 +2280,7 @@ var File_leasehold_v1_admin_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19leasehold/v1/limits.proto\"\x14\n" +
+	"\x18leasehold/v1/admin.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19leasehold/v1/limits.proto\"\x14\n" +
 	"\x12GetGroupMapRequest\"q\n" +
 	"\x13GetGroupMapResponse\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
@@ -2253,13 +2304,14 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
 	"\x16ChangeGroupMapResponse\x12\x10\n" +
 	"\x03map\x18\x01 \x01(\fR\x03map\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"\xe9\x01\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"\xa7\x02\n" +
 	"\x0fPutLimitRequest\x12)\n" +
 	"\x05limit\x18\x01 \x01(\v2\x13.leasehold.v1.LimitR\x05limit\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x03H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x125\n" +
 	"\teffective\x18\x04 \x01(\x0e2\x17.leasehold.v1.EffectiveR\teffective\x12\x17\n" +
-	"\adry_run\x18\x05 \x01(\bR\x06dryRunB\x13\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\x12<\n" +
+	"\foverride_for\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\voverrideForB\x13\n" +
 	"\x11_expected_version\"q\n" +
 	"\x10PutLimitResponse\x12)\n" +
 	"\x05limit\x18\x01 \x01(\v2\x13.leasehold.v1.LimitR\x05limit\x122\n" +
@@ -2369,7 +2421,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x04last\x18\x02 \x01(\x05R\x04last\"a\n" +
 	"\x13ListWindowsResponse\x124\n" +
 	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\x12\x14\n" +
-	"\x05group\x18\x02 \x01(\tR\x05group\"\xc2\x06\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\"\xb8\b\n" +
 	"\fWindowReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2388,13 +2440,21 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x12observed_overshoot\x18\r \x01(\x03R\x11observedOvershoot\x12\x1a\n" +
 	"\bstranded\x18\x0e \x01(\x03R\bstranded\x12.\n" +
 	"\x05terms\x18\x0f \x01(\v2\x18.leasehold.v1.BoundTermsR\x05terms\x12D\n" +
-	"\bfallback\x18\x10 \x03(\v2(.leasehold.v1.WindowReport.FallbackEntryR\bfallback\x1a;\n" +
+	"\bfallback\x18\x10 \x03(\v2(.leasehold.v1.WindowReport.FallbackEntryR\bfallback\x12H\n" +
+	"\n" +
+	"would_deny\x18\x11 \x03(\v2).leasehold.v1.WindowReport.WouldDenyEntryR\twouldDeny\x12(\n" +
+	"\x10would_deny_total\x18\x12 \x01(\x03R\x0ewouldDenyTotal\x12*\n" +
+	"\x11would_deny_checks\x18\x13 \x01(\x03R\x0fwouldDenyChecks\x12\x16\n" +
+	"\x06shadow\x18\x14 \x01(\bR\x06shadow\x1a;\n" +
 	"\rAdmittedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aW\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
-	"\x05value\x18\x02 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\x05value:\x028\x01\"\xd4\x01\n" +
+	"\x05value\x18\x02 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\x05value:\x028\x01\x1a<\n" +
+	"\x0eWouldDenyEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xd4\x01\n" +
 	"\n" +
 	"BoundTerms\x12\x1d\n" +
 	"\n" +
@@ -2444,7 +2504,7 @@ func file_leasehold_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_leasehold_v1_admin_proto_goTypes = []any{
 	(Effective)(0),                 // 0: leasehold.v1.Effective
 	(AuditOutcome)(0),              // 1: leasehold.v1.AuditOutcome
@@ -2480,70 +2540,74 @@ var file_leasehold_v1_admin_proto_goTypes = []any{
 	nil,                            // 31: leasehold.v1.ChangeGroupMapRequest.PlaceEntry
 	nil,                            // 32: leasehold.v1.WindowReport.AdmittedEntry
 	nil,                            // 33: leasehold.v1.WindowReport.FallbackEntry
-	(*Limit)(nil),                  // 34: leasehold.v1.Limit
-	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
-	(FallbackKind)(0),              // 36: leasehold.v1.FallbackKind
+	nil,                            // 34: leasehold.v1.WindowReport.WouldDenyEntry
+	(*Limit)(nil),                  // 35: leasehold.v1.Limit
+	(*durationpb.Duration)(nil),    // 36: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
+	(FallbackKind)(0),              // 38: leasehold.v1.FallbackKind
 }
 var file_leasehold_v1_admin_proto_depIdxs = []int32{
 	4,  // 0: leasehold.v1.ChangeGroupMapRequest.groups:type_name -> leasehold.v1.GroupSpec
 	31, // 1: leasehold.v1.ChangeGroupMapRequest.place:type_name -> leasehold.v1.ChangeGroupMapRequest.PlaceEntry
-	34, // 2: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
+	35, // 2: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
 	0,  // 3: leasehold.v1.PutLimitRequest.effective:type_name -> leasehold.v1.Effective
-	34, // 4: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
-	19, // 5: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	34, // 6: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
-	34, // 7: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	19, // 8: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	34, // 9: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
-	15, // 10: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
-	0,  // 11: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
-	34, // 12: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	19, // 13: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
-	18, // 14: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
-	35, // 15: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
-	35, // 16: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
-	24, // 17: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
-	35, // 18: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	24, // 19: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
-	35, // 20: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	1,  // 21: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
-	34, // 22: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
-	34, // 23: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
-	35, // 24: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
-	29, // 25: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
-	35, // 26: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
-	35, // 27: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
-	32, // 28: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
-	30, // 29: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
-	33, // 30: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
-	36, // 31: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	7,  // 32: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	9,  // 33: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	11, // 34: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	13, // 35: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	27, // 36: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	16, // 37: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
-	20, // 38: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
-	22, // 39: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
-	25, // 40: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
-	2,  // 41: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
-	5,  // 42: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
-	8,  // 43: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	10, // 44: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	12, // 45: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	14, // 46: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	28, // 47: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	17, // 48: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
-	21, // 49: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
-	23, // 50: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
-	26, // 51: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
-	3,  // 52: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
-	6,  // 53: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
-	43, // [43:54] is the sub-list for method output_type
-	32, // [32:43] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	36, // 4: leasehold.v1.PutLimitRequest.override_for:type_name -> google.protobuf.Duration
+	35, // 5: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
+	19, // 6: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
+	35, // 7: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
+	35, // 8: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	19, // 9: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
+	35, // 10: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
+	15, // 11: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
+	0,  // 12: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
+	35, // 13: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	19, // 14: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
+	18, // 15: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
+	37, // 16: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
+	37, // 17: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
+	24, // 18: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
+	37, // 19: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	24, // 20: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
+	37, // 21: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	1,  // 22: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
+	35, // 23: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
+	35, // 24: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
+	37, // 25: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
+	29, // 26: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
+	37, // 27: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	37, // 28: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	32, // 29: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
+	30, // 30: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
+	33, // 31: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
+	34, // 32: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
+	38, // 33: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	7,  // 34: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	9,  // 35: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	11, // 36: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	13, // 37: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	27, // 38: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	16, // 39: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	20, // 40: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	22, // 41: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	25, // 42: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	2,  // 43: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
+	5,  // 44: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
+	8,  // 45: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	10, // 46: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	12, // 47: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	14, // 48: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	28, // 49: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	17, // 50: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	21, // 51: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	23, // 52: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	26, // 53: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	3,  // 54: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
+	6,  // 55: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
+	45, // [45:56] is the sub-list for method output_type
+	34, // [34:45] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
@@ -2564,7 +2628,7 @@ func file_leasehold_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_admin_proto_rawDesc), len(file_leasehold_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

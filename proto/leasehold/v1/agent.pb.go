@@ -616,7 +616,11 @@ type CheckResponse struct {
 	// decision_id names an admitted settle-later Check, for Settle.
 	DecisionId string `protobuf:"bytes,9,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
 	// settle_within is how long Settle accepts it (the limit's settle_grace).
-	SettleWithin  *durationpb.Duration `protobuf:"bytes,10,opt,name=settle_within,json=settleWithin,proto3" json:"settle_within,omitempty"`
+	SettleWithin *durationpb.Duration `protobuf:"bytes,10,opt,name=settle_within,json=settleWithin,proto3" json:"settle_within,omitempty"`
+	// would_deny is, for a limit in shadow mode (Limit.shadow), the reason
+	// enforcement would have denied this check (OVER_LIMIT or UNAVAILABLE):
+	// allowed is then true and reason OK. UNSPECIFIED otherwise.
+	WouldDeny     Reason `protobuf:"varint,11,opt,name=would_deny,json=wouldDeny,proto3,enum=leasehold.v1.Reason" json:"would_deny,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -719,6 +723,13 @@ func (x *CheckResponse) GetSettleWithin() *durationpb.Duration {
 		return x.SettleWithin
 	}
 	return nil
+}
+
+func (x *CheckResponse) GetWouldDeny() Reason {
+	if x != nil {
+		return x.WouldDeny
+	}
+	return Reason_REASON_UNSPECIFIED
 }
 
 type CheckMultiRequest struct {
@@ -865,7 +876,7 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\x04cost\x18\x02 \x01(\x03R\x04cost\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12!\n" +
-	"\fsettle_later\x18\x04 \x01(\bR\vsettleLater\"\xc9\x03\n" +
+	"\fsettle_later\x18\x04 \x01(\bR\vsettleLater\"\xfe\x03\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12,\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x14.leasehold.v1.ReasonR\x06reason\x12\x1c\n" +
@@ -880,7 +891,9 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\vdecision_id\x18\t \x01(\tR\n" +
 	"decisionId\x12>\n" +
 	"\rsettle_within\x18\n" +
-	" \x01(\v2\x19.google.protobuf.DurationR\fsettleWithin\"G\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\fsettleWithin\x123\n" +
+	"\n" +
+	"would_deny\x18\v \x01(\x0e2\x14.leasehold.v1.ReasonR\twouldDeny\"G\n" +
 	"\x11CheckMultiRequest\x122\n" +
 	"\x06checks\x18\x01 \x03(\v2\x1a.leasehold.v1.CheckRequestR\x06checks\"e\n" +
 	"\x12CheckMultiResponse\x12\x18\n" +
@@ -939,23 +952,24 @@ var file_leasehold_v1_agent_proto_depIdxs = []int32{
 	11, // 7: leasehold.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
 	11, // 8: leasehold.v1.CheckResponse.window:type_name -> google.protobuf.Duration
 	11, // 9: leasehold.v1.CheckResponse.settle_within:type_name -> google.protobuf.Duration
-	7,  // 10: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
-	8,  // 11: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
-	7,  // 12: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
-	9,  // 13: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
-	3,  // 14: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
-	5,  // 15: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
-	1,  // 16: leasehold.v1.RegionAgent.Settle:input_type -> leasehold.v1.SettleRequest
-	8,  // 17: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
-	10, // 18: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
-	4,  // 19: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
-	6,  // 20: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
-	2,  // 21: leasehold.v1.RegionAgent.Settle:output_type -> leasehold.v1.SettleResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	0,  // 10: leasehold.v1.CheckResponse.would_deny:type_name -> leasehold.v1.Reason
+	7,  // 11: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
+	8,  // 12: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
+	7,  // 13: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
+	9,  // 14: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
+	3,  // 15: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
+	5,  // 16: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
+	1,  // 17: leasehold.v1.RegionAgent.Settle:input_type -> leasehold.v1.SettleRequest
+	8,  // 18: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
+	10, // 19: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
+	4,  // 20: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
+	6,  // 21: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
+	2,  // 22: leasehold.v1.RegionAgent.Settle:output_type -> leasehold.v1.SettleResponse
+	18, // [18:23] is the sub-list for method output_type
+	13, // [13:18] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_agent_proto_init() }

@@ -836,8 +836,13 @@ type Usage struct {
 	// settle_overrun is the cost that settle-later Checks admitted beyond
 	// the region's leases of the window: its settlement term.
 	SettleOverrun int64 `protobuf:"varint,9,opt,name=settle_overrun,json=settleOverrun,proto3" json:"settle_overrun,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// would_deny is the cost of the checks of a shadow-mode limit that were
+	// admitted although enforcement would have denied them, and
+	// would_deny_checks how many such checks (neither is in admitted).
+	WouldDeny       int64 `protobuf:"varint,10,opt,name=would_deny,json=wouldDeny,proto3" json:"would_deny,omitempty"`
+	WouldDenyChecks int64 `protobuf:"varint,11,opt,name=would_deny_checks,json=wouldDenyChecks,proto3" json:"would_deny_checks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
@@ -929,6 +934,20 @@ func (x *Usage) GetReleased() int64 {
 func (x *Usage) GetSettleOverrun() int64 {
 	if x != nil {
 		return x.SettleOverrun
+	}
+	return 0
+}
+
+func (x *Usage) GetWouldDeny() int64 {
+	if x != nil {
+		return x.WouldDeny
+	}
+	return 0
+}
+
+func (x *Usage) GetWouldDenyChecks() int64 {
+	if x != nil {
+		return x.WouldDenyChecks
 	}
 	return 0
 }
@@ -1266,7 +1285,7 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x123\n" +
 	"\areturns\x18\x02 \x03(\v2\x19.leasehold.v1.LeaseReturnR\areturns\"L\n" +
 	"\x14ReturnLeasesResponse\x124\n" +
-	"\aresults\x18\x01 \x03(\v2\x1a.leasehold.v1.ReturnResultR\aresults\"\xd5\x02\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.leasehold.v1.ReturnResultR\aresults\"\xa0\x03\n" +
 	"\x05Usage\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12!\n" +
 	"\fwindow_index\x18\x02 \x01(\x03R\vwindowIndex\x12\x1a\n" +
@@ -1276,7 +1295,11 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\bfallback\x18\x06 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\bfallback\x122\n" +
 	"\x15redis_rollback_tokens\x18\a \x01(\x03R\x13redisRollbackTokens\x12\x1a\n" +
 	"\breleased\x18\b \x01(\x03R\breleased\x12%\n" +
-	"\x0esettle_overrun\x18\t \x01(\x03R\rsettleOverrun\"s\n" +
+	"\x0esettle_overrun\x18\t \x01(\x03R\rsettleOverrun\x12\x1d\n" +
+	"\n" +
+	"would_deny\x18\n" +
+	" \x01(\x03R\twouldDeny\x12*\n" +
+	"\x11would_deny_checks\x18\v \x01(\x03R\x0fwouldDenyChecks\"s\n" +
 	"\x12ReportUsageRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1a\n" +
 	"\breporter\x18\x02 \x01(\tR\breporter\x12)\n" +

@@ -349,7 +349,19 @@ type Limit struct {
 	SettleGrace *durationpb.Duration `protobuf:"bytes,20,opt,name=settle_grace,json=settleGrace,proto3" json:"settle_grace,omitempty"`
 	// debt_policy is what happens to a settlement overrun the window could
 	// not absorb.
-	DebtPolicy    DebtPolicy `protobuf:"varint,21,opt,name=debt_policy,json=debtPolicy,proto3,enum=leasehold.v1.DebtPolicy" json:"debt_policy,omitempty"`
+	DebtPolicy DebtPolicy `protobuf:"varint,21,opt,name=debt_policy,json=debtPolicy,proto3,enum=leasehold.v1.DebtPolicy" json:"debt_policy,omitempty"`
+	// shadow: the limit is tried, not enforced. Every Check is decided as
+	// if enforced (leases, pools and fallbacks as usual) and then admitted;
+	// a Check that enforcement would have denied is answered allowed with
+	// CheckResponse.would_deny set, and counted per window and region
+	// (WindowReport.would_deny). Turning it off enforces from the next
+	// Check.
+	Shadow bool `protobuf:"varint,25,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// override, when set, makes this version an emergency change that ends
+	// by itself: from override.ends_at, override.after governs again, on
+	// every allocator replica, whatever happened in between. Set by the
+	// allocator (PutLimitRequest.override_for); refused in requests.
+	Override      *LimitOverride `protobuf:"bytes,26,opt,name=override,proto3" json:"override,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -496,6 +508,86 @@ func (x *Limit) GetDebtPolicy() DebtPolicy {
 	return DebtPolicy_DEBT_POLICY_UNSPECIFIED
 }
 
+func (x *Limit) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
+func (x *Limit) GetOverride() *LimitOverride {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+// LimitOverride is the end of an emergency change (Limit.override).
+type LimitOverride struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reason is the change's reason.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// ends_at is when the override ends: the change's time on the
+	// allocator's clock plus PutLimitRequest.override_for.
+	EndsAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=ends_at,json=endsAt,proto3" json:"ends_at,omitempty"`
+	// after is the version that governs from ends_at: the one that was in
+	// force when the override was set (without previous or override).
+	After         *Limit `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LimitOverride) Reset() {
+	*x = LimitOverride{}
+	mi := &file_leasehold_v1_limits_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LimitOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LimitOverride) ProtoMessage() {}
+
+func (x *LimitOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_limits_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LimitOverride.ProtoReflect.Descriptor instead.
+func (*LimitOverride) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LimitOverride) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *LimitOverride) GetEndsAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndsAt
+	}
+	return nil
+}
+
+func (x *LimitOverride) GetAfter() *Limit {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
 var File_leasehold_v1_limits_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_limits_proto_rawDesc = "" +
@@ -507,7 +599,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xbc\x06\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\x8d\a\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -526,13 +618,19 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\bhash_tag\x18\x0e \x01(\tR\ahashTag\x12<\n" +
 	"\fsettle_grace\x18\x14 \x01(\v2\x19.google.protobuf.DurationR\vsettleGrace\x129\n" +
 	"\vdebt_policy\x18\x15 \x01(\x0e2\x18.leasehold.v1.DebtPolicyR\n" +
-	"debtPolicy\x1aS\n" +
+	"debtPolicy\x12\x16\n" +
+	"\x06shadow\x18\x19 \x01(\bR\x06shadow\x127\n" +
+	"\boverride\x18\x1a \x01(\v2\x1b.leasehold.v1.LimitOverrideR\boverride\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +
 	"\tTagsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*?\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
+	"\rLimitOverride\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x123\n" +
+	"\aends_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06endsAt\x12)\n" +
+	"\x05after\x18\x03 \x01(\v2\x13.leasehold.v1.LimitR\x05after*?\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vMODE_STRICT\x10\x01\x12\x10\n" +
@@ -561,7 +659,7 @@ func file_leasehold_v1_limits_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_limits_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_leasehold_v1_limits_proto_goTypes = []any{
 	(Mode)(0),                     // 0: leasehold.v1.Mode
 	(FallbackKind)(0),             // 1: leasehold.v1.FallbackKind
@@ -569,29 +667,33 @@ var file_leasehold_v1_limits_proto_goTypes = []any{
 	(*Fallback)(nil),              // 3: leasehold.v1.Fallback
 	(*LeaseSettings)(nil),         // 4: leasehold.v1.LeaseSettings
 	(*Limit)(nil),                 // 5: leasehold.v1.Limit
-	nil,                           // 6: leasehold.v1.Limit.FallbackEntry
-	nil,                           // 7: leasehold.v1.Limit.TagsEntry
-	(*durationpb.Duration)(nil),   // 8: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*LimitOverride)(nil),         // 6: leasehold.v1.LimitOverride
+	nil,                           // 7: leasehold.v1.Limit.FallbackEntry
+	nil,                           // 8: leasehold.v1.Limit.TagsEntry
+	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_leasehold_v1_limits_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.Fallback.kind:type_name -> leasehold.v1.FallbackKind
-	8,  // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
-	8,  // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
+	9,  // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	9,  // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
 	0,  // 3: leasehold.v1.Limit.mode:type_name -> leasehold.v1.Mode
-	6,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
+	7,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
 	4,  // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
-	7,  // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
-	9,  // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
+	8,  // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
+	10, // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
 	5,  // 8: leasehold.v1.Limit.previous:type_name -> leasehold.v1.Limit
-	8,  // 9: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
+	9,  // 9: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
 	2,  // 10: leasehold.v1.Limit.debt_policy:type_name -> leasehold.v1.DebtPolicy
-	3,  // 11: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	6,  // 11: leasehold.v1.Limit.override:type_name -> leasehold.v1.LimitOverride
+	10, // 12: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
+	5,  // 13: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
+	3,  // 14: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_limits_proto_init() }
@@ -605,7 +707,7 @@ func file_leasehold_v1_limits_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_limits_proto_rawDesc), len(file_leasehold_v1_limits_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"leasehold/internal/limitspec"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+var limitsOverrideCmd = &command{
+	name:    "override",
+	args:    "ID (--limit N | --shadow | --enforce) --for DUR --reason TEXT [--dry-run] | ID --end --reason TEXT",
+	summary: "an emergency change that ends by itself: raise or cut G, or switch shadow mode, for a while",
+	detail: `override changes a limit at once for --for (1s to 31 days) and then the
+version in force before it governs again by itself, at its end time, on
+whichever allocator leads then: nothing has to run at the end. It starts
+from the version the override replaces (an override of an override keeps
+the first one's version to return to and its own end time), changes only
+what the flags say (--limit, --shadow or --enforce), and is recorded with
+--reason in the limit's history and the audit log like any change. limits
+get, the status page and the allocator's answers show it in force and its
+end. --end ends an override now (the version before it governs again). A
+later limits set or limits apply with --effective now also replaces it; one
+for the next window is refused while an override is in force.`,
+	flags: func(f *flagSet) action {
+		var g int64
+		var dur time.Duration
+		var shadow, enforce, end bool
+		f.tokensVar(&g, "limit", "`N`: G while the override is in force", 1)
+		f.boolVar(&shadow, "shadow", "shadow mode while the override is in force (every request admitted, would-deny counted)")
+		f.boolVar(&enforce, "enforce", "enforce while the override is in force (a limit in shadow mode)")
+		f.durationVar(&dur, "for", "`DUR`: how long the override is in force, e.g. 30m, 2h (1s to 31 days)")
+		f.boolVar(&end, "end", "end the override in force now")
+		ch := registerChangeFlags(f, false)
+		return func(ctx context.Context, e *env, args []string) error {
+			id, err := oneID(args)
+			if err != nil {
+				return err
+			}
+			if err := f.require("reason"); err != nil {
+				return err
+			}
+			changes := 0
+			for _, n := range []string{"limit", "shadow", "enforce"} {
+				if f.isSet(n) {
+					changes++
+				}
+			}
+			switch {
+			case end && (changes > 0 || f.isSet("for")):
+				return usagef("--end takes no --limit, --shadow, --enforce or --for")
+			case shadow && enforce:
+				return usagef("--shadow and --enforce: one or the other")
+			case !end && changes == 0:
+				return usagef("say what the override changes: --limit, --shadow or --enforce (or --end to end one)")
+			case !end && !f.isSet("for"):
+				return usagef("--for is required: how long the override is in force")
+			case !end && (dur < time.Second || dur > limitspec.MaxWindow):
+				return usagef("--for: want 1s to %s, got %s", formatDuration(durationpb.New(limitspec.MaxWindow)), formatDuration(durationpb.New(dur)))
+			}
+			var cur *pb.Limit
+			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) error {
+				resp, err := c.GetLimit(ctx, &pb.GetLimitRequest{Id: id}, opt)
+				cur = resp.GetLimit()
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			base := cur
+			if o := cur.GetOverride(); o.GetAfter() != nil {
+				base = o.After
+			} else if end {
+				return usagef("%s has no override in force", oneLine(id))
+			}
+			next := proto.Clone(base).(*pb.Limit)
+			next.Id, next.Version, next.EffectiveFrom, next.Previous, next.Override = id, 0, nil, nil, nil
+			if f.isSet("limit") {
+				next.LimitTokens = g
+			}
+			if shadow || enforce {
+				next.Shadow = shadow
+			}
+			expect := cur.GetVersion()
+			req := &pb.PutLimitRequest{Limit: next, Reason: ch.reason, Effective: pb.Effective_EFFECTIVE_NOW,
+				DryRun: ch.dryRun, ExpectedVersion: &expect}
+			if !end {
+				req.OverrideFor = durationpb.New(dur)
+			}
+			var resp *pb.PutLimitResponse
+			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+				resp, err = c.PutLimit(ctx, req, opt)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if ch.dryRun {
+				return e.printDryRun(resp, resp.GetEffect())
+			}
+			return e.printLimit(resp.GetLimit())
+		}
+	},
+}
