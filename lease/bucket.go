@@ -103,7 +103,7 @@ func (s BucketShare) Valid() bool {
 type TokenBucket struct {
 	Share BucketShare // the share in force (Seq 0: none yet)
 	Level int64       // units, in [0, Share.Burst*Share.Unit]
-	Last  int64       // ms: the latest instant seen
+	Last  int64       // ms: the latest instant seen since the first share
 }
 
 // BucketStatus is what [TokenBucket.Install] did with a share.
@@ -125,8 +125,7 @@ func (b *TokenBucket) advance(nowMs int64) int64 {
 	now := max(nowMs, b.Last)
 	s := b.Share
 	if s.Seq == 0 {
-		b.Last = now
-		return now
+		return now // nothing to refill, and no instant to keep yet
 	}
 	if end := min(now, s.DeadlineMs); end > b.Last {
 		b.Level = refill(b.Level, s.Rate, end-b.Last, s.Burst*s.Unit)
@@ -170,7 +169,7 @@ func (b *TokenBucket) Install(nowMs int64, s BucketShare) BucketStatus {
 	if b.Share.Seq == 0 || now >= b.Share.DeadlineMs {
 		b.Level = 0
 	}
-	b.Share = s
+	b.Share, b.Last = s, now
 	b.Level = min(b.Level, s.Burst*s.Unit)
 	if now >= s.DeadlineMs {
 		b.Level = 0

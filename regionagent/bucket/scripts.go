@@ -50,5 +50,5 @@ var (
 	snapshotScript = newScript("snapshot.lua", true)
 
 	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript,
-		reserveScript, releaseScript, usageScript, fallbackScript, snapshotScript}
+		reserveScript, releaseScript, usageScript, fallbackScript, snapshotScript, rateScript}
 )

@@ -52,7 +52,8 @@ var errMem = errors.New("store: mem: invalid argument")
 // concurrent use.
 type Mem struct {
 	keys      map[Key]*memHash
-	orphanTTL int64 // ms
+	rates     map[RateKey]*memRate // token buckets of bucket limits (rate.go)
+	orphanTTL int64                // ms
 }
 
 type memLease struct {
@@ -72,7 +73,7 @@ type memHash struct {
 
 // NewMem returns an empty bucket whose orphan keys live orphanTTLMs.
 func NewMem(orphanTTLMs int64) *Mem {
-	return &Mem{keys: map[Key]*memHash{}, orphanTTL: orphanTTLMs}
+	return &Mem{keys: map[Key]*memHash{}, rates: map[RateKey]*memRate{}, orphanTTL: orphanTTLMs}
 }
 
 // get returns the live hash of key at now, nil if the key does not exist.
@@ -105,6 +106,11 @@ func (b *Mem) Sweep(nowMs int64) {
 	for k, h := range b.keys {
 		if h.expireAt > 0 && h.expireAt <= nowMs {
 			delete(b.keys, k)
+		}
+	}
+	for k, r := range b.rates {
+		if r.expireAt > 0 && r.expireAt <= nowMs {
+			delete(b.rates, k)
 		}
 	}
 }

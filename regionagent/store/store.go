@@ -12,8 +12,12 @@
 // regionagent/core) reads these types as the results of the actions it
 // asks for.
 //
-// Standard library only; no I/O; every operation takes now as an argument
-// (milliseconds on the store's own clock).
+// A bucket limit's region keeps one token bucket per limit instead
+// ([RateKey], rate.go): its rate share refills it, spends take from it,
+// with the semantics of lease.TokenBucket.
+//
+// Standard library and package lease only; no I/O; every operation takes
+// now as an argument (milliseconds on the store's own clock).
 package store
 
 import (
