@@ -58,8 +58,9 @@ func MaxBurst(period time.Duration) int64 {
 // installs it in its regional bucket.
 type BucketShare struct {
 	// Seq orders the shares a region receives for one limit: a share
-	// replaces the one in force only if its Seq is greater, so a late or
-	// repeated reply cannot bring back an older share.
+	// replaces the one in force only if its Seq is greater (or the one in
+	// force has expired), so a late or repeated reply cannot bring back an
+	// older share.
 	Seq int64
 	// Rate is r_i in milli-tokens per period, which is units per
 	// millisecond (>= 0).
@@ -112,8 +113,8 @@ type BucketStatus int
 const (
 	// ShareInstalled: the share is now in force.
 	ShareInstalled BucketStatus = 1
-	// ShareStale: a share with this Seq or a greater one was installed
-	// before; nothing changed.
+	// ShareStale: the share in force has this Seq or a greater one;
+	// nothing changed.
 	ShareStale BucketStatus = 2
 	// ShareInvalid: the share is not [BucketShare.Valid]; nothing changed.
 	ShareInvalid BucketStatus = 3
@@ -153,8 +154,11 @@ func refill(level, rate, elapsed, capacity int64) int64 {
 	return level + rate*elapsed // < need, so it fits
 }
 
-// Install puts share s in force at now, unless a share with an equal or
-// greater Seq was installed before (ShareStale, nothing changes). The level
+// Install puts share s in force at now, unless the share in force has an
+// equal or greater Seq (ShareStale, nothing changes). Once the share in
+// force has expired any valid share may follow: a new allocator leader
+// that lost count of the sequence can still be heard, and every share an
+// agent may install is one the allocator still counts as in force. The level
 // is first brought to now under the old share; it is kept, capped at the
 // new burst, if the old share was still in force, and 0 otherwise. An
 // invalid share is refused (ShareInvalid) before anything changes.
@@ -163,7 +167,7 @@ func (b *TokenBucket) Install(nowMs int64, s BucketShare) BucketStatus {
 		return ShareInvalid
 	}
 	now := b.advance(nowMs)
-	if s.Seq <= b.Share.Seq {
+	if s.Seq <= b.Share.Seq && now < b.Share.DeadlineMs {
 		return ShareStale
 	}
 	if b.Share.Seq == 0 || now >= b.Share.DeadlineMs {

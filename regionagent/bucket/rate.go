@@ -33,9 +33,9 @@ const (
 var rateScript = newScript("rate.lua", true)
 
 // InstallShare puts a rate share in force in its region's token bucket
-// (key: RateKey), unless a share with an equal or greater Seq came first
+// (key: RateKey), unless the share in force has an equal or greater Seq
 // (ShareStale: nothing changes), so it may be retried freely and a late
-// reply cannot bring back an older share. The level is kept, capped at the
+// reply cannot bring back an older share while a newer one is in force. The level is kept, capped at the
 // new burst, when the old share was still in force, and the bucket starts
 // empty otherwise. Refusals are results, not errors.
 func (b *Buckets) InstallShare(ctx context.Context, key string, in ShareInstall) (ShareResult, error) {

@@ -96,6 +96,12 @@ var rateCases = []struct {
 		take(T0+20_000, 1, false, 0, 100, T0+60_000, 20, 3),
 		take(T0+20_100, 1, true, 0, 100, T0+60_000, 21, 3),
 	}},
+	{"after expiry a lower seq is heard (a new leader that lost count)", []rstep{
+		install(T0, share(7, 10_000, 20, T0+5_000), ShareInstalled, 0),
+		install(T0+1_000, share(1, 10_000, 20, T0+60_000), ShareStale, 10),
+		install(T0+5_000, share(1, 10_000, 20, T0+60_000), ShareInstalled, 0),
+		take(T0+5_100, 1, true, 0, 100, T0+60_000, 1, 0),
+	}},
 	{"a share expired on arrival gives nothing", []rstep{
 		install(T0+1_000, share(1, 10_000, 20, T0+1_000), ShareInstalled, 0),
 		take(T0+1_000, 0, false, 0, -1, T0+1_000, 0, 0),

@@ -25,8 +25,8 @@ type ShareStatus int
 const (
 	// ShareInstalled: the share is in force.
 	ShareInstalled ShareStatus = 1
-	// ShareStale: a share with this Seq or a greater one was installed
-	// before; nothing changed.
+	// ShareStale: the share in force (not expired) has this Seq or a
+	// greater one; nothing changed.
 	ShareStale ShareStatus = 2
 	// ShareRefusedKeyExpiry: ExpireAtMs is not after the store's current
 	// time; nothing was written (as [RefusedKeyExpiry]).
@@ -74,7 +74,7 @@ func (b *Mem) rate(key RateKey, nowMs int64) *memRate {
 
 // InstallShare installs a rate share in its token bucket, as rate.lua's
 // install does: refused (nothing written) when the key's expiry is not
-// after now, stale when a share with an equal or greater Seq came first,
+// after now, stale when the share in force has an equal or greater Seq,
 // and the key's expiry only ever extended. An invalid share is an error.
 func (b *Mem) InstallShare(in ShareInstall) (ShareResult, error) {
 	if !in.Share.Valid() || in.ExpireAtMs < in.Share.DeadlineMs {

@@ -9,8 +9,8 @@
 -- install: ARGV[4..9] seq (> 0), rate (units per ms, >= 0), burst (tokens,
 --          >= 0), unit (units per token, >= 1), deadline ms (exclusive),
 --          key expire-at ms (PEXPIREAT; only ever extended, >= deadline)
---   Reply {status, tokens}: status 1 installed, 2 stale (a share with this
---   seq or a greater one is in force or was: nothing changed), 4 expired
+--   Reply {status, tokens}: status 1 installed, 2 stale (the share in
+--   force has this seq or a greater one: nothing changed), 4 expired
 --   (expire-at is not after Redis's TIME: nothing written); tokens the
 --   whole tokens the bucket holds after the call.
 -- take:    ARGV[4] cost (tokens, >= 0)
@@ -124,7 +124,7 @@ if op == 'install' then
     return {4, tokens()}
   end
   advance()
-  if seq <= st.seq then
+  if seq <= st.seq and now < st.d then
     save() -- time moved forward, as in the model
     return {2, tokens()}
   end
