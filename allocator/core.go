@@ -156,6 +156,8 @@ type Core struct {
 	byRequest map[requestKey]*Grant
 	demand    map[demandKey]demandReport
 	summaries map[string][]*WindowSummary // closed windows kept for reports, per limit, oldest first
+	shares    map[string]*shareState      // rate shares of bucket limits, per limit (shares.go)
+	shareReq  map[requestKey]*ShareGrant  // rate shares by request id
 }
 
 // NewCore returns an empty core.
@@ -166,6 +168,8 @@ func NewCore() *Core {
 		byRequest: map[requestKey]*Grant{},
 		demand:    map[demandKey]demandReport{},
 		summaries: map[string][]*WindowSummary{},
+		shares:    map[string]*shareState{},
+		shareReq:  map[requestKey]*ShareGrant{},
 	}
 }
 
@@ -294,9 +298,17 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 		}
 		return Decision{Grant: g, Replayed: true}
 	}
+	if g, ok := c.shareReq[rk]; ok {
+		return Decision{Code: pb.ItemCode_ITEM_CODE_CONFLICT,
+			Message: fmt.Sprintf("request id %q was used for a rate share of limit %q", r.RequestID, g.Limit)}
+	}
 	l, ok := c.limits[r.Limit]
 	if !ok {
 		return Decision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
+	}
+	if l.At(now).IsBucket() {
+		return Decision{Code: pb.ItemCode_ITEM_CODE_WRONG_KIND,
+			Message: fmt.Sprintf("limit %q is a bucket limit: acquire rate shares", r.Limit)}
 	}
 	if !l.HasRegion(region) && (l.Previous == nil || !l.Previous.HasRegion(region)) {
 		return Decision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,

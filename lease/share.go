@@ -99,9 +99,11 @@ func shareFraction(region string, demands []RegionDemand) float64 {
 }
 
 // partOf returns floor(total x f) for total >= 0 and f in [0, 1], never
-// above total.
+// above total. A product a hair below a whole number (0.9 x 100000 is
+// 89999.99999999999 in float64) counts as that number: the caller's exact
+// caps, not this rounding, keep the shares within the limit.
 func partOf(total int64, f float64) int64 {
-	p := float64(total) * f
+	p := float64(total)*f + 1e-6
 	if !(p > 0) {
 		return 0
 	}
