@@ -1,6 +1,9 @@
 package limitspec
 
 import (
+	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"leasehold/lease"
@@ -85,4 +88,52 @@ func checkKind(l *pb.Limit) error {
 		return fieldErr("limit.kind", "bucket limits are not enforced by this version yet: use a window limit")
 	}
 	return fieldErr("limit.kind", "must be window or bucket, got %v", l.Kind)
+}
+
+// ParseRate parses a bucket limit's rate as people write it: "N/UNIT" with
+// UNIT one of ms, s, m, h (per one of them: "100/s") or a Go duration
+// ("5/250ms", "1000/1m30s"). N is a whole number of tokens >= 1 and the
+// period is checked as ValidateBucket checks rate_period. The error says
+// what is wrong with the text; the caller names its flag or field.
+func ParseRate(s string) (tokens int64, period time.Duration, err error) {
+	n, p, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return 0, 0, fmt.Errorf("want N/PERIOD (e.g. 100/s, 5/250ms), got %q", s)
+	}
+	tokens, err = strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+	if err != nil || tokens < 1 {
+		return 0, 0, fmt.Errorf("want a whole number of tokens >= 1 before the /, got %q", n)
+	}
+	switch p = strings.TrimSpace(p); p {
+	case "ms", "s", "m", "h":
+		p = "1" + p
+	}
+	period, err = time.ParseDuration(p)
+	switch {
+	case err != nil:
+		return 0, 0, fmt.Errorf("want a period after the / (s, m, h, ms or a duration such as 250ms), got %q", p)
+	case period < MinRatePeriod || period > MaxRatePeriod:
+		return 0, 0, fmt.Errorf("the period must be %v to %v, got %v", MinRatePeriod, MaxRatePeriod, period)
+	case period%time.Millisecond != 0:
+		return 0, 0, fmt.Errorf("the period must be whole milliseconds, got %v", period)
+	case tokens > lease.MaxBucketUnits/lease.MilliTokens:
+		return 0, 0, fmt.Errorf("at most %d tokens per period, got %d", lease.MaxBucketUnits/lease.MilliTokens, tokens)
+	}
+	return tokens, period, nil
+}
+
+// FormatRate writes a rate as ParseRate reads it: "100/s", "5/250ms".
+func FormatRate(tokens int64, period time.Duration) string {
+	unit := period.String()
+	switch period {
+	case time.Millisecond:
+		unit = "ms"
+	case time.Second:
+		unit = "s"
+	case time.Minute:
+		unit = "m"
+	case time.Hour:
+		unit = "h"
+	}
+	return strconv.FormatInt(tokens, 10) + "/" + unit
 }

@@ -69,3 +69,48 @@ func TestValidateBucketNamesTheField(t *testing.T) {
 		t.Fatalf("kind window: %v", err)
 	}
 }
+
+func TestParseRate(t *testing.T) {
+	for in, want := range map[string]struct {
+		n int64
+		p time.Duration
+	}{
+		"100/s": {100, time.Second}, " 5 / 250ms ": {5, 250 * time.Millisecond}, "1/h": {1, time.Hour}, "60/m": {60, time.Minute},
+		"7/ms": {7, time.Millisecond}, "1000/1m30s": {1000, 90 * time.Second}, "2/24h": {2, 24 * time.Hour},
+	} {
+		n, p, err := ParseRate(in)
+		if err != nil || n != want.n || p != want.p {
+			t.Errorf("ParseRate(%q) = %d, %v, %v; want %d, %v", in, n, p, err, want.n, want.p)
+		}
+		if n2, p2, err := ParseRate(FormatRate(n, p)); err != nil || n2 != n || p2 != p {
+			t.Errorf("FormatRate(%d, %v) = %q does not parse back", n, p, FormatRate(n, p))
+		}
+	}
+	for _, in := range []string{"", "100", "/s", "0/s", "-1/s", "x/s", "1/", "1/d", "1/0s", "1/500us", "1/25h", "1/1500us",
+		"1/-1s", "9223372036854775807/s", "1/s/s"} {
+		if _, _, err := ParseRate(in); err == nil {
+			t.Errorf("ParseRate(%q) accepted", in)
+		}
+	}
+}
+
+// FuzzParseRate: ParseRate never panics, and what it accepts is a rate
+// ValidateBucket accepts and FormatRate writes back.
+func FuzzParseRate(f *testing.F) {
+	for _, s := range []string{"100/s", "5/250ms", "1/h", "0/s", "1/1500us", "9999999999999/ms", "/", "1/1h0m0.001s"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, p, err := ParseRate(s)
+		if err != nil {
+			return
+		}
+		l := &pb.Limit{RateTokens: n, RatePeriod: durationpb.New(p), BurstTokens: 1}
+		if err := ValidateBucket(l); err != nil {
+			t.Fatalf("ParseRate(%q) = %d, %v, which ValidateBucket refuses: %v", s, n, p, err)
+		}
+		if n2, p2, err := ParseRate(FormatRate(n, p)); err != nil || n2 != n || p2 != p {
+			t.Fatalf("FormatRate(%d, %v) = %q parses as %d, %v, %v", n, p, FormatRate(n, p), n2, p2, err)
+		}
+	})
+}
