@@ -58,6 +58,12 @@ type Limit struct {
 	// id: the id is its tag). Limits checked together must share one when
 	// the store is a Redis Cluster (Config.SameSlotRequired).
 	HashTag string
+	// A bucket limit (Rate > 0: IsBucket) admits Rate tokens per
+	// RatePeriod with bursts of Burst, all regions together, from rate
+	// shares (bucket.go); Tokens and Window are then 0.
+	Rate       int64
+	RatePeriod time.Duration
+	Burst      int64
 }
 
 // Tag is the limit's effective hash tag: HashTag, or the id.
@@ -80,6 +86,9 @@ func (l *Limit) key(window int64) store.Key {
 // prior is the demand assumed for a limit before any is observed: the
 // contract rate G/W shared by its regions. It sizes only the first lease.
 func (l *Limit) prior() float64 {
+	if l.IsBucket() && l.RatePeriod > 0 {
+		return float64(l.Rate) / l.RatePeriod.Seconds() / float64(max(1, l.Regions))
+	}
 	if l.Window <= 0 {
 		return 0
 	}
