@@ -664,7 +664,7 @@ func (a *Allocator) AcquireShares(ctx context.Context, region string, reqs []*pb
 	var waits []*pendingOp
 	t.mu.Lock()
 	for i, r := range reqs {
-		d := t.core.AcquireShare(now, region, ShareAcquire{RequestID: r.RequestId, Limit: r.LimitId, Demand: r.DemandPerSecond})
+		d := t.core.AcquireShare(now, region, ShareAcquire{RequestID: r.RequestId, Limit: r.LimitId, Demand: r.DemandPerSecond, Holder: r.Holder})
 		results[i] = &pb.ShareResult{RequestId: r.RequestId, Code: d.Code, Message: d.Message, Replayed: d.Replayed}
 		decs[i] = d
 		switch {

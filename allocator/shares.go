@@ -36,6 +36,7 @@ type ShareGrant struct {
 	ShareID   string `json:"id"`
 	Limit     string `json:"limit"`
 	Region    string `json:"region"`
+	Holder    string `json:"h,omitempty"` // "" the region's shared bucket; an agent replica's in-process one
 	RequestID string `json:"req"`
 	Seq       int64  `json:"seq"`
 	Rate      int64  `json:"r"`   // milli-tokens per period
@@ -61,11 +62,24 @@ func ShareID(region, requestID string) string { return "s/" + region + "/" + req
 // inForce reports whether the share may still be spent at now.
 func (g *ShareGrant) inForce(now time.Time) bool { return now.UnixNano() < g.ExpiresAt }
 
-// shareState is the shares of one bucket limit.
+// shareState is the shares of one bucket limit, by holder (holderKey):
+// each bucket that spends shares is counted apart.
 type shareState struct {
-	byRegion map[string][]*ShareGrant // granted, not yet forgotten, oldest first
-	seq      map[string]int64         // the latest seq granted per region
+	byRegion map[string][]*ShareGrant // granted, not yet forgotten, oldest first, by holder key
+	seq      map[string]int64         // the latest seq granted per holder key
 }
+
+// holderKey names the bucket a share is spent from: the region's shared
+// bucket (holder "") or a replica's in-process one. Region ids have no
+// "/".
+func holderKey(region, holder string) string {
+	if holder == "" {
+		return region
+	}
+	return region + "/" + holder
+}
+
+func (g *ShareGrant) holderKey() string { return holderKey(g.Region, g.Holder) }
 
 func (c *Core) shareState(limit string) *shareState {
 	st := c.shares[limit]
@@ -76,10 +90,10 @@ func (c *Core) shareState(limit string) *shareState {
 	return st
 }
 
-// held returns what region may still spend at now: the largest rate and
-// the largest burst of its unexpired shares.
-func (st *shareState) held(region string, now time.Time) (rate, burst int64) {
-	for _, g := range st.byRegion[region] {
+// held returns what a holder (holderKey) may still spend at now: the
+// largest rate and the largest burst of its unexpired shares.
+func (st *shareState) held(hk string, now time.Time) (rate, burst int64) {
+	for _, g := range st.byRegion[hk] {
 		if g.inForce(now) {
 			rate, burst = max(rate, g.Rate), max(burst, g.Burst)
 		}
@@ -107,6 +121,7 @@ type ShareAcquire struct {
 	RequestID string
 	Limit     string
 	Demand    float64 // tokens per second
+	Holder    string  // "" the region's shared bucket; a replica's in-process one
 }
 
 // ShareDecision is the core's answer to one ShareAcquire.
@@ -160,9 +175,10 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 	c.demand[demandKey{l.ID, region}] = demandReport{rate: r.Demand, at: now, window: -1}
 
 	st := c.shareState(l.ID)
+	hk := holderKey(region, r.Holder)
 	var othersRate, othersBurst int64
 	for other := range st.byRegion {
-		if other != region {
+		if other != hk {
 			r, b := st.held(other, now)
 			othersRate, othersBurst = othersRate+r, othersBurst+b
 		}
@@ -178,13 +194,14 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 	if rate == 0 && burst == 0 {
 		return ShareDecision{}
 	}
-	st.seq[region]++
+	st.seq[hk]++
 	g := &ShareGrant{
 		ShareID:      ShareID(region, r.RequestID),
 		Limit:        l.ID,
 		Region:       region,
+		Holder:       r.Holder,
 		RequestID:    r.RequestID,
-		Seq:          st.seq[region],
+		Seq:          st.seq[hk],
 		Rate:         rate,
 		Burst:        burst,
 		PeriodMs:     l.RatePeriod.Milliseconds(),
@@ -194,7 +211,7 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 		GrantedAt:    now.UnixNano(),
 		ExpiresAt:    now.Add(shareTTL(l)).UnixNano(),
 	}
-	st.byRegion[region] = append(st.byRegion[region], g)
+	st.byRegion[hk] = append(st.byRegion[hk], g)
 	c.shareReq[rk] = g
 	return ShareDecision{Grant: g, New: true}
 }
@@ -202,9 +219,10 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 // RestoreShare adds a committed share while rebuilding from etcd.
 func (c *Core) RestoreShare(g *ShareGrant) {
 	st := c.shareState(g.Limit)
-	st.byRegion[g.Region] = append(st.byRegion[g.Region], g)
-	slices.SortFunc(st.byRegion[g.Region], func(a, b *ShareGrant) int { return cmp.Compare(a.Seq, b.Seq) })
-	st.seq[g.Region] = max(st.seq[g.Region], g.Seq)
+	hk := g.holderKey()
+	st.byRegion[hk] = append(st.byRegion[hk], g)
+	slices.SortFunc(st.byRegion[hk], func(a, b *ShareGrant) int { return cmp.Compare(a.Seq, b.Seq) })
+	st.seq[hk] = max(st.seq[hk], g.Seq)
 	c.shareReq[requestKey{g.Region, g.RequestID}] = g
 }
 
@@ -242,9 +260,10 @@ func (c *Core) ForgetShare(g *ShareGrant) {
 	if st == nil {
 		return
 	}
-	st.byRegion[g.Region] = slices.DeleteFunc(st.byRegion[g.Region], func(x *ShareGrant) bool { return x == g })
-	if len(st.byRegion[g.Region]) == 0 {
-		delete(st.byRegion, g.Region)
+	hk := g.holderKey()
+	st.byRegion[hk] = slices.DeleteFunc(st.byRegion[hk], func(x *ShareGrant) bool { return x == g })
+	if len(st.byRegion[hk]) == 0 {
+		delete(st.byRegion, hk)
 	}
 	rk := requestKey{g.Region, g.RequestID}
 	if c.shareReq[rk] == g {

@@ -156,6 +156,7 @@ func TestValidateAcquireShares(t *testing.T) {
 		"requests[1].request_id":        func(r *pb.AcquireSharesRequest) { r.Requests = append(r.Requests, r.Requests[0]) },
 		"requests[0].limit_id":          func(r *pb.AcquireSharesRequest) { r.Requests[0].LimitId = "" },
 		"requests[0].demand_per_second": func(r *pb.AcquireSharesRequest) { r.Requests[0].DemandPerSecond = -1 },
+		"requests[0].holder":            func(r *pb.AcquireSharesRequest) { r.Requests[0].Holder = "eu 1" },
 	} {
 		req := ok()
 		edit(req)

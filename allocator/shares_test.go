@@ -90,6 +90,15 @@ func TestShareStepTable(t *testing.T) {
 			t.Fatalf("step %d: reserved (%d, %d), want (%d, %d)", i, r, b, st.resRate, st.resBurst)
 		}
 	}
+	// A replica of eu spending alone (Redis down) is counted apart from
+	// eu's shared bucket: nothing is free for it while us holds the rest.
+	if d := c.AcquireShare(t0.Add(24*s), "eu", ShareAcquire{RequestID: "e10", Limit: "b/a", Demand: 100, Holder: "eu-1-x"}); d.Grant == nil ||
+		d.Grant.Rate != 10_000 || d.Grant.Seq != 1 {
+		t.Fatalf("eu's replica alone: %+v", d)
+	}
+	if r, _ := c.Reserved("b/a", t0.Add(24*s)); r != 100_000 {
+		t.Fatalf("reserved with eu's replica: %d", r)
+	}
 	// A lease asked for a bucket limit is the wrong kind, and a share's
 	// request id cannot name a lease.
 	if d := c.Acquire(t0.Add(25*s), "eu", AcquireRequest{RequestID: "e7", Limit: "b/a", Want: 1}); d.Code != pb.ItemCode_ITEM_CODE_WRONG_KIND {
@@ -106,14 +115,16 @@ func TestShareStepTable(t *testing.T) {
 }
 
 // refReserved is the brute-force reference: from every share ever
-// granted, what the regions may spend at now (each region at the largest
-// of its shares granted by now and not expired).
+// granted, what the holders may spend at now (each holder, a region's
+// shared bucket or a replica's in-process one, at the largest of its
+// shares granted by now and not expired).
 func refReserved(all []*ShareGrant, now time.Time) (rate, burst int64) {
 	rates, bursts := map[string]int64{}, map[string]int64{}
 	for _, g := range all {
 		if g.GrantedAt <= now.UnixNano() && now.UnixNano() < g.ExpiresAt {
-			rates[g.Region] = max(rates[g.Region], g.Rate)
-			bursts[g.Region] = max(bursts[g.Region], g.Burst)
+			k := g.Region + "/" + g.Holder
+			rates[k] = max(rates[k], g.Rate)
+			bursts[k] = max(bursts[k], g.Burst)
 		}
 	}
 	for r := range rates {
@@ -145,7 +156,8 @@ func TestSharesNeverExceedLimit(t *testing.T) {
 		for i := range 400 {
 			now = now.Add(time.Duration(rng.Int63n(int64(ttl / 2))))
 			region := regions[rng.Intn(3)]
-			d := c.AcquireShare(now, region, ShareAcquire{RequestID: fmt.Sprintf("r%d", i), Limit: "b/x", Demand: rng.Float64() * 1000})
+			holder := []string{"", "", "", "eu-1", "eu-2"}[rng.Intn(5)] // mostly the shared bucket, sometimes a replica's own
+			d := c.AcquireShare(now, region, ShareAcquire{RequestID: fmt.Sprintf("r%d", i), Limit: "b/x", Demand: rng.Float64() * 1000, Holder: holder})
 			if d.New {
 				all = append(all, d.Grant)
 			}

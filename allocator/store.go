@@ -52,7 +52,7 @@ func (s *Store) electionPrefix() string       { return s.prefix + "leader/" }
 func windowPart(limit string, w int64) string { return fmt.Sprintf("%s!%020d/", limit, w) }
 
 // sharesPrefix holds the rate shares of bucket limits, one key per share:
-// shares/<limit>!/<region>/<request id>.
+// shares/<limit>!/<region>/<request id> (the request id is unique within the region).
 func (s *Store) sharesPrefix() string { return s.prefix + "shares/" }
 
 func (s *Store) shareKey(g *ShareGrant) string {

@@ -88,6 +88,11 @@ func ValidateAcquireShares(req *pb.AcquireSharesRequest) error {
 		if math.IsNaN(r.DemandPerSecond) || math.IsInf(r.DemandPerSecond, 0) || r.DemandPerSecond < 0 {
 			return fieldErr(f+".demand_per_second", "must be a finite number >= 0, got %v", r.DemandPerSecond)
 		}
+		if r.Holder != "" {
+			if err := vocab.ValidateRequestID(f+".holder", r.Holder); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -1208,8 +1208,14 @@ type ShareRequest struct {
 	// demand_per_second is the region's smoothed demand (admitted + denied
 	// cost per second). >= 0, finite.
 	DemandPerSecond float64 `protobuf:"fixed64,3,opt,name=demand_per_second,json=demandPerSecond,proto3" json:"demand_per_second,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// holder names the bucket the share is for: empty for the region's
+	// shared bucket (Redis), an agent replica's id (1-128 characters of
+	// [A-Za-z0-9._-]) for its in-process bucket while Redis is down. The
+	// allocator counts each holder's shares apart: replicas spending alone
+	// never add up to more than the limit.
+	Holder        string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShareRequest) Reset() {
@@ -1261,6 +1267,13 @@ func (x *ShareRequest) GetDemandPerSecond() float64 {
 		return x.DemandPerSecond
 	}
 	return 0
+}
+
+func (x *ShareRequest) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
 }
 
 // RateShare is a region's part of a bucket limit: its regional bucket
@@ -1598,12 +1611,13 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x14allocator_unix_nanos\x18\x04 \x01(\x03R\x12allocatorUnixNanos\"f\n" +
 	"\x14AcquireSharesRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x126\n" +
-	"\brequests\x18\x02 \x03(\v2\x1a.leasehold.v1.ShareRequestR\brequests\"t\n" +
+	"\brequests\x18\x02 \x03(\v2\x1a.leasehold.v1.ShareRequestR\brequests\"\x8c\x01\n" +
 	"\fShareRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12*\n" +
-	"\x11demand_per_second\x18\x03 \x01(\x01R\x0fdemandPerSecond\"\xf4\x02\n" +
+	"\x11demand_per_second\x18\x03 \x01(\x01R\x0fdemandPerSecond\x12\x16\n" +
+	"\x06holder\x18\x04 \x01(\tR\x06holder\"\xf4\x02\n" +
 	"\tRateShare\x12\x19\n" +
 	"\bshare_id\x18\x01 \x01(\tR\ashareId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12\x16\n" +
