@@ -245,6 +245,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	a.calls.returns.send = a.sendReturns
 	a.calls.reports.send = a.sendReports
 	a.calls.closes.send = a.closeAll
+	a.calls.shares.send = a.sendShares
 	a.failover = newFailoverWatcher(a) // failover.go
 	a.m.registerCore(cfg.Registerer, a)
 	a.chunks = a.newChunks()
@@ -448,6 +449,13 @@ func (a *Agent) step(ctx context.Context, chk *core.Check) error {
 		a.withCore(func(c *core.Core) { c.Spent(now, chk, res, err) })
 	case core.StepWait:
 		return a.wait(ctx, chk)
+	case core.StepTake:
+		res, err := a.take(ctx, chk.Store, chk.RateKey, chk.Costs[0])
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		now := a.opt.now()
+		a.withCore(func(c *core.Core) { c.Taken(now, chk, res, err) })
 	case core.StepCount:
 		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 		ok, vals, err := a.store(chk.Store).admitFallback(rctx, chk.Count)
