@@ -2,9 +2,16 @@ package regionagent
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -92,5 +99,59 @@ func TestBucketLimitEndToEnd(t *testing.T) {
 	}
 	if _, err := eu.Reserve(ctx, "b/e2e", 1, 1, "r1"); err == nil {
 		t.Fatal("a sub-lease of a bucket limit was granted")
+	}
+}
+
+// BenchmarkCheckBucketBesideWindow measures in-process Checks of a bucket
+// limit beside a window limit, in the same run against the same
+// redis-server and allocator (wall clock): 1 and 64 callers. Both limits
+// are far from their limits, so every Check is admitted and does the
+// full work. A window limit's concurrent Checks share one script call per
+// batch (spender.go); a bucket limit's take is one EVALSHA each in this
+// version.
+func BenchmarkCheckBucketBesideWindow(b *testing.B) {
+	w := startWorld(b, false, "eu")
+	win := w.putLimit(limit("bench/window", 1<<40, time.Hour, time.Hour, "eu"))
+	w.putBucketLimit("bench/bucket", 1_000_000_000, 4_000_000_000, time.Hour, "eu")
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr(), PoolSize: 64})
+	b.Cleanup(func() { rdb.Close() })
+	a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: "bench",
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Logger:      slog.New(slog.DiscardHandler)}, WithBatching(benchFlushers(), 128))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done; a.Close() })
+	<-a.Ready()
+	for _, id := range []string{win.Id, "bench/bucket"} {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			if d, _ := a.Check(ctx, id, 1); d.Allowed {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // the limit's sync, its first lease or share and its refill
+		}
+	}
+	for _, kind := range []struct{ name, id string }{{"window", win.Id}, {"bucket", "bench/bucket"}} {
+		for _, callers := range []int{1, 64} {
+			b.Run(fmt.Sprintf("kind=%s/callers=%d", kind.name, callers), func(b *testing.B) {
+				var denied atomic.Int64
+				b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if d, err := a.Check(ctx, kind.id, 1); err != nil || !d.Allowed {
+							denied.Add(1)
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
+				if n := denied.Load(); n > 0 {
+					b.Fatalf("%d of %d checks not admitted", n, b.N)
+				}
+			})
+		}
 	}
 }
