@@ -516,6 +516,12 @@ func (a *Agent) beginBatch(reqs []*spendReq) {
 			cs.chk = a.core.Begin(now, cs.items, cs.deadline)
 		}
 		chk := cs.chk
+		if chk.Step == core.StepTake && chk.Store == core.Shared {
+			// A bucket limit's take rides in the same pipeline.
+			r.op = bucket.SpendOp{Keys: []string{bucket.RateKeyOf(chk.RateKey)}, Costs: chk.Costs[:1], NowMs: a.shared.nowMs(), Take: true}
+			r.at = now
+			continue
+		}
 		if chk.Step != core.StepSpend || chk.Store != core.Shared {
 			r.skip = true
 			continue
@@ -546,6 +552,13 @@ func (a *Agent) decideBatch(reqs []*spendReq) {
 		}
 		res, err := r.res, crossSlot(r.err)
 		res.Err = crossSlot(res.Err)
+		if r.op.Take {
+			if err == nil {
+				err = res.Err
+			}
+			a.core.Taken(now, r.check.chk, res.Take, err)
+			continue
+		}
 		a.core.Spent(now, r.check.chk, res, err)
 	}
 	if locked {

@@ -106,9 +106,9 @@ func TestBucketLimitEndToEnd(t *testing.T) {
 // limit beside a window limit, in the same run against the same
 // redis-server and allocator (wall clock): 1 and 64 callers. Both limits
 // are far from their limits, so every Check is admitted and does the
-// full work. A window limit's concurrent Checks share one script call per
-// batch (spender.go); a bucket limit's take is one EVALSHA each in this
-// version.
+// full work. Concurrent Checks of either kind share one pipeline per
+// batch (spender.go): one spend.lua call for the window limit's, one
+// rate.lua 'takes' call for the bucket limit's.
 func BenchmarkCheckBucketBesideWindow(b *testing.B) {
 	w := startWorld(b, false, "eu")
 	win := w.putLimit(limit("bench/window", 1<<40, time.Hour, time.Hour, "eu"))

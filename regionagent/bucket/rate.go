@@ -107,3 +107,23 @@ func parseTake(v any) (TakeResult, error) {
 	}
 	return r, nil
 }
+
+// parseTakeCall parses one 'takes' reply: 6 values per take of idx, in
+// order, into res[idx[j]].Take (and Allowed).
+func parseTakeCall(v any, idx []int, res []SpendResult) error {
+	a, err := replyArray(v, 6*len(idx))
+	if err != nil {
+		return err
+	}
+	for j, i := range idx {
+		t, err := parseTake(a[6*j : 6*j+6])
+		if err != nil {
+			return err
+		}
+		res[i] = SpendResult{Allowed: t.Allowed, Failed: -1, Take: t}
+		if !t.Allowed {
+			res[i].Failed = 0
+		}
+	}
+	return nil
+}

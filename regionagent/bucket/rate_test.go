@@ -289,3 +289,64 @@ func TestRateInvalid(t *testing.T) {
 		}
 	}
 }
+
+// TestTakeBatch: takes in a batch of spends (SpendOp.Take) are decided in
+// one rate.lua call per hash tag, in order, and give exactly what the same
+// takes made one by one give, on redis-server and miniredis; an invalid
+// take fails alone.
+func TestTakeBatch(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			b := New(be.rdb)
+			ctx := testCtx(t)
+			batchKeys := []string{RateKey("", "tb1"), RateKey("", "tb2")}
+			oneKeys := []string{RateKey("", "to1"), RateKey("", "to2")}
+			for _, k := range append(append([]string{}, batchKeys...), oneKeys...) {
+				if _, err := b.InstallShare(ctx, k, ShareInstall{Share: share(1, 10_000, 8, T0+60_000), ExpireAtMs: farExpiry(), NowMs: T0}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := b.Deposit(ctx, Deposit{Key: Key("", "tbw", 1), LeaseID: "L", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 60_000,
+				ExpireAtMs: farExpiry(), NowMs: T0}); err != nil {
+				t.Fatal(err)
+			}
+			now := T0 + 700 // 7 tokens in each bucket
+			takes := []struct {
+				key  int
+				cost int64
+			}{{0, 3}, {1, 1}, {0, 5}, {0, 4}, {0, 0}, {1, 9}}
+			var ops []SpendOp
+			for i, tk := range takes {
+				ops = append(ops, SpendOp{Keys: []string{batchKeys[tk.key]}, Costs: []int64{tk.cost}, NowMs: now, Take: true})
+				if i == 1 {
+					ops = append(ops, SpendOp{Keys: []string{Key("", "tbw", 1)}, Costs: []int64{2}, NowMs: now})
+				}
+			}
+			ops = append(ops, SpendOp{Keys: []string{batchKeys[0], batchKeys[1]}, Costs: []int64{1, 1}, NowMs: now, Take: true})
+			res, err := b.SpendBatch(ctx, ops)
+			if err != nil {
+				t.Fatal(err)
+			}
+			j := 0
+			for i, tk := range takes {
+				want, err := b.Take(ctx, oneKeys[tk.key], tk.cost, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := res[j]; got.Err != nil || got.Take != want || got.Allowed != want.Allowed {
+					t.Fatalf("take %d in the batch: %+v, one by one: %+v", i, got, want)
+				}
+				j++
+				if i == 1 {
+					if got := res[j]; got.Err != nil || !got.Allowed || got.Keys[0].Balance != 3 {
+						t.Fatalf("the spend between the takes: %+v", got)
+					}
+					j++
+				}
+			}
+			if last := res[len(res)-1]; !errors.Is(last.Err, ErrInvalid) {
+				t.Fatalf("a take of two keys: %+v", last)
+			}
+		})
+	}
+}

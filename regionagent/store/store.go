@@ -136,6 +136,9 @@ type SpendResult struct {
 	// that was not decided (invalid, or its script call failed). Allowed is then false, Failed
 	// -1 and Keys nil.
 	Err error
+	// Take is a take's result, for a take in a batch of spends
+	// (bucket.SpendOp.Take); Allowed is then Take.Allowed.
+	Take TakeResult
 }
 
 // CloseResult is the outcome of closing a lease.
