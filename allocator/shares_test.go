@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/limitspec"
@@ -252,4 +253,23 @@ func TestShareDemandShift(t *testing.T) {
 	}
 	renew()
 	check("after the shift", 0.25, 0.75)
+}
+
+// TestBucketFieldsInDiffs: a change's field list (history, dry runs) names
+// a bucket limit's kind, rate and burst.
+func TestBucketFieldsInDiffs(t *testing.T) {
+	a := bucketLimit("b/d", 100, 200, 10*time.Second, "eu").Proto
+	b := proto.Clone(a).(*pb.Limit)
+	b.RateTokens, b.BurstTokens = 50, 300
+	got := map[string][2]string{}
+	for _, fc := range diffLimits(a, b) {
+		got[fc.Field] = [2]string{fc.Old, fc.New}
+	}
+	if len(got) != 2 || got["rate"] != [2]string{"100/s", "50/s"} || got["burst_tokens"] != [2]string{"200", "300"} {
+		t.Fatalf("diff: %v", got)
+	}
+	w := testLimit("b/d", 100, time.Minute, 15*time.Second, "eu").Proto
+	if fs := diffLimits(w, a); len(fs) == 0 || fs[0].Field != "limit_tokens" {
+		t.Fatalf("window to bucket: %v", fs)
+	}
 }

@@ -3,8 +3,14 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
+
+	yaml "go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/etcdtest"
+	pb "leasehold/proto/leasehold/v1"
 )
 
 // TestBucketFlags: --rate and --burst describe a bucket limit. Bad values
@@ -42,4 +48,38 @@ func TestBucketFlags(t *testing.T) {
 	}
 	// Nothing was written.
 	quotactl("--allocator", ta.addr, "limits", "get", "tenant/b").want(t, 1)
+}
+
+// TestBucketLimitShown: a bucket limit is shown, exported and compared by
+// its rate and burst (limits get, limits export, plans), not by a window.
+func TestBucketLimitShown(t *testing.T) {
+	l := &pb.Limit{Id: "backend/search", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: 100, RatePeriod: durationpb.New(time.Second),
+		BurstTokens: 200, Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{}, Version: 3}
+	var out strings.Builder
+	e := &env{stdout: &out}
+	if err := e.printLimit(l); err != nil {
+		t.Fatal(err)
+	}
+	got := kv(t, out.String())
+	for k, want := range map[string]string{"kind": "bucket", "rate": "100/s", "burst": "200", "regions": "eu,us"} {
+		if got[k] != want {
+			t.Errorf("limits get: %s = %q, want %q\n%s", k, got[k], want, out.String())
+		}
+	}
+	if _, ok := got["window"]; ok {
+		t.Errorf("limits get shows a window for a bucket limit:\n%s", out.String())
+	}
+	b, err := yaml.Marshal(limitNode(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y := string(b); !strings.Contains(y, "rate: 100/s") || !strings.Contains(y, "burst: 200") || strings.Contains(y, "window:") {
+		t.Errorf("export:\n%s", y)
+	}
+	l2 := proto.Clone(l).(*pb.Limit)
+	l2.RatePeriod, l2.BurstTokens = durationpb.New(time.Minute), 300
+	d := diffLimits(l, l2)
+	if len(d) != 2 || d[0] != (fieldDiff{"rate", "100/s", "100/m"}) || d[1] != (fieldDiff{"burst", "200", "300"}) {
+		t.Errorf("plan diff: %+v", d)
+	}
 }
