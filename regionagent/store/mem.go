@@ -445,7 +445,11 @@ func (b *Mem) AdmitFallback(adds []FallbackAdd, nowMs int64) (bool, []int64, err
 // Clone returns a deep copy of b: a replica's view of the same Redis, for
 // models of a failover that loses the writes made since the copy.
 func (b *Mem) Clone() *Mem {
-	c := &Mem{keys: make(map[Key]*memHash, len(b.keys)), orphanTTL: b.orphanTTL}
+	c := &Mem{keys: make(map[Key]*memHash, len(b.keys)), rates: make(map[RateKey]*memRate, len(b.rates)), orphanTTL: b.orphanTTL}
+	for k, r := range b.rates {
+		n := *r // a memRate holds no pointers: a copy is a deep copy
+		c.rates[k] = &n
+	}
 	for k, h := range b.keys {
 		n := *h
 		n.leases = make([]*memLease, len(h.leases))
