@@ -114,3 +114,22 @@ func TestBucketRedisDown(t *testing.T) {
 		t.Fatalf("the last request is for %q in %v", last.Holder, last.Store)
 	}
 }
+
+// TestBucketRenewalsPerSecond counts the allocator calls of one active
+// bucket limit at steady demand: a Check every 100 ms for ten minutes of
+// virtual time, shares of 10 s renewed at half their life, so about one
+// call per 5 s (0.2 a second).
+func TestBucketRenewalsPerSecond(t *testing.T) {
+	w := newWorld(t, 10, bucketTestLimit)
+	w.check("b/a", 1)
+	start, calls := w.now, w.alloc.calls
+	for range 6000 {
+		w.advance(100 * time.Millisecond)
+		w.check("b/a", 1)
+	}
+	perSec := float64(w.alloc.calls-calls) / w.now.Sub(start).Seconds()
+	t.Logf("%d allocator calls in %v: %.3f a second", w.alloc.calls-calls, w.now.Sub(start), perSec)
+	if perSec < 0.19 || perSec > 0.21 {
+		t.Fatalf("%.3f allocator calls a second, want about 0.2 (a 10 s share renewed at half its life)", perSec)
+	}
+}
