@@ -249,6 +249,7 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 	}
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(newWindowCollector(a))
+		cfg.Registerer.MustRegister(newBucketCollector(a))
 	}
 	return a, nil
 }
@@ -664,7 +665,8 @@ func (a *Allocator) AcquireShares(ctx context.Context, region string, reqs []*pb
 	var waits []*pendingOp
 	t.mu.Lock()
 	for i, r := range reqs {
-		d := t.core.AcquireShare(now, region, ShareAcquire{RequestID: r.RequestId, Limit: r.LimitId, Demand: r.DemandPerSecond, Holder: r.Holder})
+		d := t.core.AcquireShare(now, region, ShareAcquire{RequestID: r.RequestId, Limit: r.LimitId, Demand: r.DemandPerSecond, Holder: r.Holder,
+			Admitted: r.AdmittedTokens})
 		results[i] = &pb.ShareResult{RequestId: r.RequestId, Code: d.Code, Message: d.Message, Replayed: d.Replayed}
 		decs[i] = d
 		switch {

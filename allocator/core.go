@@ -158,6 +158,7 @@ type Core struct {
 	summaries map[string][]*WindowSummary // closed windows kept for reports, per limit, oldest first
 	shares    map[string]*shareState      // rate shares of bucket limits, per limit (shares.go)
 	shareReq  map[requestKey]*ShareGrant  // rate shares by request id
+	bucketUse map[string]*bucketUsage     // bucket limits' admitted counts per reporting interval (bucketusage.go)
 }
 
 // NewCore returns an empty core.
@@ -170,6 +171,7 @@ func NewCore() *Core {
 		summaries: map[string][]*WindowSummary{},
 		shares:    map[string]*shareState{},
 		shareReq:  map[requestKey]*ShareGrant{},
+		bucketUse: map[string]*bucketUsage{},
 	}
 }
 

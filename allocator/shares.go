@@ -122,6 +122,7 @@ type ShareAcquire struct {
 	Limit     string
 	Demand    float64 // tokens per second
 	Holder    string  // "" the region's shared bucket; a replica's in-process one
+	Admitted  int64   // the holder's bucket's admitted counter (cumulative)
 }
 
 // ShareDecision is the core's answer to one ShareAcquire.
@@ -174,8 +175,9 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 	}
 	c.demand[demandKey{l.ID, region}] = demandReport{rate: r.Demand, at: now, window: -1}
 
-	st := c.shareState(l.ID)
 	hk := holderKey(region, r.Holder)
+	c.observeBucket(now, l, hk, r.Admitted)
+	st := c.shareState(l.ID)
 	var othersRate, othersBurst int64
 	for other := range st.byRegion {
 		if other != hk {

@@ -46,6 +46,7 @@ type message struct {
 	// a reply: the share and when the allocator answered
 	reply    *ShareGrant
 	answered int64
+	admitted int64 // the region's admitted counter when it sent the request
 }
 
 type runConfig struct {
@@ -57,12 +58,14 @@ type runConfig struct {
 	margin      time.Duration
 	durationMs  int64
 	tau         time.Duration // the agents' demand estimator's time constant (0: lease.DefaultTau)
+	reports     map[int64]BucketReport
 }
 
 // runShares runs the protocol and returns the regions with what they
 // admitted. t0's millisecond is ms 0.
-func runShares(t *testing.T, rng *rand.Rand, cfg runConfig, regions []*runRegion) {
+func runShares(t *testing.T, rng *rand.Rand, cfg runConfig, regions []*runRegion) map[int64]BucketReport {
 	t.Helper()
+	cfg.reports = map[int64]BucketReport{}
 	c := NewCore()
 	c.SetLimit(bucketLimit("b/run", cfg.rate, cfg.burst, cfg.ttl, names(regions)...))
 	unit := lease.BucketUnit(time.Second)
@@ -84,7 +87,7 @@ func runShares(t *testing.T, rng *rand.Rand, cfg runConfig, regions []*runRegion
 		for _, m := range arriving {
 			r := m.region
 			if m.reply == nil { // a request reaches the allocator
-				d := c.AcquireShare(at(ms), r.name, ShareAcquire{RequestID: m.req, Limit: "b/run", Demand: m.demand})
+				d := c.AcquireShare(at(ms), r.name, ShareAcquire{RequestID: m.req, Limit: "b/run", Demand: m.demand, Admitted: m.admitted})
 				if d.Grant == nil || r.cut(ms) || rng.Float64() < cfg.loss {
 					continue // nothing granted, or the reply is lost
 				}
@@ -101,6 +104,14 @@ func runShares(t *testing.T, rng *rand.Rand, cfg runConfig, regions []*runRegion
 			}
 			r.bucket.Install(ms, lease.BucketShare{Seq: g.Seq, Rate: g.Rate, Burst: g.Burst, Unit: unit,
 				DeadlineMs: max(1, deadline.Sub(t0).Milliseconds())})
+		}
+		// Every closed reporting interval's count is within its bound.
+		if ms%1000 == 0 {
+			if rep, ok := c.BucketReport("b/run", at(ms)); ok && rep.Admitted > rep.Bound {
+				t.Fatalf("ms %d: interval %d counted %d admitted, bound %d", ms, rep.Interval, rep.Admitted, rep.Bound)
+			} else if ok {
+				cfg.reports[rep.Interval] = rep
+			}
 		}
 		// Shares in force never exceed the limit.
 		if rr, rb := c.Reserved("b/run", at(ms)); rr > cfg.rate*1000 || rb > cfg.burst {
@@ -125,10 +136,11 @@ func runShares(t *testing.T, rng *rand.Rand, cfg runConfig, regions []*runRegion
 					continue
 				}
 				inflight = append(inflight, message{at: ms + delay(), region: r, req: fmt.Sprintf("%s-%d", r.name, r.sent),
-					sentMs: ms, demand: r.est.Rate(at(ms))})
+					sentMs: ms, demand: r.est.Rate(at(ms)), admitted: r.admittedIn(0, ms+1)})
 			}
 		}
 	}
+	return cfg.reports
 }
 
 func names(rs []*runRegion) []string {
@@ -288,5 +300,43 @@ func TestShareRunPartition(t *testing.T) {
 	}
 	if v := perSec(us, cutTo+2*ttl+6_000, cfg.durationMs); v < 40 {
 		t.Errorf("us admitted %.1f/s after the cut healed, want about half of 100", v)
+	}
+}
+
+// TestBucketReportsWithinBound: over minutes of the protocol run (loss,
+// delay, a region cut off), what the allocator counts per reporting
+// interval from the agents' counters is what the regions admitted, up to
+// the counts still in flight, and always within the interval's bound.
+func TestBucketReportsWithinBound(t *testing.T) {
+	seeds := 3
+	if testing.Short() {
+		seeds = 1
+	}
+	for seed := range seeds {
+		rng := rand.New(rand.NewSource(int64(100 + seed)))
+		cfg := runConfig{rate: 100, burst: 50, ttl: 2 * time.Second, renewEvery: 600, loss: 0.1, maxDelay: 200,
+			margin: 2 * time.Millisecond, durationMs: 4 * 60_000}
+		regions := []*runRegion{
+			{name: "eu", demand: steady(150), cut: never},
+			{name: "us", demand: steady(100), cut: func(ms int64) bool { return ms >= 70_000 && ms < 100_000 }},
+		}
+		reps := runShares(t, rng, cfg, regions)
+		if len(reps) < 3 {
+			t.Fatalf("seed %d: %d intervals reported", seed, len(reps))
+		}
+		var counted, admitted int64
+		for _, r := range reps {
+			counted += r.Admitted
+		}
+		closedUntil := int64(len(reps)) * BucketInterval.Milliseconds() // t0 is an interval boundary
+		for _, r := range regions {
+			admitted += r.admittedIn(0, closedUntil)
+		}
+		// Counts of the last second or so of the closed intervals may land
+		// in the running one (the slack); nothing is counted twice.
+		if counted > admitted+cfg.rate*bucketSlack(&Limit{TTL: cfg.ttl}).Milliseconds()/1000 || counted < admitted*95/100 {
+			t.Fatalf("seed %d: the intervals counted %d of %d admitted", seed, counted, admitted)
+		}
+		t.Logf("seed %d: %d intervals, counted %d of %d admitted", seed, len(reps), counted, admitted)
 	}
 }

@@ -93,6 +93,9 @@ func ValidateAcquireShares(req *pb.AcquireSharesRequest) error {
 				return err
 			}
 		}
+		if r.AdmittedTokens < 0 {
+			return fieldErr(f+".admitted_tokens", "must be >= 0, got %d", r.AdmittedTokens)
+		}
 	}
 	return nil
 }

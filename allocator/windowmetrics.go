@@ -63,6 +63,9 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 	var rows []limitRow
 	err := c.a.View(func(now time.Time, core *Core) {
 		for id, l := range core.limits {
+			if l.At(now).IsBucket() {
+				continue // bucketCollector's
+			}
 			cur := lease.WindowOf(now, l.At(now).Window).Index
 			rep, ok := core.report(now, id, cur-1)
 			if !ok {

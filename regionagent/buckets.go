@@ -89,7 +89,8 @@ func (s *memStore) install(in core.Install, grace time.Duration) (store.ShareRes
 func (a *Agent) sendShares(ctx context.Context, reqs []core.ShareAcquire) {
 	in := make([]*pb.ShareRequest, len(reqs))
 	for i, r := range reqs {
-		in[i] = &pb.ShareRequest{RequestId: r.RequestID, LimitId: r.Limit, DemandPerSecond: r.Demand, Holder: r.Holder}
+		in[i] = &pb.ShareRequest{RequestId: r.RequestID, LimitId: r.Limit, DemandPerSecond: r.Demand, Holder: r.Holder,
+			AdmittedTokens: r.Admitted}
 	}
 	sent := a.opt.now()
 	var resp *pb.AcquireSharesResponse

@@ -38,6 +38,10 @@ type ShareAcquire struct {
 	// store, the replica's request prefix for its in-process store.
 	Holder string
 	Store  Store
+	// Admitted is the holder's bucket's admitted counter as last read
+	// (cumulative): the allocator counts admits per reporting interval
+	// from it.
+	Admitted int64
 }
 
 // ShareReply is the allocator's answer to one ShareAcquire.
@@ -70,6 +74,7 @@ type bucketState struct {
 	renewAt  time.Time     // when to ask again while the limit has Checks
 	emptyAt  time.Time     // the allocator said nothing was free (zero: no)
 	failedAt time.Time     // a request failed for good (zero: no)
+	admitted [2]int64      // the largest admitted counter a take returned, by Store
 }
 
 // IsBucket reports whether l is a bucket limit.
@@ -109,7 +114,8 @@ func (c *Core) kickShare(st *limitState, now time.Time) {
 	if s == Local {
 		d = st.localDemand
 	}
-	req := ShareAcquire{Limit: st.id, RequestID: c.requestID(), Demand: d.Rate(now), Holder: c.holder(s), Store: s}
+	req := ShareAcquire{Limit: st.id, RequestID: c.requestID(), Demand: d.Rate(now), Holder: c.holder(s), Store: s,
+		Admitted: st.bucket.admitted[s]}
 	st.bucket.pending = &req
 	c.byRequest[req.RequestID] = st
 	c.ready.Shares = append(c.ready.Shares, req)
@@ -210,6 +216,7 @@ func (c *Core) Taken(now time.Time, chk *Check, res store.TakeResult, err error)
 		d = st.localDemand
 	}
 	d.Observe(now, 0, res.Admitted+res.Denied)
+	st.bucket.admitted[chk.Store] = max(st.bucket.admitted[chk.Store], res.Admitted)
 	// chk.Demand stays 0: the agent's hot-limit chunks are sub-leases,
 	// which bucket limits do not have.
 	inForce := st.bucket.inForce(chk.Store, now)

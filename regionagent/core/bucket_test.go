@@ -49,6 +49,9 @@ func TestBucketCheckSteps(t *testing.T) {
 	if len(w.shareReqs) != 2 || len(w.installs) != 2 || w.installs[1].Share.Seq != 2 {
 		t.Fatalf("renewal at half life: %d requests, %d installs", len(w.shareReqs), len(w.installs))
 	}
+	if w.shareReqs[0].Admitted != 0 || w.shareReqs[1].Admitted != 8 {
+		t.Fatalf("the requests carry the bucket's admitted counter: %d, %d; want 0, 8", w.shareReqs[0].Admitted, w.shareReqs[1].Admitted)
+	}
 	// Bad input: a cost above the burst, a bucket limit with another.
 	_, chk := w.checkMulti(Item{Limit: "b/a", Cost: 6})
 	var ie *ItemError

@@ -1213,9 +1213,13 @@ type ShareRequest struct {
 	// [A-Za-z0-9._-]) for its in-process bucket while Redis is down. The
 	// allocator counts each holder's shares apart: replicas spending alone
 	// never add up to more than the limit.
-	Holder        string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Holder string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	// admitted_tokens is the holder's bucket's admitted counter as the agent
+	// last read it (cumulative, >= 0): the allocator adds up what it grew by
+	// per reporting interval and exports it beside the bound.
+	AdmittedTokens int64 `protobuf:"varint,5,opt,name=admitted_tokens,json=admittedTokens,proto3" json:"admitted_tokens,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ShareRequest) Reset() {
@@ -1274,6 +1278,13 @@ func (x *ShareRequest) GetHolder() string {
 		return x.Holder
 	}
 	return ""
+}
+
+func (x *ShareRequest) GetAdmittedTokens() int64 {
+	if x != nil {
+		return x.AdmittedTokens
+	}
+	return 0
 }
 
 // RateShare is a region's part of a bucket limit: its regional bucket
@@ -1611,13 +1622,14 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x14allocator_unix_nanos\x18\x04 \x01(\x03R\x12allocatorUnixNanos\"f\n" +
 	"\x14AcquireSharesRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x126\n" +
-	"\brequests\x18\x02 \x03(\v2\x1a.leasehold.v1.ShareRequestR\brequests\"\x8c\x01\n" +
+	"\brequests\x18\x02 \x03(\v2\x1a.leasehold.v1.ShareRequestR\brequests\"\xb5\x01\n" +
 	"\fShareRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12*\n" +
 	"\x11demand_per_second\x18\x03 \x01(\x01R\x0fdemandPerSecond\x12\x16\n" +
-	"\x06holder\x18\x04 \x01(\tR\x06holder\"\xf4\x02\n" +
+	"\x06holder\x18\x04 \x01(\tR\x06holder\x12'\n" +
+	"\x0fadmitted_tokens\x18\x05 \x01(\x03R\x0eadmittedTokens\"\xf4\x02\n" +
 	"\tRateShare\x12\x19\n" +
 	"\bshare_id\x18\x01 \x01(\tR\ashareId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12\x16\n" +
