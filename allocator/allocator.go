@@ -261,6 +261,7 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 	}
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(newWindowCollector(a))
+		cfg.Registerer.MustRegister(newBucketCollector(a))
 	}
 	return a, nil
 }
@@ -450,6 +451,9 @@ func (a *Allocator) campaignAndLead(ctx context.Context) (led bool, err error) {
 	}
 	for _, lp := range st.Limits {
 		core.SetLimit(decodeLimit(lp))
+	}
+	for _, g := range st.Shares {
+		core.RestoreShare(g)
 	}
 	for _, g := range st.Grants {
 		core.Restore(g)
@@ -659,7 +663,100 @@ func (a *Allocator) sweepOnce(t *term) error {
 		t.mu.Unlock()
 		keys = keys[n:]
 	}
+	return a.sweepShares(t)
+}
+
+// sweepShares removes the records of rate shares that expired more than
+// the retention ago (fenced, batched), then forgets them in the core.
+func (a *Allocator) sweepShares(t *term) error {
+	t.mu.Lock()
+	gs := t.core.ExpiredShares(a.opt.now(), a.opt.retention)
+	t.mu.Unlock()
+	for len(gs) > 0 {
+		n := min(len(gs), max(1, a.opt.maxOps))
+		ops := make([]*pendingOp, 0, n)
+		for _, g := range gs[:n] {
+			ops = append(ops, t.commit.enqueue(clientv3.OpDelete(a.store.shareKey(g))))
+		}
+		for _, p := range ops {
+			if err := p.wait(t.ctx); err != nil {
+				return err
+			}
+		}
+		t.mu.Lock()
+		for _, g := range gs[:n] {
+			t.core.ForgetShare(g)
+		}
+		t.mu.Unlock()
+		gs = gs[n:]
+	}
 	return nil
+}
+
+// AcquireShares grants rate shares of bucket limits to region. The
+// requests must already be validated (see ValidateAcquireShares). New
+// shares are durable when it returns; a replay of one not yet committed
+// waits for its commit.
+func (a *Allocator) AcquireShares(ctx context.Context, region string, reqs []*pb.ShareRequest) ([]*pb.ShareResult, error) {
+	t, err := a.currentTerm()
+	if err != nil {
+		return nil, err
+	}
+	now := a.opt.now()
+	results := make([]*pb.ShareResult, len(reqs))
+	decs := make([]ShareDecision, len(reqs))
+	var waits []*pendingOp
+	t.mu.Lock()
+	for i, r := range reqs {
+		d := t.core.AcquireShare(now, region, ShareAcquire{RequestID: r.RequestId, Limit: r.LimitId, Demand: r.DemandPerSecond, Holder: r.Holder,
+			Admitted: r.AdmittedTokens})
+		results[i] = &pb.ShareResult{RequestId: r.RequestId, Code: d.Code, Message: d.Message, Replayed: d.Replayed, OwnerGroup: d.OwnerGroup}
+		decs[i] = d
+		switch {
+		case d.New:
+			op, err := a.store.putShareOp(d.Grant)
+			if err != nil {
+				t.mu.Unlock()
+				t.cancel(err) // the core holds an unpersistable share
+				return nil, unavailable(err)
+			}
+			d.Grant.pending = t.commit.enqueue(op)
+			waits = append(waits, d.Grant.pending)
+			a.m.grants.WithLabelValues("granted").Inc()
+		case d.Replayed:
+			if p := d.Grant.pending; p != nil && !p.isDone() {
+				waits = append(waits, p)
+			}
+			a.m.grants.WithLabelValues("replayed").Inc()
+		case d.Code != pb.ItemCode_ITEM_CODE_OK:
+			a.m.grants.WithLabelValues("rejected").Inc()
+		default:
+			a.m.grants.WithLabelValues("empty").Inc()
+		}
+	}
+	t.mu.Unlock()
+	for _, p := range waits {
+		if err := p.wait(ctx); err != nil {
+			a.m.grants.WithLabelValues("failed").Inc()
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			return nil, unavailable(err)
+		}
+	}
+	// expires_in is measured from now, after the commit, as for leases:
+	// the agent measures from its send, earlier.
+	now = a.opt.now()
+	for i, d := range decs {
+		switch {
+		case d.Grant != nil:
+			results[i].Share = d.Grant.ToProto(now)
+		case d.Code == pb.ItemCode_ITEM_CODE_OK:
+			results[i].Share = &pb.RateShare{LimitId: reqs[i].LimitId, Region: region, RequestId: reqs[i].RequestId,
+				ExpiresIn: durpb(0), RatePeriod: durpb(0)}
+		}
+	}
+	return results, nil
 }
 
 // unavailable wraps a commit failure for callers: nothing they were told

@@ -160,7 +160,10 @@ type Core struct {
 	// limit's window starting at start (and else which group does): a
 	// window another group owns is never granted here (the group map,
 	// package internal/groupmap).
-	owner func(limit string, start time.Time) (group string, owned bool)
+	owner     func(limit string, start time.Time) (group string, owned bool)
+	shares    map[string]*shareState     // rate shares of bucket limits, per limit (shares.go)
+	shareReq  map[requestKey]*ShareGrant // rate shares by request id
+	bucketUse map[string]*bucketUsage    // bucket limits' admitted counts per reporting interval (bucketusage.go)
 }
 
 // NewCore returns an empty core.
@@ -171,6 +174,9 @@ func NewCore() *Core {
 		byRequest: map[requestKey]*Grant{},
 		demand:    map[demandKey]demandReport{},
 		summaries: map[string][]*WindowSummary{},
+		shares:    map[string]*shareState{},
+		shareReq:  map[requestKey]*ShareGrant{},
+		bucketUse: map[string]*bucketUsage{},
 	}
 }
 
@@ -313,6 +319,10 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 		}
 		return Decision{Grant: g, Replayed: true}
 	}
+	if g, ok := c.shareReq[rk]; ok {
+		return Decision{Code: pb.ItemCode_ITEM_CODE_CONFLICT,
+			Message: fmt.Sprintf("request id %q was used for a rate share of limit %q", r.RequestID, g.Limit)}
+	}
 	l, ok := c.limits[r.Limit]
 	if !ok {
 		if c.owner != nil {
@@ -325,6 +335,10 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 			}
 		}
 		return Decision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
+	}
+	if l.At(now).IsBucket() {
+		return Decision{Code: pb.ItemCode_ITEM_CODE_WRONG_KIND,
+			Message: fmt.Sprintf("limit %q is a bucket limit: acquire rate shares", r.Limit)}
 	}
 	if !l.HasRegion(region) && (l.Previous == nil || !l.Previous.HasRegion(region)) {
 		return Decision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,

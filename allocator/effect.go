@@ -17,8 +17,9 @@ import (
 // limitFields flattens the fields of a limit that a person sets, by the
 // names a FieldChange uses: "limit_tokens", "window", "regions", "mode",
 // "fallback.<region>", "lease.ttl", "lease.min_chunk", "lease.max_chunk",
-// "owner", "description", "tags.<key>", "hash_tag", "shadow", and when set
-// "settle_grace", "debt_policy". A nil limit has none.
+// "owner", "description", "tags.<key>", "hash_tag", "shadow", when set
+// "settle_grace", "debt_policy", and for a bucket limit "kind", "rate"
+// (e.g. "100/s") and "burst_tokens". A nil limit has none.
 func limitFields(l *pb.Limit) map[string]string {
 	if l == nil {
 		return map[string]string{}
@@ -47,6 +48,15 @@ func limitFields(l *pb.Limit) map[string]string {
 	if o := l.GetOverride(); o != nil {
 		m["override"] = "until " + o.GetEndsAt().AsTime().UTC().Format(time.RFC3339Nano) + ", then version in force before it"
 	}
+	if l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET {
+		period := time.Second
+		if l.RatePeriod != nil {
+			period = l.RatePeriod.AsDuration()
+		}
+		m["kind"] = "bucket"
+		m["rate"] = limitspec.FormatRate(l.RateTokens, period)
+		m["burst_tokens"] = strconv.FormatInt(l.BurstTokens, 10)
+	}
 	for _, r := range l.Regions {
 		m["fallback."+r] = limitspec.FallbackName(l.Fallback[r])
 	}
@@ -58,7 +68,7 @@ func limitFields(l *pb.Limit) map[string]string {
 
 // fieldOrder lists the fixed fields in the order a diff shows them;
 // fallback.* and tags.* follow their neighbours, by name.
-var fieldOrder = []string{"limit_tokens", "window", "regions", "mode", "fallback.", "lease.ttl",
+var fieldOrder = []string{"limit_tokens", "window", "kind", "rate", "burst_tokens", "regions", "mode", "fallback.", "lease.ttl",
 	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override"}
 
 func fieldRank(f string) int {

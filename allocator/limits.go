@@ -19,7 +19,14 @@ type Limit struct {
 	MinChunk int64
 	MaxChunk int64
 	Version  int64
-	Proto    *pb.Limit // as stored, for Admin and SyncLimits
+	// Kind is what the limit counts. A BUCKET limit has a rate of Rate
+	// tokens per RatePeriod and a burst of Burst tokens instead of Tokens
+	// per Window; its regions hold rate shares (shares.go).
+	Kind       pb.LimitKind
+	Rate       int64
+	RatePeriod time.Duration
+	Burst      int64
+	Proto      *pb.Limit // as stored, for Admin and SyncLimits
 	// EffectiveFrom is when this version starts to govern; Previous is the
 	// version that governs before it (nil when none is scheduled).
 	// Windows are decided by the version that governs their start.
@@ -125,7 +132,7 @@ func afterOf(p *pb.Limit) *pb.Limit {
 }
 
 func decodeVersion(p *pb.Limit) *Limit {
-	return &Limit{
+	l := &Limit{
 		ID:       p.Id,
 		Tokens:   p.LimitTokens,
 		Window:   p.Window.AsDuration(),
@@ -134,9 +141,22 @@ func decodeVersion(p *pb.Limit) *Limit {
 		MinChunk: p.GetLease().GetMinChunk(),
 		MaxChunk: p.GetLease().GetMaxChunk(),
 		Version:  p.Version,
+		Kind:     p.Kind,
+		Rate:     p.RateTokens,
+		Burst:    p.BurstTokens,
 		Proto:    p,
 	}
+	if l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET {
+		l.RatePeriod = time.Second
+		if p.RatePeriod != nil {
+			l.RatePeriod = p.RatePeriod.AsDuration()
+		}
+	}
+	return l
 }
+
+// IsBucket reports whether l is a bucket limit (rate and burst).
+func (l *Limit) IsBucket() bool { return l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET }
 
 // scheduled reports whether the stored limit p still waits for a change
 // to come into force at now.

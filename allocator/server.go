@@ -127,6 +127,21 @@ func (s *Server) AcquireLeases(ctx context.Context, req *pb.AcquireLeasesRequest
 	return &pb.AcquireLeasesResponse{Results: res}, nil
 }
 
+// AcquireShares implements pb.AllocatorServer.
+func (s *Server) AcquireShares(ctx context.Context, req *pb.AcquireSharesRequest) (*pb.AcquireSharesResponse, error) {
+	if err := s.allowLease(ctx, "AcquireShares", req.GetRegion()); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	if err := ValidateAcquireShares(req); err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	res, err := s.a.AcquireShares(ctx, req.Region, req.Requests)
+	if err != nil {
+		return nil, toStatus(ctx, err)
+	}
+	return &pb.AcquireSharesResponse{Results: res}, nil
+}
+
 // ReturnLeases implements pb.AllocatorServer.
 func (s *Server) ReturnLeases(ctx context.Context, req *pb.ReturnLeasesRequest) (*pb.ReturnLeasesResponse, error) {
 	if err := s.allowLease(ctx, "ReturnLeases", req.GetRegion()); err != nil {

@@ -51,6 +51,23 @@ func (s *Store) usagePrefix() string          { return s.prefix + "usage/" }
 func (s *Store) electionPrefix() string       { return s.prefix + "leader/" }
 func windowPart(limit string, w int64) string { return fmt.Sprintf("%s!%020d/", limit, w) }
 
+// sharesPrefix holds the rate shares of bucket limits, one key per share:
+// shares/<limit>!/<region>/<request id> (the request id is unique within the region).
+func (s *Store) sharesPrefix() string { return s.prefix + "shares/" }
+
+func (s *Store) shareKey(g *ShareGrant) string {
+	return s.sharesPrefix() + g.Limit + "!/" + g.Region + "/" + g.RequestID
+}
+
+// putShareOp returns the write of a rate share record.
+func (s *Store) putShareOp(g *ShareGrant) (clientv3.Op, error) {
+	b, err := json.Marshal(g)
+	if err != nil {
+		return clientv3.Op{}, err
+	}
+	return clientv3.OpPut(s.shareKey(g), string(b)), nil
+}
+
 func (s *Store) grantKey(g *Grant) string {
 	return s.grantsPrefix() + windowPart(g.Limit, g.Window) + g.Region + "/" + g.RequestID
 }
@@ -174,11 +191,13 @@ type State struct {
 	Revision  int64
 	Limits    []*pb.Limit
 	Grants    []*Grant
+	Shares    []*ShareGrant
 	Usage     []*UsageRecord
 	Summaries []*WindowSummary
 }
 
-// Load reads limits, grants and usage at one revision, page by page.
+// Load reads limits, grants, rate shares and usage at one revision, page
+// by page.
 func (s *Store) Load(ctx context.Context) (*State, error) {
 	st := &State{}
 	rev, err := s.scan(ctx, s.limitsPrefix(), 0, func(k, v []byte) error {
@@ -199,6 +218,16 @@ func (s *Store) Load(ctx context.Context) (*State, error) {
 			return fmt.Errorf("grant %s: %w", k, err)
 		}
 		st.Grants = append(st.Grants, g)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := s.scan(ctx, s.sharesPrefix(), rev, func(k, v []byte) error {
+		g := &ShareGrant{}
+		if err := json.Unmarshal(v, g); err != nil {
+			return fmt.Errorf("share %s: %w", k, err)
+		}
+		st.Shares = append(st.Shares, g)
 		return nil
 	}); err != nil {
 		return nil, err

@@ -57,6 +57,49 @@ func ValidateAcquire(req *pb.AcquireLeasesRequest) error {
 	return nil
 }
 
+// ValidateAcquireShares checks an AcquireShares request: the errors name
+// the field, e.g. "requests[2].demand_per_second".
+func ValidateAcquireShares(req *pb.AcquireSharesRequest) error {
+	if err := vocab.ValidateRegion("region", req.GetRegion()); err != nil {
+		return err
+	}
+	if len(req.Requests) == 0 {
+		return fieldErr("requests", "at least one request is required")
+	}
+	if len(req.Requests) > MaxBatch {
+		return fieldErr("requests", "at most %d per call, got %d", MaxBatch, len(req.Requests))
+	}
+	seen := make(map[string]int, len(req.Requests))
+	for i, r := range req.Requests {
+		f := fmt.Sprintf("requests[%d]", i)
+		if r == nil {
+			return fieldErr(f, "required")
+		}
+		if err := vocab.ValidateRequestID(f+".request_id", r.RequestId); err != nil {
+			return err
+		}
+		if j, dup := seen[r.RequestId]; dup {
+			return fieldErr(f+".request_id", "duplicates requests[%d]", j)
+		}
+		seen[r.RequestId] = i
+		if err := vocab.ValidateLimitID(f+".limit_id", r.LimitId); err != nil {
+			return err
+		}
+		if math.IsNaN(r.DemandPerSecond) || math.IsInf(r.DemandPerSecond, 0) || r.DemandPerSecond < 0 {
+			return fieldErr(f+".demand_per_second", "must be a finite number >= 0, got %v", r.DemandPerSecond)
+		}
+		if r.Holder != "" {
+			if err := vocab.ValidateRequestID(f+".holder", r.Holder); err != nil {
+				return err
+			}
+		}
+		if r.AdmittedTokens < 0 {
+			return fieldErr(f+".admitted_tokens", "must be >= 0, got %d", r.AdmittedTokens)
+		}
+	}
+	return nil
+}
+
 // ValidateReturn checks a ReturnLeases request.
 func ValidateReturn(req *pb.ReturnLeasesRequest) error {
 	if err := vocab.ValidateRegion("region", req.GetRegion()); err != nil {

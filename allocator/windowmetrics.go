@@ -75,6 +75,9 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 			if l.After != nil && now.Before(l.OverrideEnds) {
 				overrides[id] = l.OverrideEnds // every one: there are few, and each is an emergency
 			}
+			if l.At(now).IsBucket() {
+				continue // bucketCollector's
+			}
 			cur := lease.WindowOf(now, l.At(now).Window).Index
 			rep, ok := core.report(now, id, cur-1)
 			if !ok {

@@ -26,6 +26,12 @@
 //     window's budget, each region's demand-weighted share of the window.
 //   - [LowWater] and [RateEstimator] (agent side): when to renew, and the
 //     smoothed demand a renewal request reports.
+//   - [TokenBucket], [BucketShare], [BucketUnit] and [BucketBound]: bucket
+//     limits (rate R per period, burst B), whose regions hold rate shares
+//     (r_i, b_i) and refill a token bucket of their own; the bucket model
+//     the Redis script implements, and the bound B + R*T on what any
+//     interval of length T may admit; [SizeShare] (allocator side): a
+//     region's next rate share, by demand, within what the others hold.
 //
 // Time is always an argument, in the style of golang.org/x/time/rate's
 // AllowN(t, n): nothing here reads the wall clock, sleeps or does I/O, so

@@ -249,6 +249,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	a.calls.returns.send = a.sendReturns
 	a.calls.reports.send = a.sendReports
 	a.calls.closes.send = a.closeAll
+	a.calls.shares.send = a.sendShares
 	a.failover = newFailoverWatcher(a) // failover.go
 	a.m.registerCore(cfg.Registerer, a)
 	a.chunks = a.newChunks()
@@ -460,6 +461,13 @@ func (a *Agent) step(ctx context.Context, chk *core.Check) error {
 		a.withCore(func(c *core.Core) { c.Spent(now, chk, res, err) })
 	case core.StepWait:
 		return a.wait(ctx, chk)
+	case core.StepTake:
+		res, err := a.take(ctx, chk.Store, chk.RateKey, chk.Costs[0])
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		now := a.opt.now()
+		a.withCore(func(c *core.Core) { c.Taken(now, chk, res, err) })
 	case core.StepCount:
 		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 		ok, vals, err := a.store(chk.Store).admitFallback(rctx, chk.Count)
@@ -520,6 +528,12 @@ func (a *Agent) beginBatch(reqs []*spendReq) {
 			cs.chk = a.core.Begin(now, cs.items, cs.deadline)
 		}
 		chk := cs.chk
+		if chk.Step == core.StepTake && chk.Store == core.Shared {
+			// A bucket limit's take rides in the same pipeline.
+			r.op = bucket.SpendOp{Keys: []string{bucket.RateKeyOf(chk.RateKey)}, Costs: chk.Costs[:1], NowMs: a.shared.nowMs(), Take: true}
+			r.at = now
+			continue
+		}
 		if chk.Step != core.StepSpend || chk.Store != core.Shared {
 			r.skip = true
 			continue
@@ -550,6 +564,13 @@ func (a *Agent) decideBatch(reqs []*spendReq) {
 		}
 		res, err := r.res, crossSlot(r.err)
 		res.Err = crossSlot(res.Err)
+		if r.op.Take {
+			if err == nil {
+				err = res.Err
+			}
+			a.core.Taken(now, r.check.chk, res.Take, err)
+			continue
+		}
 		a.core.Spent(now, r.check.chk, res, err)
 	}
 	if locked {

@@ -42,6 +42,9 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 	if lerr != nil {
 		return Reservation{}, a.lookupErr(lerr)
 	}
+	if l.IsBucket() {
+		return Reservation{}, errBucketSubLease(limit)
+	}
 	if l.ID == "" {
 		// Not synced: the agent does not know the limit yet.
 		return Reservation{Decision: Decision{Reason: pb.Reason_REASON_UNAVAILABLE, RetryAfter: time.Second}}, nil
@@ -116,6 +119,9 @@ func (a *Agent) Release(ctx context.Context, limit, id string, unspent int64) (i
 	if lerr != nil {
 		return 0, a.lookupErr(lerr)
 	}
+	if l.IsBucket() {
+		return 0, errBucketSubLease(limit)
+	}
 	if l.ID == "" {
 		return 0, fmt.Errorf("%w: the agent has no limits from the allocator yet", errNotSynced)
 	}
@@ -161,4 +167,11 @@ func (a *Agent) lookupErr(err error) error {
 		return fmt.Errorf("%w: %s", ErrUnknownLimit, ie.Reason)
 	}
 	return err
+}
+
+// errBucketSubLease refuses a sub-lease of a bucket limit: its tokens
+// refill continuously in the region's bucket, and this version hands none
+// out in chunks.
+func errBucketSubLease(limit string) error {
+	return fieldErr("limit_id", "%q is a bucket limit: it has no sub-leases (use Check)", limit)
 }

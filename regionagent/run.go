@@ -170,6 +170,12 @@ func limitOf(l *pb.Limit, region string) core.Limit {
 	out := core.Limit{ID: l.Id, Tokens: l.LimitTokens, Window: dur(l.Window), TTL: dur(l.GetLease().GetTtl()),
 		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag,
 		SettleGrace: limitspec.SettleGrace(l), CarryDebt: l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_FORGIVE, Shadow: l.Shadow}
+	if l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET && l.RateTokens > 0 {
+		out.Rate, out.RatePeriod, out.Burst = l.RateTokens, time.Second, l.BurstTokens
+		if l.RatePeriod != nil {
+			out.RatePeriod = l.RatePeriod.AsDuration()
+		}
+	}
 	if fb := l.Fallback[region]; fb != nil {
 		out.Fallback = core.Fallback{Kind: core.FallbackKind(fb.Kind), LocalTokens: fb.LocalTokens}
 	}

@@ -120,6 +120,9 @@ func (a *Agent) execute(ctx context.Context, rd core.Ready) {
 	if len(rd.Reports) > 0 {
 		a.calls.reports.add(a, rd.Reports)
 	}
+	if len(rd.Shares) > 0 {
+		a.calls.shares.add(a, rd.Shares)
+	}
 	if len(rd.Closes) > 0 {
 		// Closes are background work (a window boundary closes every
 		// lease of thousands of limits at once): they must not hold up the
@@ -137,6 +140,9 @@ func (a *Agent) execute(ctx context.Context, rd core.Ready) {
 		if ds := ofStore(rd.Deposits, st, func(d core.Deposit) core.Store { return d.Store }); len(ds) > 0 {
 			jobs = append(jobs, func() { a.deposits(ctx, st, ds) })
 		}
+	}
+	if len(rd.Installs) > 0 {
+		jobs = append(jobs, func() { a.installs(ctx, rd.Installs) })
 	}
 	for _, op := range rd.Counters {
 		jobs = append(jobs, func() {
@@ -327,6 +333,7 @@ type callQueues struct {
 	returns  batcher[core.Return]
 	reports  batcher[core.ReportRead]
 	closes   batcher[core.Close] // store work, off the urgent path
+	shares   batcher[core.ShareAcquire]
 }
 
 // maxPerCall bounds the items of one allocator call (the allocator takes

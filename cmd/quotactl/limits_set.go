@@ -7,12 +7,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/limitspec"
 	pb "leasehold/proto/leasehold/v1"
 )
 
 var limitsSetCmd = &command{
 	name:    "set",
-	args:    "ID --limit N --window DUR --regions R[,R...] --mode strict|bounded [flags]",
+	args:    "ID (--limit N --window DUR | --rate N/PERIOD --burst N) --regions R[,R...] --mode strict|bounded [flags]",
 	summary: "create or replace a limit and print it with its new version",
 	detail: `set writes the whole limit: settings not given take their defaults, they
 are not kept from the stored version. Use --expect-version to make sure you
@@ -20,13 +21,24 @@ replace the version you read (0: create only). The allocator checks every
 field; its message names the field it refused. --reason is required and
 recorded in the limit's history. A change to an existing limit governs from
 the next window boundary unless --effective now. --dry-run prints what would
-change and its effect on the current window, and writes nothing.`,
+change and its effect on the current window, and writes nothing. --rate and
+--burst describe a bucket limit (rate and burst) instead of a window limit;
+this version of the allocator checks them and refuses the limit (bucket
+limits are not enforced yet).`,
 	flags: func(f *flagSet) action {
 		l := &pb.Limit{Lease: &pb.LeaseSettings{}}
 		var window, ttl, grace time.Duration
 		var expect int64
-		f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required)", 1)
-		f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required, >= 1s)")
+		f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required for a window limit)", 1)
+		f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required for a window limit, >= 1s)")
+		var rate int64
+		var period time.Duration
+		f.value("rate", "`N/PERIOD`: a bucket limit's rate R, all regions together, e.g. 100/s or 5/250ms; with --burst, instead of --limit and --window", func(s string) error {
+			n, p, err := limitspec.ParseRate(s)
+			rate, period = n, p
+			return err
+		})
+		f.tokensVar(&l.BurstTokens, "burst", "`N`: a bucket limit's burst B, all regions together (required with --rate)", 1)
 		f.listVar(&l.Regions, "regions", "`R,...`: regions that spend the limit, e.g. eu,us (required; repeatable)")
 		f.value("mode", "`strict|bounded`: strict admits only leased tokens; bounded allows fallbacks (required)", func(s string) error {
 			m, err := parseMode(s)
@@ -60,11 +72,25 @@ change and its effect on the current window, and writes nothing.`,
 			if err != nil {
 				return err
 			}
-			if err := f.require("limit", "window", "regions", "mode", "reason"); err != nil {
-				return err
+			if f.isSet("rate") {
+				// A bucket limit: rate and burst, no window.
+				if f.isSet("limit") || f.isSet("window") {
+					return usagef("--rate and --burst make a bucket limit: give them instead of --limit and --window")
+				}
+				if err := f.require("burst", "regions", "mode", "reason"); err != nil {
+					return err
+				}
+				l.Kind, l.RateTokens, l.RatePeriod = pb.LimitKind_LIMIT_KIND_BUCKET, rate, durationpb.New(period)
+			} else {
+				if f.isSet("burst") {
+					return usagef("--burst is for a bucket limit: give --rate too")
+				}
+				if err := f.require("limit", "window", "regions", "mode", "reason"); err != nil {
+					return err
+				}
+				l.Window = durationpb.New(window)
 			}
 			l.Id = id
-			l.Window = durationpb.New(window)
 			if f.isSet("ttl") {
 				l.Lease.Ttl = durationpb.New(ttl)
 			}

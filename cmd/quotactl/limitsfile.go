@@ -39,6 +39,11 @@ import (
 //	    settle_grace: 30s      # settle-later Checks: Settle taken this long
 //	    debt_policy: carry     # carry (default) or forgive
 //	    shadow: true           # tried, not enforced: would-deny counted
+//	  - id: backend/search      # a bucket limit: rate and burst instead of limit and window
+//	    rate: 100/s
+//	    burst: 200
+//	    regions: [eu, us]
+//	    mode: strict
 //
 // Decoding is strict: unknown keys, duplicate keys, aliases, a second
 // document and values of the wrong shape are refused with the file, the
@@ -373,7 +378,7 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 }
 
 // limitKeys are the keys of one limit, in the order export writes them.
-var limitKeys = []string{"id", "limit", "window", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
+var limitKeys = []string{"id", "limit", "window", "rate", "burst", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
 	"settle_grace", "debt_policy", "shadow"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
@@ -405,7 +410,37 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 	}
 	what = l.Id // later messages name the limit
 	lines["id"] = idn.Line
-	for _, key := range []string{"limit", "window", "regions", "mode"} {
+	required := []string{"limit", "window", "regions", "mode"}
+	if rv, ok := f["rate"]; ok {
+		// A bucket limit: rate and burst instead of limit and window.
+		for _, key := range []string{"limit", "window"} {
+			if fv, ok := f[key]; ok {
+				return nil, errAt(fv.val, "%s: %q: a limit with a rate is a bucket limit: give rate and burst, not limit and window", l.Id, key)
+			}
+		}
+		s, err := scalarString(rv.val, what+": rate")
+		if err != nil {
+			return nil, err
+		}
+		n, p, err := limitspec.ParseRate(s)
+		if err != nil {
+			return nil, errAt(rv.val, "%s: rate: %q: %v", l.Id, s, err)
+		}
+		l.Kind, l.RateTokens, l.RatePeriod = pb.LimitKind_LIMIT_KIND_BUCKET, n, durationpb.New(p)
+		lines["rate_tokens"], lines["rate_period"], lines["kind"] = rv.val.Line, rv.val.Line, rv.val.Line
+		bv, err := req("burst")
+		if err != nil {
+			return nil, errAt(rv.val, "%s: %q is required with rate", l.Id, "burst")
+		}
+		if l.BurstTokens, err = scalarInt(bv, what+": burst"); err != nil {
+			return nil, err
+		}
+		lines["burst_tokens"] = bv.Line
+		required = []string{"regions", "mode"}
+	} else if fv, ok := f["burst"]; ok {
+		return nil, errAt(fv.val, "%s: \"burst\": only a bucket limit has a burst: give rate too", l.Id)
+	}
+	for _, key := range required {
 		v, err := req(key)
 		if err != nil {
 			return nil, errAt(n, "%s: %q is required", l.Id, key)
@@ -541,6 +576,12 @@ func lineOf(lines map[string]int, name string, def int) int {
 // limit_tokens -> limit, fallback[eu] -> fallback.eu.
 func fileFieldName(name string) string {
 	name = strings.Replace(name, "limit_tokens", "limit", 1)
+	switch name {
+	case "rate_tokens", "rate_period":
+		return "rate"
+	case "burst_tokens":
+		return "burst"
+	}
 	if rest, ok := strings.CutPrefix(name, "fallback["); ok {
 		if region, tail, ok := strings.Cut(rest, "]"); ok {
 			name = "fallback." + region + tail
@@ -717,8 +758,13 @@ func limitNode(l *pb.Limit) *yaml.Node {
 	n := &yaml.Node{Kind: yaml.MappingNode}
 	add := func(k string, v *yaml.Node) { n.Content = append(n.Content, str(k), v) }
 	add("id", str(l.GetId()))
-	add("limit", intNode(l.GetLimitTokens()))
-	add("window", str(formatDuration(l.GetWindow())))
+	if l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
+		add("rate", str(formatRate(l)))
+		add("burst", intNode(l.GetBurstTokens()))
+	} else {
+		add("limit", intNode(l.GetLimitTokens()))
+		add("window", str(formatDuration(l.GetWindow())))
+	}
 	regions := &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
 	for _, r := range slices.Sorted(slices.Values(l.GetRegions())) {
 		regions.Content = append(regions.Content, str(r))

@@ -87,6 +87,7 @@ func TestDecodeLimitsFile(t *testing.T) {
 // the offending key or value, and the key or limit.
 func TestDecodeLimitsFileErrors(t *testing.T) {
 	head := "limits:\n  - id: tenant/a\n    limit: 10\n    window: 1m\n    regions: [eu]\n    mode: bounded\n"
+	bucket := "limits:\n  - id: tenant/b\n    rate: 100/s\n    burst: 200\n    regions: [eu]\n    mode: strict\n"
 	for _, tc := range []struct {
 		name, in string
 		want     string // a part of the message, after "f.yaml:LINE: "
@@ -133,6 +134,14 @@ func TestDecodeLimitsFileErrors(t *testing.T) {
 		{"syntax", "limits: [\n", "invalid YAML", 1},
 		{"tab indent", "limits:\n\t- id: x\n", "invalid YAML", 2},
 		{"not utf8", "limits: []\n# \xff\n", "not UTF-8", 2},
+		// Bucket limits: rate and burst instead of limit and window.
+		{"bucket not enforced yet", bucket, "tenant/b: kind: bucket limits are not enforced by this version yet", 3},
+		{"bucket bad rate", strings.Replace(bucket, "100/s", "100/d", 1), `tenant/b: rate: "100/d": want a period after the /`, 3},
+		{"bucket burst zero", strings.Replace(bucket, "burst: 200", "burst: 0", 1), "tenant/b: burst: must be >= 1, got 0", 4},
+		{"bucket burst too large", strings.Replace(bucket, "burst: 200", "burst: 4503599628", 1), "tenant/b: burst: must be <= 4503599627 for a rate period of 1s", 4},
+		{"bucket without burst", strings.Replace(bucket, "    burst: 200\n", "", 1), `tenant/b: "burst" is required with rate`, 3},
+		{"bucket with a window", bucket + "    window: 1m\n", `tenant/b: "window": a limit with a rate is a bucket limit`, 7},
+		{"burst without rate", head + "    burst: 5\n", `tenant/a: "burst": only a bucket limit has a burst`, 7},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := decodeLimitsFile("f.yaml", []byte(tc.in))

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -66,6 +67,12 @@ func (e *env) printLimit(l *pb.Limit) error {
 		{"id", l.GetId()},
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
+	}
+	if l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
+		rows = [][2]string{{"id", l.GetId()}, {"kind", "bucket"}, {"rate", formatRate(l)},
+			{"burst", strconv.FormatInt(l.GetBurstTokens(), 10)}}
+	}
+	rows = append(rows, [][2]string{
 		{"regions", strings.Join(l.GetRegions(), ",")},
 		{"mode", limitspec.ModeName(l.GetMode())},
 		{"fallback", effectiveFallback(l)},
@@ -75,7 +82,7 @@ func (e *env) printLimit(l *pb.Limit) error {
 		{"owner", l.GetOwner()},
 		{"description", l.GetDescription()},
 		{"tags", formatTags(l.GetTags())},
-	}
+	}...)
 	if t := l.GetHashTag(); t != "" {
 		rows = append(rows, [2]string{"hash-tag", t})
 	}
@@ -297,4 +304,13 @@ func shadowSuffix(l *pb.Limit) string {
 		return ", shadow"
 	}
 	return ""
+}
+
+// formatRate writes a bucket limit's rate as --rate takes it: "100/s".
+func formatRate(l *pb.Limit) string {
+	p := time.Second
+	if l.GetRatePeriod() != nil {
+		p = l.GetRatePeriod().AsDuration()
+	}
+	return limitspec.FormatRate(l.GetRateTokens(), p)
 }

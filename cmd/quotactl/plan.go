@@ -23,7 +23,8 @@ import (
 )
 
 // fieldDiff is one setting a change sets to another value. Names are the
-// limits file's keys: limit, window, regions, mode, fallback.eu,
+// limits file's keys: limit, window (kind, rate, burst for a bucket
+// limit), regions, mode, fallback.eu,
 // lease.ttl, lease.min_chunk, lease.max_chunk, owner, description,
 // tags.KEY, hash_tag, shadow (only when true), override (only when in
 // force). An absent value (a tag added or removed) is "".
@@ -46,9 +47,15 @@ func flatten(l *pb.Limit) []setting {
 	out := []setting{
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
-		{"regions", strings.Join(regions, ",")},
-		{"mode", limitspec.ModeName(l.GetMode())},
 	}
+	if l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
+		out = append(out, setting{"kind", "bucket"}, setting{"rate", formatRate(l)},
+			setting{"burst", strconv.FormatInt(l.GetBurstTokens(), 10)})
+	}
+	out = append(out,
+		setting{"regions", strings.Join(regions, ",")},
+		setting{"mode", limitspec.ModeName(l.GetMode())},
+	)
 	fb := map[string]string{}
 	for _, r := range regions {
 		fb[r] = "closed"

@@ -142,7 +142,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"audit", "-h"}, []string{"Usage: quotactl audit", "--since 24h|RFC3339", "--prefix P"}},
 		{[]string{"-h"}, []string{"--tls-ca FILE", "--tls-cert FILE", "--tls-key FILE", "--token TOKEN", "--token-file FILE"}},
 		{[]string{"help", "limits"}, []string{"Usage: quotactl [global flags] limits <command>"}},
-		{[]string{"limits", "set", "-h"}, []string{"Usage: quotactl limits set ID --limit N", "--fallback REGION=closed|local:A|open", "--expect-version V", "--tag KEY=VALUE", "--allocator ADDR"}},
+		{[]string{"limits", "set", "-h"}, []string{"Usage: quotactl limits set ID (--limit N --window DUR | --rate N/PERIOD --burst N)", "--rate N/PERIOD", "--burst N", "--fallback REGION=closed|local:A|open", "--expect-version V", "--tag KEY=VALUE", "--allocator ADDR"}},
 		{[]string{"limits", "set", "tenant/x", "--limit", "5", "--help"}, []string{"Usage: quotactl limits set"}},
 		{[]string{"help", "limits", "set"}, []string{"Usage: quotactl limits set"}},
 		{[]string{"limits", "help", "set"}, []string{"Usage: quotactl limits set"}},

@@ -117,6 +117,9 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 	if err := vocab.ValidateLimitID("limit.id", l.Id); err != nil {
 		return nil, err
 	}
+	if err := checkKind(l); err != nil {
+		return nil, err
+	}
 	if err := vocab.ValidateTokens("limit.limit_tokens", l.LimitTokens, 1); err != nil {
 		return nil, err
 	}

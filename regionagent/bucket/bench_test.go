@@ -235,3 +235,62 @@ func BenchmarkBaseline(b *testing.B) {
 		reportOps(b, b.N*16)
 	})
 }
+
+// benchRate starts redis-server and installs, in a bucket limit's token
+// bucket, a share refilling far faster than any benchmark spends (a
+// billion tokens per second, burst 4 billion), so every take is admitted
+// and does the full work.
+func benchRate(b *testing.B, opts *redis.Options) (*Buckets, string) {
+	b.Helper()
+	srv, _ := realRedis(b)
+	opts.Addr = srv.Addr()
+	rdb := redis.NewClient(opts)
+	b.Cleanup(func() { _ = rdb.Close() })
+	bk := New(rdb)
+	ctx := context.Background()
+	if err := bk.Load(ctx); err != nil {
+		b.Fatal(err)
+	}
+	key := RateKey("", "benchrate")
+	now := time.Now().UnixMilli()
+	_, err := bk.InstallShare(ctx, key, ShareInstall{Share: share(1, 1_000_000_000_000, 4_000_000_000, now+3_600_000),
+		ExpireAtMs: now + 4*3_600_000, NowMs: now - 10_000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return bk, key
+}
+
+// BenchmarkTake is BenchmarkSpend for a bucket limit: one EVALSHA of
+// rate.lua per take, one caller.
+func BenchmarkTake(b *testing.B) {
+	bk, key := benchRate(b, &redis.Options{})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		r, err := bk.Take(ctx, key, 1, 0)
+		if err != nil || !r.Allowed {
+			b.Fatal(r, err)
+		}
+	}
+	reportOps(b, b.N)
+}
+
+// BenchmarkTakeParallel is BenchmarkSpendParallel for a bucket limit: 50
+// callers, one EVALSHA per take.
+func BenchmarkTakeParallel(b *testing.B) {
+	bk, key := benchRate(b, &redis.Options{PoolSize: 64})
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetParallelism(25) // x GOMAXPROCS (2) = 50 callers
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := bk.Take(ctx, key, 1, 0); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	reportOps(b, b.N)
+}

@@ -23,6 +23,10 @@
 // Redis deadline is never later in real time than the agent's: no token is
 // spent after its lease's agent deadline (invariant 4).
 //
+// A bucket limit (rate and burst, no windows) has one token bucket per
+// region instead, under [RateKey], refilled by the region's rate share and
+// spent by [Buckets.Take]: see rate.go and lua/rate.lua.
+//
 // # Scripts and time
 //
 // Each operation is one atomic Lua script call (lua/*.lua, embedded; the

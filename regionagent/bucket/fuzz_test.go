@@ -107,6 +107,11 @@ func FuzzParse(f *testing.F) {
 		check("balance", err)
 		_, err = asBool(v)
 		check("bool", err)
+		tr, err := parseTake(v)
+		check("take", err)
+		if err == nil && (tr.Tokens < 0 || tr.WaitMs < -1) {
+			t.Fatalf("parseTake accepted %+v", tr)
+		}
 	})
 }
 

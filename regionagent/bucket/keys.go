@@ -13,6 +13,7 @@ import (
 //	lh:{<id>}:w:<window>             lh:{T}:<id>:w:<window>   a bucket (Key)
 //	lh:{<id>}:renew                  lh:{T}:<id>:renew        the renewal lock (LockKey)
 //	lh:{<id>}:epoch                  lh:{T}:<id>:epoch        the buckets' incarnation (EpochKey)
+//	lh:{<id>}:rate                   lh:{T}:<id>:rate         a bucket limit's token bucket (RateKey)
 //
 // A limit without a tag keeps the names it had before hash tags existed,
 // so an upgraded agent finds the buckets, locks and epochs of the running
@@ -51,3 +52,11 @@ type LimitRef struct {
 	ID      string
 	HashTag string
 }
+
+// RateKey returns the token bucket key of a bucket limit (one per limit:
+// bucket limits have no windows). It shares the limit's hash slot with
+// its lock and epoch.
+func RateKey(hashTag, limitID string) string { return prefix(hashTag, limitID) + ":rate" }
+
+// RateKeyOf is RateKey of a store rate key.
+func RateKeyOf(k store.RateKey) string { return RateKey(k.HashTag, k.Limit) }

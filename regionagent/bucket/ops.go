@@ -87,6 +87,10 @@ type SpendOp struct {
 	Keys  []string // bucket keys, sharing a hash tag on Redis Cluster
 	Costs []int64  // one cost >= 0 per key
 	NowMs int64    // 0: Redis TIME; > 0: explicit (tests)
+	// Take makes the op a take from a bucket limit's token bucket
+	// (Keys[0], a RateKey; Costs[0]), as Take does; its result is the
+	// SpendResult's Take.
+	Take bool
 }
 
 // Spend takes costs[i] tokens from keys[i] for every i, or nothing at all.
@@ -127,6 +131,7 @@ const maxSpendsPerCall = 128
 type spendCall struct {
 	tag   string
 	now   int64
+	take  bool     // a rate.lua 'takes' call, not a spend.lua one
 	solo  bool     // keys of several hash tags: a call of its own
 	keys  []string // distinct keys, KEYS of the call
 	spend []int    // indices into the batch
@@ -171,6 +176,10 @@ func (b *Buckets) SpendBatch(ctx context.Context, ops []SpendOp) ([]SpendResult,
 			res[i] = SpendResult{Failed: -1, Err: err}
 			continue
 		}
+		if op.Take && len(op.Keys) != 1 {
+			res[i] = SpendResult{Failed: -1, Err: invalid("a take names one key, got %d", len(op.Keys))}
+			continue
+		}
 		calls = b.addToCall(calls, ops, i)
 	}
 
@@ -182,7 +191,7 @@ func (b *Buckets) SpendBatch(ctx context.Context, ops []SpendOp) ([]SpendResult,
 	for try := 0; len(pending) > 0; try++ {
 		pipe := b.rdb.Pipeline()
 		for _, ci := range pending {
-			cmds[ci] = pipe.EvalSha(ctx, spendScript.sha, calls[ci].keys, calls[ci].args...)
+			cmds[ci] = pipe.EvalSha(ctx, calls[ci].script().sha, calls[ci].keys, calls[ci].args...)
 		}
 		_, _ = pipe.Exec(ctx) // per-command errors are read below
 		retry := pending[:0]
@@ -193,10 +202,13 @@ func (b *Buckets) SpendBatch(ctx context.Context, ops []SpendOp) ([]SpendResult,
 				retry = append(retry, ci) // did not run: safe to re-send
 				continue
 			}
-			if err == nil {
+			switch {
+			case err != nil:
+				err = wrapRedis(c.script().name, err)
+			case c.take:
+				err = parseTakeCall(v, c.spend, res)
+			default:
 				err = parseSpendCall(v, c.spend, res)
-			} else {
-				err = wrapRedis(spendScript.name, err)
 			}
 			if err != nil {
 				for _, i := range c.spend {
@@ -206,7 +218,7 @@ func (b *Buckets) SpendBatch(ctx context.Context, ops []SpendOp) ([]SpendResult,
 		}
 		pending = retry
 		if len(pending) > 0 {
-			if err := b.load(ctx, spendScript); err != nil {
+			if err := b.loadFor(ctx, calls, pending); err != nil {
 				for _, ci := range pending {
 					for _, i := range calls[ci].spend {
 						res[i] = SpendResult{Failed: -1, Err: err}
@@ -245,21 +257,30 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 	if !solo {
 		for j := range calls {
 			c := &calls[j]
-			if !c.solo && c.tag == tag && c.now == op.NowMs && len(c.spend) < maxSpendsPerCall {
+			if !c.solo && c.take == op.Take && c.tag == tag && c.now == op.NowMs && len(c.spend) < maxSpendsPerCall {
 				ci = j
 				break
 			}
 		}
 	}
 	if ci < 0 {
-		calls = append(calls, spendCall{tag: tag, now: op.NowMs, solo: solo,
-			args: []any{op.NowMs, b.ttlArg, int64(0)}})
+		if op.Take {
+			calls = append(calls, spendCall{tag: tag, now: op.NowMs, take: true,
+				args: []any{"takes", op.NowMs, b.ttlArg, int64(0)}})
+		} else {
+			calls = append(calls, spendCall{tag: tag, now: op.NowMs, solo: solo,
+				args: []any{op.NowMs, b.ttlArg, int64(0)}})
+		}
 		ci = len(calls) - 1
 	}
 	c := &calls[ci]
 	c.spend = append(c.spend, i)
-	c.args[2] = int64(len(c.spend))
-	c.args = append(c.args, int64(len(op.Keys)))
+	if c.take {
+		c.args[3] = int64(len(c.spend))
+	} else {
+		c.args[2] = int64(len(c.spend))
+		c.args = append(c.args, int64(len(op.Keys)))
+	}
 	for j, k := range op.Keys {
 		idx := -1
 		for x, have := range c.keys {
@@ -275,6 +296,28 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 		c.args = append(c.args, int64(idx+1), op.Costs[j])
 	}
 	return calls
+}
+
+// script is the script a call runs.
+func (c *spendCall) script() *script {
+	if c.take {
+		return rateScript
+	}
+	return spendScript
+}
+
+// loadFor loads the scripts of the pending calls (after NOSCRIPT).
+func (b *Buckets) loadFor(ctx context.Context, calls []spendCall, pending []int) error {
+	loaded := map[*script]bool{}
+	for _, ci := range pending {
+		if s := calls[ci].script(); !loaded[s] {
+			if err := b.load(ctx, s); err != nil {
+				return err
+			}
+			loaded[s] = true
+		}
+	}
+	return nil
 }
 
 // hashTag returns the part of key Redis Cluster hashes: the text between

@@ -52,6 +52,9 @@ const (
 	StepCount
 	// StepDone: Answers (or Err) are final.
 	StepDone
+	// StepTake: take Costs[0] from the token bucket RateKey in Store (a
+	// bucket limit) and hand the result to Taken.
+	StepTake
 )
 
 // Answer is the decision for one item of a Check.
@@ -74,12 +77,13 @@ type Answer struct {
 // caller carries out its Step and hands the result back until Step is
 // StepDone. A Check belongs to one Core and one caller at a time.
 type Check struct {
-	Step  Step
-	Store Store
-	Keys  []store.Key // StepSpend: one per item; StepWait: the limits to wait on
-	Costs []int64
-	Until time.Time           // StepWait
-	Count []store.FallbackAdd // StepCount
+	Step    Step
+	Store   Store
+	Keys    []store.Key // StepSpend: one per item; StepWait: the limits to wait on
+	Costs   []int64
+	Until   time.Time           // StepWait
+	Count   []store.FallbackAdd // StepCount
+	RateKey store.RateKey       // StepTake
 	// StepDone:
 	Answers  []Answer
 	Result   Result
@@ -218,6 +222,10 @@ func (c *Core) resolve(now time.Time, chk *Check) {
 			return
 		}
 	}
+	if ie := checkBucketItems(items, func(i int) *Limit { return c.limits[items[i].Limit] }); ie != nil {
+		chk.fail(ie)
+		return
+	}
 	if len(items) == 1 {
 		chk.sts, chk.wins = chk.one.st[:], chk.one.win[:]
 	} else {
@@ -229,7 +237,7 @@ func (c *Core) resolve(now time.Time, chk *Check) {
 		if cost == 0 {
 			cost = 1
 		}
-		if cost < 0 || cost > l.Tokens {
+		if !l.IsBucket() && (cost < 0 || cost > l.Tokens) {
 			chk.fail(&ItemError{Index: i, Field: "cost",
 				Reason: "must be 1.." + strconv.FormatInt(l.Tokens, 10) + " (the limit's G), got " + strconv.FormatInt(it.Cost, 10)})
 			return
@@ -241,6 +249,10 @@ func (c *Core) resolve(now time.Time, chk *Check) {
 			c.schedule(st, now)
 		}
 		chk.sts[i], chk.Costs[i] = st, cost
+	}
+	if chk.sts[0].l.IsBucket() {
+		c.beginTake(chk) // checkBucketItems: alone in its Check
+		return
 	}
 	c.name(now, chk)
 	chk.Step, chk.Store = StepSpend, c.store()
@@ -442,6 +454,10 @@ func minTime(a, b time.Time) time.Time {
 func (c *Core) Woke(now time.Time, chk *Check) {
 	if chk.lookup {
 		c.resolve(now, chk)
+		return
+	}
+	if chk.sts[0].l.IsBucket() {
+		c.beginTake(chk)
 		return
 	}
 	c.name(now, chk)

@@ -224,8 +224,9 @@ type limitState struct {
 	prevCheck   time.Time // the Check before the last
 
 	round       *round
-	lockedUntil time.Time // another replica holds the renewal lock: do not try before
-	pending     *Acquire  // unanswered current-window request, sent again as is
+	bucket      bucketState // a bucket limit's share (bucket.go)
+	lockedUntil time.Time   // another replica holds the renewal lock: do not try before
+	pending     *Acquire    // unanswered current-window request, sent again as is
 	pendingNext *Acquire
 	spentWindow int64 // window whose pool (or this region's share) the allocator said is spent
 	spentAt     time.Time
@@ -560,12 +561,16 @@ type Ready struct {
 	// agent's gauge): Kind 0 when a fallback ended.
 	Fallback []FallbackMark
 	Notes    []Note
+	// Shares are rate share requests of bucket limits, Installs the shares
+	// to put in force in their stores (bucket.go).
+	Shares   []ShareAcquire
+	Installs []Install
 }
 
 // Empty reports whether there is nothing to do.
 func (r *Ready) Empty() bool {
 	return len(r.Rounds)+len(r.Acquires)+len(r.Deposits)+len(r.Closes)+len(r.Returns)+len(r.Counters)+
-		len(r.Unlocks)+len(r.Reports)+len(r.Wake)+len(r.Fallback)+len(r.Notes) == 0
+		len(r.Unlocks)+len(r.Reports)+len(r.Wake)+len(r.Fallback)+len(r.Notes)+len(r.Shares)+len(r.Installs) == 0
 }
 
 // Unlock names a limit whose renewal lock this replica releases; the
@@ -743,7 +748,10 @@ func (c *Core) nextDue(st *limitState, now time.Time) time.Time {
 			renewal(h.deadline.Add(-c.opt.lead))
 		}
 	}
-	if busy {
+	if st.l.IsBucket() && c.active(st, now) && st.bucket.pending == nil && !st.bucket.renewAt.IsZero() && !c.allocDown {
+		earlier(st.bucket.renewAt) // the share's renewal at half its life
+	}
+	if busy && !st.l.IsBucket() {
 		if l, ok := c.limits[st.id]; ok {
 			if w := c.WindowOf(now, l); st.prefetched < w.Index && !c.nextHeld(st, now, l) {
 				renewal(c.WindowEnd(w).Add(-c.opt.lead - c.opt.every))
@@ -769,7 +777,7 @@ func (c *Core) nextHeld(st *limitState, now time.Time, l *Limit) bool {
 }
 
 func (c *Core) forgettable(st *limitState) bool {
-	return st.round == nil && st.pending == nil && st.pendingNext == nil && len(st.holdings) == 0 &&
+	return st.round == nil && st.pending == nil && st.pendingNext == nil && st.bucket.pending == nil && len(st.holdings) == 0 &&
 		len(st.unreturned) == 0 && !c.hasReports(st)
 }
 
@@ -795,7 +803,11 @@ func (c *Core) due(st *limitState, now time.Time) {
 	}
 	st.holdings = kept
 	c.closeHoldings(st, closing)
-	if busy && st.round == nil && !now.Before(st.lockedUntil) {
+	if st.l.IsBucket() {
+		if c.active(st, now) && !st.bucket.renewAt.IsZero() && !now.Before(st.bucket.renewAt) {
+			c.kickShare(st, now)
+		}
+	} else if busy && st.round == nil && !now.Before(st.lockedUntil) {
 		if l, ok := c.limits[st.id]; ok && !c.nextHeld(st, now, l) {
 			w := c.WindowOf(now, l)
 			if st.prefetched < w.Index && !now.Before(c.WindowEnd(w).Add(-c.opt.lead-c.opt.every)) {

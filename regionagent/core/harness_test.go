@@ -121,6 +121,12 @@ type world struct {
 	wakes  map[string]int
 	rounds int
 	syncs  int
+	// shareReply answers a bucket limit's share request (nil: a fixed
+	// share of 10 tokens per second, burst 5, for 10 s); shareReqs lists
+	// every share request sent, installs every share installed.
+	shareReply func(r ShareAcquire) ShareReply
+	shareReqs  []ShareAcquire
+	installs   []Install
 }
 
 func newWorld(t *testing.T, chunk int64, ls ...Limit) *world {
@@ -255,6 +261,33 @@ func (w *world) run(rd Ready) {
 	for _, r := range rd.Reports {
 		w.c.ReportDone(w.now, r, !w.dropAcquire)
 	}
+	if len(rd.Shares) > 0 {
+		w.alloc.calls++
+		w.shareReqs = append(w.shareReqs, rd.Shares...)
+		if w.dropAcquire {
+			w.c.ShareAcquireFailed(w.now, rd.Shares, false)
+		} else {
+			replies := make([]ShareReply, len(rd.Shares))
+			for i, r := range rd.Shares {
+				replies[i] = ShareReply{OK: true, Seq: int64(len(w.shareReqs) - len(rd.Shares) + i + 1), Rate: 10_000, Burst: 5, ExpiresIn: 10 * time.Second}
+				if w.shareReply != nil {
+					replies[i] = w.shareReply(r)
+				}
+			}
+			w.c.SharesAcquired(w.now, w.now, rd.Shares, replies)
+		}
+	}
+	for _, in := range rd.Installs {
+		w.installs = append(w.installs, in)
+		if in.Store == Shared && w.redisDown {
+			w.c.ShareInstalled(w.now, in, store.ShareResult{}, fmt.Errorf("redis down"))
+			continue
+		}
+		sh := in.Share
+		sh.DeadlineMs = ms(in.Deadline)
+		res, err := w.mem(in.Store).InstallShare(store.ShareInstall{Key: in.Key, Share: sh, ExpireAtMs: sh.DeadlineMs + 60_000, NowMs: ms(w.now)})
+		w.c.ShareInstalled(w.now, in, res, err)
+	}
 }
 
 // count carries out a Check's StepCount on its store.
@@ -319,6 +352,13 @@ func (w *world) checkMulti(items ...Item) ([]Answer, *Check) {
 			w.c.Woke(w.now, chk)
 		case StepCount:
 			w.count(chk)
+		case StepTake:
+			if chk.Store == Shared && w.redisDown {
+				w.c.Taken(w.now, chk, store.TakeResult{}, fmt.Errorf("redis down"))
+				break
+			}
+			res, err := w.mem(chk.Store).Take(chk.RateKey, chk.Costs[0], ms(w.now))
+			w.c.Taken(w.now, chk, res, err)
 		case StepDone:
 			w.drain()
 			if chk.Err != nil {

@@ -66,6 +66,12 @@ type Limit struct {
 	// if enforced, then admitted; one that would have been denied says so
 	// (Answer.WouldDeny) and is counted in the window's CounterWouldDeny.
 	Shadow bool
+	// A bucket limit (Rate > 0: IsBucket) admits Rate tokens per
+	// RatePeriod with bursts of Burst, all regions together, from rate
+	// shares (bucket.go); Tokens and Window are then 0.
+	Rate       int64
+	RatePeriod time.Duration
+	Burst      int64
 }
 
 // Tag is the limit's effective hash tag: HashTag, or the id.
@@ -88,6 +94,9 @@ func (l *Limit) key(window int64) store.Key {
 // prior is the demand assumed for a limit before any is observed: the
 // contract rate G/W shared by its regions. It sizes only the first lease.
 func (l *Limit) prior() float64 {
+	if l.IsBucket() && l.RatePeriod > 0 {
+		return float64(l.Rate) / l.RatePeriod.Seconds() / float64(max(1, l.Regions))
+	}
 	if l.Window <= 0 {
 		return 0
 	}

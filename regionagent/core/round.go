@@ -123,6 +123,10 @@ func (c *Core) kick(st *limitState, now time.Time) {
 	if !ok {
 		return // deleted: nothing to renew
 	}
+	if l.IsBucket() {
+		c.kickShare(st, now)
+		return
+	}
 	s := c.store()
 	c.roundSeq++
 	st.round = &round{seq: c.roundSeq, store: s, lock: Unlock{Limit: st.id, HashTag: l.key(0).HashTag}}

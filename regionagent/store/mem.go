@@ -52,7 +52,8 @@ var errMem = errors.New("store: mem: invalid argument")
 // concurrent use.
 type Mem struct {
 	keys      map[Key]*memHash
-	orphanTTL int64 // ms
+	rates     map[RateKey]*memRate // token buckets of bucket limits (rate.go)
+	orphanTTL int64                // ms
 }
 
 type memLease struct {
@@ -72,7 +73,7 @@ type memHash struct {
 
 // NewMem returns an empty bucket whose orphan keys live orphanTTLMs.
 func NewMem(orphanTTLMs int64) *Mem {
-	return &Mem{keys: map[Key]*memHash{}, orphanTTL: orphanTTLMs}
+	return &Mem{keys: map[Key]*memHash{}, rates: map[RateKey]*memRate{}, orphanTTL: orphanTTLMs}
 }
 
 // get returns the live hash of key at now, nil if the key does not exist.
@@ -105,6 +106,11 @@ func (b *Mem) Sweep(nowMs int64) {
 	for k, h := range b.keys {
 		if h.expireAt > 0 && h.expireAt <= nowMs {
 			delete(b.keys, k)
+		}
+	}
+	for k, r := range b.rates {
+		if r.expireAt > 0 && r.expireAt <= nowMs {
+			delete(b.rates, k)
 		}
 	}
 }
@@ -439,7 +445,11 @@ func (b *Mem) AdmitFallback(adds []FallbackAdd, nowMs int64) (bool, []int64, err
 // Clone returns a deep copy of b: a replica's view of the same Redis, for
 // models of a failover that loses the writes made since the copy.
 func (b *Mem) Clone() *Mem {
-	c := &Mem{keys: make(map[Key]*memHash, len(b.keys)), orphanTTL: b.orphanTTL}
+	c := &Mem{keys: make(map[Key]*memHash, len(b.keys)), rates: make(map[RateKey]*memRate, len(b.rates)), orphanTTL: b.orphanTTL}
+	for k, r := range b.rates {
+		n := *r // a memRate holds no pointers: a copy is a deep copy
+		c.rates[k] = &n
+	}
 	for k, h := range b.keys {
 		n := *h
 		n.leases = make([]*memLease, len(h.leases))

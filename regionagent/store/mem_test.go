@@ -1,6 +1,10 @@
 package store
 
-import "testing"
+import (
+	"testing"
+
+	"leasehold/lease"
+)
 
 // A clone is a snapshot: writes to either side after it do not reach the
 // other (the explorer's model of a Redis failover rests on it).
@@ -29,5 +33,30 @@ func TestMemCloneIsDeep(t *testing.T) {
 	}
 	if got := m.Balance(k, 3); got.Spendable != 0 || got.Admitted != 2 {
 		t.Fatalf("the original: %+v", got)
+	}
+}
+
+// A clone copies the token buckets of bucket limits too, deeply: a
+// failover to the clone brings back the level it had, and takes on either
+// side do not reach the other.
+func TestMemCloneRates(t *testing.T) {
+	k := RateKey{Limit: "B"}
+	m := NewMem(0)
+	share := lease.BucketShare{Seq: 1, Rate: 10_000, Burst: 5, Unit: 1_000_000, DeadlineMs: 100_000}
+	if _, err := m.InstallShare(ShareInstall{Key: k, Share: share, ExpireAtMs: 200_000, NowMs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := m.Take(k, 3, 1_000); !r.Allowed || r.Tokens != 2 {
+		t.Fatalf("take: %+v", r)
+	}
+	c := m.Clone()
+	if r, _ := m.Take(k, 2, 1_000); !r.Allowed || r.Tokens != 0 {
+		t.Fatalf("take on the original: %+v", r)
+	}
+	if r, _ := c.Take(k, 2, 1_000); !r.Allowed || r.Tokens != 0 || r.Admitted != 5 {
+		t.Fatalf("take on the clone (the spend lost in the failover is admitted again): %+v", r)
+	}
+	if NewMem(0).Clone().rates == nil {
+		t.Fatal("a clone's rates are nil where a new Mem's are empty: equal states would differ")
 	}
 }

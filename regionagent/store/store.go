@@ -12,8 +12,12 @@
 // regionagent/core) reads these types as the results of the actions it
 // asks for.
 //
-// Standard library only; no I/O; every operation takes now as an argument
-// (milliseconds on the store's own clock).
+// A bucket limit's region keeps one token bucket per limit instead
+// ([RateKey], rate.go): its rate share refills it, spends take from it,
+// with the semantics of lease.TokenBucket.
+//
+// Standard library and package lease only; no I/O; every operation takes
+// now as an argument (milliseconds on the store's own clock).
 package store
 
 import (
@@ -141,6 +145,9 @@ type SpendResult struct {
 	// that was not decided (invalid, or its script call failed). Allowed is then false, Failed
 	// -1 and Keys nil.
 	Err error
+	// Take is a take's result, for a take in a batch of spends
+	// (bucket.SpendOp.Take); Allowed is then Take.Allowed.
+	Take TakeResult
 }
 
 // CloseResult is the outcome of closing a lease.

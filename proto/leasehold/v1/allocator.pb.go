@@ -90,6 +90,9 @@ const (
 	// WRONG_GROUP: another allocator group owns the limit's window (the
 	// group map); owner_group names it. Ask that group's leader.
 	ItemCode_ITEM_CODE_WRONG_GROUP ItemCode = 6
+	// WRONG_KIND: leases were asked for a bucket limit, or a rate share for
+	// a window limit.
+	ItemCode_ITEM_CODE_WRONG_KIND ItemCode = 7
 )
 
 // Enum value maps for ItemCode.
@@ -102,6 +105,7 @@ var (
 		4: "ITEM_CODE_WINDOW_CLOSED",
 		5: "ITEM_CODE_UNKNOWN_LEASE",
 		6: "ITEM_CODE_WRONG_GROUP",
+		7: "ITEM_CODE_WRONG_KIND",
 	}
 	ItemCode_value = map[string]int32{
 		"ITEM_CODE_OK":                 0,
@@ -111,6 +115,7 @@ var (
 		"ITEM_CODE_WINDOW_CLOSED":      4,
 		"ITEM_CODE_UNKNOWN_LEASE":      5,
 		"ITEM_CODE_WRONG_GROUP":        6,
+		"ITEM_CODE_WRONG_KIND":         7,
 	}
 )
 
@@ -1223,6 +1228,407 @@ func (x *SyncLimitsResponse) GetGroupMapRevision() int64 {
 	return 0
 }
 
+type AcquireSharesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// region of the calling agent.
+	Region        string          `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Requests      []*ShareRequest `protobuf:"bytes,2,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireSharesRequest) Reset() {
+	*x = AcquireSharesRequest{}
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireSharesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireSharesRequest) ProtoMessage() {}
+
+func (x *AcquireSharesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireSharesRequest.ProtoReflect.Descriptor instead.
+func (*AcquireSharesRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_allocator_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *AcquireSharesRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *AcquireSharesRequest) GetRequests() []*ShareRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+type ShareRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request_id makes the request idempotent within the region (1-128
+	// characters of [A-Za-z0-9._-]); a request id names one grant, of a
+	// lease or of a share.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	LimitId   string `protobuf:"bytes,2,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	// demand_per_second is the region's smoothed demand (admitted + denied
+	// cost per second). >= 0, finite.
+	DemandPerSecond float64 `protobuf:"fixed64,3,opt,name=demand_per_second,json=demandPerSecond,proto3" json:"demand_per_second,omitempty"`
+	// holder names the bucket the share is for: empty for the region's
+	// shared bucket (Redis), an agent replica's id (1-128 characters of
+	// [A-Za-z0-9._-]) for its in-process bucket while Redis is down. The
+	// allocator counts each holder's shares apart: replicas spending alone
+	// never add up to more than the limit.
+	Holder string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	// admitted_tokens is the holder's bucket's admitted counter as the agent
+	// last read it (cumulative, >= 0): the allocator adds up what it grew by
+	// per reporting interval and exports it beside the bound.
+	AdmittedTokens int64 `protobuf:"varint,5,opt,name=admitted_tokens,json=admittedTokens,proto3" json:"admitted_tokens,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ShareRequest) Reset() {
+	*x = ShareRequest{}
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareRequest) ProtoMessage() {}
+
+func (x *ShareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareRequest.ProtoReflect.Descriptor instead.
+func (*ShareRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_allocator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ShareRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ShareRequest) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *ShareRequest) GetDemandPerSecond() float64 {
+	if x != nil {
+		return x.DemandPerSecond
+	}
+	return 0
+}
+
+func (x *ShareRequest) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *ShareRequest) GetAdmittedTokens() int64 {
+	if x != nil {
+		return x.AdmittedTokens
+	}
+	return 0
+}
+
+// RateShare is a region's part of a bucket limit: its regional bucket
+// refills at rate_milli_tokens thousandths of a token per rate_period, up
+// to burst_tokens, until the share expires. At any instant the shares in
+// force of all regions add up to at most the limit's rate and burst.
+// When nothing is free (other regions hold the whole rate and burst) the
+// answer is a RateShare of rate and burst 0 with no share_id.
+type RateShare struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// share_id identifies the grant; empty when nothing was granted.
+	ShareId string `protobuf:"bytes,1,opt,name=share_id,json=shareId,proto3" json:"share_id,omitempty"`
+	LimitId string `protobuf:"bytes,2,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	Region  string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// seq orders the region's shares of the limit: an agent installs a
+	// share over the one in force only if its seq is greater (or the one in
+	// force expired).
+	Seq             int64                `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	RateMilliTokens int64                `protobuf:"varint,5,opt,name=rate_milli_tokens,json=rateMilliTokens,proto3" json:"rate_milli_tokens,omitempty"`
+	RatePeriod      *durationpb.Duration `protobuf:"bytes,6,opt,name=rate_period,json=ratePeriod,proto3" json:"rate_period,omitempty"`
+	BurstTokens     int64                `protobuf:"varint,7,opt,name=burst_tokens,json=burstTokens,proto3" json:"burst_tokens,omitempty"`
+	// expires_in: agents measure it from when they sent the request, minus a
+	// safety margin, as for leases.
+	ExpiresIn     *durationpb.Duration `protobuf:"bytes,8,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
+	RequestId     string               `protobuf:"bytes,9,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	LimitVersion  int64                `protobuf:"varint,10,opt,name=limit_version,json=limitVersion,proto3" json:"limit_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RateShare) Reset() {
+	*x = RateShare{}
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RateShare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RateShare) ProtoMessage() {}
+
+func (x *RateShare) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RateShare.ProtoReflect.Descriptor instead.
+func (*RateShare) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_allocator_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RateShare) GetShareId() string {
+	if x != nil {
+		return x.ShareId
+	}
+	return ""
+}
+
+func (x *RateShare) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *RateShare) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RateShare) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RateShare) GetRateMilliTokens() int64 {
+	if x != nil {
+		return x.RateMilliTokens
+	}
+	return 0
+}
+
+func (x *RateShare) GetRatePeriod() *durationpb.Duration {
+	if x != nil {
+		return x.RatePeriod
+	}
+	return nil
+}
+
+func (x *RateShare) GetBurstTokens() int64 {
+	if x != nil {
+		return x.BurstTokens
+	}
+	return 0
+}
+
+func (x *RateShare) GetExpiresIn() *durationpb.Duration {
+	if x != nil {
+		return x.ExpiresIn
+	}
+	return nil
+}
+
+func (x *RateShare) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RateShare) GetLimitVersion() int64 {
+	if x != nil {
+		return x.LimitVersion
+	}
+	return 0
+}
+
+type ShareResult struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Code      ItemCode               `protobuf:"varint,2,opt,name=code,proto3,enum=leasehold.v1.ItemCode" json:"code,omitempty"`
+	Message   string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Share     *RateShare             `protobuf:"bytes,4,opt,name=share,proto3" json:"share,omitempty"`
+	// replayed is true when the share was already granted to this request id.
+	Replayed bool `protobuf:"varint,5,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// owner_group names the allocator group that grants the limit's shares
+	// when code is WRONG_GROUP; empty otherwise.
+	OwnerGroup    string `protobuf:"bytes,6,opt,name=owner_group,json=ownerGroup,proto3" json:"owner_group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareResult) Reset() {
+	*x = ShareResult{}
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareResult) ProtoMessage() {}
+
+func (x *ShareResult) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareResult.ProtoReflect.Descriptor instead.
+func (*ShareResult) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_allocator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ShareResult) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ShareResult) GetCode() ItemCode {
+	if x != nil {
+		return x.Code
+	}
+	return ItemCode_ITEM_CODE_OK
+}
+
+func (x *ShareResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ShareResult) GetShare() *RateShare {
+	if x != nil {
+		return x.Share
+	}
+	return nil
+}
+
+func (x *ShareResult) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+func (x *ShareResult) GetOwnerGroup() string {
+	if x != nil {
+		return x.OwnerGroup
+	}
+	return ""
+}
+
+type AcquireSharesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*ShareResult         `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireSharesResponse) Reset() {
+	*x = AcquireSharesResponse{}
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireSharesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireSharesResponse) ProtoMessage() {}
+
+func (x *AcquireSharesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_allocator_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireSharesResponse.ProtoReflect.Descriptor instead.
+func (*AcquireSharesResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_allocator_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *AcquireSharesResponse) GetResults() []*ShareResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 var File_leasehold_v1_allocator_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_allocator_proto_rawDesc = "" +
@@ -1317,10 +1723,46 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x14allocator_unix_nanos\x18\x04 \x01(\x03R\x12allocatorUnixNanos\x12\x14\n" +
 	"\x05group\x18\x05 \x01(\tR\x05group\x12\x1b\n" +
 	"\tgroup_map\x18\x06 \x01(\fR\bgroupMap\x12,\n" +
-	"\x12group_map_revision\x18\a \x01(\x03R\x10groupMapRevision*A\n" +
+	"\x12group_map_revision\x18\a \x01(\x03R\x10groupMapRevision\"f\n" +
+	"\x14AcquireSharesRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x126\n" +
+	"\brequests\x18\x02 \x03(\v2\x1a.leasehold.v1.ShareRequestR\brequests\"\xb5\x01\n" +
+	"\fShareRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x19\n" +
+	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12*\n" +
+	"\x11demand_per_second\x18\x03 \x01(\x01R\x0fdemandPerSecond\x12\x16\n" +
+	"\x06holder\x18\x04 \x01(\tR\x06holder\x12'\n" +
+	"\x0fadmitted_tokens\x18\x05 \x01(\x03R\x0eadmittedTokens\"\xf4\x02\n" +
+	"\tRateShare\x12\x19\n" +
+	"\bshare_id\x18\x01 \x01(\tR\ashareId\x12\x19\n" +
+	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12\x10\n" +
+	"\x03seq\x18\x04 \x01(\x03R\x03seq\x12*\n" +
+	"\x11rate_milli_tokens\x18\x05 \x01(\x03R\x0frateMilliTokens\x12:\n" +
+	"\vrate_period\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"ratePeriod\x12!\n" +
+	"\fburst_tokens\x18\a \x01(\x03R\vburstTokens\x128\n" +
+	"\n" +
+	"expires_in\x18\b \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\t \x01(\tR\trequestId\x12#\n" +
+	"\rlimit_version\x18\n" +
+	" \x01(\x03R\flimitVersion\"\xde\x01\n" +
+	"\vShareResult\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12*\n" +
+	"\x04code\x18\x02 \x01(\x0e2\x16.leasehold.v1.ItemCodeR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12-\n" +
+	"\x05share\x18\x04 \x01(\v2\x17.leasehold.v1.RateShareR\x05share\x12\x1a\n" +
+	"\breplayed\x18\x05 \x01(\bR\breplayed\x12\x1f\n" +
+	"\vowner_group\x18\x06 \x01(\tR\n" +
+	"ownerGroup\"L\n" +
+	"\x15AcquireSharesResponse\x123\n" +
+	"\aresults\x18\x01 \x03(\v2\x19.leasehold.v1.ShareResultR\aresults*A\n" +
 	"\fWindowChoice\x12\x19\n" +
 	"\x15WINDOW_CHOICE_CURRENT\x10\x00\x12\x16\n" +
-	"\x12WINDOW_CHOICE_NEXT\x10\x01*\xc4\x01\n" +
+	"\x12WINDOW_CHOICE_NEXT\x10\x01*\xde\x01\n" +
 	"\bItemCode\x12\x10\n" +
 	"\fITEM_CODE_OK\x10\x00\x12\x17\n" +
 	"\x13ITEM_CODE_NOT_FOUND\x10\x01\x12 \n" +
@@ -1328,13 +1770,15 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x12ITEM_CODE_CONFLICT\x10\x03\x12\x1b\n" +
 	"\x17ITEM_CODE_WINDOW_CLOSED\x10\x04\x12\x1b\n" +
 	"\x17ITEM_CODE_UNKNOWN_LEASE\x10\x05\x12\x19\n" +
-	"\x15ITEM_CODE_WRONG_GROUP\x10\x062\xe1\x02\n" +
+	"\x15ITEM_CODE_WRONG_GROUP\x10\x06\x12\x18\n" +
+	"\x14ITEM_CODE_WRONG_KIND\x10\a2\xbb\x03\n" +
 	"\tAllocator\x12X\n" +
 	"\rAcquireLeases\x12\".leasehold.v1.AcquireLeasesRequest\x1a#.leasehold.v1.AcquireLeasesResponse\x12U\n" +
 	"\fReturnLeases\x12!.leasehold.v1.ReturnLeasesRequest\x1a\".leasehold.v1.ReturnLeasesResponse\x12R\n" +
 	"\vReportUsage\x12 .leasehold.v1.ReportUsageRequest\x1a!.leasehold.v1.ReportUsageResponse\x12O\n" +
 	"\n" +
-	"SyncLimits\x12\x1f.leasehold.v1.SyncLimitsRequest\x1a .leasehold.v1.SyncLimitsResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
+	"SyncLimits\x12\x1f.leasehold.v1.SyncLimitsRequest\x1a .leasehold.v1.SyncLimitsResponse\x12X\n" +
+	"\rAcquireShares\x12\".leasehold.v1.AcquireSharesRequest\x1a#.leasehold.v1.AcquireSharesResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_allocator_proto_rawDescOnce sync.Once
@@ -1349,7 +1793,7 @@ func file_leasehold_v1_allocator_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_allocator_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_leasehold_v1_allocator_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_leasehold_v1_allocator_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_leasehold_v1_allocator_proto_goTypes = []any{
 	(WindowChoice)(0),             // 0: leasehold.v1.WindowChoice
 	(ItemCode)(0),                 // 1: leasehold.v1.ItemCode
@@ -1367,39 +1811,52 @@ var file_leasehold_v1_allocator_proto_goTypes = []any{
 	(*ReportUsageResponse)(nil),   // 13: leasehold.v1.ReportUsageResponse
 	(*SyncLimitsRequest)(nil),     // 14: leasehold.v1.SyncLimitsRequest
 	(*SyncLimitsResponse)(nil),    // 15: leasehold.v1.SyncLimitsResponse
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(FallbackKind)(0),             // 17: leasehold.v1.FallbackKind
-	(*Limit)(nil),                 // 18: leasehold.v1.Limit
+	(*AcquireSharesRequest)(nil),  // 16: leasehold.v1.AcquireSharesRequest
+	(*ShareRequest)(nil),          // 17: leasehold.v1.ShareRequest
+	(*RateShare)(nil),             // 18: leasehold.v1.RateShare
+	(*ShareResult)(nil),           // 19: leasehold.v1.ShareResult
+	(*AcquireSharesResponse)(nil), // 20: leasehold.v1.AcquireSharesResponse
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(FallbackKind)(0),             // 22: leasehold.v1.FallbackKind
+	(*Limit)(nil),                 // 23: leasehold.v1.Limit
 }
 var file_leasehold_v1_allocator_proto_depIdxs = []int32{
 	3,  // 0: leasehold.v1.AcquireLeasesRequest.requests:type_name -> leasehold.v1.LeaseRequest
 	0,  // 1: leasehold.v1.LeaseRequest.window:type_name -> leasehold.v1.WindowChoice
-	16, // 2: leasehold.v1.Lease.window:type_name -> google.protobuf.Duration
-	16, // 3: leasehold.v1.Lease.starts_in:type_name -> google.protobuf.Duration
-	16, // 4: leasehold.v1.Lease.expires_in:type_name -> google.protobuf.Duration
-	16, // 5: leasehold.v1.Lease.window_left:type_name -> google.protobuf.Duration
+	21, // 2: leasehold.v1.Lease.window:type_name -> google.protobuf.Duration
+	21, // 3: leasehold.v1.Lease.starts_in:type_name -> google.protobuf.Duration
+	21, // 4: leasehold.v1.Lease.expires_in:type_name -> google.protobuf.Duration
+	21, // 5: leasehold.v1.Lease.window_left:type_name -> google.protobuf.Duration
 	1,  // 6: leasehold.v1.LeaseResult.code:type_name -> leasehold.v1.ItemCode
 	4,  // 7: leasehold.v1.LeaseResult.lease:type_name -> leasehold.v1.Lease
 	5,  // 8: leasehold.v1.AcquireLeasesResponse.results:type_name -> leasehold.v1.LeaseResult
 	1,  // 9: leasehold.v1.ReturnResult.code:type_name -> leasehold.v1.ItemCode
 	7,  // 10: leasehold.v1.ReturnLeasesRequest.returns:type_name -> leasehold.v1.LeaseReturn
 	8,  // 11: leasehold.v1.ReturnLeasesResponse.results:type_name -> leasehold.v1.ReturnResult
-	17, // 12: leasehold.v1.Usage.fallback:type_name -> leasehold.v1.FallbackKind
+	22, // 12: leasehold.v1.Usage.fallback:type_name -> leasehold.v1.FallbackKind
 	11, // 13: leasehold.v1.ReportUsageRequest.usage:type_name -> leasehold.v1.Usage
-	18, // 14: leasehold.v1.SyncLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	2,  // 15: leasehold.v1.Allocator.AcquireLeases:input_type -> leasehold.v1.AcquireLeasesRequest
-	9,  // 16: leasehold.v1.Allocator.ReturnLeases:input_type -> leasehold.v1.ReturnLeasesRequest
-	12, // 17: leasehold.v1.Allocator.ReportUsage:input_type -> leasehold.v1.ReportUsageRequest
-	14, // 18: leasehold.v1.Allocator.SyncLimits:input_type -> leasehold.v1.SyncLimitsRequest
-	6,  // 19: leasehold.v1.Allocator.AcquireLeases:output_type -> leasehold.v1.AcquireLeasesResponse
-	10, // 20: leasehold.v1.Allocator.ReturnLeases:output_type -> leasehold.v1.ReturnLeasesResponse
-	13, // 21: leasehold.v1.Allocator.ReportUsage:output_type -> leasehold.v1.ReportUsageResponse
-	15, // 22: leasehold.v1.Allocator.SyncLimits:output_type -> leasehold.v1.SyncLimitsResponse
-	19, // [19:23] is the sub-list for method output_type
-	15, // [15:19] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	23, // 14: leasehold.v1.SyncLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	17, // 15: leasehold.v1.AcquireSharesRequest.requests:type_name -> leasehold.v1.ShareRequest
+	21, // 16: leasehold.v1.RateShare.rate_period:type_name -> google.protobuf.Duration
+	21, // 17: leasehold.v1.RateShare.expires_in:type_name -> google.protobuf.Duration
+	1,  // 18: leasehold.v1.ShareResult.code:type_name -> leasehold.v1.ItemCode
+	18, // 19: leasehold.v1.ShareResult.share:type_name -> leasehold.v1.RateShare
+	19, // 20: leasehold.v1.AcquireSharesResponse.results:type_name -> leasehold.v1.ShareResult
+	2,  // 21: leasehold.v1.Allocator.AcquireLeases:input_type -> leasehold.v1.AcquireLeasesRequest
+	9,  // 22: leasehold.v1.Allocator.ReturnLeases:input_type -> leasehold.v1.ReturnLeasesRequest
+	12, // 23: leasehold.v1.Allocator.ReportUsage:input_type -> leasehold.v1.ReportUsageRequest
+	14, // 24: leasehold.v1.Allocator.SyncLimits:input_type -> leasehold.v1.SyncLimitsRequest
+	16, // 25: leasehold.v1.Allocator.AcquireShares:input_type -> leasehold.v1.AcquireSharesRequest
+	6,  // 26: leasehold.v1.Allocator.AcquireLeases:output_type -> leasehold.v1.AcquireLeasesResponse
+	10, // 27: leasehold.v1.Allocator.ReturnLeases:output_type -> leasehold.v1.ReturnLeasesResponse
+	13, // 28: leasehold.v1.Allocator.ReportUsage:output_type -> leasehold.v1.ReportUsageResponse
+	15, // 29: leasehold.v1.Allocator.SyncLimits:output_type -> leasehold.v1.SyncLimitsResponse
+	20, // 30: leasehold.v1.Allocator.AcquireShares:output_type -> leasehold.v1.AcquireSharesResponse
+	26, // [26:31] is the sub-list for method output_type
+	21, // [21:26] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_allocator_proto_init() }
@@ -1414,7 +1871,7 @@ func file_leasehold_v1_allocator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_allocator_proto_rawDesc), len(file_leasehold_v1_allocator_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   14,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	Allocator_ReturnLeases_FullMethodName  = "/leasehold.v1.Allocator/ReturnLeases"
 	Allocator_ReportUsage_FullMethodName   = "/leasehold.v1.Allocator/ReportUsage"
 	Allocator_SyncLimits_FullMethodName    = "/leasehold.v1.Allocator/SyncLimits"
+	Allocator_AcquireShares_FullMethodName = "/leasehold.v1.Allocator/AcquireShares"
 )
 
 // AllocatorClient is the client API for Allocator service.
@@ -47,6 +48,11 @@ type AllocatorClient interface {
 	ReportUsage(ctx context.Context, in *ReportUsageRequest, opts ...grpc.CallOption) (*ReportUsageResponse, error)
 	// SyncLimits returns the limits a region spends, for agents' caches.
 	SyncLimits(ctx context.Context, in *SyncLimitsRequest, opts ...grpc.CallOption) (*SyncLimitsResponse, error)
+	// AcquireShares grants rate shares of bucket limits (rate and burst):
+	// durable before the reply, idempotent by (region, request_id), like
+	// AcquireLeases. A share replaces the region's previous one when the
+	// agent installs it; it expires unless renewed.
+	AcquireShares(ctx context.Context, in *AcquireSharesRequest, opts ...grpc.CallOption) (*AcquireSharesResponse, error)
 }
 
 type allocatorClient struct {
@@ -97,6 +103,16 @@ func (c *allocatorClient) SyncLimits(ctx context.Context, in *SyncLimitsRequest,
 	return out, nil
 }
 
+func (c *allocatorClient) AcquireShares(ctx context.Context, in *AcquireSharesRequest, opts ...grpc.CallOption) (*AcquireSharesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AcquireSharesResponse)
+	err := c.cc.Invoke(ctx, Allocator_AcquireShares_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AllocatorServer is the server API for Allocator service.
 // All implementations must embed UnimplementedAllocatorServer
 // for forward compatibility.
@@ -119,6 +135,11 @@ type AllocatorServer interface {
 	ReportUsage(context.Context, *ReportUsageRequest) (*ReportUsageResponse, error)
 	// SyncLimits returns the limits a region spends, for agents' caches.
 	SyncLimits(context.Context, *SyncLimitsRequest) (*SyncLimitsResponse, error)
+	// AcquireShares grants rate shares of bucket limits (rate and burst):
+	// durable before the reply, idempotent by (region, request_id), like
+	// AcquireLeases. A share replaces the region's previous one when the
+	// agent installs it; it expires unless renewed.
+	AcquireShares(context.Context, *AcquireSharesRequest) (*AcquireSharesResponse, error)
 	mustEmbedUnimplementedAllocatorServer()
 }
 
@@ -140,6 +161,9 @@ func (UnimplementedAllocatorServer) ReportUsage(context.Context, *ReportUsageReq
 }
 func (UnimplementedAllocatorServer) SyncLimits(context.Context, *SyncLimitsRequest) (*SyncLimitsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SyncLimits not implemented")
+}
+func (UnimplementedAllocatorServer) AcquireShares(context.Context, *AcquireSharesRequest) (*AcquireSharesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AcquireShares not implemented")
 }
 func (UnimplementedAllocatorServer) mustEmbedUnimplementedAllocatorServer() {}
 func (UnimplementedAllocatorServer) testEmbeddedByValue()                   {}
@@ -234,6 +258,24 @@ func _Allocator_SyncLimits_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Allocator_AcquireShares_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcquireSharesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllocatorServer).AcquireShares(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Allocator_AcquireShares_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllocatorServer).AcquireShares(ctx, req.(*AcquireSharesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Allocator_ServiceDesc is the grpc.ServiceDesc for Allocator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -256,6 +298,10 @@ var Allocator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SyncLimits",
 			Handler:    _Allocator_SyncLimits_Handler,
+		},
+		{
+			MethodName: "AcquireShares",
+			Handler:    _Allocator_AcquireShares_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

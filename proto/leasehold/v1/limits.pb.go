@@ -132,6 +132,63 @@ func (FallbackKind) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{1}
 }
 
+// LimitKind is what a limit counts.
+type LimitKind int32
+
+const (
+	// UNSPECIFIED means WINDOW.
+	LimitKind_LIMIT_KIND_UNSPECIFIED LimitKind = 0
+	// WINDOW: limit_tokens per window, all regions together.
+	LimitKind_LIMIT_KIND_WINDOW LimitKind = 1
+	// BUCKET: a token bucket, rate and burst, all regions together.
+	LimitKind_LIMIT_KIND_BUCKET LimitKind = 2
+	// CONCURRENCY: at most limit_tokens held at once, all regions together.
+	LimitKind_LIMIT_KIND_CONCURRENCY LimitKind = 3
+)
+
+// Enum value maps for LimitKind.
+var (
+	LimitKind_name = map[int32]string{
+		0: "LIMIT_KIND_UNSPECIFIED",
+		1: "LIMIT_KIND_WINDOW",
+		2: "LIMIT_KIND_BUCKET",
+		3: "LIMIT_KIND_CONCURRENCY",
+	}
+	LimitKind_value = map[string]int32{
+		"LIMIT_KIND_UNSPECIFIED": 0,
+		"LIMIT_KIND_WINDOW":      1,
+		"LIMIT_KIND_BUCKET":      2,
+		"LIMIT_KIND_CONCURRENCY": 3,
+	}
+)
+
+func (x LimitKind) Enum() *LimitKind {
+	p := new(LimitKind)
+	*p = x
+	return p
+}
+
+func (x LimitKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LimitKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_limits_proto_enumTypes[2].Descriptor()
+}
+
+func (LimitKind) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_limits_proto_enumTypes[2]
+}
+
+func (x LimitKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LimitKind.Descriptor instead.
+func (LimitKind) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{2}
+}
+
 // DebtPolicy says what happens to a settle-later overrun that the
 // decision's window could not absorb (docs/settle.md).
 type DebtPolicy int32
@@ -171,11 +228,11 @@ func (x DebtPolicy) String() string {
 }
 
 func (DebtPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_leasehold_v1_limits_proto_enumTypes[2].Descriptor()
+	return file_leasehold_v1_limits_proto_enumTypes[3].Descriptor()
 }
 
 func (DebtPolicy) Type() protoreflect.EnumType {
-	return &file_leasehold_v1_limits_proto_enumTypes[2]
+	return &file_leasehold_v1_limits_proto_enumTypes[3]
 }
 
 func (x DebtPolicy) Number() protoreflect.EnumNumber {
@@ -184,7 +241,7 @@ func (x DebtPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DebtPolicy.Descriptor instead.
 func (DebtPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{3}
 }
 
 // Fallback is a region's fail mode: "closed", "local:A" or "open".
@@ -343,6 +400,19 @@ type Limit struct {
 	// changed on an existing limit (that would move its keys): delete the
 	// limit and create it again.
 	HashTag string `protobuf:"bytes,14,opt,name=hash_tag,json=hashTag,proto3" json:"hash_tag,omitempty"`
+	// kind is what the limit counts; UNSPECIFIED means WINDOW.
+	Kind LimitKind `protobuf:"varint,15,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
+	// rate_tokens is R of a BUCKET limit: tokens per rate_period, all
+	// regions together (>= 1). 0 for other kinds.
+	RateTokens int64 `protobuf:"varint,16,opt,name=rate_tokens,json=rateTokens,proto3" json:"rate_tokens,omitempty"`
+	// rate_period is the period R is counted per (1ms to 24h, whole
+	// milliseconds; unset means 1s). Unset for other kinds.
+	RatePeriod *durationpb.Duration `protobuf:"bytes,17,opt,name=rate_period,json=ratePeriod,proto3" json:"rate_period,omitempty"`
+	// burst_tokens is B of a BUCKET limit: the most tokens admitted at once
+	// after a quiet spell, all regions together (>= 1, at most the maximum
+	// for rate_period: 2^52 / (1000 x rate_period in ms) tokens, about 4.5
+	// billion for 1s). 0 for other kinds.
+	BurstTokens int64 `protobuf:"varint,18,opt,name=burst_tokens,json=burstTokens,proto3" json:"burst_tokens,omitempty"`
 	// settle_grace is how long after a settle-later Check its Settle is
 	// accepted: unset means 30s; 1s..60s in whole milliseconds. A settle
 	// after it is refused and the estimate stands.
@@ -494,6 +564,34 @@ func (x *Limit) GetHashTag() string {
 	return ""
 }
 
+func (x *Limit) GetKind() LimitKind {
+	if x != nil {
+		return x.Kind
+	}
+	return LimitKind_LIMIT_KIND_UNSPECIFIED
+}
+
+func (x *Limit) GetRateTokens() int64 {
+	if x != nil {
+		return x.RateTokens
+	}
+	return 0
+}
+
+func (x *Limit) GetRatePeriod() *durationpb.Duration {
+	if x != nil {
+		return x.RatePeriod
+	}
+	return nil
+}
+
+func (x *Limit) GetBurstTokens() int64 {
+	if x != nil {
+		return x.BurstTokens
+	}
+	return 0
+}
+
 func (x *Limit) GetSettleGrace() *durationpb.Duration {
 	if x != nil {
 		return x.SettleGrace
@@ -599,7 +697,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\x8d\a\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xba\b\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -615,7 +713,13 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\aversion\x18\v \x01(\x03R\aversion\x12A\n" +
 	"\x0eeffective_from\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\reffectiveFrom\x12/\n" +
 	"\bprevious\x18\r \x01(\v2\x13.leasehold.v1.LimitR\bprevious\x12\x19\n" +
-	"\bhash_tag\x18\x0e \x01(\tR\ahashTag\x12<\n" +
+	"\bhash_tag\x18\x0e \x01(\tR\ahashTag\x12+\n" +
+	"\x04kind\x18\x0f \x01(\x0e2\x17.leasehold.v1.LimitKindR\x04kind\x12\x1f\n" +
+	"\vrate_tokens\x18\x10 \x01(\x03R\n" +
+	"rateTokens\x12:\n" +
+	"\vrate_period\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"ratePeriod\x12!\n" +
+	"\fburst_tokens\x18\x12 \x01(\x03R\vburstTokens\x12<\n" +
 	"\fsettle_grace\x18\x14 \x01(\v2\x19.google.protobuf.DurationR\vsettleGrace\x129\n" +
 	"\vdebt_policy\x18\x15 \x01(\x0e2\x18.leasehold.v1.DebtPolicyR\n" +
 	"debtPolicy\x12\x16\n" +
@@ -639,7 +743,12 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\x19FALLBACK_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FALLBACK_KIND_CLOSED\x10\x01\x12\x17\n" +
 	"\x13FALLBACK_KIND_LOCAL\x10\x02\x12\x16\n" +
-	"\x12FALLBACK_KIND_OPEN\x10\x03*Y\n" +
+	"\x12FALLBACK_KIND_OPEN\x10\x03*q\n" +
+	"\tLimitKind\x12\x1a\n" +
+	"\x16LIMIT_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11LIMIT_KIND_WINDOW\x10\x01\x12\x15\n" +
+	"\x11LIMIT_KIND_BUCKET\x10\x02\x12\x1a\n" +
+	"\x16LIMIT_KIND_CONCURRENCY\x10\x03*Y\n" +
 	"\n" +
 	"DebtPolicy\x12\x1b\n" +
 	"\x17DEBT_POLICY_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -658,42 +767,45 @@ func file_leasehold_v1_limits_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_limits_proto_rawDescData
 }
 
-var file_leasehold_v1_limits_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_leasehold_v1_limits_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_leasehold_v1_limits_proto_goTypes = []any{
 	(Mode)(0),                     // 0: leasehold.v1.Mode
 	(FallbackKind)(0),             // 1: leasehold.v1.FallbackKind
-	(DebtPolicy)(0),               // 2: leasehold.v1.DebtPolicy
-	(*Fallback)(nil),              // 3: leasehold.v1.Fallback
-	(*LeaseSettings)(nil),         // 4: leasehold.v1.LeaseSettings
-	(*Limit)(nil),                 // 5: leasehold.v1.Limit
-	(*LimitOverride)(nil),         // 6: leasehold.v1.LimitOverride
-	nil,                           // 7: leasehold.v1.Limit.FallbackEntry
-	nil,                           // 8: leasehold.v1.Limit.TagsEntry
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(LimitKind)(0),                // 2: leasehold.v1.LimitKind
+	(DebtPolicy)(0),               // 3: leasehold.v1.DebtPolicy
+	(*Fallback)(nil),              // 4: leasehold.v1.Fallback
+	(*LeaseSettings)(nil),         // 5: leasehold.v1.LeaseSettings
+	(*Limit)(nil),                 // 6: leasehold.v1.Limit
+	(*LimitOverride)(nil),         // 7: leasehold.v1.LimitOverride
+	nil,                           // 8: leasehold.v1.Limit.FallbackEntry
+	nil,                           // 9: leasehold.v1.Limit.TagsEntry
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_leasehold_v1_limits_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.Fallback.kind:type_name -> leasehold.v1.FallbackKind
-	9,  // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
-	9,  // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
+	10, // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	10, // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
 	0,  // 3: leasehold.v1.Limit.mode:type_name -> leasehold.v1.Mode
-	7,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
-	4,  // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
-	8,  // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
-	10, // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
-	5,  // 8: leasehold.v1.Limit.previous:type_name -> leasehold.v1.Limit
-	9,  // 9: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
-	2,  // 10: leasehold.v1.Limit.debt_policy:type_name -> leasehold.v1.DebtPolicy
-	6,  // 11: leasehold.v1.Limit.override:type_name -> leasehold.v1.LimitOverride
-	10, // 12: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
-	5,  // 13: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
-	3,  // 14: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	8,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
+	5,  // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
+	9,  // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
+	11, // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
+	6,  // 8: leasehold.v1.Limit.previous:type_name -> leasehold.v1.Limit
+	2,  // 9: leasehold.v1.Limit.kind:type_name -> leasehold.v1.LimitKind
+	10, // 10: leasehold.v1.Limit.rate_period:type_name -> google.protobuf.Duration
+	10, // 11: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
+	3,  // 12: leasehold.v1.Limit.debt_policy:type_name -> leasehold.v1.DebtPolicy
+	7,  // 13: leasehold.v1.Limit.override:type_name -> leasehold.v1.LimitOverride
+	11, // 14: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
+	6,  // 15: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
+	4,  // 16: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_limits_proto_init() }
@@ -706,7 +818,7 @@ func file_leasehold_v1_limits_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_limits_proto_rawDesc), len(file_leasehold_v1_limits_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -1,0 +1,307 @@
+package allocator
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// A bucket limit (rate R per period, burst B) is granted as rate shares:
+// each region gets (r_i, b_i) for a TTL and refills a token bucket of its
+// own at r_i up to b_i (lease.TokenBucket). The Core keeps, at every
+// instant, the shares that may still be in force within the limit:
+//
+//	sum over regions of max(r of the region's unexpired shares) <= 1000*R
+//	sum over regions of max(b of the region's unexpired shares) <= B
+//
+// A region is counted at the largest of its unexpired shares, not its
+// latest, because its agent may still spend an older share until the newer
+// one reaches it (or forever, if the reply is lost). A share is unexpired
+// until its ExpiresAt on the allocator's clock, which is never before the
+// agent's deadline for it (lease.Deadline): an expired share's rate goes
+// back to the pool only after its holder stopped spending it.
+
+// DefaultShareTTL is how long a rate share lives when the limit names no
+// lease ttl. Agents renew well before (lease.LowWater's lead), so a region
+// that stops renewing gives its share back within about this long.
+const DefaultShareTTL = 10 * time.Second
+
+// ShareGrant is one rate share as the allocator records it in etcd.
+type ShareGrant struct {
+	ShareID   string `json:"id"`
+	Limit     string `json:"limit"`
+	Region    string `json:"region"`
+	Holder    string `json:"h,omitempty"` // "" the region's shared bucket; an agent replica's in-process one
+	RequestID string `json:"req"`
+	Seq       int64  `json:"seq"`
+	Rate      int64  `json:"r"`   // milli-tokens per period
+	Burst     int64  `json:"b"`   // tokens
+	PeriodMs  int64  `json:"pms"` // the limit's rate period, ms
+	// LimitRate and LimitBurst are the limit's R and B when the share was
+	// granted (a later change may lower them; the bound needs the old).
+	LimitRate    int64 `json:"lr"`
+	LimitBurst   int64 `json:"lb"`
+	LimitVersion int64 `json:"v"`
+	GrantedAt    int64 `json:"at"` // unix ns, allocator clock
+	ExpiresAt    int64 `json:"ea"` // unix ns, allocator clock
+
+	// pending is set while the grant is not yet committed; replays wait
+	// on it. Owned by the Allocator; not persisted.
+	pending *pendingOp
+}
+
+// ShareID formats a share id: "s/<region>/<request id>". Region and request
+// ids contain no "/".
+func ShareID(region, requestID string) string { return "s/" + region + "/" + requestID }
+
+// inForce reports whether the share may still be spent at now.
+func (g *ShareGrant) inForce(now time.Time) bool { return now.UnixNano() < g.ExpiresAt }
+
+// shareState is the shares of one bucket limit, by holder (holderKey):
+// each bucket that spends shares is counted apart.
+type shareState struct {
+	byRegion map[string][]*ShareGrant // granted, not yet forgotten, oldest first, by holder key
+	seq      map[string]int64         // the latest seq granted per holder key
+}
+
+// holderKey names the bucket a share is spent from: the region's shared
+// bucket (holder "") or a replica's in-process one. Region ids have no
+// "/".
+func holderKey(region, holder string) string {
+	if holder == "" {
+		return region
+	}
+	return region + "/" + holder
+}
+
+func (g *ShareGrant) holderKey() string { return holderKey(g.Region, g.Holder) }
+
+func (c *Core) shareState(limit string) *shareState {
+	st := c.shares[limit]
+	if st == nil {
+		st = &shareState{byRegion: map[string][]*ShareGrant{}, seq: map[string]int64{}}
+		c.shares[limit] = st
+	}
+	return st
+}
+
+// held returns what a holder (holderKey) may still spend at now: the
+// largest rate and the largest burst of its unexpired shares.
+func (st *shareState) held(hk string, now time.Time) (rate, burst int64) {
+	for _, g := range st.byRegion[hk] {
+		if g.inForce(now) {
+			rate, burst = max(rate, g.Rate), max(burst, g.Burst)
+		}
+	}
+	return rate, burst
+}
+
+// Reserved returns what the shares of a bucket limit that may still be in
+// force at now hold together: each region counted at the largest of its
+// unexpired shares. The Core keeps rate <= 1000*R and burst <= B.
+func (c *Core) Reserved(limit string, now time.Time) (rate, burst int64) {
+	st := c.shares[limit]
+	if st == nil {
+		return 0, 0
+	}
+	for region := range st.byRegion {
+		r, b := st.held(region, now)
+		rate, burst = rate+r, burst+b
+	}
+	return rate, burst
+}
+
+// ShareAcquire is one item of an AcquireShares call, already validated.
+type ShareAcquire struct {
+	RequestID string
+	Limit     string
+	Demand    float64 // tokens per second
+	Holder    string  // "" the region's shared bucket; a replica's in-process one
+	Admitted  int64   // the holder's bucket's admitted counter (cumulative)
+}
+
+// ShareDecision is the core's answer to one ShareAcquire.
+type ShareDecision struct {
+	Code     pb.ItemCode
+	Message  string
+	Grant    *ShareGrant // nil when nothing was granted
+	Replayed bool        // Grant was made earlier for the same request id
+	New      bool        // Grant is new and must be persisted
+	// OwnerGroup names the allocator group that grants the limit's
+	// shares when Code is WRONG_GROUP.
+	OwnerGroup string
+}
+
+// shareTTL is how long l's shares live.
+func shareTTL(l *Limit) time.Duration {
+	if l.TTL > 0 {
+		return l.TTL
+	}
+	return DefaultShareTTL
+}
+
+// AcquireShare decides one rate share request of region at now: the
+// region's next share, sized by fresh demand (lease.SizeShare) within what
+// the other regions' unexpired shares leave. A request id already granted
+// is answered with the same share (Replayed); a request id of a lease is a
+// CONFLICT. Nothing free gives an empty answer (code OK, no grant).
+func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareDecision {
+	rk := requestKey{region, r.RequestID}
+	if g, ok := c.shareReq[rk]; ok {
+		if g.Limit != r.Limit {
+			return ShareDecision{Code: pb.ItemCode_ITEM_CODE_CONFLICT,
+				Message: fmt.Sprintf("request id %q was used for limit %q", r.RequestID, g.Limit)}
+		}
+		return ShareDecision{Grant: g, Replayed: true}
+	}
+	if g, ok := c.byRequest[rk]; ok {
+		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_CONFLICT,
+			Message: fmt.Sprintf("request id %q was used for a lease of limit %q", r.RequestID, g.Limit)}
+	}
+	l, ok := c.limits[r.Limit]
+	if !ok {
+		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
+	}
+	l = l.At(now)
+	if !l.IsBucket() {
+		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_WRONG_KIND,
+			Message: fmt.Sprintf("limit %q is a window limit: acquire leases", r.Limit)}
+	}
+	if c.owner != nil {
+		// Shares are not windowed: a group grants them only once it has
+		// owned the limit for a share's life, so every share the previous
+		// owner granted has expired (it stopped at the move).
+		g, owned := c.owner(l.ID, now)
+		if owned {
+			_, owned = c.owner(l.ID, now.Add(-shareTTL(l)))
+		}
+		if !owned {
+			return ShareDecision{Code: pb.ItemCode_ITEM_CODE_WRONG_GROUP, OwnerGroup: g,
+				Message: fmt.Sprintf("limit %q's rate shares are granted by allocator group %q (from a share's life after a move)", r.Limit, g)}
+		}
+	}
+	if !l.HasRegion(region) {
+		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,
+			Message: fmt.Sprintf("limit %q is not spent in region %q", r.Limit, region)}
+	}
+	c.demand[demandKey{l.ID, region}] = demandReport{rate: r.Demand, at: now, window: -1}
+
+	hk := holderKey(region, r.Holder)
+	c.observeBucket(now, l, hk, r.Admitted)
+	st := c.shareState(l.ID)
+	var othersRate, othersBurst int64
+	for other := range st.byRegion {
+		if other != hk {
+			r, b := st.held(other, now)
+			othersRate, othersBurst = othersRate+r, othersBurst+b
+		}
+	}
+	rate, burst := lease.SizeShare(lease.ShareRequest{
+		Rate:        l.Rate * lease.MilliTokens,
+		Burst:       l.Burst,
+		Region:      region,
+		Demands:     c.reported(now, l),
+		OthersRate:  othersRate,
+		OthersBurst: othersBurst,
+	})
+	if rate == 0 && burst == 0 {
+		return ShareDecision{}
+	}
+	st.seq[hk]++
+	g := &ShareGrant{
+		ShareID:      ShareID(region, r.RequestID),
+		Limit:        l.ID,
+		Region:       region,
+		Holder:       r.Holder,
+		RequestID:    r.RequestID,
+		Seq:          st.seq[hk],
+		Rate:         rate,
+		Burst:        burst,
+		PeriodMs:     l.RatePeriod.Milliseconds(),
+		LimitRate:    l.Rate,
+		LimitBurst:   l.Burst,
+		LimitVersion: l.Version,
+		GrantedAt:    now.UnixNano(),
+		ExpiresAt:    now.Add(shareTTL(l)).UnixNano(),
+	}
+	st.byRegion[hk] = append(st.byRegion[hk], g)
+	c.shareReq[rk] = g
+	return ShareDecision{Grant: g, New: true}
+}
+
+// RestoreShare adds a committed share while rebuilding from etcd.
+func (c *Core) RestoreShare(g *ShareGrant) {
+	st := c.shareState(g.Limit)
+	hk := g.holderKey()
+	st.byRegion[hk] = append(st.byRegion[hk], g)
+	slices.SortFunc(st.byRegion[hk], func(a, b *ShareGrant) int { return cmp.Compare(a.Seq, b.Seq) })
+	st.seq[hk] = max(st.seq[hk], g.Seq)
+	c.shareReq[requestKey{g.Region, g.RequestID}] = g
+}
+
+// ExpiredShares lists the shares that expired at least grace before now,
+// oldest first per limit and region; their records may be removed.
+func (c *Core) ExpiredShares(now time.Time, grace time.Duration) []*ShareGrant {
+	var out []*ShareGrant
+	cut := now.Add(-grace).UnixNano()
+	for _, st := range c.shares {
+		for _, gs := range st.byRegion {
+			for _, g := range gs {
+				if g.ExpiresAt <= cut {
+					out = append(out, g)
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b *ShareGrant) int {
+		if c := strings.Compare(a.Limit, b.Limit); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Region, b.Region); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Seq, b.Seq)
+	})
+	return out
+}
+
+// ForgetShare drops an expired share and its request id. The region's seq
+// is kept, so its next share still follows; a request id retried after
+// this gets a new share: retries must come within the grace.
+func (c *Core) ForgetShare(g *ShareGrant) {
+	st := c.shares[g.Limit]
+	if st == nil {
+		return
+	}
+	hk := g.holderKey()
+	st.byRegion[hk] = slices.DeleteFunc(st.byRegion[hk], func(x *ShareGrant) bool { return x == g })
+	if len(st.byRegion[hk]) == 0 {
+		delete(st.byRegion, hk)
+	}
+	rk := requestKey{g.Region, g.RequestID}
+	if c.shareReq[rk] == g {
+		delete(c.shareReq, rk)
+	}
+}
+
+// ToProto renders a share as the agent receives it at now: expires_in is
+// measured from now, so a replay a little later does not extend it.
+func (g *ShareGrant) ToProto(now time.Time) *pb.RateShare {
+	return &pb.RateShare{
+		ShareId:         g.ShareID,
+		LimitId:         g.Limit,
+		Region:          g.Region,
+		Seq:             g.Seq,
+		RateMilliTokens: g.Rate,
+		RatePeriod:      durpb(time.Duration(g.PeriodMs) * time.Millisecond),
+		BurstTokens:     g.Burst,
+		ExpiresIn:       durpb(max(0, time.Duration(g.ExpiresAt-now.UnixNano()))),
+		RequestId:       g.RequestID,
+		LimitVersion:    g.LimitVersion,
+	}
+}

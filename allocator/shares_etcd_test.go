@@ -1,0 +1,209 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/vocab"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// putBucketLimitRaw writes a bucket limit straight into etcd: the Admin
+// API refuses bucket limits until the agent enforces them.
+func putBucketLimitRaw(t *testing.T, a *Allocator, id string, rate, burst int64, ttl time.Duration) {
+	t.Helper()
+	b, err := proto.Marshal(&pb.Limit{Id: id, Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: burst,
+		RatePeriod: durationpb.New(time.Second), Regions: []string{"eu", "us", "ap"}, Mode: pb.Mode_MODE_STRICT,
+		Lease: &pb.LeaseSettings{Ttl: durationpb.New(ttl)}, Version: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Store().Client().Put(context.Background(), a.Store().limitKey(id), string(b)); err != nil {
+		t.Fatal(err)
+	}
+	waitLimit(t, a, id, 1)
+}
+
+func acquireShare(t *testing.T, a *Allocator, region, req string, demand float64) *pb.ShareResult {
+	t.Helper()
+	res, err := a.AcquireShares(context.Background(), region, []*pb.ShareRequest{{RequestId: req, LimitId: "b/e", DemandPerSecond: demand}})
+	if err != nil {
+		t.Fatalf("AcquireShares(%s %s): %v", region, req, err)
+	}
+	return res[0]
+}
+
+// TestSharesDurableAcrossFailover: on a real etcd, every share is in etcd
+// when it is answered, a retry gets the same share (from the next leader
+// too), an expired share's rate goes back only at its expiry, and a
+// deposed leader's fence cannot commit a share.
+func TestSharesDurableAcrossFailover(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt(), WithSessionTTL(time.Second))
+	allocatortest.WaitLeader(t, a)
+	putBucketLimitRaw(t, a.Allocator, "b/e", 100, 200, 10*time.Second)
+
+	r1 := acquireShare(t, a.Allocator, "eu", "e1", 300)
+	if r1.Code != pb.ItemCode_ITEM_CODE_OK || r1.Share.RateMilliTokens != 100_000 || r1.Share.BurstTokens != 200 || r1.Share.Seq != 1 ||
+		r1.Share.ExpiresIn.AsDuration() != 10*time.Second {
+		t.Fatalf("first share: %v", r1)
+	}
+	resp, err := c.Client(t).Get(context.Background(), a.Store().sharesPrefix(), clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 || !strings.HasSuffix(string(resp.Kvs[0].Key), "/eu/e1") {
+		t.Fatalf("share records in etcd: %v, %v", resp, err)
+	}
+	if r := acquireShare(t, a.Allocator, "us", "u1", 100); r.Share.GetShareId() != "" || r.Share.GetRateMilliTokens() != 0 {
+		t.Fatalf("us while eu holds everything: %v", r)
+	}
+
+	// Failover: b takes over from etcd and answers the retry identically.
+	b := startAllocator(t, c, "b", clock.opt(), WithSessionTTL(time.Second))
+	a.Stop()
+	allocatortest.WaitLeader(t, b)
+	waitLimit(t, b.Allocator, "b/e", 1)
+	clock.Add(time.Second)
+	r1b := acquireShare(t, b.Allocator, "eu", "e1", 300)
+	if !r1b.Replayed || r1b.Share.ShareId != r1.Share.ShareId || r1b.Share.Seq != 1 || r1b.Share.RateMilliTokens != 100_000 ||
+		r1b.Share.ExpiresIn.AsDuration() != 9*time.Second {
+		t.Fatalf("replay on the new leader: %v", r1b)
+	}
+	// The new leader knows demand only from requests it answered: eu
+	// renews (alone, the whole limit, seq 2); us gets nothing until eu's
+	// shares expire, then its part; eu's next share follows the seq.
+	clock.Set(t0.Add(5 * time.Second))
+	if r := acquireShare(t, b.Allocator, "eu", "e2", 300); r.Share.GetRateMilliTokens() != 100_000 || r.Share.Seq != 2 {
+		t.Fatalf("eu's renewal on the new leader: %v", r)
+	}
+	clock.Set(t0.Add(15*time.Second - time.Millisecond))
+	if r := acquireShare(t, b.Allocator, "us", "u2", 100); r.Share.GetRateMilliTokens() != 0 {
+		t.Fatalf("us before eu's share expired: %v", r)
+	}
+	clock.Set(t0.Add(15 * time.Second))
+	if r := acquireShare(t, b.Allocator, "us", "u3", 100); r.Share.GetRateMilliTokens() != 100_000/4 || r.Share.Seq != 1 {
+		t.Fatalf("us after eu's share expired: %v", r)
+	}
+	if r := acquireShare(t, b.Allocator, "eu", "e3", 300); r.Share.GetRateMilliTokens() != 75_000 || r.Share.Seq != 3 {
+		t.Fatalf("eu's next share: %v", r)
+	}
+
+	// A deposed leader's fence commits nothing.
+	b.mu.Lock()
+	tm := b.term
+	b.mu.Unlock()
+	if _, err := c.Client(t).Revoke(context.Background(), b.SessionLease()); err != nil {
+		t.Fatal(err)
+	}
+	op, err := b.Store().putShareOp(&ShareGrant{ShareID: "s/eu/forged", Limit: "b/e", Region: "eu", RequestID: "forged", Rate: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Store().Commit(context.Background(), tm.fence, []clientv3.Op{op}); !errors.Is(err, ErrFenced) {
+		t.Fatalf("commit with a revoked leader's fence: %v, want ErrFenced", err)
+	}
+}
+
+// TestShareRecordsExpire: the sweep removes a share's record once it
+// expired more than the retention ago, and forgets it in the core.
+func TestShareRecordsExpire(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt(), WithRetention(time.Minute, 10*time.Millisecond))
+	allocatortest.WaitLeader(t, a)
+	putBucketLimitRaw(t, a.Allocator, "b/e", 100, 200, 10*time.Second)
+	acquireShare(t, a.Allocator, "eu", "e1", 300)
+	clock.Add(70 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := c.Client(t).Get(context.Background(), a.Store().sharesPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var left int
+		_ = a.View(func(_ time.Time, core *Core) { left = len(core.shareReq) })
+		if resp.Count == 0 && left == 0 { // the core forgets right after the delete commits
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, not ordering
+	}
+	t.Fatal("the expired share's record was never removed, or the core never forgot it")
+}
+
+func TestValidateAcquireShares(t *testing.T) {
+	ok := func() *pb.AcquireSharesRequest {
+		return &pb.AcquireSharesRequest{Region: "eu", Requests: []*pb.ShareRequest{{RequestId: "r1", LimitId: "b/a", DemandPerSecond: 1}}}
+	}
+	if err := ValidateAcquireShares(ok()); err != nil {
+		t.Fatal(err)
+	}
+	for field, edit := range map[string]func(*pb.AcquireSharesRequest){
+		"region":                        func(r *pb.AcquireSharesRequest) { r.Region = "" },
+		"requests":                      func(r *pb.AcquireSharesRequest) { r.Requests = nil },
+		"requests[0]":                   func(r *pb.AcquireSharesRequest) { r.Requests[0] = nil },
+		"requests[0].request_id":        func(r *pb.AcquireSharesRequest) { r.Requests[0].RequestId = "a/b" },
+		"requests[1].request_id":        func(r *pb.AcquireSharesRequest) { r.Requests = append(r.Requests, r.Requests[0]) },
+		"requests[0].limit_id":          func(r *pb.AcquireSharesRequest) { r.Requests[0].LimitId = "" },
+		"requests[0].demand_per_second": func(r *pb.AcquireSharesRequest) { r.Requests[0].DemandPerSecond = -1 },
+		"requests[0].holder":            func(r *pb.AcquireSharesRequest) { r.Requests[0].Holder = "eu 1" },
+	} {
+		req := ok()
+		edit(req)
+		var fe *vocab.FieldError
+		if err := ValidateAcquireShares(req); !errors.As(err, &fe) || fe.Field != field {
+			t.Errorf("%s: got %v", field, err)
+		}
+	}
+}
+
+// TestBucketMetrics: the allocator exports, per bucket limit, what the
+// agents' counters grew by in the last closed reporting interval and the
+// bound beside it (B + R x (interval + slack)).
+func TestBucketMetrics(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	reg := prometheus.NewRegistry()
+	a := startAllocatorReg(t, c, "a", reg, clock.opt())
+	allocatortest.WaitLeader(t, a)
+	putBucketLimitRaw(t, a.Allocator, "b/e", 100, 200, 10*time.Second)
+	ask := func(req string, admitted int64) {
+		t.Helper()
+		res, err := a.AcquireShares(context.Background(), "eu", []*pb.ShareRequest{{RequestId: req, LimitId: "b/e", DemandPerSecond: 50, AdmittedTokens: admitted}})
+		if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK {
+			t.Fatalf("AcquireShares: %v, %v", res, err)
+		}
+	}
+	ask("r1", 0)
+	clock.Add(10 * time.Second)
+	ask("r2", 120)
+	clock.Add(50 * time.Second) // the next interval
+	ask("r3", 150)
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), "leasehold_bucket_") {
+			for _, m := range mf.GetMetric() {
+				got[mf.GetName()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	want := map[string]float64{"leasehold_bucket_admitted_tokens": 120, "leasehold_bucket_bound_tokens": 200 + 100*71,
+		"leasehold_bucket_interval_seconds": 60}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	yaml "go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"leasehold/internal/etcdtest"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// TestBucketFlags: --rate and --burst describe a bucket limit. Bad values
+// exit 2 with one line naming the flag; the allocator checks the rest and
+// names the field (a burst above the maximum for the period); and until
+// bucket limits are enforced it refuses them, naming limit.kind.
+func TestBucketFlags(t *testing.T) {
+	ta := startAllocator(t, etcdtest.Start(t, 1))
+	waitLeader(t, ta)
+	set := func(extra ...string) []string {
+		return append([]string{"--allocator", ta.addr, "limits", "set", "--reason", "test", "tenant/b", "--regions", "eu",
+			"--mode", "strict"}, extra...)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		text string
+	}{
+		{set("--rate", "100/s", "--burst", "200"), 1, ": limit.kind: bucket limits are not enforced"},
+		{set("--rate", "100/s", "--burst", "99999999999999"), 1, ": limit.burst_tokens: must be <= 4503599627 for a rate period of 1s"},
+		{set("--rate", "0/s", "--burst", "200"), 2, `--rate "0/s"`},
+		{set("--rate", "100/d", "--burst", "200"), 2, `--rate "100/d"`},
+		{set("--rate", "100", "--burst", "200"), 2, `--rate "100"`},
+		{set("--rate", "100/s", "--burst", "0"), 2, `--burst "0"`},
+		{set("--rate", "100/s"), 2, "--burst is required"},
+		{set("--rate", "100/s", "--burst", "5", "--limit", "5", "--window", "1m"), 2, "instead of --limit and --window"},
+		{set("--limit", "5", "--window", "1m", "--burst", "5"), 2, "--burst is for a bucket limit"},
+	} {
+		t.Run(strings.Join(tc.args[2:], " "), func(t *testing.T) {
+			r := quotactl(tc.args...).want(t, tc.code)
+			if !strings.Contains(r.stderr, tc.text) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 || r.stdout != "" {
+				t.Fatalf("stderr %q: want one line saying %q", r.stderr, tc.text)
+			}
+		})
+	}
+	// Nothing was written.
+	quotactl("--allocator", ta.addr, "limits", "get", "tenant/b").want(t, 1)
+}
+
+// TestBucketLimitShown: a bucket limit is shown, exported and compared by
+// its rate and burst (limits get, limits export, plans), not by a window.
+func TestBucketLimitShown(t *testing.T) {
+	l := &pb.Limit{Id: "backend/search", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: 100, RatePeriod: durationpb.New(time.Second),
+		BurstTokens: 200, Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{}, Version: 3}
+	var out strings.Builder
+	e := &env{stdout: &out}
+	if err := e.printLimit(l); err != nil {
+		t.Fatal(err)
+	}
+	got := kv(t, out.String())
+	for k, want := range map[string]string{"kind": "bucket", "rate": "100/s", "burst": "200", "regions": "eu,us"} {
+		if got[k] != want {
+			t.Errorf("limits get: %s = %q, want %q\n%s", k, got[k], want, out.String())
+		}
+	}
+	if _, ok := got["window"]; ok {
+		t.Errorf("limits get shows a window for a bucket limit:\n%s", out.String())
+	}
+	b, err := yaml.Marshal(limitNode(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y := string(b); !strings.Contains(y, "rate: 100/s") || !strings.Contains(y, "burst: 200") || strings.Contains(y, "window:") {
+		t.Errorf("export:\n%s", y)
+	}
+	l2 := proto.Clone(l).(*pb.Limit)
+	l2.RatePeriod, l2.BurstTokens = durationpb.New(time.Minute), 300
+	d := diffLimits(l, l2)
+	if len(d) != 2 || d[0] != (fieldDiff{"rate", "100/s", "100/m"}) || d[1] != (fieldDiff{"burst", "200", "300"}) {
+		t.Errorf("plan diff: %+v", d)
+	}
+}
