@@ -238,7 +238,7 @@ func (s *Server) LimitHistory(ctx context.Context, req *pb.LimitHistoryRequest) 
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	return &pb.LimitHistoryResponse{Events: page.Events, NextPageToken: page.Next}, nil
+	return &pb.LimitHistoryResponse{Events: page.Events, NextPageToken: page.Next, Group: s.a.opt.group}, nil
 }
 
 // ListAudit implements pb.AdminServer (admins only): any replica answers

@@ -135,6 +135,12 @@ func TestQuotactlAcrossGroups(t *testing.T) {
 	if n := strings.Count(q("limits", "list").want(t, 0).stdout, inB); n != 1 {
 		t.Errorf("after the move limits list names %s %d times, want once", inB, n)
 	}
+	// The history follows the limit: its changes in b, then the copy in a.
+	hist := q("limits", "history", inB).want(t, 0).stdout
+	iSetup, iRaise, iMove := strings.Index(hist, "setup"), strings.Index(hist, "raise"), strings.Index(hist, "moved from allocator group b: big tenant")
+	if iSetup < 0 || iRaise < iSetup || iMove < iRaise {
+		t.Errorf("limits history after the move, want setup, raise, then the move, in that order:\n%s", hist)
+	}
 	show = q("groups", "show").want(t, 0).stdout
 	if !strings.Contains(show, "version 2") || !strings.Contains(show, inB+"  a") {
 		t.Errorf("groups show after the move:\n%s", show)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -29,12 +30,30 @@ var limitsHistoryCmd = &command{
 			if err != nil {
 				return err
 			}
-			evs, err := e.pageEvents(ctx, func(ctx context.Context, c pb.AdminClient, token string, opt grpc.CallOption) ([]*pb.AuditEvent, string, error) {
+			// With allocator groups the history of a limit that moved is
+			// in every group it lived in: gather it, oldest first.
+			group := ""
+			page := func(ctx context.Context, c pb.AdminClient, token string, opt grpc.CallOption) ([]*pb.AuditEvent, string, error) {
 				resp, err := c.LimitHistory(ctx, &pb.LimitHistoryRequest{Id: id, PageSize: 1000, PageToken: token}, opt)
+				group = resp.GetGroup()
 				return resp.GetEvents(), resp.GetNextPageToken(), err
-			})
+			}
+			evs, err := e.pageEvents(ctx, page)
 			if err != nil {
 				return err
+			}
+			if group != "" {
+				err := e.otherGroups(ctx, group, func(call func(adminRPC) error) (string, error) {
+					more, err := e.pageEventsVia(call, page)
+					evs = append(evs, more...)
+					return "", err
+				})
+				if err != nil {
+					return err
+				}
+				slices.SortStableFunc(evs, func(a, b *pb.AuditEvent) int {
+					return cmpInt64(tsNanos(a.GetTime()), tsNanos(b.GetTime()))
+				})
 			}
 			if e.json {
 				return writeEvents(e, evs)
@@ -87,6 +106,11 @@ type eventPage func(ctx context.Context, c pb.AdminClient, token string, opt grp
 
 // pageEvents follows an event listing's pages to the end.
 func (e *env) pageEvents(ctx context.Context, page eventPage) ([]*pb.AuditEvent, error) {
+	return e.pageEventsVia(func(rpc adminRPC) error { return e.admin(ctx, rpc) }, page)
+}
+
+// pageEventsVia is pageEvents through call (an allocator of one group).
+func (e *env) pageEventsVia(call func(adminRPC) error, page eventPage) ([]*pb.AuditEvent, error) {
 	var all []*pb.AuditEvent
 	token := ""
 	for n := 0; ; n++ {
@@ -95,7 +119,7 @@ func (e *env) pageEvents(ctx context.Context, page eventPage) ([]*pb.AuditEvent,
 		}
 		var evs []*pb.AuditEvent
 		var next string
-		err := e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+		err := call(func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
 			evs, next, err = page(ctx, c, token, opt)
 			return err
 		})
