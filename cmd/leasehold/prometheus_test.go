@@ -41,6 +41,14 @@ func TestPrometheusScrapesDev(t *testing.T) {
 		Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(5 * time.Second)}}}); err != nil {
 		t.Fatal(err)
 	}
+	// An expiring override that puts the limit in shadow mode for the
+	// test's life: the shadow-mode and override panels have data too.
+	if _, err := pb.NewAdminClient(dial(t, alloc)).PutLimit(ctx, &pb.PutLimitRequest{Reason: "prometheus test: try shadow mode",
+		OverrideFor: durationpb.New(time.Hour), Limit: &pb.Limit{
+			Id: demoLimit, LimitTokens: 100, Window: durationpb.New(5 * time.Second), Regions: []string{"eu", "us"},
+			Mode: pb.Mode_MODE_STRICT, Shadow: true, Lease: &pb.LeaseSettings{Ttl: durationpb.New(5 * time.Second)}}}); err != nil {
+		t.Fatal(err)
+	}
 
 	rules, err := filepath.Abs("../../deploy/prometheus/alerts.yaml")
 	if err != nil {
