@@ -3,7 +3,6 @@ package regionagent
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -100,20 +99,19 @@ func (a *Agent) sendShares(ctx context.Context, reqs []core.ShareAcquire) {
 		o := a.groups.owner(r.Limit, now)
 		byGroup[o] = append(byGroup[o], r)
 	}
-	var wg sync.WaitGroup
 	for group, rs := range byGroup {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl := a.groups.client(group)
-			if cl == nil {
-				a.withCore(func(c *core.Core) { c.ShareAcquireFailed(a.opt.now(), rs, false) })
-				return
-			}
-			a.sharesFrom(ctx, group, cl, rs, true)
-		}()
+		a.queuesOf(group).shares.add(a, rs) // each group on its own queue (groups.go)
 	}
-	wg.Wait()
+}
+
+// sharesOfGroup sends one group its share requests.
+func (a *Agent) sharesOfGroup(ctx context.Context, group string, rs []core.ShareAcquire) {
+	cl := a.groups.client(group)
+	if cl == nil {
+		a.withCore(func(c *core.Core) { c.ShareAcquireFailed(a.opt.now(), rs, false) })
+		return
+	}
+	a.sharesFrom(ctx, group, cl, rs, true)
 }
 
 // sharesFrom sends share requests through cl (the client of group, ""

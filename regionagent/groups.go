@@ -46,7 +46,17 @@ type groupRoutes struct {
 	addrs   map[string][]string     // the addresses each client dials
 	down    map[string]bool         // groups whose breaker opened
 	syncs   map[string]*groupSync   // by group
+	queues  map[string]*groupQueues // by group
 	anyUp   bool
+}
+
+// groupQueues batch one group's allocator calls on their own, so a group
+// that is slow or down (its calls retried for seconds) never holds up the
+// calls of another group.
+type groupQueues struct {
+	acquires batcher[core.Acquire]
+	returns  batcher[core.Return]
+	shares   batcher[core.ShareAcquire]
 }
 
 // groupSync is what the agent holds of one group's limits.
@@ -59,7 +69,7 @@ type groupSync struct {
 
 func newGroupRoutes(dial func(group string, addrs []string) *allocClient, health func(anyUp bool)) *groupRoutes {
 	return &groupRoutes{dial: dial, health: health, clients: map[string]*allocClient{}, addrs: map[string][]string{},
-		down: map[string]bool{}, syncs: map[string]*groupSync{}, anyUp: true}
+		down: map[string]bool{}, syncs: map[string]*groupSync{}, queues: map[string]*groupQueues{}, anyUp: true}
 }
 
 // active reports whether the agent routes by groups.
@@ -143,6 +153,23 @@ func (g *groupRoutes) client(group string) *allocClient {
 	return g.clients[group]
 }
 
+// queuesOf returns the group's call queues, made on first use with the
+// agent's senders for that group.
+func (a *Agent) queuesOf(group string) *groupQueues {
+	g := a.groups
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	q := g.queues[group]
+	if q == nil {
+		q = &groupQueues{}
+		q.acquires.send = func(ctx context.Context, rs []core.Acquire) { a.acquireFromGroup(ctx, group, rs, true) }
+		q.returns.send = func(ctx context.Context, rs []core.Return) { a.returnToGroup(ctx, group, rs) }
+		q.shares.send = func(ctx context.Context, rs []core.ShareAcquire) { a.sharesOfGroup(ctx, group, rs) }
+		g.queues[group] = q
+	}
+	return q
+}
+
 // setHealth records a group's breaker and tells the agent when no group
 // answers any more, or one answers again.
 func (g *groupRoutes) setHealth(group string, up bool) {
@@ -207,22 +234,19 @@ func (a *Agent) acquireStarts(reqs []core.Acquire) []time.Time {
 	return out
 }
 
-// sendAcquiresByGroup sends each group its requests (one call per group,
-// concurrently); requests a group answers WRONG_GROUP are sent once more
-// to the group it names.
-func (a *Agent) sendAcquiresByGroup(ctx context.Context, reqs []core.Acquire) {
+// sendAcquiresByGroup queues each group's requests on that group's own
+// queue (one call per group per batch); requests a group answers
+// WRONG_GROUP are sent once more to the group it names.
+func (a *Agent) sendAcquiresByGroup(_ context.Context, reqs []core.Acquire) {
 	starts := a.acquireStarts(reqs)
 	byGroup := map[string][]core.Acquire{}
 	for i, r := range reqs {
 		o := a.groups.owner(r.Limit, starts[i])
 		byGroup[o] = append(byGroup[o], r)
 	}
-	var wg sync.WaitGroup
 	for group, rs := range byGroup {
-		wg.Add(1)
-		go func() { defer wg.Done(); a.acquireFromGroup(ctx, group, rs, true) }()
+		a.queuesOf(group).acquires.add(a, rs)
 	}
-	wg.Wait()
 }
 
 func (a *Agent) acquireFromGroup(ctx context.Context, group string, reqs []core.Acquire, redirect bool) {
@@ -271,8 +295,8 @@ func leaseWindow(id string) (int64, bool) {
 }
 
 // sendReturnsByGroup returns each lease to the group that owns its
-// window (it granted the lease).
-func (a *Agent) sendReturnsByGroup(ctx context.Context, rets []core.Return) {
+// window (it granted the lease), on that group's own queue.
+func (a *Agent) sendReturnsByGroup(_ context.Context, rets []core.Return) {
 	byGroup := map[string][]core.Return{}
 	for _, r := range rets {
 		group := ""
@@ -284,17 +308,22 @@ func (a *Agent) sendReturnsByGroup(ctx context.Context, rets []core.Return) {
 		byGroup[group] = append(byGroup[group], r)
 	}
 	for group, rs := range byGroup {
-		cl := a.groups.client(group)
-		if cl == nil {
-			// A lease of a limit the agent no longer knows: the window's
-			// owner cannot be named, and its unspent tokens stay with the
-			// window (the allocator counts them as spent: the safe side).
-			now := a.opt.now()
-			a.withCore(func(c *core.Core) { c.ReturnsDone(now, rs, nil) })
-			continue
-		}
-		a.sendReturnsTo(ctx, cl, rs)
+		a.queuesOf(group).returns.add(a, rs)
 	}
+}
+
+// returnToGroup sends returns to one group.
+func (a *Agent) returnToGroup(ctx context.Context, group string, rs []core.Return) {
+	cl := a.groups.client(group)
+	if cl == nil {
+		// A lease of a limit the agent no longer knows: the window's
+		// owner cannot be named, and its unspent tokens stay with the
+		// window (the allocator counts them as spent: the safe side).
+		now := a.opt.now()
+		a.withCore(func(c *core.Core) { c.ReturnsDone(now, rs, nil) })
+		return
+	}
+	a.sendReturnsTo(ctx, cl, rs)
 }
 
 // reportByGroup sends usage to the groups that own the windows, one call
@@ -309,15 +338,24 @@ func (a *Agent) reportByGroup(ctx context.Context, reporter string, usage []*pb.
 		}
 		byGroup[group] = append(byGroup[group], u)
 	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for group, us := range byGroup {
 		cl := a.groups.client(group)
 		if cl == nil {
 			continue // a limit the agent no longer knows: nobody to report to
 		}
-		if err := reportTo(ctx, cl, a.cfg.Region, reporter, us); err != nil {
-			failed = append(failed, us...)
-		}
+		wg.Add(1)
+		go func() { // concurrently: a slow group delays only its own reports
+			defer wg.Done()
+			if err := reportTo(ctx, cl, a.cfg.Region, reporter, us); err != nil {
+				mu.Lock()
+				failed = append(failed, us...)
+				mu.Unlock()
+			}
+		}()
 	}
+	wg.Wait()
 	return failed
 }
 
