@@ -31,8 +31,8 @@ type fakeAdmin struct {
 	pb.UnimplementedAdminServer
 	windows       map[string][]*pb.WindowReport
 	buckets       map[string]*pb.ListWindowsResponse // bucket limits, answered as they are
-	leader        string // refuse, naming this leader
-	unimplemented bool   // answer as an allocator without ListWindows
+	leader        string                             // refuse, naming this leader
+	unimplemented bool                               // answer as an allocator without ListWindows
 
 	mu   sync.Mutex
 	reqs []*pb.ListWindowsRequest
