@@ -293,3 +293,53 @@ func TestListWindowsBucket(t *testing.T) {
 		t.Errorf("an unknown limit: %v", err)
 	}
 }
+
+// TestBucketLimitChanges: through PutLimit, a bucket limit is created and
+// a change governs at once (no window to wait for); a change for the next
+// window, an override and a change of kind are refused naming the field.
+func TestBucketLimitChanges(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	bucket := func(rate int64) *pb.Limit {
+		return &pb.Limit{Id: "b/c", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: 20,
+			Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT}
+	}
+	if _, err := a.PutLimit(ctx, bucket(10), Change{Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(7 * time.Second)
+	got, err := a.PutLimit(ctx, bucket(20), Change{Reason: "test"})
+	if err != nil || got.Version != 2 || !got.EffectiveFrom.AsTime().Equal(clock.Now()) || got.Previous != nil {
+		t.Fatalf("a change with effective unset: %v, %v", got, err)
+	}
+	waitLimit(t, a.Allocator, "b/c", 2)
+	var rate int64
+	_ = a.View(func(now time.Time, core *Core) {
+		if l, ok := core.Limit("b/c"); ok {
+			rate = l.At(now).Rate
+		}
+	})
+	if rate != 20 {
+		t.Errorf("rate in force %d, want 20 at once", rate)
+	}
+	for _, tc := range []struct {
+		name  string
+		l     *pb.Limit
+		ch    Change
+		field string
+	}{
+		{"next window", bucket(30), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW}, "effective"},
+		{"override", bucket(30), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "override_for"},
+		{"kind", &pb.Limit{Id: "b/c", LimitTokens: 10, Window: durationpb.New(time.Minute), Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT},
+			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}, "limit.kind"},
+	} {
+		_, err := a.PutLimit(ctx, tc.l, tc.ch)
+		var fe *vocab.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.field)
+		}
+	}
+}
