@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/allocator"
 	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -99,6 +100,19 @@ func TestBucketLimitLifecycle(t *testing.T) {
 		return quotactl(append([]string{"--allocator", ta.addr}, args...)...).want(t, code)
 	}
 	q(0, "limits", "set", "--reason", "test", "backend/search", "--regions", "eu", "--mode", "strict", "--rate", "100/s", "--burst", "200")
+	// The leader applies a limit when its watch brings it (windows asks
+	// the leader's core).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var ok bool
+		_ = ta.a.View(func(_ time.Time, c *allocator.Core) { _, ok = c.Limit("backend/search") })
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the limit never reached the leader")
+		}
+		time.Sleep(2 * time.Millisecond) // polling the watch's effect
+	}
 	got := kv(t, q(0, "limits", "get", "backend/search").stdout)
 	for k, want := range map[string]string{"kind": "bucket", "rate": "100/s", "burst": "200", "ttl": "10s", "version": "1"} {
 		if got[k] != want {
@@ -111,6 +125,12 @@ func TestBucketLimitLifecycle(t *testing.T) {
 		t.Errorf("windows:\n%s", r.stdout)
 	}
 
+	// A dry run names the change and no window, pool or window bound.
+	r = q(0, "limits", "set", "--reason", "test", "backend/search", "--regions", "eu", "--mode", "strict", "--rate", "150/s", "--burst", "200", "--dry-run")
+	if !strings.Contains(r.stdout, "rate: 100/s -> 150/s") || !strings.Contains(r.stdout, "kind:           bucket") ||
+		strings.Contains(r.stdout, "window:") || strings.Contains(r.stdout, "new-g") || strings.Contains(r.stdout, "bound") {
+		t.Errorf("dry run:\n%s", r.stdout)
+	}
 	// A change governs at once, with or without --effective now.
 	q(0, "limits", "set", "--reason", "test", "backend/search", "--regions", "eu", "--mode", "strict", "--rate", "200/s", "--burst", "200")
 	if got := kv(t, q(0, "limits", "get", "backend/search").stdout); got["rate"] != "200/s" || got["version"] != "2" {

@@ -1224,6 +1224,10 @@ type ChangeEffect struct {
 	// no faults): 0 for STRICT, the sum of LOCAL allowances, or infinite.
 	Bound         int64 `protobuf:"varint,12,opt,name=bound,proto3" json:"bound,omitempty"`
 	BoundInfinite bool  `protobuf:"varint,13,opt,name=bound_infinite,json=boundInfinite,proto3" json:"bound_infinite,omitempty"`
+	// kind is the limit's kind. A bucket limit has no window, pool or
+	// window bound: window_start, the tokens, pool_after, regions_denying
+	// and bound are unset, and a change governs at once.
+	Kind          LimitKind `protobuf:"varint,14,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1347,6 +1351,13 @@ func (x *ChangeEffect) GetBoundInfinite() bool {
 		return x.BoundInfinite
 	}
 	return false
+}
+
+func (x *ChangeEffect) GetKind() LimitKind {
+	if x != nil {
+		return x.Kind
+	}
+	return LimitKind_LIMIT_KIND_UNSPECIFIED
 }
 
 type LimitHistoryRequest struct {
@@ -2614,7 +2625,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\vFieldChange\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x10\n" +
 	"\x03old\x18\x02 \x01(\tR\x03old\x12\x10\n" +
-	"\x03new\x18\x03 \x01(\tR\x03new\"\x8f\x04\n" +
+	"\x03new\x18\x03 \x01(\tR\x03new\"\xbc\x04\n" +
 	"\fChangeEffect\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x123\n" +
@@ -2630,7 +2641,8 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	" \x01(\x03R\tpoolAfter\x12'\n" +
 	"\x0fregions_denying\x18\v \x03(\tR\x0eregionsDenying\x12\x14\n" +
 	"\x05bound\x18\f \x01(\x03R\x05bound\x12%\n" +
-	"\x0ebound_infinite\x18\r \x01(\bR\rboundInfinite\"a\n" +
+	"\x0ebound_infinite\x18\r \x01(\bR\rboundInfinite\x12+\n" +
+	"\x04kind\x18\x0e \x01(\x0e2\x17.leasehold.v1.LimitKindR\x04kind\"a\n" +
 	"\x13LimitHistoryRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
@@ -2859,58 +2871,59 @@ var file_leasehold_v1_admin_proto_depIdxs = []int32{
 	18, // 15: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
 	40, // 16: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
 	40, // 17: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
-	24, // 18: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
-	40, // 19: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	24, // 20: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
-	40, // 21: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	1,  // 22: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
-	38, // 23: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
-	38, // 24: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
-	40, // 25: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
-	31, // 26: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
-	41, // 27: leasehold.v1.ListWindowsResponse.kind:type_name -> leasehold.v1.LimitKind
-	29, // 28: leasehold.v1.ListWindowsResponse.intervals:type_name -> leasehold.v1.BucketIntervalReport
-	30, // 29: leasehold.v1.ListWindowsResponse.shares:type_name -> leasehold.v1.ShareInForce
-	40, // 30: leasehold.v1.BucketIntervalReport.start:type_name -> google.protobuf.Timestamp
-	40, // 31: leasehold.v1.BucketIntervalReport.end:type_name -> google.protobuf.Timestamp
-	34, // 32: leasehold.v1.BucketIntervalReport.admitted:type_name -> leasehold.v1.BucketIntervalReport.AdmittedEntry
-	39, // 33: leasehold.v1.BucketIntervalReport.rate_period:type_name -> google.protobuf.Duration
-	39, // 34: leasehold.v1.BucketIntervalReport.slack:type_name -> google.protobuf.Duration
-	40, // 35: leasehold.v1.ShareInForce.expires_at:type_name -> google.protobuf.Timestamp
-	40, // 36: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
-	40, // 37: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
-	35, // 38: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
-	32, // 39: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
-	36, // 40: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
-	37, // 41: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
-	42, // 42: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	7,  // 43: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	9,  // 44: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	11, // 45: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	13, // 46: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	27, // 47: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	16, // 48: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
-	20, // 49: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
-	22, // 50: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
-	25, // 51: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
-	2,  // 52: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
-	5,  // 53: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
-	8,  // 54: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	10, // 55: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	12, // 56: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	14, // 57: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	28, // 58: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	17, // 59: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
-	21, // 60: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
-	23, // 61: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
-	26, // 62: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
-	3,  // 63: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
-	6,  // 64: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
-	54, // [54:65] is the sub-list for method output_type
-	43, // [43:54] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	41, // 18: leasehold.v1.ChangeEffect.kind:type_name -> leasehold.v1.LimitKind
+	24, // 19: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
+	40, // 20: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	24, // 21: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
+	40, // 22: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	1,  // 23: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
+	38, // 24: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
+	38, // 25: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
+	40, // 26: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
+	31, // 27: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
+	41, // 28: leasehold.v1.ListWindowsResponse.kind:type_name -> leasehold.v1.LimitKind
+	29, // 29: leasehold.v1.ListWindowsResponse.intervals:type_name -> leasehold.v1.BucketIntervalReport
+	30, // 30: leasehold.v1.ListWindowsResponse.shares:type_name -> leasehold.v1.ShareInForce
+	40, // 31: leasehold.v1.BucketIntervalReport.start:type_name -> google.protobuf.Timestamp
+	40, // 32: leasehold.v1.BucketIntervalReport.end:type_name -> google.protobuf.Timestamp
+	34, // 33: leasehold.v1.BucketIntervalReport.admitted:type_name -> leasehold.v1.BucketIntervalReport.AdmittedEntry
+	39, // 34: leasehold.v1.BucketIntervalReport.rate_period:type_name -> google.protobuf.Duration
+	39, // 35: leasehold.v1.BucketIntervalReport.slack:type_name -> google.protobuf.Duration
+	40, // 36: leasehold.v1.ShareInForce.expires_at:type_name -> google.protobuf.Timestamp
+	40, // 37: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	40, // 38: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	35, // 39: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
+	32, // 40: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
+	36, // 41: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
+	37, // 42: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
+	42, // 43: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	7,  // 44: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	9,  // 45: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	11, // 46: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	13, // 47: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	27, // 48: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	16, // 49: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	20, // 50: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	22, // 51: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	25, // 52: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	2,  // 53: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
+	5,  // 54: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
+	8,  // 55: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	10, // 56: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	12, // 57: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	14, // 58: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	28, // 59: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	17, // 60: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	21, // 61: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	23, // 62: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	26, // 63: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	3,  // 64: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
+	6,  // 65: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
+	55, // [55:66] is the sub-list for method output_type
+	44, // [44:55] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
