@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -211,11 +212,24 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 	case last == 0:
 		last = 10
 	}
+	if bs, err := s.a.BucketStatus(req.LimitId, last); err == nil {
+		// A bucket limit: reporting intervals and shares, no windows.
+		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_BUCKET}
+		for _, r := range bs.Intervals {
+			out.Intervals = append(out.Intervals, r.ToProto())
+		}
+		for _, sh := range bs.Shares {
+			out.Shares = append(out.Shares, sh.ToProto())
+		}
+		return out, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, toStatus(ctx, err)
+	}
 	reps, err := s.a.Reports(req.LimitId, last)
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	out := &pb.ListWindowsResponse{Windows: make([]*pb.WindowReport, len(reps)), Group: s.a.opt.group}
+	out := &pb.ListWindowsResponse{Windows: make([]*pb.WindowReport, len(reps)), Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_WINDOW}
 	for i, r := range reps {
 		out.Windows[i] = r.ToProto()
 	}

@@ -390,6 +390,21 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 			"(it names the limit's Redis keys); delete the limit and create it again with the new tag",
 			stored.HashTag, next.HashTag)
 	}
+	if isBucket(next) != isBucket(stored) {
+		// A limit's windows and its rate shares are different state: a
+		// limit does not turn from one into the other mid-flight.
+		return nil, fieldErr(it.field+".kind", "the kind of an existing limit cannot change (%s -> %s): delete the limit and create it again",
+			kindName(stored), kindName(next))
+	}
+	if isBucket(next) && !overridePut {
+		// No window boundary to wait for: a change governs at once (the
+		// allocator sizes the next shares by it; shares granted before
+		// expire within their ttl and are counted in the bound).
+		if eff == pb.Effective_EFFECTIVE_NEXT_WINDOW {
+			return nil, fieldErr("effective", "a bucket limit has no windows: leave effective unset or make it NOW")
+		}
+		eff = pb.Effective_EFFECTIVE_NOW
+	}
 	next.Version = stored.Version + 1
 	cur := inForce(stored, now)
 	if overriding(stored, now) && eff != pb.Effective_EFFECTIVE_NOW && !overridePut {
@@ -460,6 +475,9 @@ func (a *Allocator) recordOverrideEnds(t *term) {
 func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *changeSet) (*pb.Limit, error) {
 	if stored == nil {
 		return nil, fieldErr("override_for", "an override changes an existing limit: %q does not exist", it.id())
+	}
+	if isBucket(stored) {
+		return nil, fieldErr("override_for", "overrides are for window limits only in this version: change the bucket limit %q with effective NOW", it.id())
 	}
 	if scheduled(stored, now) {
 		// Its end would return to the version in force now and lose the
@@ -621,4 +639,15 @@ func opsSize(ops []clientv3.Op) int {
 		n += len(op.KeyBytes()) + len(op.ValueBytes())
 	}
 	return n
+}
+
+// isBucket tells whether l is a bucket limit.
+func isBucket(l *pb.Limit) bool { return l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET }
+
+// kindName is a limit's kind as limits files write it.
+func kindName(l *pb.Limit) string {
+	if isBucket(l) {
+		return "bucket"
+	}
+	return "window"
 }

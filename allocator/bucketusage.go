@@ -1,11 +1,19 @@
 package allocator
 
 import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
 )
 
 // A bucket limit's promise is about every interval: admitted <= B + R*T.
@@ -41,7 +49,25 @@ type BucketReport struct {
 	// Bound is B + ceil(R * (Length + slack) / period) with the largest R
 	// and B in force during the interval: Admitted above it is a bug.
 	Bound int64
+	// ByRegion is Admitted per region (all holders of a region together).
+	ByRegion map[string]int64
+	// Rate, Period and Burst are the largest R (tokens per Period) and B in
+	// force in the interval; Slack is how much earlier than the interval a
+	// counted token may have been admitted (the bound covers Length+Slack).
+	Rate   int64
+	Period time.Duration
+	Burst  int64
+	Slack  time.Duration
+	// Closed is false for the running interval (BucketReports only).
+	Closed bool
 }
+
+// Start is the first instant of the interval on the allocator's clock.
+func (r BucketReport) Start() time.Time { return time.Unix(0, r.Interval*int64(r.Length)) }
+
+// bucketHistory is how many closed reporting intervals of a bucket limit
+// the Core keeps for quotactl windows and the status page: an hour.
+const bucketHistory = 60
 
 // bucketUsage is what the Core adds up for one bucket limit.
 type bucketUsage struct {
@@ -52,7 +78,23 @@ type bucketUsage struct {
 	period   time.Duration
 	burst    int64 // the largest B in force in it
 	slack    time.Duration
-	last     *BucketReport // the last closed interval
+	byRegion map[string]int64 // counted in the running interval, per region
+	closed   []BucketReport   // the last closed intervals, oldest first, at most bucketHistory
+}
+
+// push keeps r as the newest closed interval.
+func (u *bucketUsage) push(r BucketReport) {
+	if len(u.closed) == bucketHistory {
+		u.closed = append(u.closed[:0], u.closed[1:]...)
+	}
+	u.closed = append(u.closed, r)
+}
+
+// running is the interval in progress as a report (Closed false).
+func (u *bucketUsage) running() BucketReport {
+	return BucketReport{Interval: u.index, Length: BucketInterval, Admitted: u.admitted,
+		Bound:    lease.BucketBound(u.rate, u.period, u.burst, BucketInterval+u.slack, 0),
+		ByRegion: maps.Clone(u.byRegion), Rate: u.rate, Period: u.period, Burst: u.burst, Slack: u.slack}
 }
 
 // observeBucket records a holder's admitted counter, reported at now.
@@ -77,6 +119,11 @@ func (c *Core) observeBucket(now time.Time, l *Limit, hk string, admitted int64)
 	}
 	if admitted > prev {
 		u.admitted += admitted - prev
+		region, _, _ := strings.Cut(hk, "/")
+		if u.byRegion == nil {
+			u.byRegion = map[string]int64{}
+		}
+		u.byRegion[region] += admitted - prev
 	}
 	u.seen[hk] = max(prev, admitted)
 }
@@ -88,15 +135,18 @@ func (u *bucketUsage) roll(now time.Time) {
 		return
 	}
 	if u.rate > 0 {
-		u.last = &BucketReport{Interval: u.index, Length: BucketInterval, Admitted: u.admitted,
-			Bound: lease.BucketBound(u.rate, u.period, u.burst, BucketInterval+u.slack, 0)}
+		r := u.running()
+		r.Closed = true
+		u.push(r)
 	}
-	if idx > u.index+1 {
-		// Intervals with no report at all: nothing counted in them.
-		u.last = &BucketReport{Interval: idx - 1, Length: BucketInterval,
-			Bound: lease.BucketBound(u.rate, u.period, u.burst, BucketInterval+u.slack, 0)}
+	// Intervals with no report at all: nothing counted in them (the
+	// newest bucketHistory of them kept).
+	for i := max(u.index+1, idx-bucketHistory); i < idx; i++ {
+		u.push(BucketReport{Interval: i, Length: BucketInterval, Closed: true,
+			Bound: lease.BucketBound(u.rate, u.period, u.burst, BucketInterval+u.slack, 0),
+			Rate:  u.rate, Period: u.period, Burst: u.burst, Slack: u.slack})
 	}
-	u.index, u.admitted = idx, 0
+	u.index, u.admitted, u.byRegion = idx, 0, nil
 }
 
 // BucketReport returns the last closed reporting interval of a bucket
@@ -107,12 +157,63 @@ func (c *Core) BucketReport(limit string, now time.Time) (BucketReport, bool) {
 		return BucketReport{}, false
 	}
 	u.roll(now)
-	if u.last == nil {
+	if len(u.closed) == 0 {
 		return BucketReport{}, false
 	}
-	r := *u.last
+	r := u.closed[len(u.closed)-1]
 	r.Limit = limit
 	return r, true
+}
+
+// BucketReports returns up to last reporting intervals of a bucket limit
+// at now, oldest first, the running one included (Closed false): what
+// quotactl windows and the status page show. None before the allocator
+// heard of the limit's first share request.
+func (c *Core) BucketReports(limit string, now time.Time, last int) []BucketReport {
+	u := c.bucketUse[limit]
+	if u == nil || last <= 0 {
+		return nil
+	}
+	u.roll(now)
+	out := make([]BucketReport, 0, min(last, len(u.closed)+1))
+	for _, r := range u.closed[max(0, len(u.closed)-(last-1)):] {
+		r.Limit, r.ByRegion = limit, maps.Clone(r.ByRegion)
+		out = append(out, r)
+	}
+	r := u.running()
+	r.Limit = limit
+	return append(out, r)
+}
+
+// ShareInForce is a rate share of a bucket limit that may still be spent.
+type ShareInForce struct {
+	Region, Holder string
+	Rate           int64 // milli-tokens per the limit's rate period
+	Burst          int64
+	ExpiresAt      time.Time // allocator clock
+	Seq            int64
+}
+
+// SharesInForce returns the shares of a bucket limit that may still be
+// spent at now, by region and holder, each holder's newest first.
+func (c *Core) SharesInForce(limit string, now time.Time) []ShareInForce {
+	st := c.shares[limit]
+	if st == nil {
+		return nil
+	}
+	var out []ShareInForce
+	for _, gs := range st.byRegion {
+		for i := len(gs) - 1; i >= 0; i-- {
+			if g := gs[i]; g.inForce(now) {
+				out = append(out, ShareInForce{Region: g.Region, Holder: g.Holder, Rate: g.Rate, Burst: g.Burst,
+					ExpiresAt: time.Unix(0, g.ExpiresAt), Seq: g.Seq})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b ShareInForce) int {
+		return cmp.Or(strings.Compare(a.Region, b.Region), strings.Compare(a.Holder, b.Holder), cmp.Compare(b.Seq, a.Seq))
+	})
+	return out
 }
 
 // bucketCollector exports each bucket limit's last closed reporting
@@ -157,4 +258,62 @@ func (c *bucketCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.admitted, prometheus.GaugeValue, float64(r.Admitted), r.Limit)
 		ch <- prometheus.MustNewConstMetric(c.bound, prometheus.GaugeValue, float64(r.Bound), r.Limit)
 	}
+}
+
+// BucketStatus is what quotactl windows and the status page show of a
+// bucket limit, which has no windows: its reporting intervals and the
+// shares in force.
+type BucketStatus struct {
+	// Intervals: up to the last asked, oldest first, the running one
+	// included (Closed false).
+	Intervals []BucketReport
+	Shares    []ShareInForce
+}
+
+// BucketStatus returns a bucket limit's last reporting intervals and the
+// shares in force now. It is served by the leader (ErrNotLeader
+// elsewhere); ErrNotFound for a limit that is not a bucket limit now and
+// has no intervals.
+func (a *Allocator) BucketStatus(limit string, last int) (BucketStatus, error) {
+	t, err := a.currentTerm()
+	if err != nil {
+		return BucketStatus{}, err
+	}
+	now := a.opt.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.core.bucketStatus(now, limit, max(1, last))
+}
+
+func (c *Core) bucketStatus(now time.Time, limit string, last int) (BucketStatus, error) {
+	l, defined := c.limits[limit]
+	bucket := defined && l.At(now).Kind == pb.LimitKind_LIMIT_KIND_BUCKET
+	st := BucketStatus{Intervals: c.BucketReports(limit, now, last), Shares: c.SharesInForce(limit, now)}
+	switch {
+	case len(st.Intervals) > 0:
+	case !bucket:
+		return BucketStatus{}, fmt.Errorf("%w: bucket limit %q", ErrNotFound, limit)
+	default:
+		// No share asked for yet: the running interval, nothing counted.
+		v := l.At(now)
+		slack := bucketSlack(v)
+		st.Intervals = []BucketReport{{Limit: limit, Interval: lease.WindowOf(now, BucketInterval).Index, Length: BucketInterval,
+			Bound: lease.BucketBound(v.Rate, v.RatePeriod, v.Burst, BucketInterval+slack, 0),
+			Rate:  v.Rate, Period: v.RatePeriod, Burst: v.Burst, Slack: slack}}
+	}
+	return st, nil
+}
+
+// ToProto is the report as ListWindows sends it.
+func (r BucketReport) ToProto() *pb.BucketIntervalReport {
+	start := r.Start()
+	return &pb.BucketIntervalReport{LimitId: r.Limit, Start: timestamppb.New(start), End: timestamppb.New(start.Add(r.Length)),
+		Closed: r.Closed, Admitted: maps.Clone(r.ByRegion), AdmittedTotal: r.Admitted, Bound: r.Bound,
+		RateTokens: r.Rate, RatePeriod: durationpb.New(r.Period), BurstTokens: r.Burst, Slack: durationpb.New(r.Slack)}
+}
+
+// ToProto is the share as ListWindows sends it.
+func (s ShareInForce) ToProto() *pb.ShareInForce {
+	return &pb.ShareInForce{Region: s.Region, Holder: s.Holder, RateMilliTokens: s.Rate, BurstTokens: s.Burst,
+		ExpiresAt: timestamppb.New(s.ExpiresAt), Seq: s.Seq}
 }

@@ -151,6 +151,13 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		e.NewLimitTokens = next.LimitTokens
 		e.Bound, e.BoundInfinite = boundOf(next)
 	}
+	if isBucket(stored) || isBucket(next) {
+		// A bucket limit has no window, pool or window bound: the effect
+		// is its changes and when they govern (at once).
+		e.NewLimitTokens, e.Bound, e.BoundInfinite = 0, 0, false
+		e.Kind = pb.LimitKind_LIMIT_KIND_BUCKET
+		return e
+	}
 	if stored == nil {
 		e.PoolAfter = next.LimitTokens
 		return e

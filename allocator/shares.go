@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"leasehold/internal/limitspec"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -29,7 +30,7 @@ import (
 // DefaultShareTTL is how long a rate share lives when the limit names no
 // lease ttl. Agents renew well before (lease.LowWater's lead), so a region
 // that stops renewing gives its share back within about this long.
-const DefaultShareTTL = 10 * time.Second
+const DefaultShareTTL = limitspec.DefaultShareTTL // validation fills it in
 
 // ShareGrant is one rate share as the allocator records it in etcd.
 type ShareGrant struct {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -204,6 +206,140 @@ func TestBucketMetrics(t *testing.T) {
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
+}
+
+// TestListWindowsBucket: ListWindows of a bucket limit (which has no
+// windows) answers its reporting intervals, oldest first with the running
+// one last, each with what the regions admitted beside B + R x (interval +
+// slack), and the shares in force; a quiet gap counts nothing in its
+// intervals and at most bucketHistory closed intervals are kept.
+func TestListWindowsBucket(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	putBucketLimitRaw(t, a.Allocator, "b/e", 100, 200, 10*time.Second)
+	srv := NewServer(a.Allocator)
+	ask := func(region, req string, admitted int64) {
+		t.Helper()
+		res, err := a.AcquireShares(context.Background(), region, []*pb.ShareRequest{{RequestId: req, LimitId: "b/e", DemandPerSecond: 50, AdmittedTokens: admitted}})
+		if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK {
+			t.Fatalf("AcquireShares: %v, %v", res, err)
+		}
+	}
+	list := func(last int32) *pb.ListWindowsResponse {
+		t.Helper()
+		resp, err := srv.ListWindows(context.Background(), &pb.ListWindowsRequest{LimitId: "b/e", Last: last})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Kind != pb.LimitKind_LIMIT_KIND_BUCKET || len(resp.Windows) != 0 {
+			t.Fatalf("kind %v, %d windows", resp.Kind, len(resp.Windows))
+		}
+		return resp
+	}
+	// Known to the allocator before any share: the running interval only.
+	if r := list(10); len(r.Intervals) != 1 || r.Intervals[0].Closed || r.Intervals[0].AdmittedTotal != 0 || len(r.Shares) != 0 {
+		t.Fatalf("before any share: %v", r)
+	}
+	ask("eu", "e1", 0)
+	ask("us", "u1", 0)
+	clock.Add(5 * time.Second)
+	ask("eu", "e2", 70)
+	ask("us", "u2", 30)
+	clock.Add(55 * time.Second) // the next interval
+	ask("eu", "e3", 80)
+	r := list(10)
+	if len(r.Intervals) != 2 {
+		t.Fatalf("intervals: %v", r.Intervals)
+	}
+	first, running := r.Intervals[0], r.Intervals[1]
+	wantBound := int64(200 + 100*71) // slack: the 10 s share ttl + 1 s
+	if !first.Closed || first.AdmittedTotal != 100 || first.Admitted["eu"] != 70 || first.Admitted["us"] != 30 ||
+		first.Bound != wantBound || first.RateTokens != 100 || first.BurstTokens != 200 || first.RatePeriod.AsDuration() != time.Second ||
+		first.Slack.AsDuration() != 11*time.Second || !first.Start.AsTime().Equal(t0) || !first.End.AsTime().Equal(t0.Add(time.Minute)) {
+		t.Errorf("first interval: %v", first)
+	}
+	if running.Closed || running.AdmittedTotal != 10 || running.Admitted["eu"] != 10 || !running.Start.AsTime().Equal(t0.Add(time.Minute)) {
+		t.Errorf("running interval: %v", running)
+	}
+	// In force now: eu's e3 (just granted); us's u2 expired at t0+16s.
+	if len(r.Shares) != 1 || r.Shares[0].Region != "eu" || r.Shares[0].Seq != 3 ||
+		!r.Shares[0].ExpiresAt.AsTime().Equal(clock.Now().Add(10*time.Second)) || r.Shares[0].RateMilliTokens+0 <= 0 {
+		t.Errorf("shares: %v", r.Shares)
+	}
+	if r := list(1); len(r.Intervals) != 1 || r.Intervals[0].Closed {
+		t.Errorf("last 1: %v", r.Intervals)
+	}
+	// Two hours quiet: the intervals are empty and at most bucketHistory
+	// of them are kept, ending just before the running one.
+	clock.Add(2 * time.Hour)
+	r = list(1000)
+	if len(r.Intervals) != bucketHistory+1 {
+		t.Fatalf("%d intervals after a quiet gap", len(r.Intervals))
+	}
+	for i, iv := range r.Intervals {
+		if iv.AdmittedTotal != 0 || (i < bucketHistory) != iv.Closed {
+			t.Errorf("interval %d after the gap: %v", i, iv)
+		}
+		if i > 0 && !iv.Start.AsTime().Equal(r.Intervals[i-1].End.AsTime()) {
+			t.Errorf("interval %d does not follow the one before", i)
+		}
+	}
+	// A window limit answers windows, not intervals.
+	if _, err := srv.ListWindows(context.Background(), &pb.ListWindowsRequest{LimitId: "no/such"}); status.Code(err) != codes.NotFound {
+		t.Errorf("an unknown limit: %v", err)
+	}
+}
+
+// TestBucketLimitChanges: through PutLimit, a bucket limit is created and
+// a change governs at once (no window to wait for); a change for the next
+// window, an override and a change of kind are refused naming the field.
+func TestBucketLimitChanges(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	bucket := func(rate int64) *pb.Limit {
+		return &pb.Limit{Id: "b/c", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: 20,
+			Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT}
+	}
+	if _, err := a.PutLimit(ctx, bucket(10), Change{Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(7 * time.Second)
+	got, err := a.PutLimit(ctx, bucket(20), Change{Reason: "test"})
+	if err != nil || got.Version != 2 || !got.EffectiveFrom.AsTime().Equal(clock.Now()) || got.Previous != nil {
+		t.Fatalf("a change with effective unset: %v, %v", got, err)
+	}
+	waitLimit(t, a.Allocator, "b/c", 2)
+	var rate int64
+	_ = a.View(func(now time.Time, core *Core) {
+		if l, ok := core.Limit("b/c"); ok {
+			rate = l.At(now).Rate
+		}
+	})
+	if rate != 20 {
+		t.Errorf("rate in force %d, want 20 at once", rate)
+	}
+	for _, tc := range []struct {
+		name  string
+		l     *pb.Limit
+		ch    Change
+		field string
+	}{
+		{"next window", bucket(30), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW}, "effective"},
+		{"override", bucket(30), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "override_for"},
+		{"kind", &pb.Limit{Id: "b/c", LimitTokens: 10, Window: durationpb.New(time.Minute), Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT},
+			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}, "limit.kind"},
+	} {
+		_, err := a.PutLimit(ctx, tc.l, tc.ch)
+		var fe *vocab.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.field)
 		}
 	}
 }

@@ -24,6 +24,39 @@ type Window struct {
 	Index int64
 	// Length is the window length W of the limit.
 	Length time.Duration
+	// Phase shifts the windows of a limit with a phase offset φ (0 <= φ
+	// < Length, [WindowOfPhase]): window Index is then [Index*Length + φ,
+	// (Index+1)*Length + φ), so that many limits do not all reset at the
+	// same instant. 0, the zero value, is the epoch-aligned windows.
+	Phase time.Duration
+}
+
+// NormPhase returns phase as a phase offset of windows of length: in [0,
+// length), phase modulo length (a phase of a whole window is none). 0 for
+// a length <= 0.
+func NormPhase(length, phase time.Duration) time.Duration {
+	if length <= 0 {
+		return 0
+	}
+	phase %= length
+	if phase < 0 {
+		phase += length
+	}
+	return phase
+}
+
+// WindowOfPhase returns the window of the given length and phase offset
+// that contains t: Index = floor((t - phase) / length), the windows
+// [Index*length + phase, (Index+1)*length + phase). The phase is taken
+// modulo length ([NormPhase]); phase 0 is [WindowOf]. Like WindowOf it
+// takes time as an argument and a length <= 0 gives the empty Window{}.
+func WindowOfPhase(t time.Time, length, phase time.Duration) Window {
+	phase = NormPhase(length, phase)
+	w := WindowOf(t.Add(-phase), length)
+	if w.Length > 0 {
+		w.Phase = phase
+	}
+	return w
 }
 
 // WindowOf returns the window of the given length that contains t:
@@ -96,14 +129,17 @@ func floorDivNanos(sec, nsec int64, length time.Duration) int64 {
 	return int64(-q) // -(2^63) wraps to math.MinInt64, which is right
 }
 
-// Start returns the first instant of the window (Index * Length after the
-// Unix epoch). The result has no monotonic clock reading: windows are
-// defined by the allocator's wall clock.
+// Start returns the first instant of the window (Index * Length + Phase
+// after the Unix epoch). The result has no monotonic clock reading:
+// windows are defined by the allocator's wall clock.
 func (w Window) Start() time.Time {
 	if w.Length <= 0 {
 		return time.Unix(0, 0)
 	}
-	return nanosTime(w.Index, w.Length)
+	if w.Phase == 0 {
+		return nanosTime(w.Index, w.Length)
+	}
+	return nanosTime(w.Index, w.Length).Add(w.Phase)
 }
 
 // End returns the first instant after the window, the Start of w.Next().
@@ -122,7 +158,7 @@ func (w Window) Next() Window {
 	if w.Index == math.MaxInt64 {
 		return w
 	}
-	return Window{Index: w.Index + 1, Length: w.Length}
+	return Window{Index: w.Index + 1, Length: w.Length, Phase: w.Phase}
 }
 
 // Contains reports whether t lies in [w.Start(), w.End()). The end is

@@ -27,25 +27,25 @@ func TestWindowOf(t *testing.T) {
 		want   Window
 		start  time.Time
 	}{
-		{"epoch", epoch, m, Window{0, m}, epoch},
-		{"last ns of window 0", at(m - 1), m, Window{0, m}, epoch},
-		{"exact boundary starts the next window", at(m), m, Window{1, m}, at(m)},
-		{"one ns before epoch is window -1 (floor, not truncation)", at(-1), m, Window{-1, m}, at(-m)},
-		{"exact negative boundary", at(-m), m, Window{-1, m}, at(-m)},
-		{"one ns before a negative boundary", at(-m - 1), m, Window{-2, m}, at(-2 * m)},
+		{"epoch", epoch, m, Window{Index: 0, Length: m}, epoch},
+		{"last ns of window 0", at(m - 1), m, Window{Index: 0, Length: m}, epoch},
+		{"exact boundary starts the next window", at(m), m, Window{Index: 1, Length: m}, at(m)},
+		{"one ns before epoch is window -1 (floor, not truncation)", at(-1), m, Window{Index: -1, Length: m}, at(-m)},
+		{"exact negative boundary", at(-m), m, Window{Index: -1, Length: m}, at(-m)},
+		{"one ns before a negative boundary", at(-m - 1), m, Window{Index: -2, Length: m}, at(-2 * m)},
 		{"mid-minute", time.Date(2026, 5, 1, 12, 34, 56, 789, time.UTC), m,
-			Window{29627314, m}, time.Date(2026, 5, 1, 12, 34, 0, 0, time.UTC)},
+			Window{Index: 29627314, Length: m}, time.Date(2026, 5, 1, 12, 34, 0, 0, time.UTC)},
 		{"time zone does not move the window", time.Date(2026, 5, 1, 21, 34, 56, 789, tokyo), m,
-			Window{29627314, m}, time.Date(2026, 5, 1, 12, 34, 0, 0, time.UTC)},
-		{"1s windows", at(1500 * time.Millisecond), time.Second, Window{1, time.Second}, at(time.Second)},
-		{"1h windows before epoch", at(-90 * time.Minute), time.Hour, Window{-2, time.Hour}, at(-2 * time.Hour)},
-		{"1ns windows", at(-7), 1, Window{-7, 1}, at(-7)},
+			Window{Index: 29627314, Length: m}, time.Date(2026, 5, 1, 12, 34, 0, 0, time.UTC)},
+		{"1s windows", at(1500 * time.Millisecond), time.Second, Window{Index: 1, Length: time.Second}, at(time.Second)},
+		{"1h windows before epoch", at(-90 * time.Minute), time.Hour, Window{Index: -2, Length: time.Hour}, at(-2 * time.Hour)},
+		{"1ns windows", at(-7), 1, Window{Index: -7, Length: 1}, at(-7)},
 		{"zero length has no windows", at(m), 0, Window{}, epoch},
 		{"negative length has no windows", at(m), -m, Window{}, epoch},
 		{"year 1 (UnixNano overflows)", time.Time{}, time.Hour,
-			Window{-17259888, time.Hour}, time.Time{}},
+			Window{Index: -17259888, Length: time.Hour}, time.Time{}},
 		{"year 3000 (UnixNano overflows)", time.Date(3000, 1, 1, 0, 30, 0, 0, time.UTC), time.Hour,
-			Window{9028800, time.Hour}, time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)},
+			Window{Index: 9028800, Length: time.Hour}, time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -129,7 +129,7 @@ func TestWindowExtremes(t *testing.T) {
 	if !last.End().After(last.Start()) {
 		t.Errorf("last window [%v, %v) is not ordered", last.Start(), last.End())
 	}
-	for _, w := range []Window{{math.MaxInt64, time.Second}, {math.MinInt64, time.Second}, {math.MaxInt64, math.MaxInt64}} {
+	for _, w := range []Window{{Index: math.MaxInt64, Length: time.Second}, {Index: math.MinInt64, Length: time.Second}, {Index: math.MaxInt64, Length: math.MaxInt64}} {
 		if s, e := w.Start(), w.End(); !e.After(s) || s.Equal(epoch) {
 			t.Errorf("%+v = [%v, %v): want a saturated, ordered interval", w, s, e)
 		}

@@ -12,25 +12,22 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
 	pb "leasehold/proto/leasehold/v1"
 )
 
-// putBucketLimit writes a bucket limit straight into etcd (the Admin API
-// refuses bucket limits until they are enforced end to end) and waits for
-// the allocator's leader to apply it.
+// putBucketLimit creates a bucket limit through the Admin API (PutLimit,
+// validated like quotactl's) and waits for the allocator's leader to
+// apply it.
 func (w *world) putBucketLimit(id string, rate, burst int64, ttl time.Duration, regions ...string) {
 	w.t.Helper()
-	b, err := proto.Marshal(&pb.Limit{Id: id, Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: burst,
-		RatePeriod: durationpb.New(time.Second), Regions: regions, Mode: pb.Mode_MODE_STRICT,
-		Lease: &pb.LeaseSettings{Ttl: durationpb.New(ttl)}, Version: 1})
+	_, err := allocator.NewServer(w.alloc).PutLimit(context.Background(), &pb.PutLimitRequest{Reason: "test",
+		Limit: &pb.Limit{Id: id, Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: burst,
+			RatePeriod: durationpb.New(time.Second), Regions: regions, Mode: pb.Mode_MODE_STRICT,
+			Lease: &pb.LeaseSettings{Ttl: durationpb.New(ttl)}}})
 	if err != nil {
-		w.t.Fatal(err)
-	}
-	if _, err := w.alloc.Store().Client().Put(context.Background(), "/leasehold/limits/"+id, string(b)); err != nil {
 		w.t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -45,7 +42,8 @@ func (w *world) putBucketLimit(id string, rate, burst int64, ttl time.Duration, 
 	w.t.Fatalf("limit %s never reached the leader", id)
 }
 
-// TestBucketLimitEndToEnd: a bucket limit (10 per second, burst 5) spent
+// TestBucketLimitEndToEnd: a bucket limit (10 per second, burst 5),
+// created through the Admin API and spent
 // by agents of two regions through real redis-servers and a real
 // allocator on etcd: a region's first share starts empty and refills at
 // its rate up to its burst; a denial says when a token comes; the other
@@ -112,7 +110,7 @@ func TestBucketLimitEndToEnd(t *testing.T) {
 func BenchmarkCheckBucketBesideWindow(b *testing.B) {
 	w := startWorld(b, false, "eu")
 	win := w.putLimit(limit("bench/window", 1<<40, time.Hour, time.Hour, "eu"))
-	w.putBucketLimit("bench/bucket", 1_000_000_000, 4_000_000_000, time.Hour, "eu")
+	w.putBucketLimit("bench/bucket", 1_000_000_000, 4_000_000_000, 10*time.Minute, "eu")
 	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr(), PoolSize: 64})
 	b.Cleanup(func() { rdb.Close() })
 	a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: "bench",

@@ -116,7 +116,8 @@ func (a *agent) redisMs() int64 { return a.redis.Ms(a.eng().Now()) }
 // strict, closed fallback (every scenario's).
 func coreLimit(l *allocator.Limit) core.Limit {
 	return core.Limit{ID: l.ID, Tokens: l.Tokens, Window: l.Window, TTL: l.TTL, Mode: core.ModeStrict,
-		Fallback: core.Fallback{Kind: core.FallbackClosed}, Version: l.Version, Regions: len(l.Regions)}
+		Fallback: core.Fallback{Kind: core.FallbackClosed}, Version: l.Version, Regions: len(l.Regions),
+		Rate: l.Rate, RatePeriod: l.RatePeriod, Burst: l.Burst}
 }
 
 func (a *agent) start() {
@@ -194,6 +195,9 @@ func (a *agent) step(w *waiter) {
 				a.checkSpend(chk, t)
 			}
 			a.core.Spent(a.clock.At(t), chk, res, err)
+		case core.StepTake:
+			res, err := a.bucket.Take(chk.RateKey, chk.Costs[0], a.redis.Ms(t))
+			a.core.Taken(a.clock.At(t), chk, res, err)
 		case core.StepCount:
 			ok, vals, err := a.bucket.AdmitFallback(chk.Count, a.redis.Ms(t))
 			a.core.Counted(a.clock.At(t), chk, ok, vals, err)
@@ -319,8 +323,20 @@ func (a *agent) execute(rd core.Ready) {
 			a.undeposited++ // a lease that could not be deposited goes back whole
 		}
 	}
+	for _, in := range rd.Installs {
+		// The deadline on Redis's clock rounded down (never later than
+		// the agent's), as regionagent's store does.
+		sh := in.Share
+		sh.DeadlineMs = max(1, a.cs.ToRedis(in.Deadline))
+		res, err := a.bucket.InstallShare(store.ShareInstall{Key: in.Key, Share: sh,
+			ExpireAtMs: max(a.cs.ToRedis(in.Deadline.Add(time.Minute)), sh.DeadlineMs), NowMs: ms})
+		a.core.ShareInstalled(now, in, res, err)
+	}
 	if len(rd.Acquires) > 0 {
 		a.sendAcquires(rd.Acquires)
+	}
+	if len(rd.Shares) > 0 {
+		a.sendShares(rd.Shares)
 	}
 	if len(rd.Returns) > 0 {
 		a.sendReturns(rd.Returns)
@@ -472,4 +488,19 @@ func (a *agent) sendReturns(rets []core.Return) {
 			reply(func() { a.core.ReturnsDone(a.now(), rets, nil) })
 		})
 	}, func() { a.core.ReturnsDone(a.now(), rets, errCallFailed) })
+}
+
+// sendShares sends the share requests of one Ready in one AcquireShares
+// call.
+func (a *agent) sendShares(reqs []core.ShareAcquire) {
+	in := make([]allocator.ShareAcquire, len(reqs))
+	for i, r := range reqs {
+		in[i] = allocator.ShareAcquire{RequestID: r.RequestID, Limit: r.Limit, Demand: r.Demand, Holder: r.Holder, Admitted: r.Admitted}
+	}
+	sent := a.now()
+	a.call(func(alloc *allocNode, reply func(func())) {
+		alloc.acquireShares(a.name, in, func(rs []core.ShareReply) {
+			reply(func() { a.core.SharesAcquired(sent, a.now(), reqs, rs) })
+		})
+	}, func() { a.core.ShareAcquireFailed(a.now(), reqs, false) })
 }

@@ -21,6 +21,11 @@
 // X ms", and an allocator failover rebuilds a new Core from the grants
 // committed so far, as a new leader does from etcd.
 //
+// Bucket limits (rate shares) run under the Leasehold strategy only:
+// [RunKinds] plays a window limit and a bucket limit under the same
+// traffic and measures each one's most admitted in any interval beside
+// its kind's bound ([KindScenarios]).
+//
 // Four strategies run on the same traffic (same seed, same arrivals):
 // independent regional limits, a static split, a central authority, and
 // Leasehold leases. [Run] plays one scenario with one strategy and returns

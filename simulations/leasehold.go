@@ -38,8 +38,13 @@ func newLeasehold(w *world) *leasehold {
 	}
 	slices.Sort(regions)
 	for i, ls := range w.sc.Limits {
-		lh.limits = append(lh.limits, &allocator.Limit{ID: ls.ID, Tokens: ls.G, Window: w.sc.Window, Regions: regions,
-			TTL: ls.TTL, MinChunk: ls.MinChunk, MaxChunk: ls.MaxChunk, Version: 1})
+		l := &allocator.Limit{ID: ls.ID, Tokens: ls.G, Window: w.sc.Window, Regions: regions,
+			TTL: ls.TTL, MinChunk: ls.MinChunk, MaxChunk: ls.MaxChunk, Version: 1}
+		if ls.IsBucket() {
+			l.Tokens, l.Window, l.MinChunk, l.MaxChunk = 0, 0, 0, 0
+			l.Kind, l.Rate, l.RatePeriod, l.Burst = pb.LimitKind_LIMIT_KIND_BUCKET, ls.Rate, ls.RatePeriod, ls.Burst
+		}
+		lh.limits = append(lh.limits, l)
 		lh.byID[ls.ID] = i
 	}
 	lh.alloc = newAllocNode(lh)
@@ -83,6 +88,9 @@ func (lh *leasehold) finish(r *Result) {
 	r.AllocCallsPerSec = float64(lh.alloc.calls) / sc.Duration().Seconds()
 	r.BoundNote = "overshoot.Compute per window"
 	for li := range sc.Limits {
+		if sc.Limits[li].IsBucket() {
+			continue // no windows: RunKinds measures bucket limits
+		}
 		g := sc.Limits[li].G
 		for wi := range sc.Windows {
 			led := lh.alloc.ledger[ledgerKey{li, rec.base + int64(wi)}]
@@ -145,6 +153,7 @@ type allocNode struct {
 	term      int
 	commitAt  map[string]time.Duration              // lease id -> commit instant, this term
 	committed map[int64]map[string]*allocator.Grant // etcd: window -> lease id -> record
+	shares    map[string]*allocator.ShareGrant      // etcd: share id -> record
 	ledger    map[ledgerKey]*ledgerEntry            // committed granted / credited per (limit, window)
 	calls     int64
 	failovers int
@@ -154,7 +163,8 @@ type allocNode struct {
 }
 
 func newAllocNode(lh *leasehold) *allocNode {
-	a := &allocNode{lh: lh, committed: map[int64]map[string]*allocator.Grant{}, ledger: map[ledgerKey]*ledgerEntry{}}
+	a := &allocNode{lh: lh, committed: map[int64]map[string]*allocator.Grant{}, ledger: map[ledgerKey]*ledgerEntry{},
+		shares: map[string]*allocator.ShareGrant{}}
 	a.core = a.newCore()
 	a.commitAt = map[string]time.Duration{}
 	return a
@@ -220,6 +230,69 @@ func (a *allocNode) rebuild() {
 			a.core.Restore(&g)
 		}
 	}
+	ids := make([]string, 0, len(a.shares))
+	for id := range a.shares {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		g := *a.shares[id]
+		a.core.RestoreShare(&g)
+	}
+}
+
+// acquireShares handles one AcquireShares call from region as the
+// allocator's server does: every request decided in order, the new shares
+// committed together (sc.Commit), replays answered once their share is
+// committed, every share rendered at the answer's instant.
+func (a *allocNode) acquireShares(region string, reqs []allocator.ShareAcquire, reply func([]core.ShareReply)) {
+	w := a.lh.w
+	t := w.eng.Now()
+	now := w.sc.Home.At(t)
+	decs := make([]allocator.ShareDecision, len(reqs))
+	var fresh []*allocator.ShareGrant
+	at := t
+	for i, r := range reqs {
+		d := a.core.AcquireShare(now, region, r)
+		decs[i] = d
+		switch {
+		case d.New:
+			a.commitAt[d.Grant.ShareID] = t + w.sc.Commit
+			fresh = append(fresh, d.Grant)
+			at = max(at, t+w.sc.Commit)
+		case d.Replayed:
+			at = max(at, a.commitAt[d.Grant.ShareID])
+		}
+	}
+	term := a.term
+	w.eng.At(at, func() {
+		if term != a.term {
+			return // the leader died before the commit
+		}
+		for _, g := range fresh {
+			c := *g
+			a.shares[g.ShareID] = &c
+		}
+		now := w.sc.Home.At(w.eng.Now())
+		out := make([]core.ShareReply, len(decs))
+		for i, d := range decs {
+			out[i] = ShareReplyOf(now, d)
+		}
+		reply(out)
+	})
+}
+
+// ShareReplyOf is the answer to one share request as AcquireShares puts
+// it on the wire at now (ShareGrant.ToProto), in the agent core's terms.
+func ShareReplyOf(now time.Time, d allocator.ShareDecision) core.ShareReply {
+	if d.Code != pb.ItemCode_ITEM_CODE_OK {
+		return core.ShareReply{Message: d.Code.String() + ": " + d.Message}
+	}
+	if d.Grant == nil {
+		return core.ShareReply{OK: true}
+	}
+	s := d.Grant.ToProto(now)
+	return core.ShareReply{OK: true, Seq: s.Seq, Rate: s.RateMilliTokens, Burst: s.BurstTokens, ExpiresIn: s.ExpiresIn.AsDuration()}
 }
 
 // persist records g as committed (etcd).

@@ -60,6 +60,15 @@ type Report struct {
 	Scenarios []ScenarioResults
 	Sweep     []SweepPoint
 	Drift     []DriftPoint
+	// Kinds is the kinds scenarios' results (KindScenarios), each a
+	// window limit and a bucket limit under the same traffic.
+	Kinds []KindRun
+}
+
+// KindRun is one kinds scenario and its results.
+type KindRun struct {
+	Scenario Scenario
+	Results  []KindResult
 }
 
 // job is one run; runs are independent and may execute in parallel, each
@@ -154,6 +163,9 @@ func BuildReport(o Options) *Report {
 		}
 	}
 	runJobs(jobs, o.Seed)
+	for _, sc := range KindScenarios() {
+		rep.Kinds = append(rep.Kinds, KindRun{Scenario: sc, Results: RunKinds(sc, o.Seed)})
+	}
 	return rep
 }
 
@@ -303,6 +315,18 @@ func (rep *Report) Render() (map[string][]byte, error) {
 		}
 		files["drift-overshoot.png"] = png
 		b.WriteString("![observed overshoot vs clock drift](drift-overshoot.png)\n\n" + driftPlotText + "\n\n")
+	}
+	if len(rep.Kinds) > 0 {
+		b.WriteString(kindsIntro)
+		for _, k := range rep.Kinds {
+			fmt.Fprintf(&b, "### %s\n\n%s\n\n", k.Scenario.Title, k.Scenario.About)
+			b.WriteString(KindsTable(k.Results))
+			b.WriteString("\n")
+			if text := kindsText[k.Scenario.Name]; text != nil {
+				b.WriteString(text(k.Results))
+				b.WriteString("\n\n")
+			}
+		}
 	}
 	b.WriteString(reportMethod)
 	files["README.md"] = b.Bytes()

@@ -29,6 +29,9 @@ type world struct {
 	regionUp []bool
 	allocUp  bool
 	impl     impl
+	// onAdmit, when set, sees every admitted request: its region, its
+	// limit and the true time of its decision (RunKinds).
+	onAdmit func(region, limit int, at time.Duration)
 }
 
 // impl is a strategy's behaviour.
@@ -48,10 +51,12 @@ func stream(seed uint64, purpose, index uint64) *rand.Rand {
 }
 
 // Run plays scenario sc with strategy s and seed, and measures it.
-func Run(sc Scenario, s Strategy, seed uint64) Result {
+func Run(sc Scenario, s Strategy, seed uint64) Result { return run(sc, s, seed, nil) }
+
+func run(sc Scenario, s Strategy, seed uint64, onAdmit func(region, limit int, at time.Duration)) Result {
 	sc.Limits = slices.Clone(sc.Limits) // defaults writes; runs may share a Scenario
 	sc.defaults()
-	w := &world{sc: &sc, seed: seed, eng: &Engine{}}
+	w := &world{sc: &sc, seed: seed, eng: &Engine{}, onAdmit: onAdmit}
 	w.net = NewNetwork(w.eng, stream(seed, 1, 0))
 	w.regionUp = make([]bool, len(sc.Regions))
 	w.allocUp = true
@@ -165,6 +170,9 @@ func (w *world) request(region, limit int) {
 			debugHook(region, limit, o, at)
 		}
 		w.rec.record(region, limit, o, at, w.eng.Now()-start)
+		if o == admitted && w.onAdmit != nil {
+			w.onAdmit(region, limit, at)
+		}
 	})
 }
 

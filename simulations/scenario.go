@@ -2,6 +2,8 @@ package simulations
 
 import (
 	"time"
+
+	"leasehold/allocator"
 )
 
 // Strategy names one way of enforcing a global limit.
@@ -50,14 +52,24 @@ type Region struct {
 	Redis  Clock
 }
 
-// LimitSpec is one global limit.
+// LimitSpec is one global limit: a window limit (G per window), or a
+// bucket limit when Rate > 0 (Rate tokens per RatePeriod, bursts of Burst;
+// TTL is then its rate shares' ttl, default 10 s). Only the Leasehold
+// strategy runs bucket limits (RunKinds).
 type LimitSpec struct {
 	ID       string
 	G        int64
 	TTL      time.Duration // lease ttl (default W/4)
 	MinChunk int64         // default 1
 	MaxChunk int64         // 0: none
+
+	Rate       int64
+	RatePeriod time.Duration // default 1 s
+	Burst      int64
 }
+
+// IsBucket tells whether the limit is a bucket limit.
+func (l *LimitSpec) IsBucket() bool { return l.Rate > 0 }
 
 // Phase is a demand rate that applies from At on.
 type Phase struct {
@@ -127,6 +139,15 @@ func (sc *Scenario) defaults() {
 	}
 	for i := range sc.Limits {
 		l := &sc.Limits[i]
+		if l.IsBucket() {
+			if l.RatePeriod == 0 {
+				l.RatePeriod = time.Second
+			}
+			if l.TTL == 0 {
+				l.TTL = allocator.DefaultShareTTL
+			}
+			continue
+		}
 		if l.TTL == 0 {
 			l.TTL = sc.Window / 4
 		}

@@ -230,3 +230,54 @@ func TestDetection(t *testing.T) {
 		t.Errorf("burst: leasehold strands %.1f%%, want <= 1%%", 100*lh.MaxStrandedG)
 	}
 }
+
+// TestKinds plays the kinds scenarios (a window limit and a bucket limit
+// under the same traffic, Leasehold): no limit admits more than its kind
+// promises in any interval; at a boundary burst the window limit admits
+// well over 1.5 G within two seconds while the bucket limit admits at most
+// B + R x 2 s (a fifth of it or less); under a demand shift both follow
+// demand (the busy region admits over three times the quiet one). The figures are kept in
+// testdata/kinds.txt (-update rewrites it).
+func TestKinds(t *testing.T) {
+	var b strings.Builder
+	for _, sc := range KindScenarios() {
+		rs := RunKinds(sc, 1)
+		for _, r := range rs {
+			for i, T := range KindLengths {
+				if r.MaxIn[i] > r.Bound[i] {
+					t.Errorf("%s %s: %d admitted within %v, above its bound %d", sc.Name, r.Limit, r.MaxIn[i], T, r.Bound[i])
+				}
+			}
+		}
+		if err := WriteKinds(&b, rs); err != nil {
+			t.Fatal(err)
+		}
+		if sc.Name == "kinds-burst" {
+			win, bkt := rs[0], rs[1]
+			// 2 s: index 1 of KindLengths.
+			if win.MaxIn[1] < 1500 || bkt.MaxIn[1]*5 > win.MaxIn[1] {
+				t.Errorf("boundary burst within 2 s: window %d, bucket %d (bound %d)", win.MaxIn[1], bkt.MaxIn[1], bkt.Bound[1])
+			}
+		}
+		if sc.Name == "kinds-shift" {
+			for _, r := range rs {
+				if r.After["us"] < 3*r.After["eu"] {
+					t.Errorf("%s after the shift: us %d, eu %d: does not follow demand", r.Limit, r.After["us"], r.After["eu"])
+				}
+			}
+		}
+	}
+	path := filepath.Join("testdata", "kinds.txt")
+	if *update {
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if string(want) != b.String() {
+		t.Errorf("kinds figures changed: review, then go test ./simulations -run Kinds -update\ngot:\n%s\nwant:\n%s", b.String(), want)
+	}
+}

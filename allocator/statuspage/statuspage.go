@@ -38,6 +38,10 @@ type Source interface {
 	// matching allocator.ErrNotLeader, a limit without windows one matching
 	// allocator.ErrNotFound.
 	Reports(limit string, last int) ([]allocator.WindowReport, error)
+	// BucketStatus returns up to last reporting intervals of a bucket
+	// limit (oldest first, the running one last) and its rate shares in
+	// force; errors as Reports.
+	BucketStatus(limit string, last int) (allocator.BucketStatus, error)
 	// IsLeader tells whether this replica leads.
 	IsLeader() bool
 	// Leader is the leader's advertised gRPC address ("" if unknown).
@@ -196,6 +200,8 @@ type detailView struct {
 	Chart   *chart
 	Windows []windowRow // newest first
 	Regions []string
+	// Bucket is set for a bucket limit (no windows, no chart).
+	Bucket *bucketView
 }
 
 // row is one limit in the table.
@@ -215,6 +221,10 @@ type row struct {
 	// Last is the last final window: closed, its usage reports in (nil:
 	// none yet, or not known here).
 	Last *windowRow
+	// Bucket: a bucket limit; Window then holds its rate and burst and
+	// LastInterval (not Last) its last closed reporting interval.
+	Bucket       bool
+	LastInterval *intervalRow
 	// Alerts say why the row is highlighted; Level is the worst of them:
 	// "crit", "warn" or "" (not highlighted).
 	Alerts []alertTag
@@ -338,8 +348,16 @@ func (h *handler) index(ctx context.Context, v view, p *page) int {
 		if i < h.opt.maxCharts {
 			last = h.opt.windows
 		}
-		reps := f.reports(l.GetId(), last)
-		rw := newRow(v, l, reps)
+		var reps []allocator.WindowReport
+		var rw *row
+		if isBucket(l) {
+			rw = newRow(v, l, nil)
+			st, _ := f.bucketStatus(l.GetId(), 2) // the last closed interval and the running one
+			bucketRow(rw, l, st)
+		} else {
+			reps = f.reports(l.GetId(), last)
+			rw = newRow(v, l, reps)
+		}
 		iv.Rows = append(iv.Rows, rw)
 		if rw.Level != "" {
 			iv.Attention++
@@ -376,6 +394,19 @@ func (h *handler) detail(ctx context.Context, v view, p *page, id string) int {
 		}
 	}
 	f := &fetcher{src: h.src}
+	if l != nil && isBucket(l) {
+		st, _ := f.bucketStatus(id, h.opt.detailWindows)
+		f.finish(p)
+		rw := newRow(v, l, nil)
+		bucketRow(rw, l, st)
+		regions := bucketRegions(l, st)
+		dv := &detailView{Row: rw, Defined: true, Lease: shareDesc(l.GetLease()), Regions: regions, Bucket: newBucketView(l, st, regions)}
+		for _, k := range sortedKeys(l.GetTags()) {
+			dv.Tags = append(dv.Tags, k+"="+l.GetTags()[k])
+		}
+		p.Detail = dv
+		return http.StatusOK
+	}
 	reps := f.reports(id, h.opt.detailWindows)
 	f.finish(p)
 	if l == nil && len(reps) == 0 {

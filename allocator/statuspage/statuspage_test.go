@@ -30,6 +30,7 @@ type fakeSource struct {
 	mu         sync.Mutex
 	limits     []*pb.Limit
 	reports    map[string][]allocator.WindowReport
+	buckets    map[string]allocator.BucketStatus
 	leader     bool
 	leaderAddr string
 	limitsErr  error
@@ -61,6 +62,23 @@ func (f *fakeSource) Reports(limit string, last int) ([]allocator.WindowReport, 
 		r = r[len(r)-last:]
 	}
 	return r, nil
+}
+
+func (f *fakeSource) BucketStatus(limit string, last int) (allocator.BucketStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.reportsErr != nil {
+		return allocator.BucketStatus{}, f.reportsErr
+	}
+	st, ok := f.buckets[limit]
+	if !ok {
+		return allocator.BucketStatus{}, fmt.Errorf("%w: bucket limit %q", allocator.ErrNotFound, limit)
+	}
+	if len(st.Intervals) > last {
+		st.Intervals = st.Intervals[len(st.Intervals)-last:]
+	}
+	return st, nil
 }
 
 func (f *fakeSource) IsLeader() bool { return f.leader }

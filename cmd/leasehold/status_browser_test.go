@@ -111,7 +111,7 @@ func flagValue(t *testing.T, args []string, name string) string {
 }
 
 // TestStatusPageInChromium runs leasehold dev, sets three limits with 2 s
-// windows, drives Checks into both regions for a few windows, then loads
+// windows and a bucket limit, drives Checks into both regions for a few windows, then loads
 // the allocator's /status in headless Chromium: the DOM has the limits
 // table and the charts, and the console stays empty.
 func TestStatusPageInChromium(t *testing.T) {
@@ -141,9 +141,19 @@ func TestStatusPageInChromium(t *testing.T) {
 		{&pb.Limit{Id: "tenant/initech", LimitTokens: 50, Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT, Owner: "reports"},
 			[]load{{"eu", 15 * time.Millisecond}}}, // up to 133 asked per window
 	}
+	// A bucket limit: no windows, no chart; its page shows its shares and
+	// its reporting intervals.
+	bucketLimit := &pb.Limit{Id: "backend/search", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: 50, BurstTokens: 20,
+		Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Owner: "search"}
+	limits = append(limits, struct {
+		limit *pb.Limit
+		load  []load
+	}{bucketLimit, []load{{"eu", 10 * time.Millisecond}, {"us", 20 * time.Millisecond}}})
 	admin := pb.NewAdminClient(conn)
 	for _, l := range limits {
-		l.limit.Window = durationpb.New(2 * time.Second)
+		if l.limit.Kind != pb.LimitKind_LIMIT_KIND_BUCKET {
+			l.limit.Window = durationpb.New(2 * time.Second)
+		}
 		if _, err := admin.PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: l.limit}); err != nil {
 			t.Fatalf("put %s: %v", l.limit.Id, err)
 		}
@@ -223,7 +233,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		t.Logf("wrote %s (%d bytes)", path, len(b))
 	}
 	dom, log := runChromium(t, bin, statusURL, "--dump-dom")
-	for _, want := range []string{`id="limits"`, "tenant/atlas", "tenant/globex", "tenant/initech", `<svg class="chart"`,
+	for _, want := range []string{`id="limits"`, "tenant/atlas", "tenant/globex", "tenant/initech", "backend/search", "bucket 50/s, burst 20", `<svg class="chart"`,
 		`class="seg"`, `<path class="g"`, `class="windows"`, "badge leader",
 		// The owner and description are text, not markup.
 		"payments &lt;sre@example.com&gt;"} {
@@ -250,5 +260,20 @@ func TestStatusPageInChromium(t *testing.T) {
 	}
 	if bad := consoleErrors(log); len(bad) > 0 {
 		t.Errorf("console messages on the detail page:\n%s", strings.Join(bad, "\n"))
+	}
+
+	// The bucket limit's page: its shares in force (both regions have
+	// Checks) and its intervals, the running one at least; no chart.
+	bucketPage, log := runChromium(t, bin, statusURL+"?limit=backend/search", "--dump-dom")
+	for _, want := range []string{"bucket: 50/s, burst 20", `id="shares"`, `id="intervals"`, "(running)"} {
+		if !strings.Contains(bucketPage, want) {
+			t.Errorf("bucket limit's page DOM lacks %q:\n%s", want, bucketPage)
+		}
+	}
+	if strings.Contains(bucketPage, `<svg class="chart"`) {
+		t.Error("a chart on the bucket limit's page")
+	}
+	if bad := consoleErrors(log); len(bad) > 0 {
+		t.Errorf("console messages on the bucket limit's page:\n%s", strings.Join(bad, "\n"))
 	}
 }

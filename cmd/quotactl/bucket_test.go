@@ -9,14 +9,15 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/allocator"
 	"leasehold/internal/etcdtest"
 	pb "leasehold/proto/leasehold/v1"
 )
 
 // TestBucketFlags: --rate and --burst describe a bucket limit. Bad values
 // exit 2 with one line naming the flag; the allocator checks the rest and
-// names the field (a burst above the maximum for the period); and until
-// bucket limits are enforced it refuses them, naming limit.kind.
+// names the field (a burst above the maximum for the period, settings the
+// agent does not apply to bucket limits).
 func TestBucketFlags(t *testing.T) {
 	ta := startAllocator(t, etcdtest.Start(t, 1))
 	waitLeader(t, ta)
@@ -29,7 +30,9 @@ func TestBucketFlags(t *testing.T) {
 		code int
 		text string
 	}{
-		{set("--rate", "100/s", "--burst", "200"), 1, ": limit.kind: bucket limits are not enforced"},
+		{set("--rate", "100/s", "--burst", "200", "--shadow"), 1, ": limit.shadow: shadow mode is for window limits only"},
+		{set("--rate", "100/s", "--burst", "200", "--min-chunk", "5"), 1, ": limit.lease.min_chunk: bucket limits are granted as rate shares"},
+		{set("--rate", "100/s", "--burst", "200", "--ttl", "100ms"), 1, ": limit.lease.ttl: a bucket limit's share ttl must be"},
 		{set("--rate", "100/s", "--burst", "99999999999999"), 1, ": limit.burst_tokens: must be <= 4503599627 for a rate period of 1s"},
 		{set("--rate", "0/s", "--burst", "200"), 2, `--rate "0/s"`},
 		{set("--rate", "100/d", "--burst", "200"), 2, `--rate "100/d"`},
@@ -82,4 +85,66 @@ func TestBucketLimitShown(t *testing.T) {
 	if len(d) != 2 || d[0] != (fieldDiff{"rate", "100/s", "100/m"}) || d[1] != (fieldDiff{"burst", "200", "300"}) {
 		t.Errorf("plan diff: %+v", d)
 	}
+}
+
+// TestBucketLimitLifecycle: on a real allocator, quotactl creates a bucket
+// limit, shows it (limits get, windows: the running interval, no share
+// yet), changes it at once (no window to wait for; next-window refused
+// naming effective), refuses to turn it into a window limit (naming
+// limit.kind) and deletes it.
+func TestBucketLimitLifecycle(t *testing.T) {
+	ta := startAllocator(t, etcdtest.Start(t, 1))
+	waitLeader(t, ta)
+	q := func(code int, args ...string) result {
+		t.Helper()
+		return quotactl(append([]string{"--allocator", ta.addr}, args...)...).want(t, code)
+	}
+	q(0, "limits", "set", "--reason", "test", "backend/search", "--regions", "eu", "--mode", "strict", "--rate", "100/s", "--burst", "200")
+	// The leader applies a limit when its watch brings it (windows asks
+	// the leader's core).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var ok bool
+		_ = ta.a.View(func(_ time.Time, c *allocator.Core) { _, ok = c.Limit("backend/search") })
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the limit never reached the leader")
+		}
+		time.Sleep(2 * time.Millisecond) // polling the watch's effect
+	}
+	got := kv(t, q(0, "limits", "get", "backend/search").stdout)
+	for k, want := range map[string]string{"kind": "bucket", "rate": "100/s", "burst": "200", "ttl": "10s", "version": "1"} {
+		if got[k] != want {
+			t.Errorf("limits get: %s = %q, want %q (%v)", k, got[k], want, got)
+		}
+	}
+	r := q(0, "windows", "backend/search")
+	if !strings.Contains(r.stdout, "INTERVAL_START") || !strings.Contains(r.stdout, "100/s  200") ||
+		!strings.Contains(r.stdout, "Z*") || !strings.Contains(r.stdout, "shares in force:") {
+		t.Errorf("windows:\n%s", r.stdout)
+	}
+
+	// A dry run names the change and no window, pool or window bound.
+	r = q(0, "limits", "set", "--reason", "test", "backend/search", "--regions", "eu", "--mode", "strict", "--rate", "150/s", "--burst", "200", "--dry-run")
+	if !strings.Contains(r.stdout, "rate: 100/s -> 150/s") || !strings.Contains(r.stdout, "kind:           bucket") ||
+		strings.Contains(r.stdout, "window:") || strings.Contains(r.stdout, "new-g") || strings.Contains(r.stdout, "bound") {
+		t.Errorf("dry run:\n%s", r.stdout)
+	}
+	// A change governs at once, with or without --effective now.
+	q(0, "limits", "set", "--reason", "test", "backend/search", "--regions", "eu", "--mode", "strict", "--rate", "200/s", "--burst", "200")
+	if got := kv(t, q(0, "limits", "get", "backend/search").stdout); got["rate"] != "200/s" || got["version"] != "2" {
+		t.Errorf("after the change: %v", got)
+	}
+	r = q(1, "limits", "set", "--reason", "test", "backend/search", "--regions", "eu", "--mode", "strict", "--rate", "300/s", "--burst", "200",
+		"--effective", "next-window")
+	if !strings.Contains(r.stderr, "effective: a bucket limit has no windows") {
+		t.Errorf("next-window: %q", r.stderr)
+	}
+	r = q(1, "limits", "set", "--reason", "test", "backend/search", "--regions", "eu", "--mode", "strict", "--limit", "100", "--window", "1m")
+	if !strings.Contains(r.stderr, "limit.kind: the kind of an existing limit cannot change (bucket -> window)") {
+		t.Errorf("kind change: %q", r.stderr)
+	}
+	q(0, "limits", "delete", "--reason", "test", "backend/search")
+	q(1, "limits", "get", "backend/search")
 }

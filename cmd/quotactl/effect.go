@@ -88,6 +88,11 @@ func writeEffect(w io.Writer, eff *pb.ChangeEffect) {
 	} else {
 		kv("effective-from", cell(formatTS(eff.GetEffectiveFrom()), "-"))
 	}
+	if eff.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
+		// No window, pool or window bound: the changes govern at once.
+		kv("kind", "bucket (no windows: quotactl windows shows its intervals and shares)")
+		return
+	}
 	if eff.GetWindowStart() == nil {
 		kv("window", "none yet (a new limit)")
 	} else {

@@ -135,7 +135,8 @@ func TestDecodeLimitsFileErrors(t *testing.T) {
 		{"tab indent", "limits:\n\t- id: x\n", "invalid YAML", 2},
 		{"not utf8", "limits: []\n# \xff\n", "not UTF-8", 2},
 		// Bucket limits: rate and burst instead of limit and window.
-		{"bucket not enforced yet", bucket, "tenant/b: kind: bucket limits are not enforced by this version yet", 3},
+		{"bucket in shadow mode", bucket + "    shadow: true\n", "tenant/b: shadow: shadow mode is for window limits only in this version", 7},
+		{"bucket with chunks", bucket + "    lease: {max_chunk: 5}\n", "tenant/b: lease.max_chunk: bucket limits are granted as rate shares", 7},
 		{"bucket bad rate", strings.Replace(bucket, "100/s", "100/d", 1), `tenant/b: rate: "100/d": want a period after the /`, 3},
 		{"bucket burst zero", strings.Replace(bucket, "burst: 200", "burst: 0", 1), "tenant/b: burst: must be >= 1, got 0", 4},
 		{"bucket burst too large", strings.Replace(bucket, "burst: 200", "burst: 4503599628", 1), "tenant/b: burst: must be <= 4503599627 for a rate period of 1s", 4},
@@ -223,6 +224,7 @@ func FuzzLimitsFile(f *testing.F) {
 	f.Add([]byte("limits: []\n"))
 	f.Add([]byte("manage: \"*\"\nlimits:\n  - {id: a, limit: 1, window: 1s, regions: [eu], mode: strict}\n"))
 	f.Add([]byte("limits:\n  - &a {id: a}\n  - *a\n"))
+	f.Add([]byte("limits:\n  - {id: b, rate: 5/250ms, burst: 7, regions: [eu, us], mode: bounded, fallback: {eu: closed}, lease: {ttl: 30s}}\n"))
 	f.Add([]byte("limits:\n  - id: a\n    limit: 9223372036854775807\n    window: 744h\n    regions: [eu]\n    mode: bounded\n    fallback: {eu: \"local:1\"}\n    lease: {ttl: 100ms, min_chunk: 0, max_chunk: 0}\n    tags: {? [a] : b}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		lf, err := decodeLimitsFile("f.yaml", data)

@@ -40,7 +40,14 @@ was in open fallback), the observed overshoot and the stranded tokens
 
 The running window is marked "*" after its end. A row whose
 observed_overshoot is above a finite bound is marked "!": that is a bug,
-report it.`,
+report it.
+
+A bucket limit has no windows: windows prints its last N reporting
+intervals (one minute each) instead, what the regions admitted in each
+beside the bound B + R x (interval + slack), then the regions' rate shares
+in force. An interval whose admitted_total is above its bound is marked
+"!". With --json, a bucket limit prints one object (kind, intervals,
+shares) instead of an array of windows.`,
 	flags: func(f *flagSet) action {
 		last := int32(windowsDefaultLast)
 		f.value("last", "`N`: windows to show, newest included, 1-1000 (default 10)", func(s string) error {
@@ -60,6 +67,7 @@ report it.`,
 			// With allocator groups the reports of a limit that moved are
 			// in the groups that owned its windows: gather them all.
 			var ws []*pb.WindowReport
+			var bk bucketWindows
 			found := false
 			var notFound error
 			list := func(call func(adminRPC) error) (string, error) {
@@ -79,6 +87,11 @@ report it.`,
 				}
 				found = true
 				ws = append(ws, resp.GetWindows()...)
+				if resp.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
+					bk.bucket = true
+					bk.intervals = append(bk.intervals, resp.GetIntervals()...)
+					bk.shares = append(bk.shares, resp.GetShares()...)
+				}
 				return resp.GetGroup(), nil
 			}
 			group, err := list(func(rpc adminRPC) error { return e.admin(ctx, rpc) })
@@ -99,6 +112,10 @@ report it.`,
 			}
 			if !found {
 				return fmt.Errorf("no limit %q (%v)", id, notFound)
+			}
+			if bk.bucket {
+				bk.intervals = orderIntervals(bk.intervals, int(last))
+				return e.printBucketWindows(id, bk)
 			}
 			return e.printWindows(orderWindows(ws, int(last)))
 		}

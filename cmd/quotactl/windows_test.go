@@ -30,8 +30,9 @@ import (
 type fakeAdmin struct {
 	pb.UnimplementedAdminServer
 	windows       map[string][]*pb.WindowReport
-	leader        string // refuse, naming this leader
-	unimplemented bool   // answer as an allocator without ListWindows
+	buckets       map[string]*pb.ListWindowsResponse // bucket limits, answered as they are
+	leader        string                             // refuse, naming this leader
+	unimplemented bool                               // answer as an allocator without ListWindows
 
 	mu   sync.Mutex
 	reqs []*pb.ListWindowsRequest
@@ -47,6 +48,9 @@ func (f *fakeAdmin) ListWindows(ctx context.Context, req *pb.ListWindowsRequest)
 	case f.leader != "":
 		_ = grpc.SetTrailer(ctx, metadata.Pairs(vocab.LeaderMetadataKey, f.leader))
 		return nil, status.Error(codes.Unavailable, (&allocator.NotLeaderError{Leader: f.leader}).Error())
+	}
+	if b, ok := f.buckets[req.GetLimitId()]; ok {
+		return b, nil
 	}
 	ws, ok := f.windows[req.GetLimitId()]
 	if !ok {

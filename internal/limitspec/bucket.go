@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -73,21 +75,68 @@ func ValidateBucket(l *pb.Limit) error {
 	return nil
 }
 
-// checkKind validates what the limit's kind requires. Bucket limits are
-// refused after their fields are checked: until the agent spends them
-// (rate shares in its regional buckets) and the allocator grants and
-// bounds them, accepting one would promise a limit nobody enforces.
+// checkKind validates what the limit's kind requires: a window limit
+// has no bucket fields, a bucket limit a valid rate and burst.
 func checkKind(l *pb.Limit) error {
 	switch l.Kind {
 	case pb.LimitKind_LIMIT_KIND_UNSPECIFIED, pb.LimitKind_LIMIT_KIND_WINDOW:
 		return checkKindFields(l)
 	case pb.LimitKind_LIMIT_KIND_BUCKET:
-		if err := ValidateBucket(l); err != nil {
-			return err
-		}
-		return fieldErr("limit.kind", "bucket limits are not enforced by this version yet: use a window limit")
+		return ValidateBucket(l)
 	}
 	return fieldErr("limit.kind", "must be window or bucket, got %v", l.Kind)
+}
+
+// Bounds on a bucket limit's share ttl (limit.lease.ttl): how long a rate
+// share lives. Agents renew a share at half its life, so the ttl sets the
+// allocator calls per region (two per ttl per active limit) and how long
+// a silent region's rate stays reserved.
+const (
+	DefaultShareTTL = 10 * time.Second
+	MinShareTTL     = time.Second
+	MaxShareTTL     = 10 * time.Minute
+)
+
+// checkBucketOnly refuses a window limit's fields, and the settings the
+// agent does not apply to a bucket limit in this version, on a bucket
+// limit: accepted, they would promise something nobody enforces.
+func checkBucketOnly(l *pb.Limit) error {
+	switch {
+	case l.LimitTokens != 0:
+		return fieldErr("limit.limit_tokens", "bucket limits have a rate and a burst (rate_tokens, burst_tokens), not limit_tokens")
+	case l.Window != nil:
+		return fieldErr("limit.window", "bucket limits have a rate period (rate_period), not a window")
+	case l.Shadow:
+		return fieldErr("limit.shadow", "shadow mode is for window limits only in this version")
+	case l.SettleGrace != nil:
+		return fieldErr("limit.settle_grace", "settle-later Checks are for window limits only in this version")
+	case l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED:
+		return fieldErr("limit.debt_policy", "settle-later Checks are for window limits only in this version")
+	}
+	return nil
+}
+
+// checkShareSettings checks a bucket limit's lease settings (its share
+// ttl; no chunks) and fills in the default ttl.
+func checkShareSettings(l *pb.Limit) error {
+	switch {
+	case l.Lease.MinChunk != 0:
+		return fieldErr("limit.lease.min_chunk", "bucket limits are granted as rate shares, not chunks")
+	case l.Lease.MaxChunk != 0:
+		return fieldErr("limit.lease.max_chunk", "bucket limits are granted as rate shares, not chunks")
+	}
+	ttl := DefaultShareTTL
+	if l.Lease.Ttl != nil {
+		if err := l.Lease.Ttl.CheckValid(); err != nil {
+			return fieldErr("limit.lease.ttl", "%v", err)
+		}
+		ttl = l.Lease.Ttl.AsDuration()
+		if ttl < MinShareTTL || ttl > MaxShareTTL || ttl%time.Millisecond != 0 {
+			return fieldErr("limit.lease.ttl", "a bucket limit's share ttl must be whole milliseconds in %v..%v, got %v", MinShareTTL, MaxShareTTL, ttl)
+		}
+	}
+	l.Lease.Ttl = durationpb.New(ttl)
+	return nil
 }
 
 // ParseRate parses a bucket limit's rate as people write it: "N/UNIT" with

@@ -45,7 +45,17 @@ func TestValidateBucketNamesTheField(t *testing.T) {
 		{"period above 24h", "limit.rate_period", "<= 24h", bucket(func(l *pb.Limit) { l.RatePeriod = durationpb.New(25 * time.Hour) })},
 		{"period not whole ms", "limit.rate_period", "whole milliseconds", bucket(func(l *pb.Limit) { l.RatePeriod = durationpb.New(1500 * time.Microsecond) })},
 		{"period invalid", "limit.rate_period", "", bucket(func(l *pb.Limit) { l.RatePeriod = &durationpb.Duration{Seconds: 1, Nanos: -1} })},
-		{"valid bucket: not enforced yet", "limit.kind", "not enforced", bucket(func(*pb.Limit) {})},
+		{"limit_tokens on a bucket limit", "limit.limit_tokens", "not limit_tokens", bucket(func(l *pb.Limit) { l.LimitTokens = 5 })},
+		{"window on a bucket limit", "limit.window", "not a window", bucket(func(l *pb.Limit) { l.Window = durationpb.New(time.Minute) })},
+		{"shadow bucket", "limit.shadow", "window limits only", bucket(func(l *pb.Limit) { l.Shadow = true })},
+		{"settle grace on a bucket", "limit.settle_grace", "window limits only", bucket(func(l *pb.Limit) { l.SettleGrace = durationpb.New(time.Second) })},
+		{"debt policy on a bucket", "limit.debt_policy", "window limits only", bucket(func(l *pb.Limit) { l.DebtPolicy = pb.DebtPolicy_DEBT_POLICY_FORGIVE })},
+		{"local fallback on a bucket", "limit.fallback[eu]", "closed only", bucket(func(l *pb.Limit) {
+			l.Mode, l.Fallback = pb.Mode_MODE_BOUNDED, map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 5}}
+		})},
+		{"chunks on a bucket", "limit.lease.min_chunk", "rate shares", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{MinChunk: 1} })},
+		{"share ttl too short", "limit.lease.ttl", "1s..10m0s", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(999 * time.Millisecond)} })},
+		{"share ttl too long", "limit.lease.ttl", "1s..10m0s", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(11 * time.Minute)} })},
 		{"unknown kind", "limit.kind", "window or bucket", window(func(l *pb.Limit) { l.Kind = 99 })},
 		{"rate on a window limit", "limit.rate_tokens", "only bucket", window(func(l *pb.Limit) { l.RateTokens = 5 })},
 		{"period on a window limit", "limit.rate_period", "only bucket", window(func(l *pb.Limit) { l.RatePeriod = durationpb.New(time.Second) })},
@@ -59,8 +69,25 @@ func TestValidateBucketNamesTheField(t *testing.T) {
 			}
 		})
 	}
-	// The largest valid burst passes the field checks (and the kind is
-	// still refused).
+	// A valid bucket limit is accepted: the default share ttl filled in,
+	// no chunks, closed fallbacks (bounded mode with them too).
+	for _, l := range []*pb.Limit{bucket(func(*pb.Limit) {}), bucket(func(l *pb.Limit) {
+		l.Mode, l.Fallback = pb.Mode_MODE_BOUNDED, map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_CLOSED}}
+		l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(30 * time.Second)}
+	})} {
+		got, err := ValidateLimit(l, []string{"eu"})
+		if err != nil {
+			t.Fatalf("valid bucket limit: %v", err)
+		}
+		want := DefaultShareTTL
+		if l.Lease != nil {
+			want = l.Lease.Ttl.AsDuration()
+		}
+		if got.Lease.Ttl.AsDuration() != want || got.Lease.MinChunk != 0 || got.LimitTokens != 0 || got.Window != nil {
+			t.Errorf("normalized bucket limit: %v", got)
+		}
+	}
+	// The largest valid burst passes the field checks.
 	l := bucket(func(l *pb.Limit) { l.BurstTokens = lease.MaxBurst(time.Second) })
 	if err := ValidateBucket(l); err != nil {
 		t.Fatalf("max burst: %v", err)

@@ -120,23 +120,31 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 	if err := checkKind(l); err != nil {
 		return nil, err
 	}
-	if err := vocab.ValidateTokens("limit.limit_tokens", l.LimitTokens, 1); err != nil {
-		return nil, err
-	}
-	if l.Window == nil {
-		return nil, fieldErr("limit.window", "required")
-	}
-	if err := l.Window.CheckValid(); err != nil {
-		return nil, fieldErr("limit.window", "%v", err)
-	}
-	w := l.Window.AsDuration()
-	switch {
-	case w < time.Second:
-		return nil, fieldErr("limit.window", "must be >= 1s, got %v", w)
-	case w > MaxWindow:
-		return nil, fieldErr("limit.window", "must be <= %v, got %v", MaxWindow, w)
-	case w%time.Millisecond != 0:
-		return nil, fieldErr("limit.window", "must be whole milliseconds, got %v", w)
+	bucket := l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET
+	var w time.Duration
+	if bucket {
+		if err := checkBucketOnly(l); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := vocab.ValidateTokens("limit.limit_tokens", l.LimitTokens, 1); err != nil {
+			return nil, err
+		}
+		if l.Window == nil {
+			return nil, fieldErr("limit.window", "required")
+		}
+		if err := l.Window.CheckValid(); err != nil {
+			return nil, fieldErr("limit.window", "%v", err)
+		}
+		w = l.Window.AsDuration()
+		switch {
+		case w < time.Second:
+			return nil, fieldErr("limit.window", "must be >= 1s, got %v", w)
+		case w > MaxWindow:
+			return nil, fieldErr("limit.window", "must be <= %v, got %v", MaxWindow, w)
+		case w%time.Millisecond != 0:
+			return nil, fieldErr("limit.window", "must be whole milliseconds, got %v", w)
+		}
 	}
 	if len(l.Regions) == 0 {
 		return nil, fieldErr("limit.regions", "at least one region is required")
@@ -186,9 +194,24 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 		if l.Mode == pb.Mode_MODE_STRICT && fb.Kind != pb.FallbackKind_FALLBACK_KIND_CLOSED {
 			return nil, fieldErr(f, "strict limits admit only leased tokens: fallback must be closed (use mode bounded)")
 		}
+		if bucket && fb.Kind != pb.FallbackKind_FALLBACK_KIND_CLOSED {
+			return nil, fieldErr(f, "bucket limits fall back closed only in this version (a region without a share answers UNAVAILABLE)")
+		}
 	}
 	if l.Lease == nil {
 		l.Lease = &pb.LeaseSettings{}
+	}
+	if bucket {
+		if err := checkShareSettings(l); err != nil {
+			return nil, err
+		}
+		if l.HashTag == l.Id {
+			l.HashTag = ""
+		}
+		if err := vocab.ValidateHashTag("limit.hash_tag", l.HashTag); err != nil {
+			return nil, err
+		}
+		return l, nil
 	}
 	ttl := w / 4
 	if l.Lease.Ttl != nil {

@@ -1224,6 +1224,10 @@ type ChangeEffect struct {
 	// no faults): 0 for STRICT, the sum of LOCAL allowances, or infinite.
 	Bound         int64 `protobuf:"varint,12,opt,name=bound,proto3" json:"bound,omitempty"`
 	BoundInfinite bool  `protobuf:"varint,13,opt,name=bound_infinite,json=boundInfinite,proto3" json:"bound_infinite,omitempty"`
+	// kind is the limit's kind. A bucket limit has no window, pool or
+	// window bound: window_start, the tokens, pool_after, regions_denying
+	// and bound are unset, and a change governs at once.
+	Kind          LimitKind `protobuf:"varint,14,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1347,6 +1351,13 @@ func (x *ChangeEffect) GetBoundInfinite() bool {
 		return x.BoundInfinite
 	}
 	return false
+}
+
+func (x *ChangeEffect) GetKind() LimitKind {
+	if x != nil {
+		return x.Kind
+	}
+	return LimitKind_LIMIT_KIND_UNSPECIFIED
 }
 
 type LimitHistoryRequest struct {
@@ -1943,7 +1954,13 @@ type ListWindowsResponse struct {
 	// several allocator groups: windows are then the ones this group owned;
 	// a limit that moved has older windows at its earlier group. Empty
 	// otherwise.
-	Group         string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Group string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	// kind is the limit's kind. A bucket limit has no windows: its
+	// reporting intervals (oldest first, the running one included) and the
+	// regions' rate shares in force come instead of windows.
+	Kind          LimitKind               `protobuf:"varint,3,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
+	Intervals     []*BucketIntervalReport `protobuf:"bytes,4,rep,name=intervals,proto3" json:"intervals,omitempty"`
+	Shares        []*ShareInForce         `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1992,6 +2009,248 @@ func (x *ListWindowsResponse) GetGroup() string {
 	return ""
 }
 
+func (x *ListWindowsResponse) GetKind() LimitKind {
+	if x != nil {
+		return x.Kind
+	}
+	return LimitKind_LIMIT_KIND_UNSPECIFIED
+}
+
+func (x *ListWindowsResponse) GetIntervals() []*BucketIntervalReport {
+	if x != nil {
+		return x.Intervals
+	}
+	return nil
+}
+
+func (x *ListWindowsResponse) GetShares() []*ShareInForce {
+	if x != nil {
+		return x.Shares
+	}
+	return nil
+}
+
+// BucketIntervalReport is one reporting interval of a bucket limit: what
+// the holders' counters grew by in it, beside the bound B + R x (interval
+// + slack) with the largest R and B in force in it (docs/overshoot.md).
+type BucketIntervalReport struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LimitId string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	Start   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	End     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`
+	// closed is false for the interval still running (its count grows).
+	Closed bool `protobuf:"varint,4,opt,name=closed,proto3" json:"closed,omitempty"`
+	// admitted per region (all holders of the region together).
+	Admitted      map[string]int64 `protobuf:"bytes,5,rep,name=admitted,proto3" json:"admitted,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	AdmittedTotal int64            `protobuf:"varint,6,opt,name=admitted_total,json=admittedTotal,proto3" json:"admitted_total,omitempty"`
+	// bound: admitted_total above it is a bug.
+	Bound int64 `protobuf:"varint,7,opt,name=bound,proto3" json:"bound,omitempty"`
+	// The largest R (tokens per rate_period) and B in force in the interval.
+	RateTokens  int64                `protobuf:"varint,8,opt,name=rate_tokens,json=rateTokens,proto3" json:"rate_tokens,omitempty"`
+	RatePeriod  *durationpb.Duration `protobuf:"bytes,9,opt,name=rate_period,json=ratePeriod,proto3" json:"rate_period,omitempty"`
+	BurstTokens int64                `protobuf:"varint,10,opt,name=burst_tokens,json=burstTokens,proto3" json:"burst_tokens,omitempty"`
+	// slack is how much earlier than the interval a counted token may have
+	// been admitted: the bound covers interval + slack.
+	Slack         *durationpb.Duration `protobuf:"bytes,11,opt,name=slack,proto3" json:"slack,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BucketIntervalReport) Reset() {
+	*x = BucketIntervalReport{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BucketIntervalReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BucketIntervalReport) ProtoMessage() {}
+
+func (x *BucketIntervalReport) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BucketIntervalReport.ProtoReflect.Descriptor instead.
+func (*BucketIntervalReport) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *BucketIntervalReport) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *BucketIntervalReport) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *BucketIntervalReport) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+func (x *BucketIntervalReport) GetClosed() bool {
+	if x != nil {
+		return x.Closed
+	}
+	return false
+}
+
+func (x *BucketIntervalReport) GetAdmitted() map[string]int64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return nil
+}
+
+func (x *BucketIntervalReport) GetAdmittedTotal() int64 {
+	if x != nil {
+		return x.AdmittedTotal
+	}
+	return 0
+}
+
+func (x *BucketIntervalReport) GetBound() int64 {
+	if x != nil {
+		return x.Bound
+	}
+	return 0
+}
+
+func (x *BucketIntervalReport) GetRateTokens() int64 {
+	if x != nil {
+		return x.RateTokens
+	}
+	return 0
+}
+
+func (x *BucketIntervalReport) GetRatePeriod() *durationpb.Duration {
+	if x != nil {
+		return x.RatePeriod
+	}
+	return nil
+}
+
+func (x *BucketIntervalReport) GetBurstTokens() int64 {
+	if x != nil {
+		return x.BurstTokens
+	}
+	return 0
+}
+
+func (x *BucketIntervalReport) GetSlack() *durationpb.Duration {
+	if x != nil {
+		return x.Slack
+	}
+	return nil
+}
+
+// ShareInForce is a rate share of a bucket limit that may still be spent.
+type ShareInForce struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// holder is "" for the region's shared bucket, an agent replica while
+	// it spends shares of its own (Redis down).
+	Holder string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	// rate_milli_tokens per the limit's rate period.
+	RateMilliTokens int64                  `protobuf:"varint,3,opt,name=rate_milli_tokens,json=rateMilliTokens,proto3" json:"rate_milli_tokens,omitempty"`
+	BurstTokens     int64                  `protobuf:"varint,4,opt,name=burst_tokens,json=burstTokens,proto3" json:"burst_tokens,omitempty"`
+	ExpiresAt       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Seq             int64                  `protobuf:"varint,6,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ShareInForce) Reset() {
+	*x = ShareInForce{}
+	mi := &file_leasehold_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareInForce) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareInForce) ProtoMessage() {}
+
+func (x *ShareInForce) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareInForce.ProtoReflect.Descriptor instead.
+func (*ShareInForce) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ShareInForce) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *ShareInForce) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *ShareInForce) GetRateMilliTokens() int64 {
+	if x != nil {
+		return x.RateMilliTokens
+	}
+	return 0
+}
+
+func (x *ShareInForce) GetBurstTokens() int64 {
+	if x != nil {
+		return x.BurstTokens
+	}
+	return 0
+}
+
+func (x *ShareInForce) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *ShareInForce) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 // WindowReport is one (limit, window): what SREs hold against G.
 type WindowReport struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -2034,7 +2293,7 @@ type WindowReport struct {
 
 func (x *WindowReport) Reset() {
 	*x = WindowReport{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[27]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2305,7 @@ func (x *WindowReport) String() string {
 func (*WindowReport) ProtoMessage() {}
 
 func (x *WindowReport) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[27]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2318,7 @@ func (x *WindowReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowReport.ProtoReflect.Descriptor instead.
 func (*WindowReport) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WindowReport) GetLimitId() string {
@@ -2218,7 +2477,7 @@ type BoundTerms struct {
 
 func (x *BoundTerms) Reset() {
 	*x = BoundTerms{}
-	mi := &file_leasehold_v1_admin_proto_msgTypes[28]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2230,7 +2489,7 @@ func (x *BoundTerms) String() string {
 func (*BoundTerms) ProtoMessage() {}
 
 func (x *BoundTerms) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_admin_proto_msgTypes[28]
+	mi := &file_leasehold_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2243,7 +2502,7 @@ func (x *BoundTerms) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BoundTerms.ProtoReflect.Descriptor instead.
 func (*BoundTerms) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *BoundTerms) GetCarryOver() int64 {
@@ -2366,7 +2625,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\vFieldChange\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x10\n" +
 	"\x03old\x18\x02 \x01(\tR\x03old\x12\x10\n" +
-	"\x03new\x18\x03 \x01(\tR\x03new\"\x8f\x04\n" +
+	"\x03new\x18\x03 \x01(\tR\x03new\"\xbc\x04\n" +
 	"\fChangeEffect\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x123\n" +
@@ -2382,7 +2641,8 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	" \x01(\x03R\tpoolAfter\x12'\n" +
 	"\x0fregions_denying\x18\v \x03(\tR\x0eregionsDenying\x12\x14\n" +
 	"\x05bound\x18\f \x01(\x03R\x05bound\x12%\n" +
-	"\x0ebound_infinite\x18\r \x01(\bR\rboundInfinite\"a\n" +
+	"\x0ebound_infinite\x18\r \x01(\bR\rboundInfinite\x12+\n" +
+	"\x04kind\x18\x0e \x01(\x0e2\x17.leasehold.v1.LimitKindR\x04kind\"a\n" +
 	"\x13LimitHistoryRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
@@ -2431,10 +2691,39 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x06region\x18\x05 \x01(\tR\x06region\"C\n" +
 	"\x12ListWindowsRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
-	"\x04last\x18\x02 \x01(\x05R\x04last\"a\n" +
+	"\x04last\x18\x02 \x01(\x05R\x04last\"\x84\x02\n" +
 	"\x13ListWindowsResponse\x124\n" +
 	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\x12\x14\n" +
-	"\x05group\x18\x02 \x01(\tR\x05group\"\xb8\b\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12+\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x17.leasehold.v1.LimitKindR\x04kind\x12@\n" +
+	"\tintervals\x18\x04 \x03(\v2\".leasehold.v1.BucketIntervalReportR\tintervals\x122\n" +
+	"\x06shares\x18\x05 \x03(\v2\x1a.leasehold.v1.ShareInForceR\x06shares\"\xa2\x04\n" +
+	"\x14BucketIntervalReport\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x16\n" +
+	"\x06closed\x18\x04 \x01(\bR\x06closed\x12L\n" +
+	"\badmitted\x18\x05 \x03(\v20.leasehold.v1.BucketIntervalReport.AdmittedEntryR\badmitted\x12%\n" +
+	"\x0eadmitted_total\x18\x06 \x01(\x03R\radmittedTotal\x12\x14\n" +
+	"\x05bound\x18\a \x01(\x03R\x05bound\x12\x1f\n" +
+	"\vrate_tokens\x18\b \x01(\x03R\n" +
+	"rateTokens\x12:\n" +
+	"\vrate_period\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"ratePeriod\x12!\n" +
+	"\fburst_tokens\x18\n" +
+	" \x01(\x03R\vburstTokens\x12/\n" +
+	"\x05slack\x18\v \x01(\v2\x19.google.protobuf.DurationR\x05slack\x1a;\n" +
+	"\rAdmittedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xda\x01\n" +
+	"\fShareInForce\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
+	"\x06holder\x18\x02 \x01(\tR\x06holder\x12*\n" +
+	"\x11rate_milli_tokens\x18\x03 \x01(\x03R\x0frateMilliTokens\x12!\n" +
+	"\fburst_tokens\x18\x04 \x01(\x03R\vburstTokens\x129\n" +
+	"\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x10\n" +
+	"\x03seq\x18\x06 \x01(\x03R\x03seq\"\xb8\b\n" +
 	"\fWindowReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2517,7 +2806,7 @@ func file_leasehold_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_leasehold_v1_admin_proto_goTypes = []any{
 	(Effective)(0),                 // 0: leasehold.v1.Effective
 	(AuditOutcome)(0),              // 1: leasehold.v1.AuditOutcome
@@ -2548,79 +2837,93 @@ var file_leasehold_v1_admin_proto_goTypes = []any{
 	(*WhoAmIResponse)(nil),         // 26: leasehold.v1.WhoAmIResponse
 	(*ListWindowsRequest)(nil),     // 27: leasehold.v1.ListWindowsRequest
 	(*ListWindowsResponse)(nil),    // 28: leasehold.v1.ListWindowsResponse
-	(*WindowReport)(nil),           // 29: leasehold.v1.WindowReport
-	(*BoundTerms)(nil),             // 30: leasehold.v1.BoundTerms
-	nil,                            // 31: leasehold.v1.ChangeGroupMapRequest.PlaceEntry
-	nil,                            // 32: leasehold.v1.WindowReport.AdmittedEntry
-	nil,                            // 33: leasehold.v1.WindowReport.FallbackEntry
-	nil,                            // 34: leasehold.v1.WindowReport.WouldDenyEntry
-	(*Limit)(nil),                  // 35: leasehold.v1.Limit
-	(*durationpb.Duration)(nil),    // 36: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
-	(FallbackKind)(0),              // 38: leasehold.v1.FallbackKind
+	(*BucketIntervalReport)(nil),   // 29: leasehold.v1.BucketIntervalReport
+	(*ShareInForce)(nil),           // 30: leasehold.v1.ShareInForce
+	(*WindowReport)(nil),           // 31: leasehold.v1.WindowReport
+	(*BoundTerms)(nil),             // 32: leasehold.v1.BoundTerms
+	nil,                            // 33: leasehold.v1.ChangeGroupMapRequest.PlaceEntry
+	nil,                            // 34: leasehold.v1.BucketIntervalReport.AdmittedEntry
+	nil,                            // 35: leasehold.v1.WindowReport.AdmittedEntry
+	nil,                            // 36: leasehold.v1.WindowReport.FallbackEntry
+	nil,                            // 37: leasehold.v1.WindowReport.WouldDenyEntry
+	(*Limit)(nil),                  // 38: leasehold.v1.Limit
+	(*durationpb.Duration)(nil),    // 39: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 40: google.protobuf.Timestamp
+	(LimitKind)(0),                 // 41: leasehold.v1.LimitKind
+	(FallbackKind)(0),              // 42: leasehold.v1.FallbackKind
 }
 var file_leasehold_v1_admin_proto_depIdxs = []int32{
 	4,  // 0: leasehold.v1.ChangeGroupMapRequest.groups:type_name -> leasehold.v1.GroupSpec
-	31, // 1: leasehold.v1.ChangeGroupMapRequest.place:type_name -> leasehold.v1.ChangeGroupMapRequest.PlaceEntry
-	35, // 2: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
+	33, // 1: leasehold.v1.ChangeGroupMapRequest.place:type_name -> leasehold.v1.ChangeGroupMapRequest.PlaceEntry
+	38, // 2: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
 	0,  // 3: leasehold.v1.PutLimitRequest.effective:type_name -> leasehold.v1.Effective
-	36, // 4: leasehold.v1.PutLimitRequest.override_for:type_name -> google.protobuf.Duration
-	35, // 5: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
+	39, // 4: leasehold.v1.PutLimitRequest.override_for:type_name -> google.protobuf.Duration
+	38, // 5: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
 	19, // 6: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	35, // 7: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
-	35, // 8: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	38, // 7: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
+	38, // 8: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
 	19, // 9: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	35, // 10: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
+	38, // 10: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
 	15, // 11: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
 	0,  // 12: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
-	35, // 13: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	38, // 13: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
 	19, // 14: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
 	18, // 15: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
-	37, // 16: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
-	37, // 17: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
-	24, // 18: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
-	37, // 19: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	24, // 20: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
-	37, // 21: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	1,  // 22: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
-	35, // 23: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
-	35, // 24: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
-	37, // 25: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
-	29, // 26: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
-	37, // 27: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
-	37, // 28: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
-	32, // 29: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
-	30, // 30: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
-	33, // 31: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
-	34, // 32: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
-	38, // 33: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	7,  // 34: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	9,  // 35: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	11, // 36: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	13, // 37: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	27, // 38: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	16, // 39: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
-	20, // 40: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
-	22, // 41: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
-	25, // 42: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
-	2,  // 43: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
-	5,  // 44: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
-	8,  // 45: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	10, // 46: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	12, // 47: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	14, // 48: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	28, // 49: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	17, // 50: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
-	21, // 51: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
-	23, // 52: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
-	26, // 53: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
-	3,  // 54: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
-	6,  // 55: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
-	45, // [45:56] is the sub-list for method output_type
-	34, // [34:45] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	40, // 16: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
+	40, // 17: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
+	41, // 18: leasehold.v1.ChangeEffect.kind:type_name -> leasehold.v1.LimitKind
+	24, // 19: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
+	40, // 20: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	24, // 21: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
+	40, // 22: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	1,  // 23: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
+	38, // 24: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
+	38, // 25: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
+	40, // 26: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
+	31, // 27: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
+	41, // 28: leasehold.v1.ListWindowsResponse.kind:type_name -> leasehold.v1.LimitKind
+	29, // 29: leasehold.v1.ListWindowsResponse.intervals:type_name -> leasehold.v1.BucketIntervalReport
+	30, // 30: leasehold.v1.ListWindowsResponse.shares:type_name -> leasehold.v1.ShareInForce
+	40, // 31: leasehold.v1.BucketIntervalReport.start:type_name -> google.protobuf.Timestamp
+	40, // 32: leasehold.v1.BucketIntervalReport.end:type_name -> google.protobuf.Timestamp
+	34, // 33: leasehold.v1.BucketIntervalReport.admitted:type_name -> leasehold.v1.BucketIntervalReport.AdmittedEntry
+	39, // 34: leasehold.v1.BucketIntervalReport.rate_period:type_name -> google.protobuf.Duration
+	39, // 35: leasehold.v1.BucketIntervalReport.slack:type_name -> google.protobuf.Duration
+	40, // 36: leasehold.v1.ShareInForce.expires_at:type_name -> google.protobuf.Timestamp
+	40, // 37: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	40, // 38: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	35, // 39: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
+	32, // 40: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
+	36, // 41: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
+	37, // 42: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
+	42, // 43: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	7,  // 44: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	9,  // 45: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	11, // 46: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	13, // 47: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	27, // 48: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	16, // 49: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	20, // 50: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	22, // 51: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	25, // 52: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	2,  // 53: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
+	5,  // 54: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
+	8,  // 55: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	10, // 56: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	12, // 57: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	14, // 58: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	28, // 59: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	17, // 60: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	21, // 61: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	23, // 62: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	26, // 63: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	3,  // 64: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
+	6,  // 65: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
+	55, // [55:66] is the sub-list for method output_type
+	44, // [44:55] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
@@ -2641,7 +2944,7 @@ func file_leasehold_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_admin_proto_rawDesc), len(file_leasehold_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   33,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
