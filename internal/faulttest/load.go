@@ -163,8 +163,11 @@ func (l *Load) worker(ctx context.Context, cl pb.RegionAgentClient, tg Target) {
 		now := time.Now()
 		ev := Event{At: now, Target: tg.Name, Region: tg.Region, Window: -1, Cost: l.cfg.Cost, Mode: ModeError}
 		if err != nil {
-			if ctx.Err() != nil {
-				return // the load ended during the call: not an answer
+			// The load ended during the call: not an answer. The call's
+			// own deadline (the load's end) may fire before the load's
+			// context says so: judge by the clock too.
+			if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && !now.Before(dl) {
+				return
 			}
 		} else {
 			ev.Mode = modeOf(resp.Reason)
