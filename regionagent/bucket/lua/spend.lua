@@ -169,17 +169,21 @@ for i = 1, #KEYS do
         set[#set + 1] = fmt(l.r)
       end
     end
+    -- The counters are written with the leases in one HSET: the script
+    -- is atomic, so base + delta is what HINCRBY would have made.
+    if st.admitted > 0 then
+      set[#set + 1] = 'admitted'
+      set[#set + 1] = fmt(st.base_admitted + st.admitted)
+    end
+    if st.denied > 0 then
+      set[#set + 1] = 'denied'
+      set[#set + 1] = fmt(st.base_denied + st.denied)
+    end
     if #set > 0 then
       redis.call('HSET', st.key, unpack(set))
     end
-    if st.admitted > 0 then
-      redis.call('HINCRBY', st.key, 'admitted', fmt(st.admitted))
-    end
-    if st.denied > 0 then
-      redis.call('HINCRBY', st.key, 'denied', fmt(st.denied))
-      if not st.exists then
-        orphan(st.key, ttl)
-      end
+    if st.denied > 0 and not st.exists then
+      orphan(st.key, ttl)
     end
   end
 end
