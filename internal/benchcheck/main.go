@@ -266,6 +266,8 @@ func run(ctx context.Context, c config) error {
 		return ctx.Err()
 	}
 
+	cs := newCounters(redisAddr, allocHTTP)
+	defer cs.close()
 	load0 := loadavg()
 	started := time.Now()
 	var rows []row
@@ -281,7 +283,7 @@ func run(ctx context.Context, c config) error {
 			if bc.api == "Envoy" {
 				ds = t.envoy
 			}
-			r, err := measure(ctx, t.p, redis, alloc, ds,
+			r, err := measure(ctx, t.p, redis, alloc, cs, ds,
 				load{keys: keys, callers: bc.callers, max: c.max, dur: c.dur, once: bc.kind == "cold"})
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -300,6 +302,9 @@ func run(ctx context.Context, c config) error {
 			rows = append(rows, x)
 			fmt.Fprintf(os.Stderr, "  %-5s %-12s %2d callers %-5s %9s/s p50 %s\n", bc.api, bc.label(), bc.callers, t.name,
 				thousands(r.rate()), micros(r.p50))
+			if t == agent {
+				fmt.Fprintf(os.Stderr, "        Redis commands per decision: %s\n", r.commands)
+			}
 		}
 	}
 
@@ -484,8 +489,8 @@ func lease(ctx context.Context, ds []decider, keys []string, timeout time.Durati
 }
 
 // measure drives one case against p and adds the CPU it, redis-server and
-// the allocator spent meanwhile.
-func measure(ctx context.Context, p, redis, alloc *proc, ds []decider, l load) (result, error) {
+// the allocator spent meanwhile, and the Redis commands and grants made.
+func measure(ctx context.Context, p, redis, alloc *proc, cs *counters, ds []decider, l load) (result, error) {
 	ps := []*proc{p, redis, alloc}
 	cpus := func() (out [3]time.Duration, err error) {
 		for i, q := range ps {
@@ -494,6 +499,10 @@ func measure(ctx context.Context, p, redis, alloc *proc, ds []decider, l load) (
 			}
 		}
 		return out, nil
+	}
+	n0, err := cs.read(ctx)
+	if err != nil {
+		return result{}, err
 	}
 	c0, err := cpus()
 	if err != nil {
@@ -504,7 +513,13 @@ func measure(ctx context.Context, p, redis, alloc *proc, ds []decider, l load) (
 	if err != nil {
 		return r, err
 	}
+	n1, err := cs.read(ctx)
+	if err != nil {
+		return r, err
+	}
 	r.cpu, r.redis, r.alloc = c1[0]-c0[0], c1[1]-c0[1], c1[2]-c0[2]
+	r.redisCmds, r.grants = n1.redisCmds-n0.redisCmds, n1.grants-n0.grants
+	r.commands = topCommands(n0.byCommand, n1.byCommand, r.decisions, 6)
 	return r, derr
 }
 

@@ -20,6 +20,9 @@ type result struct {
 	cpu       time.Duration // the server process's utime+stime during the case
 	redis     time.Duration // redis-server's utime+stime during the case
 	alloc     time.Duration // the allocator's (with its embedded etcd) during the case
+	redisCmds int64         // Redis commands run during the case (a script call is one)
+	grants    int64         // leases the allocator granted during the case
+	commands  string        // the most called Redis commands, per decision
 }
 
 // rate is decisions per second.
@@ -77,23 +80,24 @@ type row struct {
 }
 
 var header = []string{"api", "keys", "callers", "server", "decisions", "decisions/s", "p50", "p99",
-	"CPU/decision", "Redis CPU/dec", "alloc CPU/dec", "not OK", "throughput vs noop", "p50 vs noop", "CPU vs noop"}
+	"CPU/decision", "Redis CPU/dec", "alloc CPU/dec", "Redis cmds/dec", "grants/dec", "not OK", "throughput vs noop", "p50 vs noop", "CPU vs noop"}
 
 // writeTable prints rows as one Markdown table, columns padded so that it
 // reads as well in a terminal.
 func writeTable(w io.Writer, rows []row) error {
 	cells := [][]string{header}
 	for _, x := range rows {
-		redis, alloc := "-", "-"
+		redis, alloc, cmds, grants := "-", "-", "-", "-"
 		if x.vs != nil {
 			redis, alloc = micros(x.r.redisPer()), micros(x.r.allocPer())
+			cmds, grants = perDecision(x.r.redisCmds, x.r.decisions), perDecision(x.r.grants, x.r.decisions)
 		}
 		line := []string{x.c.api, x.c.label(), strconv.Itoa(x.c.callers), x.server,
 			thousands(float64(x.r.decisions)), thousands(x.r.rate()) + "/s",
-			micros(x.r.p50), micros(x.r.p99), micros(x.r.cpuPer()), redis, alloc,
+			micros(x.r.p50), micros(x.r.p99), micros(x.r.cpuPer()), redis, alloc, cmds, grants,
 			percent(float64(x.r.notOK), float64(x.r.decisions)), "-", "-", "-"}
 		if x.vs != nil {
-			line[12], line[13], line[14] = pct(x.vs.throughput), times(x.vs.p50), times(x.vs.cpu)
+			line[14], line[15], line[16] = pct(x.vs.throughput), times(x.vs.p50), times(x.vs.cpu)
 		}
 		cells = append(cells, line)
 	}
@@ -141,6 +145,15 @@ func micros(d time.Duration) string {
 		return strconv.FormatFloat(us, 'f', 1, 64) + " µs"
 	}
 	return thousands(us) + " µs"
+}
+
+// perDecision is n per decision with three decimals (a count, so it
+// stays comparable between noisy runs), "-" without decisions.
+func perDecision(n int64, decisions int) string {
+	if decisions <= 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(float64(n)/float64(decisions), 'f', 3, 64)
 }
 
 // percent is part/whole as a percentage, with two decimals so that a

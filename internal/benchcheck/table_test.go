@@ -36,16 +36,17 @@ func TestWriteTable(t *testing.T) {
 	floor := result{decisions: 200000, elapsed: 4 * time.Second, p50: 1200 * time.Microsecond,
 		p99: 3 * time.Millisecond, cpu: 4 * time.Second}
 	agent := result{decisions: 120000, notOK: 3, elapsed: 4 * time.Second, p50: 2 * time.Millisecond,
-		p99: 9 * time.Millisecond, cpu: 3 * time.Second, redis: 1200 * time.Millisecond, alloc: 400 * time.Millisecond}
+		p99: 9 * time.Millisecond, cpu: 3 * time.Second, redis: 1200 * time.Millisecond, alloc: 400 * time.Millisecond,
+		redisCmds: 30000, grants: 12}
 	vs := compare(agent, floor)
 	var b strings.Builder
 	if err := writeTable(&b, []row{{c: bc, server: "noop", r: floor}, {c: bc, server: "agent", r: agent, vs: &vs}}); err != nil {
 		t.Fatal(err)
 	}
-	want := `| api   | keys        | callers | server | decisions | decisions/s | p50      | p99      | CPU/decision | Redis CPU/dec | alloc CPU/dec | not OK | throughput vs noop | p50 vs noop | CPU vs noop |
-|-------|-------------|---------|--------|-----------|-------------|----------|----------|--------------|---------------|---------------|--------|--------------------|-------------|-------------|
-| Check | 10,000 warm | 64      | noop   | 200,000   | 50,000/s    | 1,200 µs | 3,000 µs | 20.0 µs      | -             | -             | 0.00 % | -                  | -           | -           |
-| Check | 10,000 warm | 64      | agent  | 120,000   | 30,000/s    | 2,000 µs | 9,000 µs | 25.0 µs      | 10.0 µs       | 3.3 µs        | 0.00 % | 60 %               | 1.67x       | 1.25x       |
+	want := `| api   | keys        | callers | server | decisions | decisions/s | p50      | p99      | CPU/decision | Redis CPU/dec | alloc CPU/dec | Redis cmds/dec | grants/dec | not OK | throughput vs noop | p50 vs noop | CPU vs noop |
+|-------|-------------|---------|--------|-----------|-------------|----------|----------|--------------|---------------|---------------|----------------|------------|--------|--------------------|-------------|-------------|
+| Check | 10,000 warm | 64      | noop   | 200,000   | 50,000/s    | 1,200 µs | 3,000 µs | 20.0 µs      | -             | -             | -              | -          | 0.00 % | -                  | -           | -           |
+| Check | 10,000 warm | 64      | agent  | 120,000   | 30,000/s    | 2,000 µs | 9,000 µs | 25.0 µs      | 10.0 µs       | 3.3 µs        | 0.250          | 0.000      | 0.00 % | 60 %               | 1.67x       | 1.25x       |
 `
 	if b.String() != want {
 		t.Errorf("table:\n%s\nwant:\n%s", b.String(), want)
@@ -163,5 +164,38 @@ func TestDriveBounds(t *testing.T) {
 	r, err = drive(ctx, []decider{slow, slow}, load{keys: []string{"a"}, callers: 2, max: 1 << 30, dur: 50 * time.Millisecond})
 	if time.Since(start) > 2*time.Second || r.decisions == 0 || r.notOK != r.decisions || r.errors == 0 || err == nil {
 		t.Errorf("time bound: %+v, %v after %v", r, err, time.Since(start))
+	}
+}
+
+func TestCommandCalls(t *testing.T) {
+	info := "# Commandstats\r\ncmdstat_evalsha:calls=120,usec=2400,usec_per_call=20.00,rejected_calls=0,failed_calls=1\r\n" +
+		"cmdstat_info:calls=7,usec=70,usec_per_call=10.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_hgetall:calls=30,usec=30,usec_per_call=1.00,rejected_calls=0,failed_calls=0\r\n"
+	got, by, err := commandCalls(info)
+	if err != nil || got != 150 || by["evalsha"] != 120 || by["hgetall"] != 30 || by["info"] != 0 {
+		t.Errorf("commandCalls = %d, %v, %v; want 150 (INFO left out)", got, by, err)
+	}
+	if top := topCommands(map[string]int64{"evalsha": 20}, by, 100, 1); top != "evalsha 1.000" {
+		t.Errorf("topCommands = %q", top)
+	}
+	if _, _, err := commandCalls("cmdstat_get:calls=x,usec=1\r\n"); err == nil {
+		t.Error("commandCalls of a bad count: no error")
+	}
+}
+
+func TestMetricSum(t *testing.T) {
+	text := `# HELP leasehold_lease_grants_total Leases granted.
+# TYPE leasehold_lease_grants_total counter
+leasehold_lease_grants_total{region="eu"} 40
+leasehold_lease_grants_total{region="us"} 2
+leasehold_lease_grants_total_other 1000
+leasehold_lease_granted_tokens_total{region="eu"} 7
+`
+	got, err := metricSum(strings.NewReader(text), "leasehold_lease_grants_total")
+	if err != nil || got != 42 {
+		t.Errorf("metricSum = %d, %v; want 42", got, err)
+	}
+	if _, err := metricSum(strings.NewReader("leasehold_lease_grants_total{a=\"b\"} x\n"), "leasehold_lease_grants_total"); err == nil {
+		t.Error("metricSum of a bad value: no error")
 	}
 }
