@@ -163,7 +163,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		return e
 	}
 	cur := decodeVersion(inForce(stored, now))
-	w := lease.WindowOf(now, cur.Window)
+	w := cur.Windows().Of(now)
 	e.WindowStart = timestamppb.New(w.Start())
 	e.CurrentLimitTokens = cur.Tokens
 	var net int64
@@ -194,7 +194,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		}
 	default:
 		nv := decodeVersion(next)
-		nw := lease.WindowOf(now, nv.Window)
+		nw := nv.Windows().Of(now)
 		nnet := net
 		if nw != w {
 			nnet = 0
