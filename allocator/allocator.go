@@ -18,6 +18,7 @@ import (
 
 	hist "leasehold/internal/history"
 	"leasehold/internal/vocab"
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -845,7 +846,7 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 func (a *Allocator) grantRecord(now time.Time, g *Grant, replayed bool) hist.Record {
 	w := g.window()
 	return hist.Record{Kind: hist.KindGrant, T: now.UnixNano(), Proc: a.cfg.Advertise, Region: g.Region,
-		Limit: g.Limit, Window: g.Window, WindowLen: int64(w.Length), G: g.G, Request: g.RequestID, Lease: g.LeaseID,
+		Limit: g.Limit, Window: g.Window, WindowLen: int64(w.Length), WindowPhase: int64(w.Phase), G: g.G, Request: g.RequestID, Lease: g.LeaseID,
 		Tokens: g.Tokens, Start: g.StartsAt, Expiry: g.ExpiresAt, End: w.End().UnixNano(), Replayed: replayed}
 }
 
@@ -1010,17 +1011,18 @@ func (a *Allocator) ReportUsage(ctx context.Context, region, reporter string, us
 	}
 	if a.opt.recorder != nil {
 		at := a.opt.now().UnixNano()
-		wlens := make([]int64, len(usage))
+		scheds := make([]lease.Windows, len(usage))
 		t.mu.Lock()
 		for i, u := range usage {
 			if l, ok := t.core.Limit(u.LimitId); ok {
-				wlens[i] = int64(l.Window)
+				scheds[i] = l.forIndex(u.WindowIndex, time.Unix(0, at)).Windows()
 			}
 		}
 		t.mu.Unlock()
 		for i, u := range usage {
 			a.opt.recorder.Record(hist.Record{Kind: hist.KindReport, T: at, Proc: a.cfg.Advertise, Region: region,
-				Reporter: reporter, Limit: u.LimitId, Window: max(0, u.WindowIndex), WindowLen: wlens[i], Admitted: max(0, u.Admitted),
+				Reporter: reporter, Limit: u.LimitId, Window: max(0, u.WindowIndex), WindowLen: int64(scheds[i].Length),
+				WindowPhase: int64(scheds[i].Phase), Admitted: max(0, u.Admitted),
 				Denied: max(0, u.Denied), FallbackAdmitted: max(0, u.FallbackAdmitted), Released: max(0, u.Released),
 				Rollback: max(0, u.RedisRollbackTokens)})
 		}

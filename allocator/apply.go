@@ -417,9 +417,15 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 		next.EffectiveFrom = timestamppb.New(now)
 		return next, nil
 	}
-	from, err := nextBoundary(now, cur.Window.AsDuration(), next.Window.AsDuration())
+	curW := lease.WindowsOf(cur.Window.AsDuration(), cur.GetWindowPhase().AsDuration())
+	nextW := lease.WindowsOf(next.Window.AsDuration(), next.GetWindowPhase().AsDuration())
+	from, err := nextBoundary(now, curW, nextW)
 	if err != nil {
-		return nil, fieldErr(it.field+".window", "%v", err)
+		field := ".window"
+		if curW.Length == nextW.Length {
+			field = ".window_phase"
+		}
+		return nil, fieldErr(it.field+field, "%v", err)
 	}
 	prev := cloneLimit(cur)
 	prev.Previous = nil
@@ -497,6 +503,10 @@ func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *c
 	if next.Window.AsDuration() != after.Window.AsDuration() {
 		return nil, fieldErr(it.field+".window", "an override keeps the window (%v), got %v", after.Window.AsDuration(), next.Window.AsDuration())
 	}
+	if next.GetWindowPhase().AsDuration() != after.GetWindowPhase().AsDuration() {
+		return nil, fieldErr(it.field+".window_phase", "an override keeps the window phase (%v), got %v",
+			after.GetWindowPhase().AsDuration(), next.GetWindowPhase().AsDuration())
+	}
 	if !slices.Equal(slices.Sorted(slices.Values(next.Regions)), slices.Sorted(slices.Values(after.Regions))) {
 		return nil, fieldErr(it.field+".regions", "an override keeps the regions (%s)", strings.Join(after.Regions, ","))
 	}
@@ -507,23 +517,43 @@ func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *c
 
 // nextBoundary returns when a change scheduled at now for the next window
 // comes into force: the end of the current window of the version in force
-// (length cur), or, when the change also sets a new window length, the
-// first instant from then that starts a window of both lengths, so that
-// no window is ever half old, half new.
-func nextBoundary(now time.Time, cur, next time.Duration) (time.Time, error) {
-	end := lease.WindowOf(now, cur).End()
+// (schedule cur), or, when the change also sets a new window length or
+// phase offset, the first instant from then that starts a window of both
+// schedules, so that no window is ever half old, half new. Windows of
+// lengths a and b start together every lcm(a, b) at most; with phases
+// they start together only if the phases agree modulo gcd(a, b) (two
+// phases of one length never do: such a change is made effective NOW).
+func nextBoundary(now time.Time, cur, next lease.Windows) (time.Time, error) {
+	end := cur.Of(now).End()
 	if next == cur {
 		return end, nil
 	}
-	a, b := cur.Milliseconds(), next.Milliseconds()
+	a, b := cur.Length.Milliseconds(), next.Length.Milliseconds()
 	g := gcd(a, b)
 	span := a / g * b // both are at most limitspec.MaxWindow in ms: no overflow
 	if longest := max(a, b); span > 10*longest {
 		return time.Time{}, fmt.Errorf("windows of %v and %v start together only every %v: apply this change with effective NOW, or change the window in two steps",
-			cur, next, time.Duration(span)*time.Millisecond)
+			cur.Length, next.Length, time.Duration(span)*time.Millisecond)
 	}
-	w := time.Duration(span) * time.Millisecond
-	return lease.WindowOf(end.Add(w-1), w).Start(), nil
+	if cur.Phase == 0 && next.Phase == 0 {
+		w := time.Duration(span) * time.Millisecond
+		return lease.WindowOf(end.Add(w-1), w).Start(), nil
+	}
+	// The common starts, if any, repeat every span: look at the starts of
+	// the longer windows within one span from the end (at most ten).
+	long, short := cur, next
+	if next.Length > cur.Length {
+		long, short = next, cur
+	}
+	t := long.Of(end.Add(-1)).End() // the first start of long at or after end
+	for range span/long.Length.Milliseconds() + 1 {
+		if short.StartsWindow(t) {
+			return t, nil
+		}
+		t = t.Add(long.Length)
+	}
+	return time.Time{}, fmt.Errorf("windows of %v and %v never start together: apply this change with effective NOW",
+		cur, next)
 }
 
 func gcd(a, b int64) int64 {

@@ -20,8 +20,9 @@ type Grant struct {
 	Limit     string `json:"limit"`
 	Region    string `json:"region"`
 	RequestID string `json:"req"`
-	Window    int64  `json:"w"`   // window index
-	WindowMs  int64  `json:"wms"` // window length, ms
+	Window    int64  `json:"w"`              // window index
+	WindowMs  int64  `json:"wms"`            // window length, ms
+	PhaseMs   int64  `json:"phms,omitempty"` // the windows' phase offset, ms
 	Tokens    int64  `json:"n"`
 	// G is the limit's G when the grant was made (a later change may lower
 	// it; the overshoot bound needs the old value).
@@ -42,8 +43,11 @@ type Grant struct {
 
 // windowStart and windowEnd on the allocator's clock.
 func (g *Grant) window() lease.Window {
-	return lease.Window{Index: g.Window, Length: time.Duration(g.WindowMs) * time.Millisecond}
+	return g.Schedule().ByIndex(g.Window)
 }
+
+// Schedule is the window schedule of the limit version that granted g.
+func (g *Grant) Schedule() lease.Windows { return schedOf(g.WindowMs, g.PhaseMs) }
 
 // LeaseID formats a lease id: "<window>/<region>/<request id>". Region and
 // request ids contain no "/", so the id parses back without a lookup table.
@@ -91,11 +95,11 @@ type demandReport struct {
 
 // windowState is the pool of one (limit, window).
 type windowState struct {
-	length   time.Duration
-	granted  int64 // tokens granted
-	credited int64 // tokens returned while the window was open
-	late     int64 // tokens returned after the window closed (not credited)
-	maxG     int64 // largest G in force at any grant
+	sched    lease.Windows // the windows of the version that opened it
+	granted  int64         // tokens granted
+	credited int64         // tokens returned while the window was open
+	late     int64         // tokens returned after the window closed (not credited)
+	maxG     int64         // largest G in force at any grant
 	// byRegion is what each region was granted and had credited back in
 	// the window: the Granted of its fair share (lease.SizeRequest.G).
 	byRegion map[string]*regionUse
@@ -210,7 +214,7 @@ func (c *Core) Limit(id string) (*Limit, bool) {
 // Restore adds a committed grant while rebuilding from etcd.
 func (c *Core) Restore(g *Grant) {
 	k := windowKey{g.Limit, g.Window}
-	ws := c.window(k, time.Duration(g.WindowMs)*time.Millisecond)
+	ws := c.window(k, g.Schedule())
 	ws.granted += g.Tokens
 	ws.credited += g.Credited
 	u := ws.region(g.Region)
@@ -225,10 +229,10 @@ func (c *Core) Restore(g *Grant) {
 	c.byRequest[rk] = g
 }
 
-func (c *Core) window(k windowKey, length time.Duration) *windowState {
+func (c *Core) window(k windowKey, sched lease.Windows) *windowState {
 	ws := c.windows[k]
 	if ws == nil {
-		ws = &windowState{length: length}
+		ws = &windowState{sched: sched}
 		c.windows[k] = ws
 	}
 	return ws
@@ -245,11 +249,11 @@ func (c *Core) Pool(limit string, window int64) int64 {
 	ws := c.windows[windowKey{limit, window}]
 	v := l
 	if l.Previous != nil {
-		length := l.Window
+		sched := l.Windows()
 		if ws != nil {
-			length = ws.length
+			sched = ws.sched
 		}
-		v = l.At(lease.Window{Index: window, Length: length}.Start())
+		v = l.At(sched.ByIndex(window).Start())
 	}
 	return c.pool(v, ws)
 }
@@ -348,7 +352,7 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 	// for the next window fetched early already uses a change scheduled
 	// for the boundary, the current window keeps the version it began with.
 	v := l.At(now)
-	w := lease.WindowOf(now, v.Window)
+	w := v.Windows().Of(now)
 	left := w.Left(now)
 	if r.Next {
 		w = w.Next()
@@ -356,7 +360,7 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 			// A change comes into force at this boundary, which is a
 			// boundary of both versions' windows (see nextBoundary).
 			v = nv
-			w = lease.WindowOf(w.Start(), v.Window)
+			w = v.Windows().Of(w.Start())
 		}
 		left = v.Window
 	}
@@ -400,7 +404,7 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 	}
 	rep.granted = tokens
 	c.demand[dk] = rep
-	ws = c.window(k, l.Window)
+	ws = c.window(k, l.Windows())
 	ws.granted += tokens
 	ws.region(region).granted += tokens
 	ws.maxG = max(ws.maxG, l.Tokens)
@@ -412,6 +416,7 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 		RequestID:    r.RequestID,
 		Window:       w.Index,
 		WindowMs:     l.Window.Milliseconds(),
+		PhaseMs:      l.Windows().Phase.Milliseconds(),
 		Tokens:       tokens,
 		G:            l.Tokens,
 		LimitVersion: l.Version,
@@ -501,7 +506,7 @@ func (c *Core) Return(now time.Time, region string, r ReturnRequest) (ReturnDeci
 	if r.Unspent > g.Tokens {
 		return ReturnDecision{}, fieldErr("unspent", "%d is more than the lease's %d tokens", r.Unspent, g.Tokens)
 	}
-	ws := c.window(windowKey{g.Limit, g.Window}, time.Duration(g.WindowMs)*time.Millisecond)
+	ws := c.window(windowKey{g.Limit, g.Window}, g.Schedule())
 	upd := *g
 	upd.pending = nil
 	upd.Returned = true
@@ -532,7 +537,7 @@ func (c *Core) Credit(g *Grant) {
 	if g == nil || g.Credited <= 0 {
 		return
 	}
-	ws := c.window(windowKey{g.Limit, g.Window}, time.Duration(g.WindowMs)*time.Millisecond)
+	ws := c.window(windowKey{g.Limit, g.Window}, g.Schedule())
 	ws.credited += g.Credited
 	ws.region(g.Region).credited += g.Credited
 }
@@ -542,7 +547,7 @@ func (c *Core) Credit(g *Grant) {
 func (c *Core) Expired(now time.Time, grace time.Duration) []windowKey {
 	var out []windowKey
 	for k, ws := range c.windows {
-		w := lease.Window{Index: k.index, Length: ws.length}
+		w := ws.sched.ByIndex(k.index)
 		if !now.Before(w.End().Add(grace)) {
 			out = append(out, k)
 		}
@@ -590,6 +595,7 @@ func (g *Grant) ToProto(now time.Time) *pb.Lease {
 		LimitVersion: g.LimitVersion,
 		PoolLeft:     g.PoolLeft,
 		WindowLeft:   durpb(max(0, w.End().Sub(now))),
+		WindowPhase:  phasepb(w.Phase),
 	}
 }
 
@@ -609,5 +615,6 @@ func (d Decision) EmptyLease(now time.Time, limit, region, requestID string) *pb
 		PoolLeft:    d.PoolLeft,
 		WindowLeft:  durpb(max(0, w.End().Sub(now))),
 		ShareSpent:  d.ShareSpent,
+		WindowPhase: phasepb(w.Phase),
 	}
 }

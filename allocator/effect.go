@@ -36,6 +36,9 @@ func limitFields(l *pb.Limit) map[string]string {
 		"description":     l.Description,
 		"hash_tag":        l.HashTag,
 	}
+	if p := l.GetWindowPhase().AsDuration(); p != 0 {
+		m["window_phase"] = p.String() // absent: windows aligned on multiples of W
+	}
 	if l.SettleGrace != nil {
 		m["settle_grace"] = l.SettleGrace.AsDuration().String()
 	}
@@ -68,7 +71,7 @@ func limitFields(l *pb.Limit) map[string]string {
 
 // fieldOrder lists the fixed fields in the order a diff shows them;
 // fallback.* and tags.* follow their neighbours, by name.
-var fieldOrder = []string{"limit_tokens", "window", "kind", "rate", "burst_tokens", "regions", "mode", "fallback.", "lease.ttl",
+var fieldOrder = []string{"limit_tokens", "window", "window_phase", "kind", "rate", "burst_tokens", "regions", "mode", "fallback.", "lease.ttl",
 	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override"}
 
 func fieldRank(f string) int {
@@ -163,7 +166,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		return e
 	}
 	cur := decodeVersion(inForce(stored, now))
-	w := lease.WindowOf(now, cur.Window)
+	w := cur.Windows().Of(now)
 	e.WindowStart = timestamppb.New(w.Start())
 	e.CurrentLimitTokens = cur.Tokens
 	var net int64
@@ -194,7 +197,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		}
 	default:
 		nv := decodeVersion(next)
-		nw := lease.WindowOf(now, nv.Window)
+		nw := nv.Windows().Of(now)
 		nnet := net
 		if nw != w {
 			nnet = 0

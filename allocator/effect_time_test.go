@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"leasehold/lease"
 	"testing"
 	"time"
 
@@ -173,26 +174,43 @@ func TestEffectiveTime(t *testing.T) {
 	}
 }
 
-// A change of the window length waits for a boundary of both lengths.
+// A change of the window length or phase waits for a boundary of both
+// schedules; two phases of one length never meet.
 func TestNextBoundary(t *testing.T) {
 	base := time.Unix(1_800_000_000, 0).Truncate(time.Hour) // a boundary of 1m, 3m and 1h
+	const s, m = time.Second, time.Minute
+	w := lease.WindowsOf
 	for _, tc := range []struct {
 		now       time.Time
-		cur, next time.Duration
+		cur, next lease.Windows
 		want      time.Time
 		err       bool
 	}{
-		{base.Add(10 * time.Second), time.Minute, time.Minute, base.Add(time.Minute), false},
-		{base.Add(10 * time.Second), time.Minute, time.Hour, base.Add(time.Hour), false},
-		{base.Add(10 * time.Second), time.Hour, time.Minute, base.Add(time.Hour), false},
-		{base.Add(10 * time.Second), time.Minute, 90 * time.Second, base.Add(180 * time.Second), false},
-		{base, 59999 * time.Millisecond, time.Minute, time.Time{}, true},
+		{base.Add(10 * s), w(m, 0), w(m, 0), base.Add(m), false},
+		{base.Add(10 * s), w(m, 0), w(time.Hour, 0), base.Add(time.Hour), false},
+		{base.Add(10 * s), w(time.Hour, 0), w(m, 0), base.Add(time.Hour), false},
+		{base.Add(10 * s), w(m, 0), w(90*s, 0), base.Add(180 * s), false},
+		{base, w(59999*time.Millisecond, 0), w(m, 0), time.Time{}, true},
+		// Phased: the running window ends at base+17s; the same phase
+		// with another G ends there.
+		{base.Add(10 * s), w(m, 17*s), w(m, 17*s), base.Add(17 * s), false},
+		// Another phase of the same length never starts a window with it.
+		{base.Add(10 * s), w(m, 0), w(m, 17*s), time.Time{}, true},
+		{base.Add(10 * s), w(m, 17*s), w(m, 0), time.Time{}, true},
+		// 1m phase 17s -> 3m phase 17s: base+17s starts both; from
+		// base+20s on, the next is base+3m17s.
+		{base.Add(10 * s), w(m, 17*s), w(3*m, 17*s), base.Add(17 * s), false},
+		{base.Add(20 * s), w(m, 17*s), w(3*m, 17*s), base.Add(3*m + 17*s), false},
+		// 1m phase 17s -> 2m phase 77s (= 17s mod 1m): base+77s starts both.
+		{base.Add(10 * s), w(m, 17*s), w(2*m, 77*s), base.Add(77 * s), false},
+		// 1m phase 0 -> 2m phase 30s: 30s is no multiple of gcd 1m.
+		{base.Add(10 * s), w(m, 0), w(2*m, 30*s), time.Time{}, true},
 	} {
 		got, err := nextBoundary(tc.now, tc.cur, tc.next)
 		if (err != nil) != tc.err || !tc.err && !got.Equal(tc.want) {
 			t.Errorf("nextBoundary(%v, %v, %v) = %v, %v; want %v", tc.now, tc.cur, tc.next, got, err, tc.want)
 		}
-		if err == nil && (got.UnixNano()%int64(tc.cur) != 0 || got.UnixNano()%int64(tc.next) != 0 || !got.After(tc.now)) {
+		if err == nil && (!tc.cur.StartsWindow(got) || !tc.next.StartsWindow(got) || !got.After(tc.now)) {
 			t.Errorf("nextBoundary(%v, %v, %v) = %v: not a later boundary of both", tc.now, tc.cur, tc.next, got)
 		}
 	}

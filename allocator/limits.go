@@ -14,6 +14,7 @@ type Limit struct {
 	ID       string
 	Tokens   int64         // G
 	Window   time.Duration // W
+	Phase    time.Duration // the windows' phase offset φ (0 <= φ < W)
 	Regions  []string      // sorted
 	TTL      time.Duration // lease ttl (<= W)
 	MinChunk int64
@@ -68,7 +69,7 @@ func (l *Limit) forIndex(index int64, now time.Time) *Limit {
 		if v == nil {
 			continue
 		}
-		start := lease.Window{Index: index, Length: v.Window}.Start()
+		start := v.Windows().ByIndex(index).Start()
 		if l.At(start) != v {
 			continue
 		}
@@ -136,6 +137,7 @@ func decodeVersion(p *pb.Limit) *Limit {
 		ID:       p.Id,
 		Tokens:   p.LimitTokens,
 		Window:   p.Window.AsDuration(),
+		Phase:    p.GetWindowPhase().AsDuration(),
 		Regions:  slices.Sorted(slices.Values(p.Regions)),
 		TTL:      p.GetLease().GetTtl().AsDuration(),
 		MinChunk: p.GetLease().GetMinChunk(),
@@ -153,6 +155,15 @@ func decodeVersion(p *pb.Limit) *Limit {
 		}
 	}
 	return l
+}
+
+// Windows is the window schedule of the version: its W and φ.
+func (l *Limit) Windows() lease.Windows { return lease.WindowsOf(l.Window, l.Phase) }
+
+// schedOf names the windows of a stored record from its length and
+// phase offset in milliseconds.
+func schedOf(wms, phms int64) lease.Windows {
+	return lease.WindowsOf(time.Duration(wms)*time.Millisecond, time.Duration(phms)*time.Millisecond)
 }
 
 // IsBucket reports whether l is a bucket limit (rate and burst).

@@ -41,8 +41,9 @@ type WindowSummary struct {
 	Limit    string                 `json:"limit"`
 	Window   int64                  `json:"w"`
 	WindowMs int64                  `json:"wms"`
-	G        int64                  `json:"g"`    // G at the window's end
-	MaxG     int64                  `json:"maxg"` // largest G in force at a grant
+	PhaseMs  int64                  `json:"phms,omitempty"` // the windows' phase offset
+	G        int64                  `json:"g"`              // G at the window's end
+	MaxG     int64                  `json:"maxg"`           // largest G in force at a grant
 	Granted  int64                  `json:"granted"`
 	Credited int64                  `json:"credited"`
 	Late     int64                  `json:"late,omitempty"`
@@ -59,11 +60,12 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 	if ws == nil {
 		return nil
 	}
-	s := &WindowSummary{Limit: k.limit, Window: k.index, WindowMs: ws.length.Milliseconds(), G: ws.maxG, MaxG: ws.maxG,
+	s := &WindowSummary{Limit: k.limit, Window: k.index, WindowMs: ws.sched.Length.Milliseconds(),
+		PhaseMs: ws.sched.Phase.Milliseconds(), G: ws.maxG, MaxG: ws.maxG,
 		Granted: ws.granted, Credited: ws.credited, Late: ws.late, Regions: c.RegionUsage(k.limit, k.index)}
 	if l, ok := c.limits[k.limit]; ok {
 		v := l
-		win := lease.Window{Index: k.index, Length: ws.length}
+		win := ws.sched.ByIndex(k.index)
 		switch {
 		case l.Previous != nil:
 			v = l.At(win.Start())
@@ -154,7 +156,7 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 		}
 		w.Regions = append(w.Regions, reg)
 	}
-	win := lease.Window{Index: index, Length: time.Duration(s.WindowMs) * time.Millisecond}
+	win := schedOf(s.WindowMs, s.PhaseMs).ByIndex(index)
 	rep := WindowReport{
 		Report:    overshoot.NewReport(limit, win.Start(), win.End(), w),
 		Closed:    !now.Before(win.End()),
@@ -181,15 +183,15 @@ func (a *Allocator) Reports(limit string, last int) ([]WindowReport, error) {
 }
 
 func (c *Core) reports(now time.Time, limit string, last int) ([]WindowReport, error) {
-	var length time.Duration
+	var sched lease.Windows
 	if l, ok := c.limits[limit]; ok {
-		length = l.At(now).Window
+		sched = l.At(now).Windows()
 	} else if ss := c.summaries[limit]; len(ss) > 0 {
-		length = time.Duration(ss[len(ss)-1].WindowMs) * time.Millisecond
+		sched = schedOf(ss[len(ss)-1].WindowMs, ss[len(ss)-1].PhaseMs)
 	} else {
 		return nil, fmt.Errorf("%w: limit %q", ErrNotFound, limit)
 	}
-	cur := lease.WindowOf(now, length).Index
+	cur := sched.Of(now).Index
 	var idx []int64
 	for k := range c.windows {
 		if k.limit == limit && k.index <= cur {

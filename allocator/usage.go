@@ -3,6 +3,7 @@ package allocator
 import (
 	"time"
 
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -12,6 +13,7 @@ type UsageRecord struct {
 	Limit            string `json:"limit"`
 	Window           int64  `json:"w"`
 	WindowMs         int64  `json:"wms"`
+	PhaseMs          int64  `json:"phms,omitempty"` // the windows' phase offset, ms
 	Region           string `json:"region"`
 	Reporter         string `json:"rep"`
 	Admitted         int64  `json:"adm"`
@@ -59,10 +61,10 @@ func fallbackRank(k int32) int {
 // the record to persist, or nil when nothing changed.
 func (c *Core) Report(now time.Time, region, reporter string, u *pb.Usage) *UsageRecord {
 	l, ok := c.limits[u.LimitId]
-	var wms int64
+	var sched lease.Windows
 	if ok {
 		l = l.forIndex(u.WindowIndex, now)
-		wms = l.Window.Milliseconds()
+		sched = l.Windows()
 	}
 	k := windowKey{u.LimitId, u.WindowIndex}
 	ws := c.windows[k]
@@ -73,16 +75,17 @@ func (c *Core) Report(now time.Time, region, reporter string, u *pb.Usage) *Usag
 		if !ok {
 			return nil // unknown limit and no window to attach to
 		}
-		ws = c.window(k, l.Window)
+		ws = c.window(k, sched)
 	} else {
-		wms = ws.length.Milliseconds()
+		sched = ws.sched
 	}
 	if ws.usage == nil {
 		ws.usage = map[reporterKey]*UsageRecord{}
 	}
 	rk := reporterKey{region, reporter}
 	cur := ws.usage[rk]
-	next := UsageRecord{Limit: u.LimitId, Window: u.WindowIndex, WindowMs: wms, Region: region, Reporter: reporter}
+	next := UsageRecord{Limit: u.LimitId, Window: u.WindowIndex, WindowMs: sched.Length.Milliseconds(),
+		PhaseMs: sched.Phase.Milliseconds(), Region: region, Reporter: reporter}
 	if cur != nil {
 		next = *cur
 	}
@@ -121,7 +124,7 @@ func (r *UsageRecord) merge(u *pb.Usage) bool {
 
 // RestoreUsage adds a committed usage record while rebuilding from etcd.
 func (c *Core) RestoreUsage(u *UsageRecord) {
-	ws := c.window(windowKey{u.Limit, u.Window}, time.Duration(u.WindowMs)*time.Millisecond)
+	ws := c.window(windowKey{u.Limit, u.Window}, schedOf(u.WindowMs, u.PhaseMs))
 	if ws.usage == nil {
 		ws.usage = map[reporterKey]*UsageRecord{}
 	}
@@ -138,7 +141,7 @@ func (c *Core) RegionUsage(limit string, window int64) map[string]UsageRecord {
 	out := map[string]UsageRecord{}
 	for rk, u := range ws.usage {
 		s := out[rk.region]
-		s.Limit, s.Window, s.WindowMs, s.Region = u.Limit, u.Window, u.WindowMs, u.Region
+		s.Limit, s.Window, s.WindowMs, s.PhaseMs, s.Region = u.Limit, u.Window, u.WindowMs, u.PhaseMs, u.Region
 		s.Admitted += u.Admitted
 		s.Denied += u.Denied
 		s.FallbackAdmitted += u.FallbackAdmitted
@@ -181,7 +184,7 @@ func (c *Core) ReportLate(region string, u *pb.Usage) *WindowSummary {
 	}
 	cur := s.Regions[region]
 	next := cur
-	next.Limit, next.Window, next.WindowMs, next.Region = s.Limit, s.Window, s.WindowMs, region
+	next.Limit, next.Window, next.WindowMs, next.PhaseMs, next.Region = s.Limit, s.Window, s.WindowMs, s.PhaseMs, region
 	next.merge(u)
 	if next == cur {
 		return nil

@@ -12,3 +12,12 @@ import (
 func cloneLimit(l *pb.Limit) *pb.Limit { return proto.Clone(l).(*pb.Limit) }
 
 func durpb(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+
+// phasepb renders a phase offset for a lease: unset for none, so that a
+// lease of an epoch-aligned window reads as it always did.
+func phasepb(p time.Duration) *durationpb.Duration {
+	if p == 0 {
+		return nil
+	}
+	return durpb(p)
+}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -78,7 +77,7 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 			if l.At(now).IsBucket() {
 				continue // bucketCollector's
 			}
-			cur := lease.WindowOf(now, l.At(now).Window).Index
+			cur := l.At(now).Windows().Of(now).Index
 			rep, ok := core.report(now, id, cur-1)
 			if !ok {
 				continue

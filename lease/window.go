@@ -29,6 +29,11 @@ type Window struct {
 	// (Index+1)*Length + φ), so that many limits do not all reset at the
 	// same instant. 0, the zero value, is the epoch-aligned windows.
 	Phase time.Duration
+	// Cal, when its Loc is set, makes w the calendar window Index of Cal
+	// ([Calendar.Window]): its start is the calendar's, Length its own
+	// length (a day may last 23 h), Phase 0. The zero Calendar: a window
+	// of fixed length, as above.
+	Cal Calendar
 }
 
 // NormPhase returns phase as a phase offset of windows of length: in [0,
@@ -136,6 +141,9 @@ func (w Window) Start() time.Time {
 	if w.Length <= 0 {
 		return time.Unix(0, 0)
 	}
+	if w.Cal.Loc != nil {
+		return w.Cal.Window(w.Index).Start
+	}
 	if w.Phase == 0 {
 		return nanosTime(w.Index, w.Length)
 	}
@@ -156,6 +164,14 @@ func (w Window) End() time.Time {
 // "next" can never go back in time.
 func (w Window) Next() Window {
 	if w.Index == math.MaxInt64 {
+		return w
+	}
+	if w.Cal.Loc != nil {
+		// The window holding the end: a local date that never was (an
+		// empty calendar window) is skipped.
+		if n := (Windows{Cal: w.Cal}).Of(w.End()); n.Length > 0 {
+			return n
+		}
 		return w
 	}
 	return Window{Index: w.Index + 1, Length: w.Length, Phase: w.Phase}

@@ -317,7 +317,9 @@ type Decision struct {
 	ResetAfter time.Duration
 	Limit      int64
 	Window     time.Duration
-	Version    int64
+	// Phase is the phase offset of the limit's windows (0: none).
+	Phase   time.Duration
+	Version int64
 	// DecisionID names an admitted settle-later check (CheckSettleLater)
 	// for Settle, until SettleWithin has passed.
 	DecisionID   string
@@ -692,7 +694,7 @@ func (a *Agent) wakeLocked(ids []string) {
 
 func decisionOf(an core.Answer) Decision {
 	return Decision{Allowed: an.Allowed, Reason: pb.Reason(an.Reason), Remaining: an.Remaining, RetryAfter: an.RetryAfter,
-		ResetAfter: an.ResetAfter, Limit: an.Limit, Window: an.Window, Version: an.Version, WouldDeny: pb.Reason(an.WouldDeny)}
+		ResetAfter: an.ResetAfter, Limit: an.Limit, Window: an.Window, Phase: an.Phase, Version: an.Version, WouldDeny: pb.Reason(an.WouldDeny)}
 }
 
 func randomHex(n int) string {

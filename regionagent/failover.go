@@ -272,7 +272,7 @@ func (f *failoverWatcher) targets(c replCut) []target {
 	type lim struct {
 		id      string
 		hashTag string
-		length  time.Duration
+		sched   lease.Windows
 		atCut   int64 // the window at the cut
 	}
 	var lims []lim
@@ -282,7 +282,7 @@ func (f *failoverWatcher) targets(c replCut) []target {
 		if !ok {
 			continue
 		}
-		lims = append(lims, lim{id: id, hashTag: l.HashTag, length: l.Window, atCut: f.a.core.WindowOf(c.LossTo, &l).Index})
+		lims = append(lims, lim{id: id, hashTag: l.HashTag, sched: l.Windows(), atCut: f.a.core.WindowOf(c.LossTo, &l).Index})
 	}
 	f.a.mu.Unlock()
 	f.mu.Lock()
@@ -310,8 +310,8 @@ func (f *failoverWatcher) targets(c replCut) []target {
 		}
 		slices.Sort(idxs)
 		for _, idx := range idxs {
-			end := f.windowEnd(x.id, idx, x.length)
-			start := end.Add(-x.length)
+			end := f.windowEnd(x.id, idx, x.sched)
+			start := end.Add(-x.sched.Length)
 			if !end.After(c.LossFrom) || !start.Before(c.LossTo) {
 				continue // the window does not overlap the lost span
 			}
@@ -328,13 +328,13 @@ func (f *failoverWatcher) targets(c replCut) []target {
 // windowEnd is the end of a limit's window on the agent's clock: from the
 // readings when the watcher has them, else from the core's naming. f.mu is
 // held (the agent's lock is taken after it, never before).
-func (f *failoverWatcher) windowEnd(id string, idx int64, length time.Duration) time.Time {
+func (f *failoverWatcher) windowEnd(id string, idx int64, sched lease.Windows) time.Time {
 	if s := f.seen[failKey{id, idx}]; s != nil {
 		return s.end
 	}
 	f.a.mu.Lock()
 	defer f.a.mu.Unlock()
-	return f.a.core.WindowEnd(lease.Window{Index: idx, Length: length})
+	return f.a.core.WindowEnd(sched.ByIndex(idx))
 }
 
 // settle reads one target's bucket on the new primary, estimates, records
@@ -387,7 +387,7 @@ func (f *failoverWatcher) sawAdmitted(limit string, window, admitted int64, now 
 	l, ok := f.a.core.Limit(limit)
 	var end time.Time
 	if ok {
-		end = f.a.core.WindowEnd(lease.Window{Index: window, Length: l.Window})
+		end = f.a.core.WindowEnd(l.Windows().ByIndex(window))
 	}
 	f.a.mu.Unlock()
 	if ok {

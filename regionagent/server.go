@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -62,7 +63,16 @@ func toProto(d Decision) *pb.CheckResponse {
 		DecisionId:   d.DecisionID,
 		SettleWithin: settleWithin(d),
 		WouldDeny:    d.WouldDeny,
+		WindowPhase:  phasepb(d.Phase),
 	}
+}
+
+// phasepb renders a window phase offset: unset for none.
+func phasepb(p time.Duration) *durationpb.Duration {
+	if p == 0 {
+		return nil
+	}
+	return durationpb.New(p)
 }
 
 func settleWithin(d Decision) *durationpb.Duration {

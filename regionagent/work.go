@@ -434,7 +434,7 @@ func grantOf(r *pb.LeaseResult) core.Grant {
 	if ls == nil {
 		return core.Grant{OK: true}
 	}
-	return core.Grant{OK: true, LeaseID: ls.LeaseId, Tokens: ls.Tokens, Window: ls.WindowIndex, WindowLen: dur(ls.Window),
+	return core.Grant{OK: true, LeaseID: ls.LeaseId, Tokens: ls.Tokens, Window: ls.WindowIndex, WindowLen: dur(ls.Window), WindowPhase: dur(ls.WindowPhase),
 		StartsIn: dur(ls.StartsIn), ExpiresIn: dur(ls.ExpiresIn), WindowLeft: dur(ls.WindowLeft), PoolLeft: ls.PoolLeft,
 		ShareSpent: ls.ShareSpent, Replayed: r.Replayed}
 }

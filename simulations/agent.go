@@ -115,7 +115,7 @@ func (a *agent) redisMs() int64 { return a.redis.Ms(a.eng().Now()) }
 // coreLimit is a limit as the agent's limit sync gives it to the core:
 // strict, closed fallback (every scenario's).
 func coreLimit(l *allocator.Limit) core.Limit {
-	return core.Limit{ID: l.ID, Tokens: l.Tokens, Window: l.Window, TTL: l.TTL, Mode: core.ModeStrict,
+	return core.Limit{ID: l.ID, Tokens: l.Tokens, Window: l.Window, Phase: l.Phase, TTL: l.TTL, Mode: core.ModeStrict,
 		Fallback: core.Fallback{Kind: core.FallbackClosed}, Version: l.Version, Regions: len(l.Regions),
 		Rate: l.Rate, RatePeriod: l.RatePeriod, Burst: l.Burst}
 }

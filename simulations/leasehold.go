@@ -380,7 +380,7 @@ func GrantOf(now time.Time, region string, r allocator.AcquireRequest, d allocat
 		return core.Grant{OK: true, Replayed: d.Replayed}
 	}
 	return core.Grant{OK: true, LeaseID: ls.LeaseId, Tokens: ls.Tokens, Window: ls.WindowIndex,
-		WindowLen: ls.Window.AsDuration(), StartsIn: ls.StartsIn.AsDuration(), ExpiresIn: ls.ExpiresIn.AsDuration(),
+		WindowLen: ls.Window.AsDuration(), WindowPhase: ls.WindowPhase.AsDuration(), StartsIn: ls.StartsIn.AsDuration(), ExpiresIn: ls.ExpiresIn.AsDuration(),
 		WindowLeft: ls.WindowLeft.AsDuration(), PoolLeft: ls.PoolLeft, ShareSpent: ls.ShareSpent, Replayed: d.Replayed}
 }
 

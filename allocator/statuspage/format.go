@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	pb "leasehold/proto/leasehold/v1"
 )
 
 // fmtInt writes n with thousands separators: 1,234,567.
@@ -66,4 +68,14 @@ func addSat(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
+}
+
+// windowDesc is a window limit's W, with its phase offset when it has
+// one: "1m", or "1m (phase 17s)" for windows starting at :17 past.
+func windowDesc(l *pb.Limit) string {
+	w := fmtDuration(l.GetWindow().AsDuration())
+	if p := l.GetWindowPhase().AsDuration(); p != 0 {
+		w += " (phase " + fmtDuration(p) + ")"
+	}
+	return w
 }

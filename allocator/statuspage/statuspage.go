@@ -484,7 +484,7 @@ func (h *worstFirst) Pop() any {
 func newRow(v view, l *pb.Limit, reps []allocator.WindowReport) *row {
 	rw := &row{
 		ID: l.GetId(), Owner: l.GetOwner(), Description: l.GetDescription(), G: l.GetLimitTokens(),
-		Window: fmtDuration(l.GetWindow().AsDuration()), Regions: l.GetRegions(), Mode: limitspec.ModeName(l.GetMode()),
+		Window: windowDesc(l), Regions: l.GetRegions(), Mode: limitspec.ModeName(l.GetMode()),
 		Version: l.GetVersion(),
 	}
 	if l.GetShadow() {

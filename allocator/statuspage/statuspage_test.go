@@ -634,3 +634,17 @@ func TestOverrideShown(t *testing.T) {
 		t.Fatalf("level %q alerts %+v", rw.Level, rw.Alerts)
 	}
 }
+
+// TestPhasedLimit: a limit with a phase offset shows it beside its window
+// on the index and on its own page; an aligned one shows the window alone.
+func TestPhasedLimit(t *testing.T) {
+	f := demoSource()
+	f.limits[1].WindowPhase = durationpb.New(17 * time.Second)
+	_, _, body := serve(t, f, "/status")
+	mustContain(t, body, "1m (phase 17s)")
+	if n := strings.Count(body, "(phase "); n != 1 {
+		t.Errorf("%d limits shown with a phase, want 1 (tenant/atlas)", n)
+	}
+	_, _, body = serve(t, f, "/status?limit=tenant/atlas")
+	mustContain(t, body, "tokens per 1m (phase 17s)")
+}

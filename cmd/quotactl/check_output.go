@@ -45,11 +45,12 @@ type counts struct {
 	denied                 map[string]int64
 }
 
-// winKey names a window: its length and the index of its end (the window
-// is [(end-1)*w, end*w) in Unix nanoseconds).
-type winKey struct{ w, end int64 }
+// winKey names a window: its length, phase offset and the index of its
+// end (the window is [(end-1)*w + phase, end*w + phase) in Unix
+// nanoseconds).
+type winKey struct{ w, phase, end int64 }
 
-func (k winKey) start() int64 { return (k.end - 1) * k.w }
+func (k winKey) start() int64 { return (k.end-1)*k.w + k.phase }
 
 func newTally() *tally {
 	return &tally{counts: counts{denied: map[string]int64{}}, errors: map[string]int64{}, windows: map[winKey]*counts{}}
@@ -102,8 +103,9 @@ func (c *counts) deniedTotal() int64 {
 }
 
 // windowOf attributes an answer to the window ending at the multiple of W
-// nearest to its arrival plus reset_after. Every process on one host (one
-// clock) therefore agrees on where windows start.
+// (plus the limit's phase offset, window_phase) nearest to its arrival
+// plus reset_after. Every process on one host (one clock) therefore agrees
+// on where windows start.
 func windowOf(resp *pb.CheckResponse, arrived time.Time) (winKey, bool) {
 	if resp.GetWindow() == nil || resp.GetResetAfter() == nil {
 		return winKey{}, false
@@ -113,11 +115,16 @@ func windowOf(resp *pb.CheckResponse, arrived time.Time) (winKey, bool) {
 		return winKey{}, false
 	}
 	end := arrived.UnixNano() + int64(reset)
+	var phase int64
+	if p := resp.GetWindowPhase().AsDuration(); p > 0 && p < w {
+		phase = int64(p)
+		end -= phase // the window's end less the phase is a multiple of W
+	}
 	if end <= 0 {
 		return winKey{}, false
 	}
 	// round(end / w), halves up
-	return winKey{w: int64(w), end: (end + int64(w)/2) / int64(w)}, true
+	return winKey{w: int64(w), phase: phase, end: (end + int64(w)/2) / int64(w)}, true
 }
 
 // reasonName is the Reason without its REASON_ prefix: OVER_LIMIT.

@@ -602,6 +602,19 @@ func TestWindowOf(t *testing.T) {
 			t.Errorf("arrival +%v reset %v: start +%v ok %v, want +%v", tc.arrival, tc.reset, time.Duration(k.start()-base.UnixNano()), ok, tc.start)
 		}
 	}
+	// A phased window (phase 70ms): [base+70ms, base+270ms).
+	for _, tc := range []struct{ arrival, reset time.Duration }{
+		{70 * time.Millisecond, w},
+		{260 * time.Millisecond, 10 * time.Millisecond},
+		{100 * time.Millisecond, 140*time.Millisecond + 30*time.Millisecond}, // 30ms late
+	} {
+		r := resp(w, tc.reset)
+		r.WindowPhase = durationpb.New(70 * time.Millisecond)
+		k, ok := windowOf(r, base.Add(tc.arrival))
+		if got := time.Duration(k.start() - base.UnixNano()); !ok || got != 70*time.Millisecond {
+			t.Errorf("phased: arrival +%v reset %v: start +%v ok %v, want +70ms", tc.arrival, tc.reset, got, ok)
+		}
+	}
 	for _, r := range []*pb.CheckResponse{
 		{},
 		{Window: durationpb.New(w)},

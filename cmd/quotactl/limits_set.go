@@ -27,10 +27,11 @@ this version of the allocator checks them and refuses the limit (bucket
 limits are not enforced yet).`,
 	flags: func(f *flagSet) action {
 		l := &pb.Limit{Lease: &pb.LeaseSettings{}}
-		var window, ttl, grace time.Duration
+		var window, phase, ttl, grace time.Duration
 		var expect int64
 		f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required for a window limit)", 1)
 		f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required for a window limit, >= 1s)")
+		f.durationVar(&phase, "window-phase", "`DUR`: the windows' phase offset, 0 <= DUR < the window, whole ms: windows start at k x W + DUR, so that limits do not all reset at once (default 0: windows start at multiples of W)")
 		var rate int64
 		var period time.Duration
 		f.value("rate", "`N/PERIOD`: a bucket limit's rate R, all regions together, e.g. 100/s or 5/250ms; with --burst, instead of --limit and --window", func(s string) error {
@@ -74,8 +75,8 @@ limits are not enforced yet).`,
 			}
 			if f.isSet("rate") {
 				// A bucket limit: rate and burst, no window.
-				if f.isSet("limit") || f.isSet("window") {
-					return usagef("--rate and --burst make a bucket limit: give them instead of --limit and --window")
+				if f.isSet("limit") || f.isSet("window") || f.isSet("window-phase") {
+					return usagef("--rate and --burst make a bucket limit: give them instead of --limit and --window (and --window-phase)")
 				}
 				if err := f.require("burst", "regions", "mode", "reason"); err != nil {
 					return err
@@ -89,6 +90,9 @@ limits are not enforced yet).`,
 					return err
 				}
 				l.Window = durationpb.New(window)
+				if f.isSet("window-phase") {
+					l.WindowPhase = durationpb.New(phase)
+				}
 			}
 			l.Id = id
 			if f.isSet("ttl") {

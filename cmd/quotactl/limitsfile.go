@@ -378,7 +378,7 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 }
 
 // limitKeys are the keys of one limit, in the order export writes them.
-var limitKeys = []string{"id", "limit", "window", "rate", "burst", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
+var limitKeys = []string{"id", "limit", "window", "window_phase", "rate", "burst", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
 	"settle_grace", "debt_policy", "shadow"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
@@ -413,7 +413,7 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 	required := []string{"limit", "window", "regions", "mode"}
 	if rv, ok := f["rate"]; ok {
 		// A bucket limit: rate and burst instead of limit and window.
-		for _, key := range []string{"limit", "window"} {
+		for _, key := range []string{"limit", "window", "window_phase"} {
 			if fv, ok := f[key]; ok {
 				return nil, errAt(fv.val, "%s: %q: a limit with a rate is a bucket limit: give rate and burst, not limit and window", l.Id, key)
 			}
@@ -502,6 +502,12 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 			l.Description = s
 		default:
 			l.HashTag = s
+		}
+	}
+	if fv, ok := f["window_phase"]; ok {
+		lines["window_phase"] = fv.val.Line
+		if l.WindowPhase, err = scalarDuration(fv.val, what+": window_phase"); err != nil {
+			return nil, err
 		}
 	}
 	if fv, ok := f["settle_grace"]; ok {
@@ -764,6 +770,9 @@ func limitNode(l *pb.Limit) *yaml.Node {
 	} else {
 		add("limit", intNode(l.GetLimitTokens()))
 		add("window", str(formatDuration(l.GetWindow())))
+		if l.GetWindowPhase().AsDuration() != 0 {
+			add("window_phase", str(formatDuration(l.GetWindowPhase())))
+		}
 	}
 	regions := &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
 	for _, r := range slices.Sorted(slices.Values(l.GetRegions())) {

@@ -68,6 +68,9 @@ func (e *env) printLimit(l *pb.Limit) error {
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
 	}
+	if p := l.GetWindowPhase(); p.AsDuration() != 0 {
+		rows = append(rows, [2]string{"window-phase", formatDuration(p)})
+	}
 	if l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
 		rows = [][2]string{{"id", l.GetId()}, {"kind", "bucket"}, {"rate", formatRate(l)},
 			{"burst", strconv.FormatInt(l.GetBurstTokens(), 10)}}

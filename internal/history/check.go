@@ -92,12 +92,16 @@ type Violation struct {
 	Limit     string
 	Window    int64         // the window's index
 	WindowLen time.Duration // its W
+	Phase     time.Duration // its phase offset
 	Region    string        // "" when it concerns every region
 	Detail    string
 }
 
 func (v Violation) String() string {
 	where := fmt.Sprintf("%s window %d (W %v)", v.Limit, v.Window, v.WindowLen)
+	if v.Phase != 0 {
+		where = fmt.Sprintf("%s window %d (W %v, phase %v)", v.Limit, v.Window, v.WindowLen, v.Phase)
+	}
 	if v.Region != "" {
 		where += " region " + v.Region
 	}
@@ -147,11 +151,12 @@ func Check(h *History, limits map[string]Limit) Report {
 type windowKey struct {
 	limit string
 	wlen  int64
+	phase int64 // the windows' phase offset, ns
 	index int64
 }
 
-func (k windowKey) start() int64 { return k.index * k.wlen }
-func (k windowKey) end() int64   { return (k.index + 1) * k.wlen }
+func (k windowKey) start() int64 { return k.index*k.wlen + k.phase }
+func (k windowKey) end() int64   { return (k.index+1)*k.wlen + k.phase }
 
 // lease is one lease id's grants and returns.
 type lease struct {
@@ -215,7 +220,7 @@ func (o Options) Check(h *History) Report {
 	}
 	violate := func(inv Invariant, k windowKey, region, format string, args ...any) {
 		rep.Violations = append(rep.Violations, Violation{Invariant: inv, Limit: k.limit, Window: k.index,
-			WindowLen: time.Duration(k.wlen), Region: region, Detail: fmt.Sprintf(format, args...)})
+			WindowLen: time.Duration(k.wlen), Phase: time.Duration(k.phase), Region: region, Detail: fmt.Sprintf(format, args...)})
 	}
 
 	// The runs, and what makes the history incomplete.
@@ -265,7 +270,7 @@ func (o Options) Check(h *History) Report {
 			continue
 		}
 		rep.Grants++
-		k := windowKey{r.Limit, r.WindowLen, r.Window}
+		k := windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}
 		rk := reqKey{r.Region, r.Request}
 		if first, ok := byRequest[rk]; !ok {
 			byRequest[rk] = r
@@ -320,7 +325,7 @@ func (o Options) Check(h *History) Report {
 			continue // a lease the history did not see granted counts nowhere (its grant is not counted either)
 		}
 		g := l.grant
-		k := windowKey{g.Limit, g.WindowLen, g.Window}
+		k := windowKey{g.Limit, g.WindowLen, g.WindowPhase, g.Window}
 		if l.returned {
 			// Retries answer as the first return did; two returns that were
 			// both not duplicates were credited twice. (Files are read in
@@ -354,14 +359,14 @@ func (o Options) Check(h *History) Report {
 		case KindReport:
 			rep.Reports++
 			if r.Rollback > 0 && r.WindowLen > 0 {
-				rw := win(windowKey{r.Limit, r.WindowLen, r.Window}).region(r.Region)
+				rw := win(windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}).region(r.Region)
 				rw.rollback = max(rw.rollback, r.Rollback)
 			}
 		case KindReserve:
 			rep.Reservations++
 			if first := reservations[r.Reservation]; first != nil {
 				if first.rec.Tokens != r.Tokens || first.rec.Limit != r.Limit || first.rec.Window != r.Window {
-					violate(Idempotency, windowKey{r.Limit, r.WindowLen, r.Window}, r.Region,
+					violate(Idempotency, windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}, r.Region,
 						"reservation %q answered as %d tokens (%s window %d) and as %d tokens (%s window %d)", r.Reservation,
 						first.rec.Tokens, first.rec.Limit, first.rec.Window, r.Tokens, r.Limit, r.Window)
 				}
@@ -383,7 +388,7 @@ func (o Options) Check(h *History) Report {
 			continue
 		}
 		rep.Admits++
-		k := windowKey{r.Limit, r.WindowLen, r.Window}
+		k := windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}
 		region := r.Region
 		if r.Path == PathChunk || r.Path == PathSubLease {
 			res := reservations[r.Reservation]
@@ -392,7 +397,7 @@ func (o Options) Check(h *History) Report {
 				continue
 			}
 			res.spent += r.Cost
-			k = windowKey{res.rec.Limit, res.rec.WindowLen, res.rec.Window}
+			k = windowKey{res.rec.Limit, res.rec.WindowLen, res.rec.WindowPhase, res.rec.Window}
 			region = res.rec.Region
 		}
 		if k.index == 0 || k.wlen <= 0 || region == "" {
@@ -435,7 +440,7 @@ func (o Options) Check(h *History) Report {
 	for id, res := range reservations {
 		if res.spent > res.rec.Tokens {
 			r := res.rec
-			violate(Leased, windowKey{r.Limit, r.WindowLen, r.Window}, r.Region, "%d tokens admitted from reservation %q of %d",
+			violate(Leased, windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}, r.Region, "%d tokens admitted from reservation %q of %d",
 				res.spent, id, r.Tokens)
 		}
 	}
@@ -447,7 +452,7 @@ func (o Options) Check(h *History) Report {
 		keys = append(keys, k)
 	}
 	slices.SortFunc(keys, func(a, b windowKey) int {
-		return cmp.Or(strings.Compare(a.limit, b.limit), cmp.Compare(a.wlen, b.wlen), cmp.Compare(a.index, b.index))
+		return cmp.Or(strings.Compare(a.limit, b.limit), cmp.Compare(a.wlen, b.wlen), cmp.Compare(a.phase, b.phase), cmp.Compare(a.index, b.index))
 	})
 	for _, k := range keys {
 		w := windows[k]
@@ -514,7 +519,7 @@ func (o Options) Check(h *History) Report {
 		}
 	}
 	slices.SortStableFunc(rep.Violations, func(a, b Violation) int {
-		return cmp.Or(strings.Compare(a.Limit, b.Limit), cmp.Compare(a.WindowLen, b.WindowLen), cmp.Compare(a.Window, b.Window),
+		return cmp.Or(strings.Compare(a.Limit, b.Limit), cmp.Compare(a.WindowLen, b.WindowLen), cmp.Compare(a.Phase, b.Phase), cmp.Compare(a.Window, b.Window),
 			strings.Compare(a.Region, b.Region), strings.Compare(string(a.Invariant), string(b.Invariant)))
 	})
 	return rep

@@ -102,7 +102,10 @@ type Record struct {
 	Limit     string `json:"limit,omitempty"`
 	Window    int64  `json:"window,omitempty"` // window index (0: not known)
 	WindowLen int64  `json:"wlen,omitempty"`   // W
-	G         int64  `json:"g,omitempty"`      // the limit's G as the recorder knew it
+	// WindowPhase is the windows' phase offset φ (ns; 0 for the
+	// epoch-aligned windows): window Window is [Window*W + φ, ...).
+	WindowPhase int64 `json:"wph,omitempty"`
+	G           int64 `json:"g,omitempty"` // the limit's G as the recorder knew it
 
 	// decision
 	Cost     int64  `json:"cost,omitempty"`
@@ -164,7 +167,7 @@ func (r *Record) capStrings() {
 
 // amountNames names Validate's amounts, in its order.
 var amountNames = [...]string{"t", "wlen", "g", "cost", "cap", "spend", "tokens", "unspent", "credited", "returned",
-	"admitted", "denied", "fallback_admitted", "released", "rollback", "count", "dropped", "items"}
+	"admitted", "denied", "fallback_admitted", "released", "rollback", "count", "dropped", "items", "wph"}
 
 // ErrInvalid is a record that breaks the format.
 var ErrInvalid = errors.New("history: invalid record")
@@ -182,7 +185,7 @@ func (r *Record) Validate() error {
 		}
 	}
 	for i, n := range [...]int64{r.T, r.WindowLen, r.G, r.Cost, r.Cap, r.Spend, r.Tokens, r.Unspent, r.Credited,
-		r.Returned, r.Admitted, r.Denied, r.FallbackAdmitted, r.Released, r.Rollback, r.Count, r.Dropped, int64(r.Items)} {
+		r.Returned, r.Admitted, r.Denied, r.FallbackAdmitted, r.Released, r.Rollback, r.Count, r.Dropped, int64(r.Items), r.WindowPhase} {
 		if n < 0 {
 			return invalid("%s %d is negative", amountNames[i], n)
 		}

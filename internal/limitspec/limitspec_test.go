@@ -53,6 +53,10 @@ func TestValidateLimitNamesTheField(t *testing.T) {
 		{"limit.settle_grace", func(l *pb.Limit) { l.SettleGrace = durationpb.New(999 * time.Millisecond) }},
 		{"limit.settle_grace", func(l *pb.Limit) { l.SettleGrace = &durationpb.Duration{Seconds: 1, Nanos: -1} }},
 		{"limit.debt_policy", func(l *pb.Limit) { l.DebtPolicy = pb.DebtPolicy(9) }},
+		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = durationpb.New(time.Minute) }},
+		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = durationpb.New(-time.Second) }},
+		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = durationpb.New(time.Second + time.Microsecond) }},
+		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = &durationpb.Duration{Seconds: 1, Nanos: -1} }},
 		{"limit.fallback[eu].local_tokens", func(l *pb.Limit) {
 			l.Fallback = map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: vocab.MaxTokens + 1}}
 		}},
@@ -69,6 +73,29 @@ func TestValidateLimitNamesTheField(t *testing.T) {
 		var fe *vocab.FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field || !errors.Is(err, vocab.ErrInvalid) {
 			t.Errorf("%s: %v, want a FieldError naming it", tc.field, err)
+		}
+	}
+}
+
+// TestValidateLimitPhase: a phase in [0, W) in whole milliseconds is
+// kept, a zero phase is stored unset (the limit reads as it always did).
+func TestValidateLimitPhase(t *testing.T) {
+	for _, tc := range []struct {
+		phase, want time.Duration
+		unset       bool
+	}{
+		{17 * time.Second, 17 * time.Second, false},
+		{time.Minute - time.Millisecond, time.Minute - time.Millisecond, false},
+		{0, 0, true},
+	} {
+		in := &pb.Limit{Id: "tenant/a", LimitTokens: 100, Window: durationpb.New(time.Minute),
+			Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT, WindowPhase: durationpb.New(tc.phase)}
+		got, err := ValidateLimit(in, []string{"eu"})
+		if err != nil {
+			t.Fatalf("phase %v: %v", tc.phase, err)
+		}
+		if Phase(got) != tc.want || (got.WindowPhase == nil) != tc.unset {
+			t.Errorf("phase %v: stored %v", tc.phase, got.WindowPhase)
 		}
 	}
 }

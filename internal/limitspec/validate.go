@@ -145,6 +145,9 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 		case w%time.Millisecond != 0:
 			return nil, fieldErr("limit.window", "must be whole milliseconds, got %v", w)
 		}
+		if err := checkPhase(l, w); err != nil {
+			return nil, err
+		}
 	}
 	if len(l.Regions) == 0 {
 		return nil, fieldErr("limit.regions", "at least one region is required")
@@ -264,4 +267,34 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 		return nil, fieldErr("limit.debt_policy", "must be carry or forgive, got %d", l.DebtPolicy)
 	}
 	return l, nil
+}
+
+// checkPhase checks a window limit's phase offset: 0 <= φ < W, whole
+// milliseconds. A zero phase is stored unset, so that a limit without a
+// phase reads (and diffs) as it always did.
+func checkPhase(l *pb.Limit, w time.Duration) error {
+	if l.WindowPhase == nil {
+		return nil
+	}
+	if err := l.WindowPhase.CheckValid(); err != nil {
+		return fieldErr("limit.window_phase", "%v", err)
+	}
+	p := l.WindowPhase.AsDuration()
+	switch {
+	case p < 0:
+		return fieldErr("limit.window_phase", "must be >= 0, got %v", p)
+	case p >= w:
+		return fieldErr("limit.window_phase", "must be less than the window (%v), got %v", w, p)
+	case p%time.Millisecond != 0:
+		return fieldErr("limit.window_phase", "must be whole milliseconds, got %v", p)
+	}
+	if p == 0 {
+		l.WindowPhase = nil
+	}
+	return nil
+}
+
+// Phase returns a validated window limit's phase offset (0 when unset).
+func Phase(l *pb.Limit) time.Duration {
+	return l.GetWindowPhase().AsDuration()
 }

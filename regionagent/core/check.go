@@ -66,7 +66,10 @@ type Answer struct {
 	ResetAfter time.Duration
 	Limit      int64
 	Window     time.Duration
-	Version    int64
+	// Phase is the window limit's phase offset (its windows start at k x
+	// Window + Phase on the allocator's clock).
+	Phase   time.Duration
+	Version int64
 	// WouldDeny is, for a limit in shadow mode, the reason enforcement
 	// would have denied the item (ReasonOverLimit or ReasonUnavailable):
 	// Allowed is then true and Reason ReasonOK. 0 otherwise.
@@ -323,7 +326,7 @@ func (c *Core) answer(now time.Time, chk *Check, reason Reason) {
 	chk.Answers = chk.answers(len(chk.sts))
 	for i, st := range chk.sts {
 		chk.Answers[i] = Answer{Allowed: reason == ReasonOK || reason == ReasonFallback, Reason: reason,
-			Limit: st.l.Tokens, Window: st.l.Window, Version: st.l.Version,
+			Limit: st.l.Tokens, Window: st.l.Window, Phase: st.l.Phase, Version: st.l.Version,
 			ResetAfter: max(0, c.WindowEnd(chk.wins[i]).Sub(now))}
 	}
 	chk.Step = StepDone
@@ -709,8 +712,8 @@ func (c *Core) Reserved(now time.Time, key store.Key, granted bool, balance, min
 	if st == nil {
 		return Answer{Reason: ReasonUnavailable, RetryAfter: c.jitter(time.Second, time.Second)}
 	}
-	w := lease.Window{Index: key.Window, Length: st.l.Window}
-	a := Answer{Limit: st.l.Tokens, Window: st.l.Window, Version: st.l.Version, Remaining: balance,
+	w := st.l.Windows().ByIndex(key.Window)
+	a := Answer{Limit: st.l.Tokens, Window: st.l.Window, Phase: st.l.Phase, Version: st.l.Version, Remaining: balance,
 		ResetAfter: max(0, c.WindowEnd(w).Sub(now))}
 	if granted {
 		a.Allowed, a.Reason = true, ReasonOK
@@ -752,7 +755,7 @@ func (c *Core) Settlement(now time.Time, limit string, window int64) (l Limit, k
 		return Limit{}, store.Key{}, store.Key{}, &ItemError{Field: "limit_id", Err: ErrUnknownLimit,
 			Reason: strconv.Quote(limit) + " is not a limit of region " + c.cfg.Region}
 	}
-	end := c.WindowEnd(lease.Window{Index: window, Length: lp.Window})
+	end := c.WindowEnd(lp.Windows().ByIndex(window))
 	if now.After(end.Add(c.opt.keyGrace - c.opt.reportEvery)) {
 		return *lp, store.Key{}, store.Key{}, ErrSettleTooLate
 	}

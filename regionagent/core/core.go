@@ -429,7 +429,7 @@ func (c *Core) SetAllocatorClock(sent, recv time.Time, alloc time.Time) {
 // WindowOf names the window of l that contains the agent's now, on the
 // allocator's clock as estimated.
 func (c *Core) WindowOf(now time.Time, l *Limit) lease.Window {
-	return lease.WindowOf(now.Add(c.offset), l.Window)
+	return l.Windows().Of(now.Add(c.offset))
 }
 
 // WindowEnd is the end of w on the agent's clock.

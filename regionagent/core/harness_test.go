@@ -52,21 +52,21 @@ func (a *fakeAlloc) acquire(now time.Time, r Acquire) Grant {
 		out.Replayed = true
 		out.ExpiresIn = max(0, g.expiry.Sub(now))
 		out.StartsIn = max(0, g.start.Sub(now))
-		out.WindowLeft = max(0, lease.Window{Index: out.Window, Length: out.WindowLen}.End().Sub(now))
+		out.WindowLeft = max(0, lease.WindowsOf(out.WindowLen, out.WindowPhase).ByIndex(out.Window).End().Sub(now))
 		return out
 	}
 	l, ok := a.limits[r.Limit]
 	if !ok {
 		return Grant{Message: "no limit"}
 	}
-	w := lease.WindowOf(now, l.Window)
+	w := l.Windows().Of(now)
 	if r.Next {
 		w = w.Next()
 	}
 	k := store.Key{Limit: l.ID, Window: w.Index}
 	pool := l.Tokens - a.pools[k]
 	tm := lease.Schedule(now, w, l.TTL)
-	g := Grant{OK: true, Window: w.Index, WindowLen: l.Window, WindowLeft: w.End().Sub(now), PoolLeft: pool}
+	g := Grant{OK: true, Window: w.Index, WindowLen: l.Window, WindowPhase: w.Phase, WindowLeft: w.End().Sub(now), PoolLeft: pool}
 	if pool <= 0 || tm.ExpiresIn <= 0 {
 		return g
 	}
@@ -87,7 +87,7 @@ func (a *fakeAlloc) giveBack(now time.Time, r Return) {
 		return
 	}
 	g.settled = true
-	w := lease.Window{Index: g.g.Window, Length: g.g.WindowLen}
+	w := lease.WindowsOf(g.g.WindowLen, g.g.WindowPhase).ByIndex(g.g.Window)
 	if now.Before(w.End()) {
 		g.credit = r.Unspent
 		a.pools[store.Key{Limit: g.limit, Window: g.g.Window}] -= r.Unspent

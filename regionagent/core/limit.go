@@ -3,6 +3,7 @@ package core
 import (
 	"time"
 
+	"leasehold/lease"
 	"leasehold/regionagent/store"
 )
 
@@ -46,9 +47,12 @@ func (f Fallback) kind() FallbackKind {
 
 // Limit is what the Core needs of a limit, for its own region.
 type Limit struct {
-	ID       string
-	Tokens   int64         // G per window
-	Window   time.Duration // W
+	ID     string
+	Tokens int64         // G per window
+	Window time.Duration // W
+	// Phase is the windows' phase offset φ (0 <= φ < W): window k is [k x
+	// W + φ, (k+1) x W + φ) on the allocator's clock. 0: epoch-aligned.
+	Phase    time.Duration
 	TTL      time.Duration // lease ttl (<= W)
 	Mode     Mode
 	Fallback Fallback // this region's
@@ -73,6 +77,10 @@ type Limit struct {
 	RatePeriod time.Duration
 	Burst      int64
 }
+
+// Windows is the limit's window schedule (W and φ): every window of the
+// limit is named from it.
+func (l *Limit) Windows() lease.Windows { return lease.WindowsOf(l.Window, l.Phase) }
 
 // Tag is the limit's effective hash tag: HashTag, or the id.
 func (l *Limit) Tag() string {

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"leasehold/lease"
 )
 
 // ReportRead asks the caller to read the cumulative counters of Windows of
@@ -27,7 +25,7 @@ func (c *Core) use(now time.Time, st *limitState, s Store, window int64) *winUse
 	k := winKey{s, window}
 	u := st.windows[k]
 	if u == nil {
-		u = &winUse{end: c.WindowEnd(lease.Window{Index: window, Length: st.l.Window})}
+		u = &winUse{end: c.WindowEnd(st.l.Windows().ByIndex(window))}
 		st.windows[k] = u
 		c.pending[st.id] = st
 		c.unfinal++

@@ -61,13 +61,15 @@ type Grant struct {
 	Message string // for a refusal
 	LeaseID string
 	Tokens  int64
-	// Window names the window the answer is for; WindowLen its length.
-	Window     int64
-	WindowLen  time.Duration
-	StartsIn   time.Duration
-	ExpiresIn  time.Duration
-	WindowLeft time.Duration
-	PoolLeft   int64
+	// Window names the window the answer is for; WindowLen its length
+	// and WindowPhase its phase offset.
+	Window      int64
+	WindowLen   time.Duration
+	WindowPhase time.Duration
+	StartsIn    time.Duration
+	ExpiresIn   time.Duration
+	WindowLeft  time.Duration
+	PoolLeft    int64
 	// ShareSpent: nothing granted because this region used its share of
 	// the window while other regions' demand claims the rest.
 	ShareSpent bool
@@ -199,7 +201,7 @@ func (c *Core) RoundRead(now time.Time, r Round, res RoundResult) {
 	}
 	w := c.WindowOf(now, l)
 	if w.Index != r.Key.Window {
-		w = lease.Window{Index: r.Key.Window, Length: l.Window} // plan the window that was read
+		w = l.Windows().ByIndex(r.Key.Window) // plan the window that was read
 	}
 	bal := res.Balance
 	d := st.demand
@@ -375,7 +377,11 @@ func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
 			// arrived (at most maxOneWay: a call that was retried says
 			// nothing about the path). Naming windows late would spend a
 			// new window's first Checks against the old window's pool.
-			allocNow := time.Duration((g.Window+1)*int64(g.WindowLen) - int64(g.WindowLeft))
+			// The window's end on the allocator's clock, named by the
+			// grant itself (its index, length and phase), less what was
+			// left of it.
+			end := lease.WindowsOf(g.WindowLen, g.WindowPhase).ByIndex(g.Window).End()
+			allocNow := time.Duration(end.UnixNano()) - g.WindowLeft
 			answered := recv.Add(-min(recv.Sub(sent)/2, maxOneWay))
 			c.offset, c.offsetSet = allocNow-time.Duration(answered.UnixNano()), true
 		}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"leasehold/allocator"
-	"leasehold/lease"
 	"leasehold/overshoot"
 	"leasehold/regionagent/core"
 	"leasehold/regionagent/store"
@@ -72,7 +71,7 @@ func (l *ledger) win(w int64) *tally {
 // deposit records a lease stored in a bucket, and checks it is clamped to
 // its window (on the one clock of the model).
 func (l *ledger) deposit(w *world, ri, i int, s core.Store, d store.Deposit) {
-	end := lease.Window{Index: d.Key.Window, Length: window}.End()
+	end := w.limit.Windows().ByIndex(d.Key.Window).End()
 	if d.DeadlineMs > ms(end) {
 		w.fail("clamp", "lease %s deposited in %s with deadline %s, after its window's end %s",
 			d.LeaseID, regionNames[ri], fmtMs(d.DeadlineMs), fmtMs(ms(end)))
@@ -114,7 +113,7 @@ func (l *ledger) admit(w *world, ri, i int, s core.Store, key store.Key, cost in
 		t.fallback[ri] += cost
 	} else {
 		t.lease[ri] += cost
-		if wi := lease.WindowOf(w.now, window).Index; wi != key.Window {
+		if wi := w.limit.Windows().Of(w.now).Index; wi != key.Window {
 			w.fail("spend-in-window", "%s admitted %d from window %d's bucket during window %d", regionNames[ri], cost, key.Window, wi)
 		}
 		nowMs := ms(w.now)
@@ -148,7 +147,7 @@ func (l *ledger) persist(w *world, g allocator.Grant) {
 		w.fail("idempotency", "lease %s committed again with %d tokens (was %d): a retried request granted twice",
 			g.LeaseID, g.Tokens, old.Tokens)
 	}
-	end := lease.Window{Index: g.Window, Length: time.Duration(g.WindowMs) * time.Millisecond}.End()
+	end := g.Schedule().ByIndex(g.Window).End()
 	if g.ExpiresAt > end.UnixNano() {
 		w.fail("clamp", "lease %s expires at %s, after its window's end %s", g.LeaseID,
 			fmtMs(time.Unix(0, g.ExpiresAt).UnixMilli()), fmtMs(ms(end)))

@@ -10,7 +10,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"leasehold/allocator"
-	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/core"
 	"leasehold/regionagent/store"
@@ -228,7 +227,7 @@ func (w *world) restart(ri, i int) {
 
 // coreLimit is the limit as the agents' limit sync gives it to their cores.
 func (w *world) coreLimit() core.Limit {
-	return core.Limit{ID: limitID, Tokens: w.limit.Tokens, Window: window, TTL: ttl, Mode: core.ModeStrict,
+	return core.Limit{ID: limitID, Tokens: w.limit.Tokens, Window: window, Phase: w.limit.Phase, TTL: ttl, Mode: core.ModeStrict,
 		Fallback: w.sc.Fallback, Version: w.limit.Version, Regions: len(regionNames)}
 }
 
@@ -731,7 +730,7 @@ func (w *world) instants() []time.Time {
 		}
 	}
 	add(limit)
-	b := lease.WindowOf(w.now, window).End()
+	b := w.limit.Windows().Of(w.now).End()
 	add(b)
 	add(b.Add(-time.Millisecond))
 	for _, d := range w.led.leases {

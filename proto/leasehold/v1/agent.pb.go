@@ -620,7 +620,11 @@ type CheckResponse struct {
 	// would_deny is, for a limit in shadow mode (Limit.shadow), the reason
 	// enforcement would have denied this check (OVER_LIMIT or UNAVAILABLE):
 	// allowed is then true and reason OK. UNSPECIFIED otherwise.
-	WouldDeny     Reason `protobuf:"varint,11,opt,name=would_deny,json=wouldDeny,proto3,enum=leasehold.v1.Reason" json:"would_deny,omitempty"`
+	WouldDeny Reason `protobuf:"varint,11,opt,name=would_deny,json=wouldDeny,proto3,enum=leasehold.v1.Reason" json:"would_deny,omitempty"`
+	// window_phase is the phase offset of the limit's windows
+	// (Limit.window_phase): they start at k x window + window_phase on the
+	// allocator's clock. Unset for none.
+	WindowPhase   *durationpb.Duration `protobuf:"bytes,30,opt,name=window_phase,json=windowPhase,proto3" json:"window_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -730,6 +734,13 @@ func (x *CheckResponse) GetWouldDeny() Reason {
 		return x.WouldDeny
 	}
 	return Reason_REASON_UNSPECIFIED
+}
+
+func (x *CheckResponse) GetWindowPhase() *durationpb.Duration {
+	if x != nil {
+		return x.WindowPhase
+	}
+	return nil
 }
 
 type CheckMultiRequest struct {
@@ -876,7 +887,7 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\x04cost\x18\x02 \x01(\x03R\x04cost\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12!\n" +
-	"\fsettle_later\x18\x04 \x01(\bR\vsettleLater\"\xfe\x03\n" +
+	"\fsettle_later\x18\x04 \x01(\bR\vsettleLater\"\xbc\x04\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12,\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x14.leasehold.v1.ReasonR\x06reason\x12\x1c\n" +
@@ -893,7 +904,8 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\rsettle_within\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\fsettleWithin\x123\n" +
 	"\n" +
-	"would_deny\x18\v \x01(\x0e2\x14.leasehold.v1.ReasonR\twouldDeny\"G\n" +
+	"would_deny\x18\v \x01(\x0e2\x14.leasehold.v1.ReasonR\twouldDeny\x12<\n" +
+	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\"G\n" +
 	"\x11CheckMultiRequest\x122\n" +
 	"\x06checks\x18\x01 \x03(\v2\x1a.leasehold.v1.CheckRequestR\x06checks\"e\n" +
 	"\x12CheckMultiResponse\x12\x18\n" +
@@ -953,23 +965,24 @@ var file_leasehold_v1_agent_proto_depIdxs = []int32{
 	11, // 8: leasehold.v1.CheckResponse.window:type_name -> google.protobuf.Duration
 	11, // 9: leasehold.v1.CheckResponse.settle_within:type_name -> google.protobuf.Duration
 	0,  // 10: leasehold.v1.CheckResponse.would_deny:type_name -> leasehold.v1.Reason
-	7,  // 11: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
-	8,  // 12: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
-	7,  // 13: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
-	9,  // 14: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
-	3,  // 15: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
-	5,  // 16: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
-	1,  // 17: leasehold.v1.RegionAgent.Settle:input_type -> leasehold.v1.SettleRequest
-	8,  // 18: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
-	10, // 19: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
-	4,  // 20: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
-	6,  // 21: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
-	2,  // 22: leasehold.v1.RegionAgent.Settle:output_type -> leasehold.v1.SettleResponse
-	18, // [18:23] is the sub-list for method output_type
-	13, // [13:18] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	11, // 11: leasehold.v1.CheckResponse.window_phase:type_name -> google.protobuf.Duration
+	7,  // 12: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
+	8,  // 13: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
+	7,  // 14: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
+	9,  // 15: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
+	3,  // 16: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
+	5,  // 17: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
+	1,  // 18: leasehold.v1.RegionAgent.Settle:input_type -> leasehold.v1.SettleRequest
+	8,  // 19: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
+	10, // 20: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
+	4,  // 21: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
+	6,  // 22: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
+	2,  // 23: leasehold.v1.RegionAgent.Settle:output_type -> leasehold.v1.SettleResponse
+	19, // [19:24] is the sub-list for method output_type
+	14, // [14:19] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_agent_proto_init() }

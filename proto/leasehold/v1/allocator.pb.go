@@ -300,7 +300,8 @@ type Lease struct {
 	LimitId string `protobuf:"bytes,2,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
 	Region  string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
 	// window_index identifies the window: it starts at window_index * window
-	// on the allocator's clock. Agents time leases by durations only.
+	// + window_phase on the allocator's clock. Agents time leases by
+	// durations only.
 	WindowIndex int64                `protobuf:"varint,4,opt,name=window_index,json=windowIndex,proto3" json:"window_index,omitempty"`
 	Window      *durationpb.Duration `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"`
 	// tokens granted; 0 when nothing could be granted (see above).
@@ -323,7 +324,11 @@ type Lease struct {
 	// used its demand-weighted share of the window while other regions'
 	// fresh demand claims the rest of the pool; ask again later (the shares
 	// follow demand). pool_left is then above 0: the window is not spent.
-	ShareSpent    bool `protobuf:"varint,13,opt,name=share_spent,json=shareSpent,proto3" json:"share_spent,omitempty"`
+	ShareSpent bool `protobuf:"varint,13,opt,name=share_spent,json=shareSpent,proto3" json:"share_spent,omitempty"`
+	// window_phase is the phase offset of the window's limit version
+	// (Limit.window_phase): with window_index and window it names the
+	// window.
+	WindowPhase   *durationpb.Duration `protobuf:"bytes,30,opt,name=window_phase,json=windowPhase,proto3" json:"window_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -447,6 +452,13 @@ func (x *Lease) GetShareSpent() bool {
 		return x.ShareSpent
 	}
 	return false
+}
+
+func (x *Lease) GetWindowPhase() *durationpb.Duration {
+	if x != nil {
+		return x.WindowPhase
+	}
+	return nil
 }
 
 type LeaseResult struct {
@@ -1646,7 +1658,7 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\vheld_tokens\x18\x05 \x01(\x03R\n" +
 	"heldTokens\x12\x1f\n" +
 	"\vwant_tokens\x18\x06 \x01(\x03R\n" +
-	"wantTokens\"\xf3\x03\n" +
+	"wantTokens\"\xb1\x04\n" +
 	"\x05Lease\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12\x16\n" +
@@ -1665,7 +1677,8 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\vwindow_left\x18\f \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"windowLeft\x12\x1f\n" +
 	"\vshare_spent\x18\r \x01(\bR\n" +
-	"shareSpent\"\xda\x01\n" +
+	"shareSpent\x12<\n" +
+	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\"\xda\x01\n" +
 	"\vLeaseResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12*\n" +
@@ -1827,36 +1840,37 @@ var file_leasehold_v1_allocator_proto_depIdxs = []int32{
 	21, // 3: leasehold.v1.Lease.starts_in:type_name -> google.protobuf.Duration
 	21, // 4: leasehold.v1.Lease.expires_in:type_name -> google.protobuf.Duration
 	21, // 5: leasehold.v1.Lease.window_left:type_name -> google.protobuf.Duration
-	1,  // 6: leasehold.v1.LeaseResult.code:type_name -> leasehold.v1.ItemCode
-	4,  // 7: leasehold.v1.LeaseResult.lease:type_name -> leasehold.v1.Lease
-	5,  // 8: leasehold.v1.AcquireLeasesResponse.results:type_name -> leasehold.v1.LeaseResult
-	1,  // 9: leasehold.v1.ReturnResult.code:type_name -> leasehold.v1.ItemCode
-	7,  // 10: leasehold.v1.ReturnLeasesRequest.returns:type_name -> leasehold.v1.LeaseReturn
-	8,  // 11: leasehold.v1.ReturnLeasesResponse.results:type_name -> leasehold.v1.ReturnResult
-	22, // 12: leasehold.v1.Usage.fallback:type_name -> leasehold.v1.FallbackKind
-	11, // 13: leasehold.v1.ReportUsageRequest.usage:type_name -> leasehold.v1.Usage
-	23, // 14: leasehold.v1.SyncLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	17, // 15: leasehold.v1.AcquireSharesRequest.requests:type_name -> leasehold.v1.ShareRequest
-	21, // 16: leasehold.v1.RateShare.rate_period:type_name -> google.protobuf.Duration
-	21, // 17: leasehold.v1.RateShare.expires_in:type_name -> google.protobuf.Duration
-	1,  // 18: leasehold.v1.ShareResult.code:type_name -> leasehold.v1.ItemCode
-	18, // 19: leasehold.v1.ShareResult.share:type_name -> leasehold.v1.RateShare
-	19, // 20: leasehold.v1.AcquireSharesResponse.results:type_name -> leasehold.v1.ShareResult
-	2,  // 21: leasehold.v1.Allocator.AcquireLeases:input_type -> leasehold.v1.AcquireLeasesRequest
-	9,  // 22: leasehold.v1.Allocator.ReturnLeases:input_type -> leasehold.v1.ReturnLeasesRequest
-	12, // 23: leasehold.v1.Allocator.ReportUsage:input_type -> leasehold.v1.ReportUsageRequest
-	14, // 24: leasehold.v1.Allocator.SyncLimits:input_type -> leasehold.v1.SyncLimitsRequest
-	16, // 25: leasehold.v1.Allocator.AcquireShares:input_type -> leasehold.v1.AcquireSharesRequest
-	6,  // 26: leasehold.v1.Allocator.AcquireLeases:output_type -> leasehold.v1.AcquireLeasesResponse
-	10, // 27: leasehold.v1.Allocator.ReturnLeases:output_type -> leasehold.v1.ReturnLeasesResponse
-	13, // 28: leasehold.v1.Allocator.ReportUsage:output_type -> leasehold.v1.ReportUsageResponse
-	15, // 29: leasehold.v1.Allocator.SyncLimits:output_type -> leasehold.v1.SyncLimitsResponse
-	20, // 30: leasehold.v1.Allocator.AcquireShares:output_type -> leasehold.v1.AcquireSharesResponse
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	21, // 6: leasehold.v1.Lease.window_phase:type_name -> google.protobuf.Duration
+	1,  // 7: leasehold.v1.LeaseResult.code:type_name -> leasehold.v1.ItemCode
+	4,  // 8: leasehold.v1.LeaseResult.lease:type_name -> leasehold.v1.Lease
+	5,  // 9: leasehold.v1.AcquireLeasesResponse.results:type_name -> leasehold.v1.LeaseResult
+	1,  // 10: leasehold.v1.ReturnResult.code:type_name -> leasehold.v1.ItemCode
+	7,  // 11: leasehold.v1.ReturnLeasesRequest.returns:type_name -> leasehold.v1.LeaseReturn
+	8,  // 12: leasehold.v1.ReturnLeasesResponse.results:type_name -> leasehold.v1.ReturnResult
+	22, // 13: leasehold.v1.Usage.fallback:type_name -> leasehold.v1.FallbackKind
+	11, // 14: leasehold.v1.ReportUsageRequest.usage:type_name -> leasehold.v1.Usage
+	23, // 15: leasehold.v1.SyncLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	17, // 16: leasehold.v1.AcquireSharesRequest.requests:type_name -> leasehold.v1.ShareRequest
+	21, // 17: leasehold.v1.RateShare.rate_period:type_name -> google.protobuf.Duration
+	21, // 18: leasehold.v1.RateShare.expires_in:type_name -> google.protobuf.Duration
+	1,  // 19: leasehold.v1.ShareResult.code:type_name -> leasehold.v1.ItemCode
+	18, // 20: leasehold.v1.ShareResult.share:type_name -> leasehold.v1.RateShare
+	19, // 21: leasehold.v1.AcquireSharesResponse.results:type_name -> leasehold.v1.ShareResult
+	2,  // 22: leasehold.v1.Allocator.AcquireLeases:input_type -> leasehold.v1.AcquireLeasesRequest
+	9,  // 23: leasehold.v1.Allocator.ReturnLeases:input_type -> leasehold.v1.ReturnLeasesRequest
+	12, // 24: leasehold.v1.Allocator.ReportUsage:input_type -> leasehold.v1.ReportUsageRequest
+	14, // 25: leasehold.v1.Allocator.SyncLimits:input_type -> leasehold.v1.SyncLimitsRequest
+	16, // 26: leasehold.v1.Allocator.AcquireShares:input_type -> leasehold.v1.AcquireSharesRequest
+	6,  // 27: leasehold.v1.Allocator.AcquireLeases:output_type -> leasehold.v1.AcquireLeasesResponse
+	10, // 28: leasehold.v1.Allocator.ReturnLeases:output_type -> leasehold.v1.ReturnLeasesResponse
+	13, // 29: leasehold.v1.Allocator.ReportUsage:output_type -> leasehold.v1.ReportUsageResponse
+	15, // 30: leasehold.v1.Allocator.SyncLimits:output_type -> leasehold.v1.SyncLimitsResponse
+	20, // 31: leasehold.v1.Allocator.AcquireShares:output_type -> leasehold.v1.AcquireSharesResponse
+	27, // [27:32] is the sub-list for method output_type
+	22, // [22:27] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_allocator_proto_init() }

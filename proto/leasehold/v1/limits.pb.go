@@ -431,7 +431,14 @@ type Limit struct {
 	// by itself: from override.ends_at, override.after governs again, on
 	// every allocator replica, whatever happened in between. Set by the
 	// allocator (PutLimitRequest.override_for); refused in requests.
-	Override      *LimitOverride `protobuf:"bytes,26,opt,name=override,proto3" json:"override,omitempty"`
+	Override *LimitOverride `protobuf:"bytes,26,opt,name=override,proto3" json:"override,omitempty"`
+	// window_phase is the phase offset φ of a WINDOW limit's windows: they
+	// are [k x window + φ, (k+1) x window + φ) on the allocator's clock, so
+	// that limits with different phases do not all reset at the same
+	// instant. 0 <= φ < window, whole milliseconds; unset (0) is the
+	// epoch-aligned windows. Unset for other kinds. A change of phase takes
+	// effect NOW, or at an instant that starts a window of both versions.
+	WindowPhase   *durationpb.Duration `protobuf:"bytes,30,opt,name=window_phase,json=windowPhase,proto3" json:"window_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -620,6 +627,13 @@ func (x *Limit) GetOverride() *LimitOverride {
 	return nil
 }
 
+func (x *Limit) GetWindowPhase() *durationpb.Duration {
+	if x != nil {
+		return x.WindowPhase
+	}
+	return nil
+}
+
 // LimitOverride is the end of an emergency change (Limit.override).
 type LimitOverride struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -697,7 +711,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xba\b\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xf8\b\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -724,7 +738,8 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\vdebt_policy\x18\x15 \x01(\x0e2\x18.leasehold.v1.DebtPolicyR\n" +
 	"debtPolicy\x12\x16\n" +
 	"\x06shadow\x18\x19 \x01(\bR\x06shadow\x127\n" +
-	"\boverride\x18\x1a \x01(\v2\x1b.leasehold.v1.LimitOverrideR\boverride\x1aS\n" +
+	"\boverride\x18\x1a \x01(\v2\x1b.leasehold.v1.LimitOverrideR\boverride\x12<\n" +
+	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +
@@ -798,14 +813,15 @@ var file_leasehold_v1_limits_proto_depIdxs = []int32{
 	10, // 11: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
 	3,  // 12: leasehold.v1.Limit.debt_policy:type_name -> leasehold.v1.DebtPolicy
 	7,  // 13: leasehold.v1.Limit.override:type_name -> leasehold.v1.LimitOverride
-	11, // 14: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
-	6,  // 15: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
-	4,  // 16: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	10, // 14: leasehold.v1.Limit.window_phase:type_name -> google.protobuf.Duration
+	11, // 15: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
+	6,  // 16: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
+	4,  // 17: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_limits_proto_init() }
