@@ -431,7 +431,18 @@ type Limit struct {
 	// by itself: from override.ends_at, override.after governs again, on
 	// every allocator replica, whatever happened in between. Set by the
 	// allocator (PutLimitRequest.override_for); refused in requests.
-	Override      *LimitOverride `protobuf:"bytes,26,opt,name=override,proto3" json:"override,omitempty"`
+	Override *LimitOverride `protobuf:"bytes,26,opt,name=override,proto3" json:"override,omitempty"`
+	// binds makes this record a plan's binding table (only on a plan: a
+	// limit whose id is "plans/<name>", docs/plans.md): each entry is a
+	// pattern "<prefix>{id}" (e.g. "tenant/{id}"), and every limit id of
+	// the form <prefix><one segment> that no limit record names is this
+	// plan's limit, resolved on first use with no record of its own. A
+	// pattern is bound to at most one plan. Refused on other limits.
+	Binds []string `protobuf:"bytes,40,rep,name=binds,proto3" json:"binds,omitempty"`
+	// plan names the plan a limit was resolved from ("plans/<name>"); set
+	// on resolved limits only (SyncLimits, windows, reports), refused in
+	// requests.
+	Plan          string `protobuf:"bytes,41,opt,name=plan,proto3" json:"plan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -620,6 +631,20 @@ func (x *Limit) GetOverride() *LimitOverride {
 	return nil
 }
 
+func (x *Limit) GetBinds() []string {
+	if x != nil {
+		return x.Binds
+	}
+	return nil
+}
+
+func (x *Limit) GetPlan() string {
+	if x != nil {
+		return x.Plan
+	}
+	return ""
+}
+
 // LimitOverride is the end of an emergency change (Limit.override).
 type LimitOverride struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -697,7 +722,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xba\b\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xe4\b\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -724,7 +749,9 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\vdebt_policy\x18\x15 \x01(\x0e2\x18.leasehold.v1.DebtPolicyR\n" +
 	"debtPolicy\x12\x16\n" +
 	"\x06shadow\x18\x19 \x01(\bR\x06shadow\x127\n" +
-	"\boverride\x18\x1a \x01(\v2\x1b.leasehold.v1.LimitOverrideR\boverride\x1aS\n" +
+	"\boverride\x18\x1a \x01(\v2\x1b.leasehold.v1.LimitOverrideR\boverride\x12\x14\n" +
+	"\x05binds\x18( \x03(\tR\x05binds\x12\x12\n" +
+	"\x04plan\x18) \x01(\tR\x04plan\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +
