@@ -176,7 +176,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 	}
 	poolNow := max(0, cur.Tokens-net)
 	var demands []lease.RegionDemand
-	if l, ok := c.limits[id]; ok {
+	if l, ok := c.limit(id); ok {
 		demands = c.reported(now, l.At(now))
 	}
 	switch {

@@ -32,6 +32,9 @@ type WindowReport struct {
 	WouldDenyChecks int64            `json:"would_deny_checks,omitempty"`
 	// Shadow: the limit was in shadow mode at the window's end.
 	Shadow bool `json:"shadow,omitempty"`
+	// Plan names the plan the limit was resolved from ("" for a limit
+	// with a record of its own).
+	Plan string `json:"plan,omitempty"`
 }
 
 // WindowSummary is what is kept of a closed window once its grant and
@@ -51,6 +54,8 @@ type WindowSummary struct {
 	Local map[string]int64 `json:"local,omitempty"`
 	// Shadow: the limit was in shadow mode (tried, not enforced).
 	Shadow bool `json:"shadow,omitempty"`
+	// Plan: the limit was resolved from this plan.
+	Plan string `json:"plan,omitempty"`
 }
 
 // summarize captures a window of the core (nil if it has none).
@@ -61,7 +66,7 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 	}
 	s := &WindowSummary{Limit: k.limit, Window: k.index, WindowMs: ws.length.Milliseconds(), G: ws.maxG, MaxG: ws.maxG,
 		Granted: ws.granted, Credited: ws.credited, Late: ws.late, Regions: c.RegionUsage(k.limit, k.index)}
-	if l, ok := c.limits[k.limit]; ok {
+	if l, ok := c.limit(k.limit); ok {
 		v := l
 		win := lease.Window{Index: k.index, Length: ws.length}
 		switch {
@@ -76,6 +81,7 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 		s.G = v.Tokens
 		s.Local = localAllowances(v)
 		s.Shadow = v.Proto.GetShadow()
+		s.Plan = v.Proto.GetPlan()
 	}
 	return s
 }
@@ -159,7 +165,7 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 		Report:    overshoot.NewReport(limit, win.Start(), win.End(), w),
 		Closed:    !now.Before(win.End()),
 		Fallback:  fallback,
-		WouldDeny: wouldDeny, WouldDenyTotal: wouldDenyTotal, WouldDenyChecks: wouldDenyChecks, Shadow: s.Shadow,
+		WouldDeny: wouldDeny, WouldDenyTotal: wouldDenyTotal, WouldDenyChecks: wouldDenyChecks, Shadow: s.Shadow, Plan: s.Plan,
 	}
 	return rep, true
 }
@@ -182,7 +188,7 @@ func (a *Allocator) Reports(limit string, last int) ([]WindowReport, error) {
 
 func (c *Core) reports(now time.Time, limit string, last int) ([]WindowReport, error) {
 	var length time.Duration
-	if l, ok := c.limits[limit]; ok {
+	if l, ok := c.limit(limit); ok {
 		length = l.At(now).Window
 	} else if ss := c.summaries[limit]; len(ss) > 0 {
 		length = time.Duration(ss[len(ss)-1].WindowMs) * time.Millisecond
@@ -248,6 +254,7 @@ func (r WindowReport) ToProto() *pb.WindowReport {
 		WouldDenyTotal:  r.WouldDenyTotal,
 		WouldDenyChecks: r.WouldDenyChecks,
 		Shadow:          r.Shadow,
+		Plan:            r.Plan,
 	}
 	if !r.Bound.Infinite {
 		out.Bound = r.Bound.Tokens

@@ -2286,7 +2286,10 @@ type WindowReport struct {
 	WouldDenyTotal  int64            `protobuf:"varint,18,opt,name=would_deny_total,json=wouldDenyTotal,proto3" json:"would_deny_total,omitempty"`
 	WouldDenyChecks int64            `protobuf:"varint,19,opt,name=would_deny_checks,json=wouldDenyChecks,proto3" json:"would_deny_checks,omitempty"`
 	// shadow: the limit was in shadow mode at the window's end.
-	Shadow        bool `protobuf:"varint,20,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	Shadow bool `protobuf:"varint,20,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// plan names the plan the limit was resolved from ("plans/<name>");
+	// empty for a limit with a record of its own.
+	Plan          string `protobuf:"bytes,40,opt,name=plan,proto3" json:"plan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2459,6 +2462,13 @@ func (x *WindowReport) GetShadow() bool {
 		return x.Shadow
 	}
 	return false
+}
+
+func (x *WindowReport) GetPlan() string {
+	if x != nil {
+		return x.Plan
+	}
+	return ""
 }
 
 type BoundTerms struct {
@@ -2723,7 +2733,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\fburst_tokens\x18\x04 \x01(\x03R\vburstTokens\x129\n" +
 	"\n" +
 	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x10\n" +
-	"\x03seq\x18\x06 \x01(\x03R\x03seq\"\xb8\b\n" +
+	"\x03seq\x18\x06 \x01(\x03R\x03seq\"\xcc\b\n" +
 	"\fWindowReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2747,7 +2757,8 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"would_deny\x18\x11 \x03(\v2).leasehold.v1.WindowReport.WouldDenyEntryR\twouldDeny\x12(\n" +
 	"\x10would_deny_total\x18\x12 \x01(\x03R\x0ewouldDenyTotal\x12*\n" +
 	"\x11would_deny_checks\x18\x13 \x01(\x03R\x0fwouldDenyChecks\x12\x16\n" +
-	"\x06shadow\x18\x14 \x01(\bR\x06shadow\x1a;\n" +
+	"\x06shadow\x18\x14 \x01(\bR\x06shadow\x12\x12\n" +
+	"\x04plan\x18( \x01(\tR\x04plan\x1a;\n" +
 	"\rAdmittedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aW\n" +
