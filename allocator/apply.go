@@ -434,6 +434,12 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 	}
 	prev := cloneLimit(cur)
 	prev.Previous = nil
+	if planbind.IsPlan(next.Id) {
+		// Which ids a plan binds changes at once, on every reader (the
+		// binding table is built from the record); its settings wait
+		// for the boundary.
+		prev.Binds = next.Binds
+	}
 	next.EffectiveFrom, next.Previous = timestamppb.New(from), prev
 	return next, nil
 }

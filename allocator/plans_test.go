@@ -220,12 +220,21 @@ func TestPlanChangesRefused(t *testing.T) {
 		!strings.Contains(err.Error(), "dry_run") {
 		t.Fatalf("a dry run of a plan change: %v", err)
 	}
+	// A change of the binds alone is a change (not "unchanged"), and it
+	// binds at once although the settings wait for the boundary.
+	wide := proPlan(100)
+	wide.Binds = append(wide.Binds, "team/{id}")
+	w, err := a.PutLimit(ctx, wide, Change{Reason: "teams too"})
+	if err != nil || w.Version != 2 || len(w.Previous.GetBinds()) != 2 {
+		t.Fatalf("binding team/{id} too: %v %v", w, err)
+	}
+	waitPlan(t, a.Allocator, "team/x", 2)
 	// Moving the pattern in one apply is fine: the old plan lets it go.
 	pro := proPlan(100)
 	pro.Binds = nil
 	other.Binds = []string{"tenant/{id}"}
 	if _, err := s.ApplyLimits(ctx, &pb.ApplyLimitsRequest{Reason: "move", Changes: []*pb.LimitChange{
-		{Change: &pb.LimitChange_Put{Put: pro}, ExpectedVersion: 1},
+		{Change: &pb.LimitChange_Put{Put: pro}, ExpectedVersion: 2},
 		{Change: &pb.LimitChange_Put{Put: other}},
 	}}); err != nil {
 		t.Fatalf("moving a pattern between plans: %v", err)
