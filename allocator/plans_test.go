@@ -174,6 +174,17 @@ func TestPlanChangeAtBoundary(t *testing.T) {
 	if err != nil || s2.Unchanged || planTokens(s2) != 250 {
 		t.Fatalf("sync after the boundary: %v %v", s2, err)
 	}
+	ls, err := a.Limits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	for _, l := range ls {
+		listed = append(listed, l.Id+"="+l.Plan)
+	}
+	if got := strings.Join(listed, ","); got != "tenant/a=plans/pro,tenant/b=plans/pro,tenant/c=plans/pro,tenant/d=plans/pro,tenant/e=plans/pro" {
+		t.Fatalf("the status page's limits: %s (the used tenants, not the plan's record)", got)
+	}
 	reps, err := a.Reports("tenant/a", 2)
 	if err != nil || len(reps) != 2 || reps[0].Plan != "plans/pro" || reps[0].LimitTokens != 100 || reps[1].LimitTokens != 250 {
 		t.Fatalf("reports of tenant/a: %+v %v", reps, err)

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"leasehold/internal/planbind"
 	"leasehold/lease"
 	"leasehold/overshoot"
 	pb "leasehold/proto/leasehold/v1"
@@ -219,9 +220,33 @@ func (c *Core) reports(now time.Time, limit string, last int) ([]WindowReport, e
 	return out, nil
 }
 
-// Limits returns every limit (any replica; read from etcd).
+// Limits returns every limit (any replica; read from etcd), for the
+// status page: the limit records, without the plans' (which are never
+// checked), and, on the leader, the tenants' limits resolved from plans
+// that have windows kept (the used ones), in id order.
 func (a *Allocator) Limits(ctx context.Context) ([]*pb.Limit, error) {
-	return a.store.AllLimits(ctx)
+	all, err := a.store.AllLimits(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, l := range all {
+		if !planbind.IsPlan(l.Id) {
+			out = append(out, l)
+		}
+	}
+	if t, err := a.currentTerm(); err == nil {
+		now := a.opt.now()
+		t.mu.Lock()
+		t.core.eachLimit(func(_ string, l *Limit) {
+			if l.Proto.GetPlan() != "" {
+				out = append(out, asShown(l.Proto, now))
+			}
+		})
+		t.mu.Unlock()
+	}
+	slices.SortFunc(out, func(x, y *pb.Limit) int { return strings.Compare(x.Id, y.Id) })
+	return out, nil
 }
 
 // summaryKey is where a window's summary lives.

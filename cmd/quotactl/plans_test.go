@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"leasehold/internal/etcdtest"
+	pb "leasehold/proto/leasehold/v1"
 )
 
 // TestPlansLifecycle: plans set, get and list against a real allocator;
@@ -64,6 +67,32 @@ func TestPlansLifecycle(t *testing.T) {
 		"--bind", "a/{id}")
 	if r.code != 2 {
 		t.Fatalf("--bind on limits set: exit %d", r.code)
+	}
+
+	// A tenant's windows name its plan once it is used.
+	var res []*pb.LeaseResult
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) { // the leader learns of the plan through its watch
+		var err error
+		res, err = ta.a.AcquireLeases(context.Background(), "eu", []*pb.LeaseRequest{{RequestId: "r1", LimitId: "tenant/newco", WantTokens: 10}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Code == pb.ItemCode_ITEM_CODE_OK {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // polling the watch's effect
+	}
+	if res[0].GetLease().GetTokens() != 10 {
+		t.Fatalf("a grant for tenant/newco: %v", res)
+	}
+	r = q("windows", "tenant/newco").want(t, 0)
+	if !strings.Contains(r.stdout, "limit of plan plans/pro") {
+		t.Fatalf("windows of tenant/newco:\n%s", r.stdout)
+	}
+	r = q("--json", "windows", "tenant/newco").want(t, 0)
+	if !strings.Contains(r.stdout, `"plan": "plans/pro"`) {
+		t.Fatalf("windows --json of tenant/newco:\n%s", r.stdout)
 	}
 
 	// A limits file holds plans: applied, then exported as it was written.
