@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"leasehold/internal/limitspec"
+	"leasehold/internal/planbind"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -153,6 +154,10 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		e.EffectiveFrom = next.EffectiveFrom
 		e.NewLimitTokens = next.LimitTokens
 		e.Bound, e.BoundInfinite = boundOf(next)
+	}
+	if planbind.IsPlan(id) {
+		c.planEffect(now, e, id, next, deleting)
+		return e
 	}
 	if isBucket(stored) || isBucket(next) {
 		// A bucket limit has no window, pool or window bound: the effect

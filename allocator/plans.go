@@ -1,10 +1,15 @@
 package allocator
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
+	"time"
 
 	"leasehold/internal/planbind"
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -123,8 +128,6 @@ func (a *Allocator) checkPlanChanges(ctx context.Context, cs *changeSet) (*chang
 	switch {
 	case a.opt.groupView != nil:
 		return it, errPlansGroups(it)
-	case cs.dryRun:
-		return it, fieldErr("dry_run", "a dry run of a plan change is not supported in this version")
 	case cs.overrideFor != 0:
 		return it, fieldErr("override_for", "a plan cannot be overridden in this version: change it with effective NOW")
 	}
@@ -186,4 +189,48 @@ func (a *Allocator) storedPlans(ctx context.Context) ([]*pb.Limit, error) {
 func errPlansGroups(it *changeItem) error {
 	return fieldErr(it.field+idField(it), "plans are not supported with allocator groups in this version "+
 		"(each group would need every plan): give each tenant a limit of its own")
+}
+
+// maxDenyingShown bounds ChangeEffect.plan_tenants_denying.
+const maxDenyingShown = 100
+
+// planEffect fills a plan change's effect on its tenants (a dry run):
+// how many used the plan in the windows kept, and which of them admitted
+// more in their last window (the last closed one, else the running one)
+// than the new G, or all of them for a delete. A tenant with a limit of
+// its own is not on the plan.
+func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *pb.Limit, deleting bool) {
+	type tenant struct {
+		id       string
+		admitted int64
+	}
+	var denying []tenant
+	c.eachLimit(func(id string, l *Limit) {
+		if l.Proto.GetPlan() != plan {
+			return
+		}
+		e.PlanTenants++
+		cur := lease.WindowOf(now, l.At(now).Window).Index
+		rep, ok := c.report(now, id, cur-1)
+		if !ok {
+			rep, ok = c.report(now, id, cur)
+		}
+		var admitted int64
+		if ok {
+			admitted = rep.AdmittedTotal
+		}
+		if deleting || next != nil && admitted > next.LimitTokens {
+			denying = append(denying, tenant{id, admitted})
+		}
+	})
+	slices.SortFunc(denying, func(a, b tenant) int {
+		if a.admitted != b.admitted {
+			return cmp.Compare(b.admitted, a.admitted)
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	e.PlanTenantsDenyingCount = int64(len(denying))
+	for _, d := range denying[:min(len(denying), maxDenyingShown)] {
+		e.PlanTenantsDenying = append(e.PlanTenantsDenying, d.id)
+	}
 }

@@ -227,10 +227,6 @@ func TestPlanChangesRefused(t *testing.T) {
 		t.Fatalf("an override of a plan: %v", err)
 	}
 	s := NewServer(a.Allocator)
-	if _, err := s.PutLimit(ctx, &pb.PutLimitRequest{Limit: proPlan(300), Reason: "try", DryRun: true}); err == nil ||
-		!strings.Contains(err.Error(), "dry_run") {
-		t.Fatalf("a dry run of a plan change: %v", err)
-	}
 	// A change of the binds alone is a change (not "unchanged"), and it
 	// binds at once although the settings wait for the boundary.
 	wide := proPlan(100)
@@ -343,4 +339,59 @@ func coreLimit(a *Allocator, id string) (*pb.Limit, bool) {
 		return nil, false
 	}
 	return l.Proto, true
+}
+
+// TestPlanDryRun: a dry run of a plan change counts the tenants that used
+// the plan and names those whose last window admitted more than the new
+// G (all of them for a delete); a tenant with a limit of its own is not
+// on the plan; nothing is written.
+func TestPlanDryRun(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	p, err := a.PutLimit(ctx, proPlan(100), Change{Reason: "pro"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	atlas := proPlan(500)
+	atlas.Id, atlas.Binds = "tenant/atlas", nil
+	al, err := a.PutLimit(ctx, atlas, Change{Reason: "Atlas contract"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/a", p.Version)
+	waitLimit(t, a.Allocator, al.Id, al.Version)
+	admitted := map[string]int64{"tenant/a": 90, "tenant/b": 40, "tenant/c": 0, "tenant/d": 70, "tenant/atlas": 400}
+	var usage []*pb.Usage
+	for id, n := range admitted {
+		res, err := a.AcquireLeases(ctx, "eu", []*pb.LeaseRequest{{RequestId: "r-" + strings.ReplaceAll(id, "/", "-"), LimitId: id, WantTokens: 100}})
+		if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK {
+			t.Fatalf("grant %s: %v %v", id, res, err)
+		}
+		usage = append(usage, &pb.Usage{LimitId: id, WindowIndex: res[0].Lease.WindowIndex, Admitted: n})
+	}
+	if _, err := a.ReportUsage(ctx, "eu", "eu-1", usage); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(t0.Add(time.Minute + time.Second)) // window 0 closed
+	s := NewServer(a.Allocator)
+	resp, err := s.PutLimit(ctx, &pb.PutLimitRequest{Limit: proPlan(50), Reason: "cheaper pro", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := resp.Effect
+	if e.PlanTenants != 4 || e.PlanTenantsDenyingCount != 2 || strings.Join(e.PlanTenantsDenying, ",") != "tenant/a,tenant/d" ||
+		e.NewLimitTokens != 50 || e.WindowStart != nil {
+		t.Fatalf("dry run of G 100 -> 50: %v", e)
+	}
+	del, err := s.DeleteLimit(ctx, &pb.DeleteLimitRequest{Id: "plans/pro", Reason: "end pro", DryRun: true})
+	if err != nil || del.Effect.PlanTenants != 4 || del.Effect.PlanTenantsDenyingCount != 4 {
+		t.Fatalf("dry run of a delete: %v %v", del, err)
+	}
+	got, err := s.GetLimit(ctx, &pb.GetLimitRequest{Id: "plans/pro"})
+	if err != nil || got.Limit.Version != p.Version || got.Limit.LimitTokens != 100 {
+		t.Fatalf("a dry run wrote: %v %v", got, err)
+	}
 }

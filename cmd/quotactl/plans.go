@@ -49,8 +49,9 @@ every tenant on the plan from the next window boundary unless --effective
 now; which ids it binds (--bind) changes at once. A pattern is bound to
 one plan: the allocator refuses a second. A tenant with a limit of its own
 keeps it: an explicit limit wins over the plan. --shadow tries a plan on
-real traffic before it is enforced. --dry-run is refused for plans in this
-version.`,
+real traffic before it is enforced. --dry-run writes nothing and says how
+many tenants used the plan recently and which of them admitted more in
+their last window than the new limit (they would start being denied).`,
 	flags: func(f *flagSet) action { return setLimitFlags(f, true) },
 }
 
