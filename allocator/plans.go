@@ -234,3 +234,46 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 		e.PlanTenantsDenying = append(e.PlanTenantsDenying, d.id)
 	}
 }
+
+// IdleTenants returns the tenants of plans (ids with no record of their
+// own, whose summaries name a plan) with no window in progress and whose
+// newest kept window ended keep of its windows ago or more: their
+// summaries are dropped, so that the allocator keeps what tenants of a
+// plan used for as long as reports show (keep windows), not for every
+// tenant that ever used a plan. A limit with a record keeps its last
+// windows however long it is idle, as before plans.
+func (c *Core) IdleTenants(now time.Time, keep int) []string {
+	live := map[string]bool{}
+	for k := range c.windows {
+		live[k.limit] = true
+	}
+	var out []string
+	for id, ss := range c.summaries {
+		if _, explicit := c.limits[id]; explicit || live[id] || len(ss) == 0 {
+			continue
+		}
+		last := ss[len(ss)-1]
+		if last.Plan == "" {
+			continue
+		}
+		length := time.Duration(last.WindowMs) * time.Millisecond
+		end := lease.Window{Index: last.Window, Length: length}.End()
+		if !now.Before(end.Add(time.Duration(keep) * length)) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// summaryWindows returns the windows of id's kept summaries.
+func (c *Core) summaryWindows(id string) []int64 {
+	var out []int64
+	for _, s := range c.summaries[id] {
+		out = append(out, s.Window)
+	}
+	return out
+}
+
+// DropSummaries forgets id's summaries (IdleTenants).
+func (c *Core) DropSummaries(id string) { delete(c.summaries, id) }

@@ -255,7 +255,9 @@ func TestPlanTenantsCostOnlyWhenUsed(t *testing.T) {
 	const tenants, used = 100_000, 1_000
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
-	a := startAllocator(t, c, "a", clock.opt())
+	const keep = 3 // windows kept for reports
+	// The test sweeps (an hour between the allocator's own sweeps).
+	a := startAllocator(t, c, "a", clock.opt(), WithRetention(30*time.Second, time.Hour), WithReports(keep, 1000))
 	allocatortest.WaitLeader(t, a)
 	ctx := context.Background()
 	if _, err := a.PutLimit(ctx, proPlan(1000), Change{Reason: "pro for everyone"}); err != nil {
@@ -315,6 +317,59 @@ func TestPlanTenantsCostOnlyWhenUsed(t *testing.T) {
 		t.Fatalf("etcd grew by %d keys for %d grants of %d used tenants: want one grant record each", keys1-keys0, used, used)
 	}
 	// No key names an unused tenant.
+	noUnused := func() {
+		t.Helper()
+		resp, err := cli.Get(ctx, "", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range resp.Kvs {
+			k := string(kv.Key)
+			if i := strings.Index(k, "tenant/t"); i >= 0 {
+				var n int
+				if _, err := fmt.Sscanf(k[i+len("tenant/t"):], "%d", &n); err == nil && n%(tenants/used) != 0 {
+					t.Fatalf("key %q names an unused tenant", k)
+				}
+			}
+		}
+	}
+	noUnused()
+	// After the window: the grants are swept into one summary per used
+	// tenant (reports), and those go once the tenant has been idle for
+	// the windows reports keep. A tenant used again comes back.
+	sweep := func() {
+		t.Helper()
+		tm := a.currentTermOrNil()
+		if tm == nil {
+			t.Fatal("not leading")
+		}
+		if err := a.sweepOnce(tm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func() (resolved, windows, summaries int) {
+		_ = a.View(func(_ time.Time, core *Core) {
+			resolved, windows, summaries = core.Resolved(), len(core.windows), len(core.summaries)
+		})
+		return
+	}
+	clock.Set(t0.Add(2 * time.Minute))
+	sweep()
+	noUnused()
+	if r, w, sm := state(); r != 0 || w != 0 || sm != used || countKeys() != keys0+used {
+		t.Fatalf("after the window: resolved %d, windows %d, summaries %d, etcd keys +%d; want 0, 0, %d, +%d",
+			r, w, sm, countKeys()-keys0, used, used)
+	}
+	if reps, err := a.Reports("tenant/t0", 5); err != nil || len(reps) != 1 || reps[0].Plan != "plans/pro" || reps[0].Granted != 10 {
+		t.Fatalf("tenant/t0's report after its window: %+v %v", reps, err)
+	}
+	clock.Set(t0.Add((2 + keep) * time.Minute))
+	sweep()
+	if r, w, sm := state(); r != 0 || w != 0 || sm != 0 || countKeys() != keys0 {
+		t.Fatalf("after %d idle windows: resolved %d, windows %d, summaries %d, etcd keys +%d; want nothing",
+			keep, r, w, sm, countKeys()-keys0)
+	}
+	t.Logf("after %d idle windows: etcd keys %d (as before any use), no tenant state", keep, countKeys())
 	resp, err := cli.Get(ctx, "", clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		t.Fatal(err)

@@ -195,3 +195,39 @@ func TestPlanChangeReachesAgents(t *testing.T) {
 		t.Fatalf("after the delete: G %d from %q, want the plan's 12", n, p)
 	}
 }
+
+// TestPlanTenantForgotten: the agent keeps a tenant's resolved limit only
+// while it keeps the tenant's state: idle past the forget time, both go,
+// and the next Check resolves it again.
+func TestPlanTenantForgotten(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putPlan(proPlan(100, "eu"), "tenant/probe")
+	a := w.agent("eu", "eu1", WithColdWait(2*time.Second))
+	runWork(t, a)
+	ctx := context.Background()
+	for _, id := range []string{"tenant/a", "tenant/b"} {
+		if d, err := a.Check(ctx, id, 1); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v %v", id, d, err)
+		}
+	}
+	if n := a.core.Bound(); n != 2 {
+		t.Fatalf("%d resolved, want 2", n)
+	}
+	for range 20 { // past the windows, their reports and the forget time, in steps
+		w.clock.Add(time.Minute)
+		a.report(ctx)
+		a.tick(ctx)
+		if a.core.Bound() == 0 {
+			break
+		}
+	}
+	if n, act := a.core.Bound(), a.core.Active(); n != 0 || act != 0 {
+		t.Fatalf("after 20 idle minutes: %d resolved, %d limit states; want none", n, act)
+	}
+	if d, err := a.Check(ctx, "tenant/a", 1); err != nil || !d.Allowed {
+		t.Fatalf("tenant/a again: %+v %v", d, err)
+	}
+	if n := a.core.Bound(); n != 1 {
+		t.Fatalf("%d resolved after tenant/a came back, want 1", n)
+	}
+}
