@@ -634,3 +634,14 @@ func TestOverrideShown(t *testing.T) {
 		t.Fatalf("level %q alerts %+v", rw.Level, rw.Alerts)
 	}
 }
+
+// TestPlanTenantNamesItsPlan: a tenant's limit resolved from a plan shows
+// the plan beside its mode.
+func TestPlanTenantNamesItsPlan(t *testing.T) {
+	f := demoSource()
+	tenant := limit("tenant/newco", 100, "eu")
+	tenant.Plan = "plans/pro"
+	f.limits = append(f.limits, tenant)
+	_, _, body := serve(t, f, "/status")
+	mustContain(t, body, "strict · plans/pro")
+}
