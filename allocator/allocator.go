@@ -664,7 +664,46 @@ func (a *Allocator) sweepOnce(t *term) error {
 		t.mu.Unlock()
 		keys = keys[n:]
 	}
+	if err := a.sweepIdleTenants(t); err != nil {
+		return err
+	}
 	return a.sweepShares(t)
+}
+
+// sweepIdleTenants removes the window summaries of plan tenants idle for
+// as many windows as reports keep (Core.IdleTenants), fenced and batched.
+func (a *Allocator) sweepIdleTenants(t *term) error {
+	t.mu.Lock()
+	ids := t.core.IdleTenants(a.opt.now(), a.opt.keepWindows)
+	t.mu.Unlock()
+	for len(ids) > 0 {
+		var ops []*pendingOp
+		n := 0
+		t.mu.Lock()
+		for _, id := range ids {
+			ws := t.core.summaryWindows(id)
+			if n > 0 && len(ops)+len(ws) > a.opt.maxOps {
+				break
+			}
+			for _, w := range ws {
+				ops = append(ops, t.commit.enqueue(clientv3.OpDelete(a.store.summaryKey(id, w))))
+			}
+			n++
+		}
+		t.mu.Unlock()
+		for _, p := range ops {
+			if err := p.wait(t.ctx); err != nil {
+				return err
+			}
+		}
+		t.mu.Lock()
+		for _, id := range ids[:n] {
+			t.core.DropSummaries(id)
+		}
+		t.mu.Unlock()
+		ids = ids[n:]
+	}
+	return nil
 }
 
 // sweepShares removes the records of rate shares that expired more than

@@ -14,6 +14,7 @@ import (
 
 	"leasehold/allocator/auth"
 	"leasehold/internal/limitspec"
+	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
@@ -156,6 +157,9 @@ func (a *Allocator) applyChanges(ctx context.Context, p *auth.Principal, cs chan
 		return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, err)
 	}
 	for i := range cs.items {
+		if it := &cs.items[i]; a.opt.groupView != nil && planbind.IsPlan(it.id()) {
+			return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, errPlansGroups(it))
+		}
 		if err := a.writableHere(cs.items[i].id()); err != nil {
 			return nil, err // not this group's to change: the caller asks the owner
 		}
@@ -166,6 +170,13 @@ func (a *Allocator) applyChanges(ctx context.Context, p *auth.Principal, cs chan
 	}
 	a.changeMu.Lock()
 	defer a.changeMu.Unlock()
+	// Under changeMu: two changes cannot bind one pattern to two plans.
+	if it, err := a.checkPlanChanges(ctx, &cs); err != nil {
+		if it != nil && errors.Is(err, vocab.ErrInvalid) {
+			return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, err)
+		}
+		return nil, err
+	}
 	for attempt := 0; ; attempt++ {
 		plan, it, err := a.planChanges(ctx, t, &cs)
 		if err != nil {
@@ -429,6 +440,12 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 	}
 	prev := cloneLimit(cur)
 	prev.Previous = nil
+	if planbind.IsPlan(next.Id) {
+		// Which ids a plan binds changes at once, on every reader (the
+		// binding table is built from the record); its settings wait
+		// for the boundary.
+		prev.Binds = next.Binds
+	}
 	next.EffectiveFrom, next.Previous = timestamppb.New(from), prev
 	return next, nil
 }

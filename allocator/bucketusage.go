@@ -286,7 +286,7 @@ func (a *Allocator) BucketStatus(limit string, last int) (BucketStatus, error) {
 }
 
 func (c *Core) bucketStatus(now time.Time, limit string, last int) (BucketStatus, error) {
-	l, defined := c.limits[limit]
+	l, defined := c.limit(limit)
 	bucket := defined && l.At(now).Kind == pb.LimitKind_LIMIT_KIND_BUCKET
 	st := BucketStatus{Intervals: c.BucketReports(limit, now, last), Shares: c.SharesInForce(limit, now)}
 	switch {

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"fmt"
+	"leasehold/internal/planbind"
 	"slices"
 	"strconv"
 	"strings"
@@ -168,6 +169,12 @@ type Core struct {
 	shares    map[string]*shareState     // rate shares of bucket limits, per limit (shares.go)
 	shareReq  map[requestKey]*ShareGrant // rate shares by request id
 	bucketUse map[string]*bucketUsage    // bucket limits' admitted counts per reporting interval (bucketusage.go)
+	// bind are the plans' patterns (plans.go); resolved caches the limits
+	// resolved from plans for the ids granted since the last plan change,
+	// each dropped with its last window (a cache: resolution is a pure
+	// function of the plan).
+	bind     planbind.Table
+	resolved map[string]*Limit
 }
 
 // NewCore returns an empty core.
@@ -181,6 +188,7 @@ func NewCore() *Core {
 		shares:    map[string]*shareState{},
 		shareReq:  map[requestKey]*ShareGrant{},
 		bucketUse: map[string]*bucketUsage{},
+		resolved:  map[string]*Limit{},
 	}
 }
 
@@ -199,16 +207,28 @@ func (c *Core) SetOwnership(owner func(limit string, start time.Time) (group str
 // that governs its start (Limit.At): a change in force at once (no
 // Previous) applies to the running window, and a lower G empties its pool
 // at once (pools are computed from the G in force, clamped at zero).
-func (c *Core) SetLimit(l *Limit) { c.limits[l.ID] = l }
+// A plan (an id under planbind.Namespace) is kept as a limit record
+// that is never granted; it defines the limits of the ids it binds.
+func (c *Core) SetLimit(l *Limit) {
+	c.limits[l.ID] = l
+	if planbind.IsPlan(l.ID) {
+		c.plansChanged()
+	}
+}
 
 // DeleteLimit forgets a limit; its open windows stay until they expire, so
 // returns are still counted.
-func (c *Core) DeleteLimit(id string) { delete(c.limits, id) }
+func (c *Core) DeleteLimit(id string) {
+	delete(c.limits, id)
+	if planbind.IsPlan(id) {
+		c.plansChanged()
+	}
+}
 
-// Limit returns a limit by id.
+// Limit returns a limit by id: its record, or the limit the plan that
+// binds id gives it (plans.go). A plan's own record is no limit.
 func (c *Core) Limit(id string) (*Limit, bool) {
-	l, ok := c.limits[id]
-	return l, ok
+	return c.limit(id)
 }
 
 // Restore adds a committed grant while rebuilding from etcd.
@@ -242,7 +262,7 @@ func (c *Core) window(k windowKey, sched lease.Windows) *windowState {
 // credited returns, never below zero. G is the one of the version that
 // governs the window's start.
 func (c *Core) Pool(limit string, window int64) int64 {
-	l, ok := c.limits[limit]
+	l, ok := c.limit(limit)
 	if !ok {
 		return 0
 	}
@@ -327,7 +347,7 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 		return Decision{Code: pb.ItemCode_ITEM_CODE_CONFLICT,
 			Message: fmt.Sprintf("request id %q was used for a rate share of limit %q", r.RequestID, g.Limit)}
 	}
-	l, ok := c.limits[r.Limit]
+	l, ok := c.use(r.Limit)
 	if !ok {
 		if c.owner != nil {
 			// Not here: a limit another group owns lives there (its W,
@@ -574,6 +594,7 @@ func (c *Core) Forget(k windowKey) {
 		}
 	}
 	delete(c.windows, k)
+	delete(c.resolved, k.limit) // resolved again if the id is used again
 }
 
 // ToProto renders a grant as the lease an agent receives at now: durations

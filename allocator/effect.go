@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"leasehold/internal/limitspec"
+	"leasehold/internal/planbind"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -48,6 +49,9 @@ func limitFields(l *pb.Limit) map[string]string {
 	if l.Shadow {
 		m["shadow"] = "true" // absent: enforced
 	}
+	if len(l.Binds) > 0 {
+		m["binds"] = strings.Join(slices.Sorted(slices.Values(l.Binds)), ",")
+	}
 	if o := l.GetOverride(); o != nil {
 		m["override"] = "until " + o.GetEndsAt().AsTime().UTC().Format(time.RFC3339Nano) + ", then version in force before it"
 	}
@@ -72,7 +76,7 @@ func limitFields(l *pb.Limit) map[string]string {
 // fieldOrder lists the fixed fields in the order a diff shows them;
 // fallback.* and tags.* follow their neighbours, by name.
 var fieldOrder = []string{"limit_tokens", "window", "window_phase", "kind", "rate", "burst_tokens", "regions", "mode", "fallback.", "lease.ttl",
-	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override"}
+	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override", "binds"}
 
 func fieldRank(f string) int {
 	for i, p := range fieldOrder {
@@ -154,6 +158,10 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		e.NewLimitTokens = next.LimitTokens
 		e.Bound, e.BoundInfinite = boundOf(next)
 	}
+	if planbind.IsPlan(id) {
+		c.planEffect(now, e, id, next, deleting)
+		return e
+	}
 	if isBucket(stored) || isBucket(next) {
 		// A bucket limit has no window, pool or window bound: the effect
 		// is its changes and when they govern (at once).
@@ -179,7 +187,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 	}
 	poolNow := max(0, cur.Tokens-net)
 	var demands []lease.RegionDemand
-	if l, ok := c.limits[id]; ok {
+	if l, ok := c.limit(id); ok {
 		demands = c.reported(now, l.At(now))
 	}
 	switch {

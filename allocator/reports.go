@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"leasehold/internal/planbind"
 	"leasehold/lease"
 	"leasehold/overshoot"
 	pb "leasehold/proto/leasehold/v1"
@@ -32,6 +33,9 @@ type WindowReport struct {
 	WouldDenyChecks int64            `json:"would_deny_checks,omitempty"`
 	// Shadow: the limit was in shadow mode at the window's end.
 	Shadow bool `json:"shadow,omitempty"`
+	// Plan names the plan the limit was resolved from ("" for a limit
+	// with a record of its own).
+	Plan string `json:"plan,omitempty"`
 }
 
 // WindowSummary is what is kept of a closed window once its grant and
@@ -52,6 +56,8 @@ type WindowSummary struct {
 	Local map[string]int64 `json:"local,omitempty"`
 	// Shadow: the limit was in shadow mode (tried, not enforced).
 	Shadow bool `json:"shadow,omitempty"`
+	// Plan: the limit was resolved from this plan.
+	Plan string `json:"plan,omitempty"`
 }
 
 // summarize captures a window of the core (nil if it has none).
@@ -63,7 +69,7 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 	s := &WindowSummary{Limit: k.limit, Window: k.index, WindowMs: ws.sched.Length.Milliseconds(),
 		PhaseMs: ws.sched.Phase.Milliseconds(), G: ws.maxG, MaxG: ws.maxG,
 		Granted: ws.granted, Credited: ws.credited, Late: ws.late, Regions: c.RegionUsage(k.limit, k.index)}
-	if l, ok := c.limits[k.limit]; ok {
+	if l, ok := c.limit(k.limit); ok {
 		v := l
 		win := ws.sched.ByIndex(k.index)
 		switch {
@@ -78,6 +84,7 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 		s.G = v.Tokens
 		s.Local = localAllowances(v)
 		s.Shadow = v.Proto.GetShadow()
+		s.Plan = v.Proto.GetPlan()
 	}
 	return s
 }
@@ -161,7 +168,7 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 		Report:    overshoot.NewReport(limit, win.Start(), win.End(), w),
 		Closed:    !now.Before(win.End()),
 		Fallback:  fallback,
-		WouldDeny: wouldDeny, WouldDenyTotal: wouldDenyTotal, WouldDenyChecks: wouldDenyChecks, Shadow: s.Shadow,
+		WouldDeny: wouldDeny, WouldDenyTotal: wouldDenyTotal, WouldDenyChecks: wouldDenyChecks, Shadow: s.Shadow, Plan: s.Plan,
 	}
 	return rep, true
 }
@@ -184,7 +191,7 @@ func (a *Allocator) Reports(limit string, last int) ([]WindowReport, error) {
 
 func (c *Core) reports(now time.Time, limit string, last int) ([]WindowReport, error) {
 	var sched lease.Windows
-	if l, ok := c.limits[limit]; ok {
+	if l, ok := c.limit(limit); ok {
 		sched = l.At(now).Windows()
 	} else if ss := c.summaries[limit]; len(ss) > 0 {
 		sched = schedOf(ss[len(ss)-1].WindowMs, ss[len(ss)-1].PhaseMs)
@@ -215,9 +222,33 @@ func (c *Core) reports(now time.Time, limit string, last int) ([]WindowReport, e
 	return out, nil
 }
 
-// Limits returns every limit (any replica; read from etcd).
+// Limits returns every limit (any replica; read from etcd), for the
+// status page: the limit records, without the plans' (which are never
+// checked), and, on the leader, the tenants' limits resolved from plans
+// that have windows kept (the used ones), in id order.
 func (a *Allocator) Limits(ctx context.Context) ([]*pb.Limit, error) {
-	return a.store.AllLimits(ctx)
+	all, err := a.store.AllLimits(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, l := range all {
+		if !planbind.IsPlan(l.Id) {
+			out = append(out, l)
+		}
+	}
+	if t, err := a.currentTerm(); err == nil {
+		now := a.opt.now()
+		t.mu.Lock()
+		t.core.eachLimit(func(_ string, l *Limit) {
+			if l.Proto.GetPlan() != "" {
+				out = append(out, asShown(l.Proto, now))
+			}
+		})
+		t.mu.Unlock()
+	}
+	slices.SortFunc(out, func(x, y *pb.Limit) int { return strings.Compare(x.Id, y.Id) })
+	return out, nil
 }
 
 // summaryKey is where a window's summary lives.
@@ -250,6 +281,7 @@ func (r WindowReport) ToProto() *pb.WindowReport {
 		WouldDenyTotal:  r.WouldDenyTotal,
 		WouldDenyChecks: r.WouldDenyChecks,
 		Shadow:          r.Shadow,
+		Plan:            r.Plan,
 	}
 	if !r.Bound.Infinite {
 		out.Bound = r.Bound.Tokens

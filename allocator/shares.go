@@ -164,7 +164,7 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_CONFLICT,
 			Message: fmt.Sprintf("request id %q was used for a lease of limit %q", r.RequestID, g.Limit)}
 	}
-	l, ok := c.limits[r.Limit]
+	l, ok := c.limit(r.Limit)
 	if !ok {
 		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
 	}

@@ -60,7 +60,7 @@ func fallbackRank(k int32) int {
 // reordered report never lowers them, so reports are idempotent. It returns
 // the record to persist, or nil when nothing changed.
 func (c *Core) Report(now time.Time, region, reporter string, u *pb.Usage) *UsageRecord {
-	l, ok := c.limits[u.LimitId]
+	l, ok := c.limit(u.LimitId)
 	var sched lease.Windows
 	if ok {
 		l = l.forIndex(u.WindowIndex, now)

@@ -70,17 +70,17 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 	var rows []limitRow
 	overrides := map[string]time.Time{}
 	err := c.a.View(func(now time.Time, core *Core) {
-		for id, l := range core.limits {
+		core.eachLimit(func(id string, l *Limit) {
 			if l.After != nil && now.Before(l.OverrideEnds) {
 				overrides[id] = l.OverrideEnds // every one: there are few, and each is an emergency
 			}
 			if l.At(now).IsBucket() {
-				continue // bucketCollector's
+				return // bucketCollector's
 			}
 			cur := l.At(now).Windows().Of(now).Index
 			rep, ok := core.report(now, id, cur-1)
 			if !ok {
-				continue
+				return
 			}
 			row := limitRow{rep: rep, mode: map[string]pb.FallbackKind{}, fallback: map[string]int64{}, regions: l.Regions}
 			for r, u := range core.windowUsage(id, cur-1) {
@@ -98,7 +98,7 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 				row.priority = row.priority || k == pb.FallbackKind_FALLBACK_KIND_OPEN
 			}
 			rows = append(rows, row)
-		}
+		})
 	})
 	if err != nil {
 		return // a follower exports no window metrics

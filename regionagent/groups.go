@@ -459,12 +459,10 @@ func (a *Agent) syncGroups(ctx context.Context) error {
 		if clock != nil {
 			c.SetAllocatorClock(clock.sent, clock.recv, time.Unix(0, clock.resp.AllocatorUnixNanos))
 		}
-		ls := make([]core.Limit, len(merged.Limits))
-		for i, l := range merged.Limits {
-			ls[i] = limitOf(l, a.cfg.Region)
-		}
+		ls, plans := coreLimits(merged.Limits, a.cfg.Region)
 		taken := time.Unix(0, merged.AllocatorUnixNanos)
 		if changed {
+			c.SetPlans(plans)
 			c.SetLimits(merged.oldest, merged.Revision, ls, taken)
 		} else {
 			c.Synced(merged.oldest, taken)

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	"leasehold/internal/limitspec"
+	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/bucket"
@@ -152,10 +153,8 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 			c.Synced(tok, taken)
 			return
 		}
-		ls := make([]core.Limit, len(resp.Limits))
-		for i, l := range resp.Limits {
-			ls[i] = limitOf(l, a.cfg.Region)
-		}
+		ls, plans := coreLimits(resp.Limits, a.cfg.Region)
+		c.SetPlans(plans)
 		c.SetLimits(tok, resp.Revision, ls, taken)
 	})
 	a.syncOnce.Do(func() { close(a.synced) })
@@ -165,11 +164,42 @@ func (a *Agent) syncLimits(ctx context.Context) error {
 	return nil
 }
 
+// coreLimits splits a snapshot of the region's limits into the limits the
+// core checks and the resolver of the ids its plans bind (nil without
+// plans), with the allocator's resolution (planbind): a plan's record is
+// never checked itself.
+func coreLimits(pls []*pb.Limit, region string) ([]core.Limit, core.Resolver) {
+	ls := make([]core.Limit, 0, len(pls))
+	var plans []*pb.Limit
+	for _, l := range pls {
+		if planbind.IsPlan(l.Id) {
+			plans = append(plans, l)
+			continue
+		}
+		ls = append(ls, limitOf(l, region))
+	}
+	if len(plans) == 0 {
+		return ls, nil
+	}
+	tbl := planbind.NewTable(plans)
+	byID := make(map[string]*pb.Limit, len(plans))
+	for _, p := range plans {
+		byID[p.Id] = p
+	}
+	return ls, func(id string) (core.Limit, bool) {
+		pid, ok := tbl.Match(id)
+		if !ok || vocab.ValidateLimitID("id", id) != nil {
+			return core.Limit{}, false
+		}
+		return limitOf(planbind.Resolve(byID[pid], id), region), true
+	}
+}
+
 // limitOf is what the core needs of a limit, for region.
 func limitOf(l *pb.Limit, region string) core.Limit {
 	out := core.Limit{ID: l.Id, Tokens: l.LimitTokens, Window: dur(l.Window), Phase: dur(l.WindowPhase), TTL: dur(l.GetLease().GetTtl()),
 		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag,
-		SettleGrace: limitspec.SettleGrace(l), CarryDebt: l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_FORGIVE, Shadow: l.Shadow}
+		SettleGrace: limitspec.SettleGrace(l), CarryDebt: l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_FORGIVE, Shadow: l.Shadow, Plan: l.Plan}
 	if l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET && l.RateTokens > 0 {
 		out.Rate, out.RatePeriod, out.Burst = l.RateTokens, time.Second, l.BurstTokens
 		if l.RatePeriod != nil {

@@ -81,13 +81,14 @@ func (a *Agent) restoreSnapshot(ctx context.Context) string {
 	if best == nil {
 		return ""
 	}
-	ls := make([]core.Limit, len(best.Limits))
-	for i, l := range best.Limits {
-		ls[i] = limitOf(l, a.cfg.Region)
-	}
+	ls, plans := coreLimits(best.Limits, a.cfg.Region)
 	taken := time.Unix(0, best.AllocatorUnixNanos)
 	restored := false
-	a.withCore(func(c *core.Core) { restored = c.RestoreLimits(best.Revision, ls, taken) })
+	a.withCore(func(c *core.Core) {
+		if restored = c.RestoreLimits(best.Revision, ls, taken); restored {
+			c.SetPlans(plans)
+		}
+	})
 	if !restored {
 		return ""
 	}

@@ -490,6 +490,9 @@ func newRow(v view, l *pb.Limit, reps []allocator.WindowReport) *row {
 	if l.GetShadow() {
 		rw.Mode += " · shadow"
 	}
+	if p := l.GetPlan(); p != "" {
+		rw.Mode += " · " + p // a tenant's limit from its plan
+	}
 	// The last final window, and the fail modes in force in it and in the
 	// windows after it (settling or running).
 	var last *allocator.WindowReport

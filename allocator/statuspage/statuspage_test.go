@@ -648,3 +648,14 @@ func TestPhasedLimit(t *testing.T) {
 	_, _, body = serve(t, f, "/status?limit=tenant/atlas")
 	mustContain(t, body, "tokens per 1m (phase 17s)")
 }
+
+// TestPlanTenantNamesItsPlan: a tenant's limit resolved from a plan shows
+// the plan beside its mode.
+func TestPlanTenantNamesItsPlan(t *testing.T) {
+	f := demoSource()
+	tenant := limit("tenant/newco", 100, "eu")
+	tenant.Plan = "plans/pro"
+	f.limits = append(f.limits, tenant)
+	_, _, body := serve(t, f, "/status")
+	mustContain(t, body, "strict · plans/pro")
+}

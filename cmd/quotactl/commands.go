@@ -31,7 +31,7 @@ type action func(ctx context.Context, e *env, args []string) error
 var root = &command{
 	name:    "quotactl",
 	summary: "manage Leasehold's global quota limits",
-	sub:     []*command{limitsCmd, checkCmd, windowsCmd, auditCmd, whoamiCmd, groupsCmd},
+	sub:     []*command{limitsCmd, plansCmd, checkCmd, windowsCmd, auditCmd, whoamiCmd, groupsCmd},
 }
 
 // usageError is bad usage: exit code 2.

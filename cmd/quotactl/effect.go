@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"leasehold/internal/planbind"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -91,6 +92,22 @@ func writeEffect(w io.Writer, eff *pb.ChangeEffect) {
 	if eff.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
 		// No window, pool or window bound: the changes govern at once.
 		kv("kind", "bucket (no windows: quotactl windows shows its intervals and shares)")
+		return
+	}
+	if planbind.IsPlan(eff.GetLimitId()) {
+		// A plan has no windows of its own: its tenants do.
+		if eff.GetAction() != "delete" {
+			kv("new-g", strconv.FormatInt(eff.GetNewLimitTokens(), 10))
+		}
+		kv("tenants", strconv.FormatInt(eff.GetPlanTenants(), 10)+" (used the plan in the windows the allocator keeps)")
+		denying := "none"
+		if n := eff.GetPlanTenantsDenyingCount(); n > 0 {
+			denying = strconv.FormatInt(n, 10) + ": " + oneLine(strings.Join(eff.GetPlanTenantsDenying(), ","))
+			if int64(len(eff.GetPlanTenantsDenying())) < n {
+				denying += ", ..."
+			}
+		}
+		kv("denying", denying+" (admitted more in their last window than the new G)")
 		return
 	}
 	if eff.GetWindowStart() == nil {

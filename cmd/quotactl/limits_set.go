@@ -25,98 +25,114 @@ change and its effect on the current window, and writes nothing. --rate and
 --burst describe a bucket limit (rate and burst) instead of a window limit;
 this version of the allocator checks them and refuses the limit (bucket
 limits are not enforced yet).`,
-	flags: func(f *flagSet) action {
-		l := &pb.Limit{Lease: &pb.LeaseSettings{}}
-		var window, phase, ttl, grace time.Duration
-		var expect int64
-		f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required for a window limit)", 1)
-		f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required for a window limit, >= 1s)")
-		f.durationVar(&phase, "window-phase", "`DUR`: the windows' phase offset, 0 <= DUR < the window, whole ms: windows start at k x W + DUR, so that limits do not all reset at once (default 0: windows start at multiples of W)")
-		var rate int64
-		var period time.Duration
+	flags: func(f *flagSet) action { return setLimitFlags(f, false) },
+}
+
+// setLimitFlags declares the flags of limits set, or (plan) of plans set:
+// a plan is a window limit named plans/NAME that binds ids (--bind), with
+// no rate, burst or hash tag.
+func setLimitFlags(f *flagSet, plan bool) action {
+	l := &pb.Limit{Lease: &pb.LeaseSettings{}}
+	var window, phase, ttl, grace time.Duration
+	var expect int64
+	f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required for a window limit)", 1)
+	f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required for a window limit, >= 1s)")
+	f.durationVar(&phase, "window-phase", "`DUR`: the windows' phase offset, 0 <= DUR < the window, whole ms: windows start at k x W + DUR, so that limits do not all reset at once (default 0: windows start at multiples of W)")
+	var rate int64
+	var period time.Duration
+	if plan {
+		f.listVar(&l.Binds, "bind", "`PATTERN,...`: the ids the plan defines, e.g. tenant/{id}: every id tenant/X that has no limit of its own is X's limit under this plan, from its first request; repeatable")
+	} else {
 		f.value("rate", "`N/PERIOD`: a bucket limit's rate R, all regions together, e.g. 100/s or 5/250ms; with --burst, instead of --limit and --window", func(s string) error {
 			n, p, err := limitspec.ParseRate(s)
 			rate, period = n, p
 			return err
 		})
 		f.tokensVar(&l.BurstTokens, "burst", "`N`: a bucket limit's burst B, all regions together (required with --rate)", 1)
-		f.listVar(&l.Regions, "regions", "`R,...`: regions that spend the limit, e.g. eu,us (required; repeatable)")
-		f.value("mode", "`strict|bounded`: strict admits only leased tokens; bounded allows fallbacks (required)", func(s string) error {
-			m, err := parseMode(s)
-			l.Mode = m
-			return err
-		})
-		l.Fallback = map[string]*pb.Fallback{}
-		f.value("fallback", "`REGION=closed|local:A|open`: what a region admits when it cannot get leases; repeatable or comma separated; a region not named is closed", func(s string) error {
-			return parseFallbacks(s, l.Fallback)
-		})
-		f.durationVar(&ttl, "ttl", "`DUR`: lease lifetime, <= the window (default: a quarter of the window)")
-		f.tokensVar(&l.Lease.MinChunk, "min-chunk", "`N`: smallest grant while the pool has tokens (default 1)", 0)
-		f.tokensVar(&l.Lease.MaxChunk, "max-chunk", "`N`: largest single grant; 0 means no cap (default 0)", 0)
-		f.stringVar(&l.Owner, "owner", "`S`: who owns the limit, e.g. a team or a contract")
-		f.stringVar(&l.Description, "description", "`S`: free text")
+	}
+	f.listVar(&l.Regions, "regions", "`R,...`: regions that spend the limit, e.g. eu,us (required; repeatable)")
+	f.value("mode", "`strict|bounded`: strict admits only leased tokens; bounded allows fallbacks (required)", func(s string) error {
+		m, err := parseMode(s)
+		l.Mode = m
+		return err
+	})
+	l.Fallback = map[string]*pb.Fallback{}
+	f.value("fallback", "`REGION=closed|local:A|open`: what a region admits when it cannot get leases; repeatable or comma separated; a region not named is closed", func(s string) error {
+		return parseFallbacks(s, l.Fallback)
+	})
+	f.durationVar(&ttl, "ttl", "`DUR`: lease lifetime, <= the window (default: a quarter of the window)")
+	f.tokensVar(&l.Lease.MinChunk, "min-chunk", "`N`: smallest grant while the pool has tokens (default 1)", 0)
+	f.tokensVar(&l.Lease.MaxChunk, "max-chunk", "`N`: largest single grant; 0 means no cap (default 0)", 0)
+	f.stringVar(&l.Owner, "owner", "`S`: who owns the limit, e.g. a team or a contract")
+	f.stringVar(&l.Description, "description", "`S`: free text")
+	if !plan {
 		f.stringVar(&l.HashTag, "hash-tag", "`T`: the Redis hash tag of the limit's keys: limits checked together in one CheckMulti share it on Redis Cluster, e.g. the tenant (default: the id; cannot change later)")
-		f.durationVar(&grace, "settle-grace", "`DUR`: how long after a settle-later Check its Settle is taken, 1s..1m (default 30s)")
-		f.value("debt-policy", "`carry|forgive`: a settle-later overrun the window cannot hold is paid by the region's next window (carry, the default) or only counted (forgive)", func(s string) error {
-			p, err := parseDebtPolicy(s)
-			l.DebtPolicy = p
+	}
+	f.durationVar(&grace, "settle-grace", "`DUR`: how long after a settle-later Check its Settle is taken, 1s..1m (default 30s)")
+	f.value("debt-policy", "`carry|forgive`: a settle-later overrun the window cannot hold is paid by the region's next window (carry, the default) or only counted (forgive)", func(s string) error {
+		p, err := parseDebtPolicy(s)
+		l.DebtPolicy = p
+		return err
+	})
+	f.boolVar(&l.Shadow, "shadow", "shadow mode: decide every request as if enforced, admit it anyway, and count (and answer) the ones it would have denied")
+	l.Tags = map[string]string{}
+	f.value("tag", "`KEY=VALUE`: a tag; repeatable", func(s string) error { return parseTag(s, l.Tags) })
+	f.int64Var(&expect, "expect-version", "`V`: write only if the stored version is V (0: only if the limit does not exist)")
+	ch := registerChangeFlags(f, true)
+
+	return func(ctx context.Context, e *env, args []string) error {
+		id, err := oneID(args)
+		if err != nil {
+			return err
+		}
+		if plan {
+			if id, err = planID(id); err != nil {
+				return err
+			}
+		}
+		if f.isSet("rate") {
+			// A bucket limit: rate and burst, no window.
+			if f.isSet("limit") || f.isSet("window") || f.isSet("window-phase") {
+				return usagef("--rate and --burst make a bucket limit: give them instead of --limit and --window (and --window-phase)")
+			}
+			if err := f.require("burst", "regions", "mode", "reason"); err != nil {
+				return err
+			}
+			l.Kind, l.RateTokens, l.RatePeriod = pb.LimitKind_LIMIT_KIND_BUCKET, rate, durationpb.New(period)
+		} else {
+			if f.isSet("burst") {
+				return usagef("--burst is for a bucket limit: give --rate too")
+			}
+			if err := f.require("limit", "window", "regions", "mode", "reason"); err != nil {
+				return err
+			}
+			l.Window = durationpb.New(window)
+			if f.isSet("window-phase") {
+				l.WindowPhase = durationpb.New(phase)
+			}
+		}
+		l.Id = id
+		if f.isSet("ttl") {
+			l.Lease.Ttl = durationpb.New(ttl)
+		}
+		if f.isSet("settle-grace") {
+			l.SettleGrace = durationpb.New(grace)
+		}
+		req := &pb.PutLimitRequest{Limit: l, Reason: ch.reason, Effective: ch.effective, DryRun: ch.dryRun}
+		if f.isSet("expect-version") {
+			req.ExpectedVersion = &expect
+		}
+		var resp *pb.PutLimitResponse
+		err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+			resp, err = c.PutLimit(ctx, req, opt)
 			return err
 		})
-		f.boolVar(&l.Shadow, "shadow", "shadow mode: decide every request as if enforced, admit it anyway, and count (and answer) the ones it would have denied")
-		l.Tags = map[string]string{}
-		f.value("tag", "`KEY=VALUE`: a tag; repeatable", func(s string) error { return parseTag(s, l.Tags) })
-		f.int64Var(&expect, "expect-version", "`V`: write only if the stored version is V (0: only if the limit does not exist)")
-		ch := registerChangeFlags(f, true)
-
-		return func(ctx context.Context, e *env, args []string) error {
-			id, err := oneID(args)
-			if err != nil {
-				return err
-			}
-			if f.isSet("rate") {
-				// A bucket limit: rate and burst, no window.
-				if f.isSet("limit") || f.isSet("window") || f.isSet("window-phase") {
-					return usagef("--rate and --burst make a bucket limit: give them instead of --limit and --window (and --window-phase)")
-				}
-				if err := f.require("burst", "regions", "mode", "reason"); err != nil {
-					return err
-				}
-				l.Kind, l.RateTokens, l.RatePeriod = pb.LimitKind_LIMIT_KIND_BUCKET, rate, durationpb.New(period)
-			} else {
-				if f.isSet("burst") {
-					return usagef("--burst is for a bucket limit: give --rate too")
-				}
-				if err := f.require("limit", "window", "regions", "mode", "reason"); err != nil {
-					return err
-				}
-				l.Window = durationpb.New(window)
-				if f.isSet("window-phase") {
-					l.WindowPhase = durationpb.New(phase)
-				}
-			}
-			l.Id = id
-			if f.isSet("ttl") {
-				l.Lease.Ttl = durationpb.New(ttl)
-			}
-			if f.isSet("settle-grace") {
-				l.SettleGrace = durationpb.New(grace)
-			}
-			req := &pb.PutLimitRequest{Limit: l, Reason: ch.reason, Effective: ch.effective, DryRun: ch.dryRun}
-			if f.isSet("expect-version") {
-				req.ExpectedVersion = &expect
-			}
-			var resp *pb.PutLimitResponse
-			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
-				resp, err = c.PutLimit(ctx, req, opt)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			if ch.dryRun {
-				return e.printDryRun(resp, resp.GetEffect())
-			}
-			return e.printLimit(resp.GetLimit())
+		if err != nil {
+			return err
 		}
-	},
+		if ch.dryRun {
+			return e.printDryRun(resp, resp.GetEffect())
+		}
+		return e.printLimit(resp.GetLimit())
+	}
 }

@@ -39,6 +39,12 @@ import (
 //	    settle_grace: 30s      # settle-later Checks: Settle taken this long
 //	    debt_policy: carry     # carry (default) or forgive
 //	    shadow: true           # tried, not enforced: would-deny counted
+//	  - id: plans/pro           # a plan (docs/plans.md): every tenant/X without a limit of its own
+//	    binds: ["tenant/{id}"]
+//	    limit: 1000
+//	    window: 1m
+//	    regions: [eu, us]
+//	    mode: strict
 //	  - id: backend/search      # a bucket limit: rate and burst instead of limit and window
 //	    rate: 100/s
 //	    burst: 200
@@ -379,7 +385,7 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 
 // limitKeys are the keys of one limit, in the order export writes them.
 var limitKeys = []string{"id", "limit", "window", "window_phase", "rate", "burst", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
-	"settle_grace", "debt_policy", "shadow"}
+	"settle_grace", "debt_policy", "shadow", "binds"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
 // allocator's field names (limit_tokens, lease.ttl, ...) to lines, so a
@@ -524,6 +530,15 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 		}
 		if l.DebtPolicy, err = parseDebtPolicy(s); err != nil {
 			return nil, errAt(fv.val, "%s: debt_policy: %q: want carry or forgive", what, s)
+		}
+	}
+	if fv, ok := f["binds"]; ok {
+		lines["binds"] = fv.val.Line
+		if l.Binds, err = decodeRegions(fv.val, what+": binds"); err != nil {
+			return nil, err
+		}
+		for i, b := range fv.val.Content {
+			lines[fmt.Sprintf("binds[%d]", i)] = b.Line
 		}
 	}
 	if fv, ok := f["shadow"]; ok {
@@ -817,6 +832,13 @@ func limitNode(l *pb.Limit) *yaml.Node {
 	}
 	if l.GetShadow() {
 		add("shadow", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+	}
+	if len(l.GetBinds()) > 0 {
+		binds := &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
+		for _, b := range l.GetBinds() {
+			binds.Content = append(binds.Content, str(b))
+		}
+		add("binds", binds)
 	}
 	return n
 }

@@ -98,6 +98,12 @@ func (e *env) printLimit(l *pb.Limit) error {
 	if l.GetShadow() {
 		rows = append(rows, [2]string{"shadow", "yes: tried, not enforced (every request admitted; would-deny counted)"})
 	}
+	if b := l.GetBinds(); len(b) > 0 {
+		rows = append(rows, [2]string{"binds", strings.Join(b, ",")})
+	}
+	if p := l.GetPlan(); p != "" {
+		rows = append(rows, [2]string{"plan", p})
+	}
 	if o := l.GetOverride(); o != nil {
 		rows = append(rows, [2]string{"override", fmt.Sprintf("in force until %s (%s); then limit %d%s", formatTS(o.GetEndsAt()),
 			oneLine(o.GetReason()), o.GetAfter().GetLimitTokens(), shadowSuffix(o.GetAfter()))})
@@ -316,4 +322,24 @@ func formatRate(l *pb.Limit) string {
 		p = l.GetRatePeriod().AsDuration()
 	}
 	return limitspec.FormatRate(l.GetRateTokens(), p)
+}
+
+// printPlans prints plans as a table (or JSON).
+func (e *env) printPlans(ls []*pb.Limit) error {
+	if e.json {
+		return e.printLimits(ls)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PLAN\tG\tWINDOW\tREGIONS\tMODE\tSHADOW\tBINDS\tVERSION")
+	for _, l := range ls {
+		shadow := "no"
+		if l.GetShadow() {
+			shadow = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\n",
+			cell(strings.TrimPrefix(l.GetId(), "plans/"), "-"), l.GetLimitTokens(), cell(formatDuration(l.GetWindow()), "-"),
+			cell(strings.Join(l.GetRegions(), ","), "-"), limitspec.ModeName(l.GetMode()), shadow,
+			cell(strings.Join(l.GetBinds(), ","), "-"), l.GetVersion())
+	}
+	return tw.Flush()
 }

@@ -19,7 +19,7 @@ func TestUsageErrors(t *testing.T) {
 		want string // the whole line, or a part of it
 	}{
 		{nil, "quotactl: missing command"},
-		{[]string{"bogus"}, `quotactl: unknown command "bogus" (want limits, check, windows, audit, whoami or groups)`},
+		{[]string{"bogus"}, `quotactl: unknown command "bogus" (want limits, plans, check, windows, audit, whoami or groups)`},
 		{[]string{"--json"}, "quotactl: missing command"},
 		{[]string{"limits"}, "quotactl: limits: missing command (want set, get, list, delete, history, override, plan, apply or export"},
 		{[]string{"limits", "bogus"}, `quotactl: limits: unknown command "bogus" (want set, get, list, delete, history, override, plan, apply or export)`},

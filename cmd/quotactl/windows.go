@@ -221,6 +221,8 @@ type windowReportJSON struct {
 	WouldDeny       map[string]int64 `json:"would_deny,omitempty"`
 	WouldDenyTotal  int64            `json:"would_deny_total,omitempty"`
 	WouldDenyChecks int64            `json:"would_deny_checks,omitempty"`
+	// Plan names the plan of a limit resolved from one (absent otherwise).
+	Plan string `json:"plan,omitempty"`
 }
 
 // boundJSON is a number, or the string "+Inf" (JSON has no infinity).
@@ -274,6 +276,7 @@ func windowJSONOf(w *pb.WindowReport) windowReportJSON {
 		out.Admitted[r] = n
 	}
 	out.Shadow, out.WouldDenyTotal, out.WouldDenyChecks = w.GetShadow(), w.GetWouldDenyTotal(), w.GetWouldDenyChecks()
+	out.Plan = w.GetPlan()
 	if len(w.GetWouldDeny()) > 0 {
 		out.WouldDeny = maps.Clone(w.GetWouldDeny())
 	}
@@ -344,6 +347,9 @@ func (e *env) printWindows(ws []*pb.WindowReport) error {
 	}
 	if over {
 		b.WriteString("! observed_overshoot above bound: a bug, please report it (docs/overshoot.md)\n")
+	}
+	if n := len(ws); n > 0 && ws[n-1].GetPlan() != "" {
+		fmt.Fprintf(&b, "limit of plan %s: the tenant has no limit of its own\n", cell(ws[n-1].GetPlan(), "-"))
 	}
 	_, err := io.Copy(e.stdout, &b)
 	return err

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -71,6 +72,17 @@ func CheckSizes(l *pb.Limit) error {
 	case len(l.Fallback) > MaxRegions:
 		return fieldErr("limit.fallback", "more than %d regions", MaxRegions)
 	}
+	if len(l.Binds) > planbind.MaxBinds {
+		return fieldErr("limit.binds", "more than %d patterns", planbind.MaxBinds)
+	}
+	for i, b := range l.Binds {
+		if len(b) > vocab.MaxLimitIDLen {
+			return fieldErr(fmt.Sprintf("limit.binds[%d]", i), "longer than %d bytes", vocab.MaxLimitIDLen)
+		}
+	}
+	if len(l.Plan) > vocab.MaxLimitIDLen {
+		return fieldErr("limit.plan", "longer than %d bytes", vocab.MaxLimitIDLen)
+	}
 	for i, r := range l.Regions {
 		if len(r) > vocab.MaxRegionLen {
 			return fieldErr(fmt.Sprintf("limit.regions[%d]", i), "longer than %d bytes", vocab.MaxRegionLen)
@@ -115,6 +127,9 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 	// Set by the allocator, never by the caller.
 	l.Version, l.EffectiveFrom, l.Previous = 0, nil, nil
 	if err := vocab.ValidateLimitID("limit.id", l.Id); err != nil {
+		return nil, err
+	}
+	if err := checkPlan(l); err != nil {
 		return nil, err
 	}
 	if err := checkKind(l); err != nil {

@@ -193,7 +193,7 @@ func (c *Core) resolve(now time.Time, chk *Check) {
 		return
 	}
 	for i, it := range items {
-		if c.limits[it.Limit] != nil {
+		if c.limits[it.Limit] != nil || c.bind(it.Limit) {
 			continue
 		}
 		switch {

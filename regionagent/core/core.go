@@ -136,14 +136,18 @@ type Core struct {
 	opt settings
 	rng *rand.Rand
 
-	limits    map[string]*Limit // the snapshot
-	rev       int64
-	synced    bool      // a snapshot came from the allocator in this process
-	syncs     SyncToken // limit syncs started
-	syncedTo  SyncToken // the latest started sync that answered
-	restored  bool      // the snapshot came from the region's store (a restart while the allocator was unreachable)
-	takenAt   time.Time // when the snapshot was taken, on the allocator's clock
-	lookups   map[string]bool
+	limits   map[string]*Limit // the snapshot
+	rev      int64
+	synced   bool      // a snapshot came from the allocator in this process
+	syncs    SyncToken // limit syncs started
+	syncedTo SyncToken // the latest started sync that answered
+	restored bool      // the snapshot came from the region's store (a restart while the allocator was unreachable)
+	takenAt  time.Time // when the snapshot was taken, on the allocator's clock
+	lookups  map[string]bool
+	// resolver gives the limits of ids the plans bind (plans.go); bound
+	// are the ids resolved into limits, each kept while its state is.
+	resolver  Resolver
+	bound     map[string]bool
 	offset    time.Duration // allocator clock - agent clock; only names windows
 	offsetSet bool
 
@@ -208,7 +212,7 @@ func New(cfg Config, opts ...Option) *Core {
 	return &Core{
 		cfg: cfg, opt: o, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		limits: map[string]*Limit{}, states: map[string]*limitState{}, byRequest: map[string]*limitState{},
-		changed: map[string]bool{}, pending: map[string]*limitState{}, lookups: map[string]bool{},
+		changed: map[string]bool{}, pending: map[string]*limitState{}, lookups: map[string]bool{}, bound: map[string]bool{},
 		retrying: map[string]*limitState{},
 	}
 }
@@ -334,6 +338,7 @@ func (c *Core) SetLimits(tok SyncToken, rev int64, ls []Limit, taken time.Time) 
 		}
 	}
 	c.limits, c.rev = m, rev
+	c.rebind()
 	c.restored = false
 	c.Synced(tok, taken)
 }
@@ -370,6 +375,7 @@ func (c *Core) RestoreLimits(rev int64, ls []Limit, taken time.Time) bool {
 		m[l.ID] = &l
 	}
 	c.limits, c.rev, c.takenAt, c.restored = m, rev, taken, true
+	c.rebind()
 	return true
 }
 
@@ -823,6 +829,7 @@ func (c *Core) due(st *limitState, now time.Time) {
 		delete(c.states, st.id)
 		delete(c.pending, st.id)
 		delete(c.retrying, st.id)
+		c.unbind(st.id)
 		return
 	}
 	c.schedule(st, now)

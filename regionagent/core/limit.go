@@ -70,6 +70,9 @@ type Limit struct {
 	// if enforced, then admitted; one that would have been denied says so
 	// (Answer.WouldDeny) and is counted in the window's CounterWouldDeny.
 	Shadow bool
+	// Plan names the plan the limit was resolved from ("" for a limit of
+	// the snapshot).
+	Plan string
 	// A bucket limit (Rate > 0: IsBucket) admits Rate tokens per
 	// RatePeriod with bursts of Burst, all regions together, from rate
 	// shares (bucket.go); Tokens and Window are then 0.

@@ -1227,9 +1227,19 @@ type ChangeEffect struct {
 	// kind is the limit's kind. A bucket limit has no window, pool or
 	// window bound: window_start, the tokens, pool_after, regions_denying
 	// and bound are unset, and a change governs at once.
-	Kind          LimitKind `protobuf:"varint,14,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Kind LimitKind `protobuf:"varint,14,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
+	// For a plan (an id "plans/NAME", docs/plans.md), the tenants on it:
+	// plan_tenants counts those with windows the allocator keeps (the ones
+	// that used the plan recently; a tenant that never did has no record,
+	// and no window of the plan id itself is shown). plan_tenants_denying
+	// names those whose last window admitted more than the new G (every
+	// one for a delete: their Checks would be refused), the most admitted
+	// first, at most 100; plan_tenants_denying_count counts them all.
+	PlanTenants             int64    `protobuf:"varint,40,opt,name=plan_tenants,json=planTenants,proto3" json:"plan_tenants,omitempty"`
+	PlanTenantsDenying      []string `protobuf:"bytes,41,rep,name=plan_tenants_denying,json=planTenantsDenying,proto3" json:"plan_tenants_denying,omitempty"`
+	PlanTenantsDenyingCount int64    `protobuf:"varint,42,opt,name=plan_tenants_denying_count,json=planTenantsDenyingCount,proto3" json:"plan_tenants_denying_count,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *ChangeEffect) Reset() {
@@ -1358,6 +1368,27 @@ func (x *ChangeEffect) GetKind() LimitKind {
 		return x.Kind
 	}
 	return LimitKind_LIMIT_KIND_UNSPECIFIED
+}
+
+func (x *ChangeEffect) GetPlanTenants() int64 {
+	if x != nil {
+		return x.PlanTenants
+	}
+	return 0
+}
+
+func (x *ChangeEffect) GetPlanTenantsDenying() []string {
+	if x != nil {
+		return x.PlanTenantsDenying
+	}
+	return nil
+}
+
+func (x *ChangeEffect) GetPlanTenantsDenyingCount() int64 {
+	if x != nil {
+		return x.PlanTenantsDenyingCount
+	}
+	return 0
 }
 
 type LimitHistoryRequest struct {
@@ -2286,7 +2317,10 @@ type WindowReport struct {
 	WouldDenyTotal  int64            `protobuf:"varint,18,opt,name=would_deny_total,json=wouldDenyTotal,proto3" json:"would_deny_total,omitempty"`
 	WouldDenyChecks int64            `protobuf:"varint,19,opt,name=would_deny_checks,json=wouldDenyChecks,proto3" json:"would_deny_checks,omitempty"`
 	// shadow: the limit was in shadow mode at the window's end.
-	Shadow        bool `protobuf:"varint,20,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	Shadow bool `protobuf:"varint,20,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// plan names the plan the limit was resolved from ("plans/<name>");
+	// empty for a limit with a record of its own.
+	Plan          string `protobuf:"bytes,40,opt,name=plan,proto3" json:"plan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2461,6 +2495,13 @@ func (x *WindowReport) GetShadow() bool {
 	return false
 }
 
+func (x *WindowReport) GetPlan() string {
+	if x != nil {
+		return x.Plan
+	}
+	return ""
+}
+
 type BoundTerms struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	CarryOver     int64                  `protobuf:"varint,1,opt,name=carry_over,json=carryOver,proto3" json:"carry_over,omitempty"`
@@ -2625,7 +2666,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\vFieldChange\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x10\n" +
 	"\x03old\x18\x02 \x01(\tR\x03old\x12\x10\n" +
-	"\x03new\x18\x03 \x01(\tR\x03new\"\xbc\x04\n" +
+	"\x03new\x18\x03 \x01(\tR\x03new\"\xce\x05\n" +
 	"\fChangeEffect\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x123\n" +
@@ -2642,7 +2683,10 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x0fregions_denying\x18\v \x03(\tR\x0eregionsDenying\x12\x14\n" +
 	"\x05bound\x18\f \x01(\x03R\x05bound\x12%\n" +
 	"\x0ebound_infinite\x18\r \x01(\bR\rboundInfinite\x12+\n" +
-	"\x04kind\x18\x0e \x01(\x0e2\x17.leasehold.v1.LimitKindR\x04kind\"a\n" +
+	"\x04kind\x18\x0e \x01(\x0e2\x17.leasehold.v1.LimitKindR\x04kind\x12!\n" +
+	"\fplan_tenants\x18( \x01(\x03R\vplanTenants\x120\n" +
+	"\x14plan_tenants_denying\x18) \x03(\tR\x12planTenantsDenying\x12;\n" +
+	"\x1aplan_tenants_denying_count\x18* \x01(\x03R\x17planTenantsDenyingCount\"a\n" +
 	"\x13LimitHistoryRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
@@ -2723,7 +2767,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\fburst_tokens\x18\x04 \x01(\x03R\vburstTokens\x129\n" +
 	"\n" +
 	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x10\n" +
-	"\x03seq\x18\x06 \x01(\x03R\x03seq\"\xb8\b\n" +
+	"\x03seq\x18\x06 \x01(\x03R\x03seq\"\xcc\b\n" +
 	"\fWindowReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2747,7 +2791,8 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"would_deny\x18\x11 \x03(\v2).leasehold.v1.WindowReport.WouldDenyEntryR\twouldDeny\x12(\n" +
 	"\x10would_deny_total\x18\x12 \x01(\x03R\x0ewouldDenyTotal\x12*\n" +
 	"\x11would_deny_checks\x18\x13 \x01(\x03R\x0fwouldDenyChecks\x12\x16\n" +
-	"\x06shadow\x18\x14 \x01(\bR\x06shadow\x1a;\n" +
+	"\x06shadow\x18\x14 \x01(\bR\x06shadow\x12\x12\n" +
+	"\x04plan\x18( \x01(\tR\x04plan\x1a;\n" +
 	"\rAdmittedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aW\n" +

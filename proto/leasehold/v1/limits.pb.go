@@ -438,7 +438,18 @@ type Limit struct {
 	// instant. 0 <= φ < window, whole milliseconds; unset (0) is the
 	// epoch-aligned windows. Unset for other kinds. A change of phase takes
 	// effect NOW, or at an instant that starts a window of both versions.
-	WindowPhase   *durationpb.Duration `protobuf:"bytes,30,opt,name=window_phase,json=windowPhase,proto3" json:"window_phase,omitempty"`
+	WindowPhase *durationpb.Duration `protobuf:"bytes,30,opt,name=window_phase,json=windowPhase,proto3" json:"window_phase,omitempty"`
+	// binds makes this record a plan's binding table (only on a plan: a
+	// limit whose id is "plans/<name>", docs/plans.md): each entry is a
+	// pattern "<prefix>{id}" (e.g. "tenant/{id}"), and every limit id of
+	// the form <prefix><one segment> that no limit record names is this
+	// plan's limit, resolved on first use with no record of its own. A
+	// pattern is bound to at most one plan. Refused on other limits.
+	Binds []string `protobuf:"bytes,40,rep,name=binds,proto3" json:"binds,omitempty"`
+	// plan names the plan a limit was resolved from ("plans/<name>"); set
+	// on resolved limits only (SyncLimits, windows, reports), refused in
+	// requests.
+	Plan          string `protobuf:"bytes,41,opt,name=plan,proto3" json:"plan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,6 +645,20 @@ func (x *Limit) GetWindowPhase() *durationpb.Duration {
 	return nil
 }
 
+func (x *Limit) GetBinds() []string {
+	if x != nil {
+		return x.Binds
+	}
+	return nil
+}
+
+func (x *Limit) GetPlan() string {
+	if x != nil {
+		return x.Plan
+	}
+	return ""
+}
+
 // LimitOverride is the end of an emergency change (Limit.override).
 type LimitOverride struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -711,7 +736,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xf8\b\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xa2\t\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -739,7 +764,9 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"debtPolicy\x12\x16\n" +
 	"\x06shadow\x18\x19 \x01(\bR\x06shadow\x127\n" +
 	"\boverride\x18\x1a \x01(\v2\x1b.leasehold.v1.LimitOverrideR\boverride\x12<\n" +
-	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\x1aS\n" +
+	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\x12\x14\n" +
+	"\x05binds\x18( \x03(\tR\x05binds\x12\x12\n" +
+	"\x04plan\x18) \x01(\tR\x04plan\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +

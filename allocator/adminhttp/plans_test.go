@@ -1,0 +1,35 @@
+package adminhttp
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestPlansOverHTTP: a plan is written and listed through the limit
+// routes; refusals are problems naming the field.
+func TestPlansOverHTTP(t *testing.T) {
+	c, _ := newAPI(t, nil)
+	plan := func(g int64, binds, extra string) string {
+		return limitBody(g, extra)[:len(`{"limit": {`)] + `"binds": ` + binds + ", " + limitBody(g, extra)[len(`{"limit": {`):]
+	}
+	mustCode(t, c.do("PUT", "/v1/limits/plans/pro", nil, plan(1000, `["tenant/{id}"]`, "")), 200)
+	r := c.do("GET", "/v1/limits?prefix=plans/", nil, "")
+	mustCode(t, r, 200)
+	if !strings.Contains(string(r.body), `"binds":["tenant/{id}"]`) {
+		t.Fatalf("plans listed as %s", r.body)
+	}
+	r = c.do("PUT", "/v1/limits/plans/pro", nil, plan(2000, `["tenant/{id}"]`, `, "dry_run": true`))
+	mustCode(t, r, 200)
+	if !strings.Contains(string(r.body), `"limit_id":"plans/pro"`) || strings.Contains(string(r.body), `"window_start"`) {
+		t.Fatalf("a dry run of a plan change: %s", r.body)
+	}
+	for _, tc := range []struct{ path, body, field string }{
+		{"/v1/limits/plans/free", plan(10, `["tenant/{id}"]`, ""), "limit.binds[0]"},
+		{"/v1/limits/plans/free", plan(10, `["tenant/"]`, ""), "limit.binds[0]"},
+		{"/v1/limits/tenant/atlas", plan(10, `["a/{id}"]`, ""), "limit.binds"},
+	} {
+		if got := c.do("PUT", tc.path, nil, tc.body).field(t); got != tc.field {
+			t.Errorf("PUT %s %s: names %q, want %q", tc.path, tc.body, got, tc.field)
+		}
+	}
+}

@@ -1,0 +1,279 @@
+package allocator
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"leasehold/internal/planbind"
+	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// Plans (docs/plans.md). A plan is a limit record "plans/<name>" whose
+// binds name the ids it defines ("tenant/{id}"). The core resolves such
+// an id on its first grant, with the same pure function the agents use
+// (planbind), and keeps nothing for an id that was never used: the state
+// of a tenant is the state of its windows, kept and forgotten as any
+// limit's (retention). An explicit limit record of the id wins over its
+// plan.
+
+// plansChanged rebuilds the binding table after a plan changed and drops
+// the cached resolutions: the next use resolves from the new plan.
+func (c *Core) plansChanged() {
+	var plans []*Limit
+	for id, l := range c.limits {
+		if planbind.IsPlan(id) {
+			plans = append(plans, l)
+		}
+	}
+	protos := make([]*pb.Limit, len(plans))
+	for i, l := range plans {
+		protos[i] = l.Proto
+	}
+	c.bind = planbind.NewTable(protos)
+	clear(c.resolved)
+}
+
+// limit returns the limit of id: its record, or the one the plan that
+// binds id gives it. A plan's record is not a limit.
+func (c *Core) limit(id string) (*Limit, bool) {
+	if l, ok := c.limits[id]; ok {
+		if planbind.IsPlan(id) {
+			return nil, false
+		}
+		return l, true
+	}
+	if l, ok := c.resolved[id]; ok {
+		return l, true
+	}
+	pid, ok := c.bind.Match(id)
+	if !ok {
+		return nil, false
+	}
+	p, ok := c.limits[pid]
+	if !ok {
+		return nil, false
+	}
+	return decodeLimit(planbind.Resolve(p.Proto, id)), true
+}
+
+// use is limit for a grant: a resolved limit is kept while its windows
+// are (Forget drops it), so that a busy tenant is resolved once.
+func (c *Core) use(id string) (*Limit, bool) {
+	l, ok := c.limit(id)
+	if ok && l.Proto.GetPlan() != "" {
+		c.resolved[id] = l
+	}
+	return l, ok
+}
+
+// eachLimit calls fn for every limit with a record (plans excepted) and
+// every id resolved from a plan that has windows or summaries kept: the
+// used tenants of plans, never every id a plan could bind.
+func (c *Core) eachLimit(fn func(id string, l *Limit)) {
+	for id, l := range c.limits {
+		if !planbind.IsPlan(id) {
+			fn(id, l)
+		}
+	}
+	if c.bind.Len() == 0 {
+		return
+	}
+	seen := map[string]bool{}
+	visit := func(id string) {
+		if _, explicit := c.limits[id]; explicit || seen[id] {
+			return
+		}
+		seen[id] = true
+		if l, ok := c.limit(id); ok {
+			fn(id, l)
+		}
+	}
+	for k := range c.windows {
+		visit(k.limit)
+	}
+	for id := range c.summaries {
+		visit(id)
+	}
+}
+
+// Resolved counts the limits the core keeps resolved from plans (for
+// tests and the plans' memory claims: used tenants only).
+func (c *Core) Resolved() int { return len(c.resolved) }
+
+// maxPlans bounds the plan records one allocator keeps (each is synced
+// to every agent of its regions).
+const maxPlans = 1000
+
+// checkPlanChanges refuses what this version of plans does not carry end
+// to end, naming the field, and a pattern another plan binds already
+// (two plans for one id would be ambiguous). Plans are few: the stored
+// ones are read from etcd, not from the core, which learns of a plan
+// written a moment ago only through the watch.
+func (a *Allocator) checkPlanChanges(ctx context.Context, cs *changeSet) (*changeItem, error) {
+	var plans []*changeItem
+	for i := range cs.items {
+		if planbind.IsPlan(cs.items[i].id()) {
+			plans = append(plans, &cs.items[i])
+		}
+	}
+	if len(plans) == 0 {
+		return nil, nil
+	}
+	it := plans[0]
+	switch {
+	case a.opt.groupView != nil:
+		return it, errPlansGroups(it)
+	case cs.overrideFor != 0:
+		return it, fieldErr("override_for", "a plan cannot be overridden in this version: change it with effective NOW")
+	}
+	stored, err := a.storedPlans(ctx)
+	if err != nil {
+		return nil, err
+	}
+	changed := map[string]bool{}
+	for _, p := range plans {
+		changed[p.id()] = true
+	}
+	bound := map[string]string{} // prefix -> plan id, of plans this change leaves alone
+	for _, p := range stored {
+		if changed[p.Id] {
+			continue
+		}
+		for _, b := range p.Binds {
+			if prefix, err := planbind.PatternPrefix(b); err == nil {
+				bound[prefix] = p.Id
+			}
+		}
+	}
+	if len(stored)+len(plans) > maxPlans {
+		return it, fieldErr(it.field, "at most %d plans", maxPlans)
+	}
+	for _, p := range plans {
+		if p.deleting {
+			continue
+		}
+		for i, b := range p.valid.Binds {
+			prefix, _ := planbind.PatternPrefix(b) // valid: limitspec checked it
+			if other, ok := bound[prefix]; ok {
+				return p, fieldErr(fmt.Sprintf("%s.binds[%d]", p.field, i), "%q is bound to %s already: one plan per pattern (unbind it there first)", b, other)
+			}
+			bound[prefix] = p.id()
+		}
+	}
+	return nil, nil
+}
+
+// storedPlans reads the plan records.
+func (a *Allocator) storedPlans(ctx context.Context) ([]*pb.Limit, error) {
+	var out []*pb.Limit
+	token := ""
+	for {
+		page, next, err := a.store.ListLimits(ctx, planbind.Namespace, maxPlans, token)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if next == "" || len(out) > 10*maxPlans {
+			return out, nil
+		}
+		token = next
+	}
+}
+
+// errPlansGroups refuses a plan change to one of several allocator groups.
+func errPlansGroups(it *changeItem) error {
+	return fieldErr(it.field+idField(it), "plans are not supported with allocator groups in this version "+
+		"(each group would need every plan): give each tenant a limit of its own")
+}
+
+// maxDenyingShown bounds ChangeEffect.plan_tenants_denying.
+const maxDenyingShown = 100
+
+// planEffect fills a plan change's effect on its tenants (a dry run):
+// how many used the plan in the windows kept, and which of them admitted
+// more in their last window (the last closed one, else the running one)
+// than the new G, or all of them for a delete. A tenant with a limit of
+// its own is not on the plan.
+func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *pb.Limit, deleting bool) {
+	type tenant struct {
+		id       string
+		admitted int64
+	}
+	var denying []tenant
+	c.eachLimit(func(id string, l *Limit) {
+		if l.Proto.GetPlan() != plan {
+			return
+		}
+		e.PlanTenants++
+		cur := lease.WindowOf(now, l.At(now).Window).Index
+		rep, ok := c.report(now, id, cur-1)
+		if !ok {
+			rep, ok = c.report(now, id, cur)
+		}
+		var admitted int64
+		if ok {
+			admitted = rep.AdmittedTotal
+		}
+		if deleting || next != nil && admitted > next.LimitTokens {
+			denying = append(denying, tenant{id, admitted})
+		}
+	})
+	slices.SortFunc(denying, func(a, b tenant) int {
+		if a.admitted != b.admitted {
+			return cmp.Compare(b.admitted, a.admitted)
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	e.PlanTenantsDenyingCount = int64(len(denying))
+	for _, d := range denying[:min(len(denying), maxDenyingShown)] {
+		e.PlanTenantsDenying = append(e.PlanTenantsDenying, d.id)
+	}
+}
+
+// IdleTenants returns the tenants of plans (ids with no record of their
+// own, whose summaries name a plan) with no window in progress and whose
+// newest kept window ended keep of its windows ago or more: their
+// summaries are dropped, so that the allocator keeps what tenants of a
+// plan used for as long as reports show (keep windows), not for every
+// tenant that ever used a plan. A limit with a record keeps its last
+// windows however long it is idle, as before plans.
+func (c *Core) IdleTenants(now time.Time, keep int) []string {
+	live := map[string]bool{}
+	for k := range c.windows {
+		live[k.limit] = true
+	}
+	var out []string
+	for id, ss := range c.summaries {
+		if _, explicit := c.limits[id]; explicit || live[id] || len(ss) == 0 {
+			continue
+		}
+		last := ss[len(ss)-1]
+		if last.Plan == "" {
+			continue
+		}
+		length := time.Duration(last.WindowMs) * time.Millisecond
+		end := lease.Window{Index: last.Window, Length: length}.End()
+		if !now.Before(end.Add(time.Duration(keep) * length)) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// summaryWindows returns the windows of id's kept summaries.
+func (c *Core) summaryWindows(id string) []int64 {
+	var out []int64
+	for _, s := range c.summaries[id] {
+		out = append(out, s.Window)
+	}
+	return out
+}
+
+// DropSummaries forgets id's summaries (IdleTenants).
+func (c *Core) DropSummaries(id string) { delete(c.summaries, id) }

@@ -1,0 +1,452 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"leasehold/internal/allocatortest"
+	"leasehold/internal/etcdtest"
+	"leasehold/internal/vocab"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+func proPlan(g int64) *pb.Limit {
+	return &pb.Limit{Id: "plans/pro", LimitTokens: g, Window: durationpb.New(time.Minute), Regions: []string{"eu", "us"},
+		Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(15 * time.Second)}, Binds: []string{"tenant/{id}"}}
+}
+
+// waitPlan waits until the leader's core resolves id to version v of its
+// plan.
+func waitPlan(t *testing.T, a *Allocator, id string, v int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var ok bool
+		_ = a.View(func(_ time.Time, c *Core) {
+			l, found := c.Limit(id)
+			ok = found && l.Version >= v
+		})
+		if ok {
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, not ordering
+	}
+	t.Fatalf("%s never resolved to plan version %d on the leader", id, v)
+}
+
+// TestCorePlanFirstUse: an id a plan binds is granted from the plan on
+// first use with no record of its own; the plan's record, an id of two
+// segments and an unbound id are not limits; an explicit limit wins over
+// the plan; the core keeps a resolution only while the id has windows.
+func TestCorePlanFirstUse(t *testing.T) {
+	c := NewCore()
+	plan := testLimit("plans/pro", 100, time.Minute, 15*time.Second, "eu", "us")
+	plan.Proto.Binds = []string{"tenant/{id}"}
+	c.SetLimit(plan)
+	c.SetLimit(testLimit("tenant/atlas", 300, time.Minute, 15*time.Second, "eu", "us"))
+	acq := func(id, req string, want int64) Decision {
+		return c.Acquire(t0, "eu", AcquireRequest{RequestID: req, Limit: id, Want: want})
+	}
+	if d := acq("tenant/newco", "r1", 1000); d.Code != pb.ItemCode_ITEM_CODE_OK || d.Grant == nil || d.Grant.Tokens != 100 || d.Grant.G != 100 {
+		t.Fatalf("first use of tenant/newco: %+v", d)
+	}
+	if d := acq("tenant/newco", "r2", 1); d.Grant != nil {
+		t.Fatalf("tenant/newco's pool is spent, got %+v", d.Grant)
+	}
+	if d := acq("tenant/atlas", "r3", 1000); d.Grant == nil || d.Grant.Tokens != 300 {
+		t.Fatalf("the explicit limit tenant/atlas: %+v", d)
+	}
+	for _, id := range []string{"plans/pro", "tenant/eu/x", "other/x"} {
+		if d := acq(id, "r-"+id, 1); d.Code != pb.ItemCode_ITEM_CODE_NOT_FOUND {
+			t.Errorf("%s: code %v, want NOT_FOUND", id, d.Code)
+		}
+	}
+	if l, ok := c.Limit("tenant/newco"); !ok || l.Proto.Plan != "plans/pro" || l.ID != "tenant/newco" {
+		t.Fatalf("Limit(tenant/newco) = %v %v", l, ok)
+	}
+	if c.Resolved() != 1 {
+		t.Fatalf("resolved %d, want 1 (tenant/newco)", c.Resolved())
+	}
+	var ids []string
+	c.eachLimit(func(id string, _ *Limit) { ids = append(ids, id) })
+	if strings.Join(sortedCopy(ids), ",") != "tenant/atlas,tenant/newco" {
+		t.Fatalf("eachLimit: %v", ids)
+	}
+	for _, k := range c.Expired(t0.Add(3*time.Minute), time.Minute) {
+		c.Forget(k)
+	}
+	if c.Resolved() != 0 || len(c.windows) != 0 {
+		t.Fatalf("after the windows expired: resolved %d, windows %d", c.Resolved(), len(c.windows))
+	}
+	// A plan change reaches every tenant: the next grant is sized by it.
+	plan2 := testLimit("plans/pro", 40, time.Minute, 15*time.Second, "eu", "us")
+	plan2.Proto.Binds, plan2.Proto.Version = []string{"tenant/{id}"}, 2
+	c.SetLimit(plan2)
+	if d := c.Acquire(t0.Add(3*time.Minute), "eu", AcquireRequest{RequestID: "r9", Limit: "tenant/newco", Want: 1000}); d.Grant == nil || d.Grant.Tokens != 40 || d.Grant.LimitVersion != 2 {
+		t.Fatalf("after the plan change: %+v %+v", d, d.Grant)
+	}
+	c.DeleteLimit("plans/pro")
+	if _, ok := c.Limit("tenant/other"); ok {
+		t.Fatal("a deleted plan still binds")
+	}
+}
+
+func sortedCopy(s []string) []string {
+	out := append([]string(nil), s...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] < out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+// TestPlanChangeAtBoundary: a plan change effective at the next window
+// leaves every tenant's running window under the old G and gives every
+// tenant on the plan, used before or not, the new G from the boundary;
+// agents' syncs carry the change when it governs.
+func TestPlanChangeAtBoundary(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	p, err := a.PutLimit(ctx, proPlan(100), Change{Reason: "the pro plan"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/a", p.Version)
+	grant := func(tenant, req string) int64 {
+		t.Helper()
+		res, err := a.AcquireLeases(ctx, "eu", []*pb.LeaseRequest{{RequestId: req, LimitId: tenant, WantTokens: 1000}})
+		if err != nil || len(res) != 1 || res[0].Code != pb.ItemCode_ITEM_CODE_OK {
+			t.Fatalf("grant %s %s: %v %v", tenant, req, res, err)
+		}
+		return res[0].GetLease().GetTokens()
+	}
+	tenants := []string{"tenant/a", "tenant/b", "tenant/c"}
+	for _, id := range tenants {
+		if got := grant(id, "w0"+id); got != 100 {
+			t.Fatalf("%s window 0: %d, want 100", id, got)
+		}
+	}
+	sync0, err := a.SyncLimits(ctx, "eu", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := a.PutLimit(ctx, proPlan(250), Change{Reason: "pro grows", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p2.EffectiveFrom.AsTime().Equal(t0.Add(time.Minute)) || p2.Previous.GetLimitTokens() != 100 {
+		t.Fatalf("the change is stored as %v", p2)
+	}
+	waitPlan(t, a.Allocator, "tenant/a", p2.Version)
+	// Still window 0: the old G for every tenant, new ones too.
+	if got := grant("tenant/d", "w0"); got != 100 {
+		t.Fatalf("tenant/d window 0: %d, want 100 (the change waits for the boundary)", got)
+	}
+	s, err := a.SyncLimits(ctx, "eu", sync0.Revision)
+	if err != nil || s.Unchanged || planTokens(s) != 100 {
+		t.Fatalf("sync before the boundary: %v %v", s, err)
+	}
+	clock.Set(t0.Add(time.Minute + time.Second))
+	for _, id := range append(tenants, "tenant/d", "tenant/e") {
+		if got := grant(id, "w1"+id); got != 250 {
+			t.Fatalf("%s window 1: %d, want 250", id, got)
+		}
+		l, _ := coreLimit(a.Allocator, id)
+		if l.GetVersion() != p2.Version || l.GetPlan() != "plans/pro" {
+			t.Fatalf("%s resolves to %v", id, l)
+		}
+	}
+	s2, err := a.SyncLimits(ctx, "eu", s.Revision)
+	if err != nil || s2.Unchanged || planTokens(s2) != 250 {
+		t.Fatalf("sync after the boundary: %v %v", s2, err)
+	}
+	ls, err := a.Limits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	for _, l := range ls {
+		listed = append(listed, l.Id+"="+l.Plan)
+	}
+	if got := strings.Join(listed, ","); got != "tenant/a=plans/pro,tenant/b=plans/pro,tenant/c=plans/pro,tenant/d=plans/pro,tenant/e=plans/pro" {
+		t.Fatalf("the status page's limits: %s (the used tenants, not the plan's record)", got)
+	}
+	reps, err := a.Reports("tenant/a", 2)
+	if err != nil || len(reps) != 2 || reps[0].Plan != "plans/pro" || reps[0].LimitTokens != 100 || reps[1].LimitTokens != 250 {
+		t.Fatalf("reports of tenant/a: %+v %v", reps, err)
+	}
+}
+
+func planTokens(s *pb.SyncLimitsResponse) int64 {
+	for _, l := range s.Limits {
+		if l.Id == "plans/pro" {
+			return l.LimitTokens
+		}
+	}
+	return -1
+}
+
+// TestPlanChangesRefused: what plans do not carry in this version is
+// refused naming the field, and so is a pattern another plan binds.
+func TestPlanChangesRefused(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	if _, err := a.PutLimit(ctx, proPlan(100), Change{Reason: "pro"}); err != nil {
+		t.Fatal(err)
+	}
+	other := proPlan(5)
+	other.Id = "plans/free"
+	field := func(err error) string {
+		var fe *vocab.FieldError
+		if errors.As(err, &fe) {
+			return fe.Field
+		}
+		return fmt.Sprint(err)
+	}
+	if _, err := a.PutLimit(ctx, other, Change{Reason: "free"}); field(err) != "limit.binds[0]" {
+		t.Fatalf("a second plan binding tenant/{id}: %v", err)
+	}
+	if _, err := a.PutLimit(ctx, proPlan(300), Change{Reason: "burst", OverrideFor: time.Hour}); field(err) != "override_for" {
+		t.Fatalf("an override of a plan: %v", err)
+	}
+	s := NewServer(a.Allocator)
+	// A change of the binds alone is a change (not "unchanged"), and it
+	// binds at once although the settings wait for the boundary.
+	wide := proPlan(100)
+	wide.Binds = append(wide.Binds, "team/{id}")
+	w, err := a.PutLimit(ctx, wide, Change{Reason: "teams too"})
+	if err != nil || w.Version != 2 || len(w.Previous.GetBinds()) != 2 {
+		t.Fatalf("binding team/{id} too: %v %v", w, err)
+	}
+	waitPlan(t, a.Allocator, "team/x", 2)
+	// Moving the pattern in one apply is fine: the old plan lets it go.
+	pro := proPlan(100)
+	pro.Binds = nil
+	other.Binds = []string{"tenant/{id}"}
+	if _, err := s.ApplyLimits(ctx, &pb.ApplyLimitsRequest{Reason: "move", Changes: []*pb.LimitChange{
+		{Change: &pb.LimitChange_Put{Put: pro}, ExpectedVersion: 2},
+		{Change: &pb.LimitChange_Put{Put: other}},
+	}}); err != nil {
+		t.Fatalf("moving a pattern between plans: %v", err)
+	}
+}
+
+// TestPlanTenantsCostOnlyWhenUsed: 100,000 tenants bound to one plan,
+// 1,000 of them used: etcd holds no record for an unused tenant, and the
+// allocator's core keeps state for the used ones only.
+func TestPlanTenantsCostOnlyWhenUsed(t *testing.T) {
+	const tenants, used = 100_000, 1_000
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	const keep = 3 // windows kept for reports
+	// The test sweeps (an hour between the allocator's own sweeps).
+	a := startAllocator(t, c, "a", clock.opt(), WithRetention(30*time.Second, time.Hour), WithReports(keep, 1000))
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	if _, err := a.PutLimit(ctx, proPlan(1000), Change{Reason: "pro for everyone"}); err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/t0", 1)
+	cli := c.Client(t)
+	countKeys := func() int64 {
+		resp, err := cli.Get(ctx, "", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Count
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	keys0, heap0 := countKeys(), heap()
+	// Every one of the 100,000 ids resolves (bound), none is stored.
+	for i := range tenants {
+		if _, ok := coreLimit(a.Allocator, fmt.Sprintf("tenant/t%d", i)); !ok {
+			t.Fatalf("tenant/t%d does not resolve", i)
+		}
+	}
+	if k := countKeys(); k != keys0 {
+		t.Fatalf("resolving %d tenants wrote %d etcd keys", tenants, k-keys0)
+	}
+	const batch = 100
+	for i := 0; i < used; i += batch {
+		var reqs []*pb.LeaseRequest
+		for j := i; j < i+batch; j++ {
+			reqs = append(reqs, &pb.LeaseRequest{RequestId: fmt.Sprintf("r%d", j), LimitId: fmt.Sprintf("tenant/t%d", j*(tenants/used)), WantTokens: 10})
+		}
+		res, err := a.AcquireLeases(ctx, "eu", reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res {
+			if r.Code != pb.ItemCode_ITEM_CODE_OK || r.Lease.GetTokens() != 10 {
+				t.Fatalf("grant: %v", r)
+			}
+		}
+	}
+	keys1, heap1 := countKeys(), heap()
+	var resolved, windows int
+	_ = a.View(func(_ time.Time, core *Core) { resolved, windows = core.Resolved(), len(core.windows) })
+	t.Logf("%d tenants bound, %d used: etcd keys %d -> %d (+%d), core resolved %d, windows %d, heap %+.1f MiB (%.0f B per used tenant)",
+		tenants, used, keys0, keys1, keys1-keys0, resolved, windows, float64(int64(heap1)-int64(heap0))/(1<<20),
+		float64(int64(heap1)-int64(heap0))/used)
+	if resolved != used || windows != used {
+		t.Fatalf("core: %d resolved, %d windows; want %d each (the used tenants)", resolved, windows, used)
+	}
+	if keys1-keys0 != used {
+		t.Fatalf("etcd grew by %d keys for %d grants of %d used tenants: want one grant record each", keys1-keys0, used, used)
+	}
+	// No key names an unused tenant.
+	noUnused := func() {
+		t.Helper()
+		resp, err := cli.Get(ctx, "", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range resp.Kvs {
+			k := string(kv.Key)
+			if i := strings.Index(k, "tenant/t"); i >= 0 {
+				var n int
+				if _, err := fmt.Sscanf(k[i+len("tenant/t"):], "%d", &n); err == nil && n%(tenants/used) != 0 {
+					t.Fatalf("key %q names an unused tenant", k)
+				}
+			}
+		}
+	}
+	noUnused()
+	// After the window: the grants are swept into one summary per used
+	// tenant (reports), and those go once the tenant has been idle for
+	// the windows reports keep. A tenant used again comes back.
+	sweep := func() {
+		t.Helper()
+		tm := a.currentTermOrNil()
+		if tm == nil {
+			t.Fatal("not leading")
+		}
+		if err := a.sweepOnce(tm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func() (resolved, windows, summaries int) {
+		_ = a.View(func(_ time.Time, core *Core) {
+			resolved, windows, summaries = core.Resolved(), len(core.windows), len(core.summaries)
+		})
+		return
+	}
+	clock.Set(t0.Add(2 * time.Minute))
+	sweep()
+	noUnused()
+	if r, w, sm := state(); r != 0 || w != 0 || sm != used || countKeys() != keys0+used {
+		t.Fatalf("after the window: resolved %d, windows %d, summaries %d, etcd keys +%d; want 0, 0, %d, +%d",
+			r, w, sm, countKeys()-keys0, used, used)
+	}
+	if reps, err := a.Reports("tenant/t0", 5); err != nil || len(reps) != 1 || reps[0].Plan != "plans/pro" || reps[0].Granted != 10 {
+		t.Fatalf("tenant/t0's report after its window: %+v %v", reps, err)
+	}
+	clock.Set(t0.Add((2 + keep) * time.Minute))
+	sweep()
+	if r, w, sm := state(); r != 0 || w != 0 || sm != 0 || countKeys() != keys0 {
+		t.Fatalf("after %d idle windows: resolved %d, windows %d, summaries %d, etcd keys +%d; want nothing",
+			keep, r, w, sm, countKeys()-keys0)
+	}
+	t.Logf("after %d idle windows: etcd keys %d (as before any use), no tenant state", keep, countKeys())
+	resp, err := cli.Get(ctx, "", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		if i := strings.Index(k, "tenant/t"); i >= 0 {
+			var n int
+			if _, err := fmt.Sscanf(k[i+len("tenant/t"):], "%d", &n); err == nil && n%(tenants/used) != 0 {
+				t.Fatalf("key %q names an unused tenant", k)
+			}
+		}
+	}
+}
+
+// coreLimit is the leader's core's limit of id, resolved from its plan.
+func coreLimit(a *Allocator, id string) (*pb.Limit, bool) {
+	var l *Limit
+	var ok bool
+	_ = a.View(func(_ time.Time, c *Core) { l, ok = c.Limit(id) })
+	if !ok {
+		return nil, false
+	}
+	return l.Proto, true
+}
+
+// TestPlanDryRun: a dry run of a plan change counts the tenants that used
+// the plan and names those whose last window admitted more than the new
+// G (all of them for a delete); a tenant with a limit of its own is not
+// on the plan; nothing is written.
+func TestPlanDryRun(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	p, err := a.PutLimit(ctx, proPlan(100), Change{Reason: "pro"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	atlas := proPlan(500)
+	atlas.Id, atlas.Binds = "tenant/atlas", nil
+	al, err := a.PutLimit(ctx, atlas, Change{Reason: "Atlas contract"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/a", p.Version)
+	waitLimit(t, a.Allocator, al.Id, al.Version)
+	admitted := map[string]int64{"tenant/a": 90, "tenant/b": 40, "tenant/c": 0, "tenant/d": 70, "tenant/atlas": 400}
+	var usage []*pb.Usage
+	for id, n := range admitted {
+		res, err := a.AcquireLeases(ctx, "eu", []*pb.LeaseRequest{{RequestId: "r-" + strings.ReplaceAll(id, "/", "-"), LimitId: id, WantTokens: 100}})
+		if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK {
+			t.Fatalf("grant %s: %v %v", id, res, err)
+		}
+		usage = append(usage, &pb.Usage{LimitId: id, WindowIndex: res[0].Lease.WindowIndex, Admitted: n})
+	}
+	if _, err := a.ReportUsage(ctx, "eu", "eu-1", usage); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(t0.Add(time.Minute + time.Second)) // window 0 closed
+	s := NewServer(a.Allocator)
+	resp, err := s.PutLimit(ctx, &pb.PutLimitRequest{Limit: proPlan(50), Reason: "cheaper pro", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := resp.Effect
+	if e.PlanTenants != 4 || e.PlanTenantsDenyingCount != 2 || strings.Join(e.PlanTenantsDenying, ",") != "tenant/a,tenant/d" ||
+		e.NewLimitTokens != 50 || e.WindowStart != nil {
+		t.Fatalf("dry run of G 100 -> 50: %v", e)
+	}
+	del, err := s.DeleteLimit(ctx, &pb.DeleteLimitRequest{Id: "plans/pro", Reason: "end pro", DryRun: true})
+	if err != nil || del.Effect.PlanTenants != 4 || del.Effect.PlanTenantsDenyingCount != 4 {
+		t.Fatalf("dry run of a delete: %v %v", del, err)
+	}
+	got, err := s.GetLimit(ctx, &pb.GetLimitRequest{Id: "plans/pro"})
+	if err != nil || got.Limit.Version != p.Version || got.Limit.LimitTokens != 100 {
+		t.Fatalf("a dry run wrote: %v %v", got, err)
+	}
+}

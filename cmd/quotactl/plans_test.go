@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"leasehold/internal/etcdtest"
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// TestPlansLifecycle: plans set, get and list against a real allocator;
+// bad input exits 2 (usage) or 1 naming the field (the allocator's
+// refusal); a limits file holds a plan; a tenant with no limit of its
+// own reads as unknown until it is checked (nothing is created for it).
+func TestPlansLifecycle(t *testing.T) {
+	ta := startAllocator(t, etcdtest.Start(t, 1))
+	waitLeader(t, ta)
+	q := func(args ...string) result { return quotactl(append([]string{"--allocator", ta.addr}, args...)...) }
+
+	r := q("plans", "set", "pro", "--limit", "1000", "--window", "1m", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/{id}", "--owner", "product", "--reason", "the pro plan").want(t, 0)
+	checkKV(t, kv(t, r.stdout), map[string]string{"id": "plans/pro", "limit": "1000", "binds": "tenant/{id}", "version": "1"})
+	checkKV(t, kv(t, q("plans", "get", "pro").want(t, 0).stdout), map[string]string{"id": "plans/pro", "binds": "tenant/{id}"})
+	checkKV(t, kv(t, q("plans", "get", "plans/pro").want(t, 0).stdout), map[string]string{"id": "plans/pro"})
+
+	// A second plan cannot bind the same pattern; a shadow plan can bind another.
+	r = q("plans", "set", "free", "--limit", "10", "--window", "1m", "--regions", "eu", "--mode", "strict",
+		"--bind", "tenant/{id}", "--reason", "free").want(t, 1)
+	if !strings.Contains(r.stderr, "limit.binds[0]") || !strings.Contains(r.stderr, "plans/pro") {
+		t.Fatalf("a pattern bound twice: %q", r.stderr)
+	}
+	q("plans", "set", "free", "--limit", "10", "--window", "1m", "--regions", "eu", "--mode", "strict",
+		"--bind", "free/{id}", "--shadow", "--reason", "free, tried first").want(t, 0)
+	r = q("plans", "list").want(t, 0)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[1], "free ") || !strings.Contains(lines[1], "yes") ||
+		!strings.HasPrefix(lines[2], "pro ") || !strings.Contains(lines[2], "tenant/{id}") {
+		t.Fatalf("plans list:\n%s", r.stdout)
+	}
+
+	// Usage errors: exit 2, one line.
+	for _, args := range [][]string{
+		{"plans", "set", "a/b", "--limit", "1", "--window", "1m", "--regions", "eu", "--mode", "strict", "--reason", "x"},
+		{"plans", "get", "bad name"},
+		{"plans", "get"},
+		{"plans", "list", "extra"},
+		{"plans", "set", "pro", "--rate", "1/s"},
+	} {
+		q(args...).want(t, 2)
+	}
+	// The allocator's refusals name the field.
+	r = q("plans", "set", "pro", "--limit", "1000", "--window", "1m", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/", "--reason", "typo").want(t, 1)
+	if !strings.Contains(r.stderr, "limit.binds[0]") {
+		t.Fatalf("a bad pattern: %q", r.stderr)
+	}
+	r = q("limits", "set", "tenant/atlas", "--limit", "1", "--window", "1m", "--regions", "eu", "--mode", "strict", "--reason", "x",
+		"--bind", "a/{id}")
+	if r.code != 2 {
+		t.Fatalf("--bind on limits set: exit %d", r.code)
+	}
+
+	// A tenant's windows name its plan once it is used.
+	var res []*pb.LeaseResult
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) { // the leader learns of the plan through its watch
+		var err error
+		res, err = ta.a.AcquireLeases(context.Background(), "eu", []*pb.LeaseRequest{{RequestId: "r1", LimitId: "tenant/newco", WantTokens: 10}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Code == pb.ItemCode_ITEM_CODE_OK {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // polling the watch's effect
+	}
+	if res[0].GetLease().GetTokens() != 10 {
+		t.Fatalf("a grant for tenant/newco: %v", res)
+	}
+	r = q("windows", "tenant/newco").want(t, 0)
+	if !strings.Contains(r.stdout, "limit of plan plans/pro") {
+		t.Fatalf("windows of tenant/newco:\n%s", r.stdout)
+	}
+	r = q("--json", "windows", "tenant/newco").want(t, 0)
+	if !strings.Contains(r.stdout, `"plan": "plans/pro"`) {
+		t.Fatalf("windows --json of tenant/newco:\n%s", r.stdout)
+	}
+
+	// A dry run counts the tenants on the plan; nothing is written.
+	r = q("plans", "set", "pro", "--limit", "5", "--window", "1m", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/{id}", "--reason", "try", "--dry-run").want(t, 0)
+	checkKV(t, kv(t, r.stdout), map[string]string{"limit": "plans/pro", "new-g": "5",
+		"tenants": "1 (used the plan in the windows the allocator keeps)"})
+	checkKV(t, kv(t, q("plans", "get", "pro").want(t, 0).stdout), map[string]string{"limit": "1000", "version": "1"})
+
+	// A limits file holds plans: applied, then exported as it was written.
+	file := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(file, []byte("manage: [plans/]\nlimits:\n  - id: plans/pro\n    binds: [\"tenant/{id}\", \"team/{id}\"]\n"+
+		"    limit: 3000\n    window: 1m\n    regions: [eu, us]\n    mode: strict\n  - id: plans/free\n    binds: [\"free/{id}\"]\n"+
+		"    limit: 10\n    window: 1m\n    regions: [eu]\n    mode: strict\n    shadow: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	q("limits", "apply", "--reason", "plans from the file", "--effective", "now", "-f", file).want(t, 0)
+	checkKV(t, kv(t, q("plans", "get", "pro").want(t, 0).stdout), map[string]string{"limit": "3000", "binds": "tenant/{id},team/{id}"})
+	r = q("limits", "export", "--prefix", "plans/").want(t, 0)
+	if !strings.Contains(r.stdout, "binds: [") || !strings.Contains(r.stdout, "team/{id}") {
+		t.Fatalf("export of plans:\n%s", r.stdout)
+	}
+}

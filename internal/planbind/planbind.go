@@ -1,0 +1,152 @@
+// Package planbind resolves a limit id that no limit record names from the
+// plans that bind it: the one pure resolution shared by the allocator and
+// the region agents, so both decide the same limit for the same id from
+// the same records (docs/plans.md, docs/design.md "Plans").
+//
+// A plan is a limit record whose id is "plans/<name>" (Namespace). Its
+// binds field lists patterns "<prefix>{id}": every id "<prefix><segment>"
+// (one segment, no "/") is the plan's limit, with the plan's settings and
+// version, unless a limit record of that id exists (an explicit limit
+// wins). A pattern is bound to one plan; the allocator refuses a second.
+//
+// It imports the generated protobuf package and the standard library
+// only. Table is not safe for concurrent use; its zero value is an empty
+// table.
+package planbind
+
+import (
+	"fmt"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "leasehold/proto/leasehold/v1"
+)
+
+// Namespace is the id prefix of plan records: "plans/<name>".
+const Namespace = "plans/"
+
+// Placeholder ends every pattern: it stands for one id segment.
+const Placeholder = "{id}"
+
+// MaxBinds bounds the patterns of one plan.
+const MaxBinds = 16
+
+// IsPlan reports whether id names a plan record (and so never a limit
+// that is checked).
+func IsPlan(id string) bool { return strings.HasPrefix(id, Namespace) }
+
+// PatternPrefix checks a pattern "<prefix>{id}" and returns its prefix. The
+// prefix is one or more id segments followed by "/", outside the plans'
+// namespace.
+func PatternPrefix(p string) (string, error) {
+	prefix, ok := strings.CutSuffix(p, Placeholder)
+	switch {
+	case !ok:
+		return "", fmt.Errorf("%q: a pattern ends with %s, e.g. \"tenant/{id}\"", clip(p), Placeholder)
+	case prefix == "" || !strings.HasSuffix(prefix, "/"):
+		return "", fmt.Errorf("%q: %s must follow a prefix ending in \"/\", e.g. \"tenant/{id}\"", clip(p), Placeholder)
+	case IsPlan(prefix):
+		return "", fmt.Errorf("%q: ids under %q name plans, not tenants", clip(p), Namespace)
+	}
+	for seg := range strings.SplitSeq(strings.TrimSuffix(prefix, "/"), "/") {
+		if !validSegment(seg) {
+			return "", fmt.Errorf("%q: the prefix must be segments of [A-Za-z0-9._-] separated by single \"/\"", clip(p))
+		}
+	}
+	return prefix, nil
+}
+
+func validSegment(s string) bool {
+	if s == "" || s == "." || s == ".." {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+// Table maps pattern prefixes to the plans that bind them.
+type Table struct {
+	byPrefix map[string]string // prefix -> plan id
+}
+
+// NewTable builds the table of plans (limit records; those outside the
+// namespace are skipped). Should two plans bind one pattern (the
+// allocator refuses it; records written to several allocator groups
+// could still disagree for a moment), the smaller plan id wins, so every
+// reader decides alike.
+func NewTable(plans []*pb.Limit) Table {
+	t := Table{byPrefix: map[string]string{}}
+	for _, p := range plans {
+		if !IsPlan(p.GetId()) {
+			continue
+		}
+		for _, pat := range p.GetBinds() {
+			prefix, err := PatternPrefix(pat)
+			if err != nil {
+				continue
+			}
+			if cur, ok := t.byPrefix[prefix]; !ok || p.Id < cur {
+				t.byPrefix[prefix] = p.Id
+			}
+		}
+	}
+	return t
+}
+
+// Len is how many patterns the table binds.
+func (t Table) Len() int { return len(t.byPrefix) }
+
+// Match returns the plan that binds id: the plan of the pattern whose
+// prefix is id up to its last "/" (the id's last segment stands for
+// {id}). Plan ids themselves are never bound.
+func (t Table) Match(id string) (plan string, ok bool) {
+	if len(t.byPrefix) == 0 || IsPlan(id) {
+		return "", false
+	}
+	i := strings.LastIndexByte(id, '/')
+	if i < 0 || i == len(id)-1 {
+		return "", false
+	}
+	plan, ok = t.byPrefix[id[:i+1]]
+	return plan, ok
+}
+
+// Bound returns the plan that binds pattern prefix, if any.
+func (t Table) Bound(prefix string) (plan string, ok bool) {
+	plan, ok = t.byPrefix[prefix]
+	return plan, ok
+}
+
+// Resolve returns the limit id has under plan: the plan's record (its
+// version, scheduled change and override included) with the id set to
+// id, plan set to the plan's id, and the binding table cleared. Every
+// version in it is the plan's: a plan change reaches every tenant on it
+// at the time the change governs.
+func Resolve(plan *pb.Limit, id string) *pb.Limit {
+	l := proto.Clone(plan).(*pb.Limit)
+	name := plan.GetId()
+	fix := func(v *pb.Limit) {
+		if v != nil {
+			v.Id, v.Binds, v.Plan, v.HashTag = id, nil, name, ""
+		}
+	}
+	fix(l)
+	fix(l.Previous)
+	if l.Override != nil {
+		fix(l.Override.After)
+	}
+	return l
+}
