@@ -75,8 +75,8 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 			if l.After != nil && now.Before(l.OverrideEnds) {
 				overrides[id] = l.OverrideEnds // every one: there are few, and each is an emergency
 			}
-			if l.At(now).IsBucket() {
-				continue // bucketCollector's
+			if l.At(now).Windowless() {
+				continue // bucketCollector's, or a concurrency limit's (no windows)
 			}
 			cur := lease.WindowOf(now, l.At(now).Window).Index
 			rep, ok := core.report(now, id, cur-1)

@@ -23,8 +23,9 @@ recorded in the limit's history. A change to an existing limit governs from
 the next window boundary unless --effective now. --dry-run prints what would
 change and its effect on the current window, and writes nothing. --rate and
 --burst describe a bucket limit (rate and burst) instead of a window limit;
-this version of the allocator checks them and refuses the limit (bucket
-limits are not enforced yet).`,
+--concurrency N a concurrency limit (at most N slots held at once, all
+regions together; holders acquire, heartbeat and release slots through the
+agent).`,
 	flags: func(f *flagSet) action {
 		l := &pb.Limit{Lease: &pb.LeaseSettings{}}
 		var window, ttl, grace time.Duration
@@ -39,6 +40,8 @@ limits are not enforced yet).`,
 			return err
 		})
 		f.tokensVar(&l.BurstTokens, "burst", "`N`: a bucket limit's burst B, all regions together (required with --rate)", 1)
+		var slots int64
+		f.tokensVar(&slots, "concurrency", "`N`: a concurrency limit: at most N slots held at once, all regions together; instead of --limit and --window (--ttl is then its slot shares' ttl, 1s..10m, default 10s)", 1)
 		f.listVar(&l.Regions, "regions", "`R,...`: regions that spend the limit, e.g. eu,us (required; repeatable)")
 		f.value("mode", "`strict|bounded`: strict admits only leased tokens; bounded allows fallbacks (required)", func(s string) error {
 			m, err := parseMode(s)
@@ -72,7 +75,16 @@ limits are not enforced yet).`,
 			if err != nil {
 				return err
 			}
-			if f.isSet("rate") {
+			if f.isSet("concurrency") {
+				// A concurrency limit: N slots, no window.
+				if f.isSet("limit") || f.isSet("window") || f.isSet("rate") || f.isSet("burst") {
+					return usagef("--concurrency makes a concurrency limit: give it instead of --limit and --window (and not with --rate or --burst)")
+				}
+				if err := f.require("regions", "mode", "reason"); err != nil {
+					return err
+				}
+				l.Kind, l.LimitTokens = pb.LimitKind_LIMIT_KIND_CONCURRENCY, slots
+			} else if f.isSet("rate") {
 				// A bucket limit: rate and burst, no window.
 				if f.isSet("limit") || f.isSet("window") {
 					return usagef("--rate and --burst make a bucket limit: give them instead of --limit and --window")

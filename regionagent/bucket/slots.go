@@ -47,7 +47,7 @@ func (b *Buckets) InstallSlots(ctx context.Context, in SlotInstall) (SlotInstall
 	case in.NowMs < 0 || !checkInt(in.NowMs):
 		return SlotInstallResult{}, invalid("now %d", in.NowMs)
 	}
-	v, err := b.eval(ctx, slotsScript, SlotKeys(in.Key), "install", in.NowMs, s.Seq, s.N, s.DeadlineMs, in.ExpireAtMs)
+	v, err := b.eval(ctx, slotsScript, SlotKeys(in.Key), "install", in.NowMs, s.Seq, s.N, s.Admit, s.DeadlineMs, in.ExpireAtMs)
 	if err != nil {
 		return SlotInstallResult{}, err
 	}

@@ -23,7 +23,11 @@ type sstep struct {
 }
 
 func sinstall(now, seq, n, deadline int64, status ShareStatus, held int64) sstep {
-	return sstep{op: "install", now: now, share: store.SlotShare{Seq: seq, N: n, DeadlineMs: deadline},
+	return sinstallA(now, seq, n, n, deadline, status, held)
+}
+
+func sinstallA(now, seq, n, admit, deadline int64, status ShareStatus, held int64) sstep {
+	return sstep{op: "install", now: now, share: store.SlotShare{Seq: seq, N: n, Admit: admit, DeadlineMs: deadline},
 		want: SlotInstallResult{Status: status, Held: held}}
 }
 
@@ -105,6 +109,19 @@ var slotCases = []struct {
 		sacquire(T0+1600, "d", 1000, denied(3600, 1, 1, T0+9_000)),
 		sbeat(T0+1600, "b~2", 5000, false, 0),
 	}},
+	{"admit below n: running slots kept, no new one until back within admit", []sstep{
+		sinstall(T0, 1, 3, T0+5_000, ShareInstalled, 0),
+		sacquire(T0, "a", 4000, granted("a~1", 4000, 1, 3, T0+5_000)),
+		sacquire(T0, "b", 4000, granted("b~2", 4000, 2, 3, T0+5_000)),
+		sacquire(T0, "c", 1000, granted("c~3", 1000, 3, 3, T0+5_000)),
+		sinstallA(T0+100, 2, 3, 2, T0+9_000, ShareInstalled, 3),
+		sacquire(T0+200, "d", 1000, denied(800, 3, 3, T0+9_000)),
+		sbeat(T0+200, "a~1", 5000, true, 5000), // n is 3: the held slots are counted
+		srelease(T0+300, "c~3", true),
+		sacquire(T0+400, "d", 1000, denied(3600, 2, 3, T0+9_000)), // 2 held, admit 2: b~2 ends first
+		srelease(T0+500, "b~2", true),
+		sacquire(T0+600, "d", 1000, granted("d~4", 1000, 2, 3, T0+9_000)),
+	}},
 	{"stale and late shares", []sstep{
 		sinstall(T0, 2, 1, T0+5_000, ShareInstalled, 0),
 		sinstall(T0+10, 1, 5, T0+9_000, ShareStale, 0),
@@ -120,7 +137,7 @@ var slotCases = []struct {
 		sacquire(T0+300, "c", 1000, denied(1000, 1, 1, T0+60_000)),
 	}},
 	{"key expiry in the past: nothing written", []sstep{
-		{op: "install", now: T0, share: store.SlotShare{Seq: 1, N: 1, DeadlineMs: T0 - 10},
+		{op: "install", now: T0, share: store.SlotShare{Seq: 1, N: 1, Admit: 1, DeadlineMs: T0 - 10},
 			want: SlotInstallResult{Status: ShareRefusedKeyExpiry}},
 		sacquire(T0, "a", 1000, denied(0, 0, 0, 0)),
 	}},
@@ -235,7 +252,8 @@ func TestSlotsRandomAgainstModel(t *testing.T) {
 			switch rng.Intn(6) {
 			case 0:
 				seq++
-				s = sstep{op: "install", now: at, share: store.SlotShare{Seq: seq, N: int64(rng.Intn(5)), DeadlineMs: now + int64(500+rng.Intn(3000))}}
+				sn := int64(rng.Intn(5))
+				s = sstep{op: "install", now: at, share: store.SlotShare{Seq: seq, N: sn, Admit: rng.Int63n(sn + 1), DeadlineMs: now + int64(500+rng.Intn(3000))}}
 			case 1, 2:
 				s = sstep{op: "acquire", now: at, holder: holders[rng.Intn(len(holders))], ttl: int64(1 + rng.Intn(2000))}
 			case 3, 4:

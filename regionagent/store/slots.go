@@ -13,8 +13,9 @@ import (
 //
 //   - Time never goes back: an instant before the latest one seen counts
 //     as that one.
-//   - Acquire admits when fewer than n slots are held and the share's
-//     deadline is ahead; the slot expires at min(now + ttl, deadline).
+//   - Acquire admits when fewer than admit (<= n) slots are held and the
+//     share's deadline is ahead; the slot expires at min(now + ttl,
+//     deadline).
 //     Acquire is idempotent by holder: a holder whose slot is held gets
 //     it back.
 //   - Heartbeat extends a held slot x, of expiry e, to min(now + ttl,
@@ -38,14 +39,17 @@ type SlotKey struct {
 }
 
 // SlotShare is a region's slot share as installed: Seq orders the shares,
-// N is how many slots may be held, DeadlineMs when the share ends (the
-// store's clock, exclusive).
+// N is how many slots may be held, Admit (<= N) how many may be held
+// after admitting a new one, DeadlineMs when the share ends (the store's
+// clock, exclusive).
 type SlotShare struct {
-	Seq, N, DeadlineMs int64
+	Seq, N, Admit, DeadlineMs int64
 }
 
 // Valid reports whether s can be installed.
-func (s SlotShare) Valid() bool { return s.Seq > 0 && s.N >= 0 && s.DeadlineMs > 0 }
+func (s SlotShare) Valid() bool {
+	return s.Seq > 0 && s.N >= 0 && s.Admit >= 0 && s.Admit <= s.N && s.DeadlineMs > 0
+}
 
 // SlotInstall describes a slot share to install: the arguments of
 // slots.lua's install.
@@ -174,7 +178,7 @@ func (b *Mem) AcquireSlot(key SlotKey, holder string, ttlMs, nowMs int64) (SlotA
 		return r, nil
 	}
 	held := int64(len(s.slots))
-	if r.N == 0 || held >= r.N {
+	if r.N == 0 || held >= s.share.Admit {
 		r.Held = held
 		if r.N > 0 {
 			first := int64(-1)

@@ -87,7 +87,7 @@ type AcquireSlotRequest struct {
 	// limit_id names a CONCURRENCY limit.
 	LimitId string `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
 	// holder_id names the job holding the slot: 1-128 characters of
-	// [A-Za-z0-9._:-]. The same holder asking again gets its slot back.
+	// [A-Za-z0-9._-]. The same holder asking again gets its slot back.
 	HolderId string `protobuf:"bytes,2,opt,name=holder_id,json=holderId,proto3" json:"holder_id,omitempty"`
 	// ttl is how long the slot lives without a heartbeat: 100ms..10m,
 	// whole milliseconds.

@@ -1410,7 +1410,12 @@ type RateShare struct {
 	// at once under this share (rate and burst are then 0). At any instant
 	// the shares in force of all regions, each counted at its largest
 	// unexpired share, add up to at most the limit's limit_tokens (N).
-	Slots         int64 `protobuf:"varint,50,opt,name=slots,proto3" json:"slots,omitempty"`
+	Slots int64 `protobuf:"varint,50,opt,name=slots,proto3" json:"slots,omitempty"`
+	// admit_slots (<= slots) is, for a CONCURRENCY limit, how many slots
+	// the region may hold after admitting a new acquire: its fair part.
+	// slots can be larger while running jobs hold more (they keep their
+	// slots; no new job starts until the region is back within its part).
+	AdmitSlots    int64 `protobuf:"varint,51,opt,name=admit_slots,json=admitSlots,proto3" json:"admit_slots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1518,6 +1523,13 @@ func (x *RateShare) GetLimitVersion() int64 {
 func (x *RateShare) GetSlots() int64 {
 	if x != nil {
 		return x.Slots
+	}
+	return 0
+}
+
+func (x *RateShare) GetAdmitSlots() int64 {
+	if x != nil {
+		return x.AdmitSlots
 	}
 	return 0
 }
@@ -1759,7 +1771,7 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12'\n" +
 	"\x0fadmitted_tokens\x18\x05 \x01(\x03R\x0eadmittedTokens\x12\x1d\n" +
 	"\n" +
-	"held_slots\x182 \x01(\x03R\theldSlots\"\x8a\x03\n" +
+	"held_slots\x182 \x01(\x03R\theldSlots\"\xab\x03\n" +
 	"\tRateShare\x12\x19\n" +
 	"\bshare_id\x18\x01 \x01(\tR\ashareId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12\x16\n" +
@@ -1775,7 +1787,9 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"request_id\x18\t \x01(\tR\trequestId\x12#\n" +
 	"\rlimit_version\x18\n" +
 	" \x01(\x03R\flimitVersion\x12\x14\n" +
-	"\x05slots\x182 \x01(\x03R\x05slots\"\xde\x01\n" +
+	"\x05slots\x182 \x01(\x03R\x05slots\x12\x1f\n" +
+	"\vadmit_slots\x183 \x01(\x03R\n" +
+	"admitSlots\"\xde\x01\n" +
 	"\vShareResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12*\n" +

@@ -3,23 +3,24 @@
 -- (store/slots.go), rule for rule; the same step table runs on
 -- redis-server, miniredis and the in-memory store.
 --
--- KEYS[1]  the share hash lh:{<limit>}:slots: seq, n, d (the share in
---          force: n slots until d ms, exclusive), t (the latest instant
+-- KEYS[1]  the share hash lh:{<limit>}:slots: seq, n, a, d (the share
+--          in force: n slots held, a <= n after a new acquire, until d ms,
+--          exclusive), t (the latest instant
 --          seen: time never goes back), gen (slot ids issued), and
 --          h:<holder> = the holder's slot id
 -- KEYS[2]  the held slots lh:{<limit>}:slotz, a sorted set: slot id ->
 --          expiry ms. Slot ids are "<holder>~<gen>".
 -- ARGV[1]  op: 'install', 'acquire', 'heartbeat' or 'release'
 -- ARGV[2]  now ms (0 = Redis TIME)
--- install:   ARGV[3..6] seq (> 0), n (>= 0), deadline ms, keys' expire-at
---            ms (PEXPIREAT, only ever extended, >= deadline)
+-- install:   ARGV[3..7] seq (> 0), n (>= 0), admit (0..n), deadline ms,
+--            keys' expire-at ms (PEXPIREAT, only ever extended, >= deadline)
 --   Reply {status, held}: status 1 installed, 2 stale (the share in force
 --   has this seq or a greater one and has not ended), 4 expired (expire-at
 --   is not after now: nothing written).
 -- acquire:   ARGV[3] holder, ARGV[4] ttl ms (> 0)
 --   Reply {allowed, slot id, expires_in ms, retry ms, held, n, deadline}:
 --   the holder's slot if it holds one; else a new slot, expiring at
---   min(now + ttl, deadline), when fewer than n are held and the share has
+--   min(now + ttl, deadline), when fewer than admit are held and the share has
 --   not ended; else denied with retry = until the earliest slot expires
 --   (0 with no share in force). n and deadline are 0 with no share in
 --   force.
@@ -40,8 +41,9 @@ local function holder_of(id)
   return string.sub(id, 1, i - 1)
 end
 
-local h = redis.call('HMGET', hk, 'seq', 'n', 'd', 't')
+local h = redis.call('HMGET', hk, 'seq', 'n', 'd', 't', 'a')
 local seq, n, d, t = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
+local a = tonumber(h[5]) or 0
 local exists = h[1] or h[4]
 
 -- advance: never backward; drop the expired slots and their holders.
@@ -70,9 +72,10 @@ end
 if op == 'install' then
   local nseq = int(ARGV[3], 'seq')
   local nn = int(ARGV[4], 'n')
-  local nd = int(ARGV[5], 'deadline')
-  local exp = int(ARGV[6], 'expire_at')
-  if nseq <= 0 or nn < 0 or nd <= 0 or exp < nd then
+  local na = int(ARGV[5], 'admit')
+  local nd = int(ARGV[6], 'deadline')
+  local exp = int(ARGV[7], 'expire_at')
+  if nseq <= 0 or nn < 0 or na < 0 or na > nn or nd <= 0 or exp < nd then
     error('slots: bad share')
   end
   if exp <= now then
@@ -85,7 +88,7 @@ if op == 'install' then
   if seq >= nseq and now < d then
     st = 2
   else
-    redis.call('HSET', hk, 'seq', fmt(nseq), 'n', fmt(nn), 'd', fmt(nd), 't', fmt(now))
+    redis.call('HSET', hk, 'seq', fmt(nseq), 'n', fmt(nn), 'a', fmt(na), 'd', fmt(nd), 't', fmt(now))
   end
   local pt = redis.call('PEXPIRETIME', hk)
   if pt < exp then
@@ -120,7 +123,7 @@ if op == 'acquire' then
     end
   end
   local held = redis.call('ZCARD', zk)
-  if sn == 0 or held >= sn then
+  if sn == 0 or held >= a then
     local retry = 0
     if sn > 0 then
       local first = redis.call('ZRANGE', zk, 0, 0, 'WITHSCORES')
