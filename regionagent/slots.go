@@ -222,7 +222,7 @@ func (a *Agent) HeartbeatSlot(ctx context.Context, limit, slotID string, ttl tim
 	cancel()
 	a.observeRedis(err)
 	if err != nil {
-		return 0, err
+		return 0, redisFailed(ctx, err)
 	}
 	if !r.Held {
 		return 0, fmt.Errorf("%w: %q (released, expired or unknown): its holder has lost it", ErrSlotNotHeld, slotID)
@@ -241,11 +241,27 @@ func (a *Agent) ReleaseSlot(ctx context.Context, limit, slotID string) (bool, er
 	if err != nil {
 		return false, err
 	}
+	if a.rh.isDown() {
+		return false, fmt.Errorf("regionagent: the region's Redis is down: slot %q cannot be released (it ends at its expiry)", slotID)
+	}
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 	ok, err := a.shared.b.ReleaseSlot(rctx, slotKeyOf(l), slotID, a.shared.nowMs())
 	cancel()
 	a.observeRedis(err)
-	return ok, err
+	if err != nil {
+		return false, redisFailed(ctx, err)
+	}
+	return ok, nil
+}
+
+// redisFailed is a Redis call's failure as the caller sees it: the
+// caller's own deadline or cancellation as such, anything else
+// (including the agent's Redis timeout) UNAVAILABLE.
+func redisFailed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	return fmt.Errorf("regionagent: the region's Redis did not answer: %s", err.Error())
 }
 
 // renewSlots asks for the limit's next share in the background when the

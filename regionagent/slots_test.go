@@ -263,3 +263,30 @@ func TestSlotBadInput(t *testing.T) {
 		t.Fatalf("second release: %v, %v; want released false", r, err)
 	}
 }
+
+// TestSlotsRedisDown: with the region's Redis SIGKILLed, a concurrency
+// limit answers UNAVAILABLE (its slots live only in Redis: a slot that
+// cannot be counted is not granted), heartbeats and releases fail
+// UNAVAILABLE over gRPC, never a grant or NOT_FOUND.
+func TestSlotsRedisDown(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putConcLimit("c/down", 2, 10*time.Second, "eu")
+	a := w.agent("eu", "eu-1", WithTimeouts(2*time.Second, 5*time.Second, 300*time.Millisecond))
+	cl := serveAgent(t, a)
+	ctx := context.Background()
+	held := acquireOK(t, a, "c/down", "job-1", 4*time.Second)
+
+	w.redis["eu"].Kill()
+	for i := range 5 { // before and after the agent marks Redis down
+		r, err := cl.AcquireSlot(ctx, &pb.AcquireSlotRequest{LimitId: "c/down", HolderId: "job-2", Ttl: durationpb.New(time.Second)})
+		if err != nil || r.Allowed || r.Reason != pb.Reason_REASON_UNAVAILABLE || r.RetryAfter.AsDuration() <= 0 {
+			t.Fatalf("acquire %d with Redis dead: %v, %v; want UNAVAILABLE with a retry-after", i, r, err)
+		}
+	}
+	if _, err := cl.HeartbeatSlot(ctx, &pb.HeartbeatSlotRequest{LimitId: "c/down", SlotId: held.SlotID, Ttl: durationpb.New(time.Second)}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("heartbeat with Redis dead: %v, want UNAVAILABLE", err)
+	}
+	if _, err := cl.ReleaseSlot(ctx, &pb.ReleaseSlotRequest{LimitId: "c/down", SlotId: held.SlotID}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("release with Redis dead: %v, want UNAVAILABLE", err)
+	}
+}
