@@ -3,6 +3,9 @@ package regionagent
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +16,8 @@ import (
 
 	"leasehold/allocator"
 	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/client"
+	"leasehold/regionagent/httplimit"
 )
 
 // putConcLimit creates a concurrency limit of n slots through the Admin
@@ -288,5 +293,74 @@ func TestSlotsRedisDown(t *testing.T) {
 	}
 	if _, err := cl.ReleaseSlot(ctx, &pb.ReleaseSlotRequest{LimitId: "c/down", SlotId: held.SlotID}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("release with Redis dead: %v, want UNAVAILABLE", err)
+	}
+}
+
+// TestSlotsMiddleware: httplimit.Slots holds a slot of a concurrency
+// limit of 1 for each request's life, through the Go client and a real
+// agent: a second request while the first runs is 429 with Retry-After
+// and a problem+json body; once the first returned, its slot is free
+// again; an unknown limit and a dead Redis are 503.
+func TestSlotsMiddleware(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putConcLimit("c/http", 1, 10*time.Second, "eu")
+	a := w.agent("eu", "eu-1", WithTimeouts(2*time.Second, 5*time.Second, 300*time.Millisecond))
+	c := client.NewInProcess(serveAgent(t, a), "t-", client.WithTimeout(2*time.Second))
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := httplimit.Slots(c, 5*time.Second, httplimit.Key(func(r *http.Request) (string, bool) {
+		return r.Header.Get("X-Limit"), true
+	}), httplimit.Jitter(0))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Block") != "" {
+			close(entered)
+			<-release
+		}
+		_, _ = io.WriteString(w, "ran")
+	}))
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	get := func(limit string, block bool) (*http.Response, string) {
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		req.Header.Set("X-Limit", limit)
+		if block {
+			req.Header.Set("X-Block", "1")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return nil, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	first := make(chan int, 1)
+	go func() {
+		resp, _ := get("c/http", true)
+		if resp == nil {
+			first <- 0
+			return
+		}
+		first <- resp.StatusCode
+	}()
+	<-entered // the first request holds the only slot
+	resp, body := get("c/http", false)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" ||
+		!strings.Contains(body, httplimit.TypeSlotsHeld) || !strings.Contains(body, `"limit":"c/http"`) {
+		t.Fatalf("a second request while the first holds the slot: %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+	close(release)
+	if code := <-first; code != http.StatusOK {
+		t.Fatalf("the first request: %d", code)
+	}
+	if resp, body := get("c/http", false); resp.StatusCode != http.StatusOK || body != "ran" {
+		t.Fatalf("after the first released its slot: %d %q", resp.StatusCode, body)
+	}
+	if resp, _ := get("c/none", false); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("an unknown limit: %d, want 503", resp.StatusCode)
+	}
+	w.redis["eu"].Kill()
+	if resp, body := get("c/http", false); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("Redis dead: %d %q, want 503 with Retry-After", resp.StatusCode, body)
 	}
 }
