@@ -749,7 +749,7 @@ func (a *Allocator) AcquireShares(ctx context.Context, region string, reqs []*pb
 	t.mu.Lock()
 	for i, r := range reqs {
 		d := t.core.AcquireShare(now, region, ShareAcquire{RequestID: r.RequestId, Limit: r.LimitId, Demand: r.DemandPerSecond, Holder: r.Holder,
-			Admitted: r.AdmittedTokens})
+			Admitted: r.AdmittedTokens, HeldSlots: r.HeldSlots})
 		results[i] = &pb.ShareResult{RequestId: r.RequestId, Code: d.Code, Message: d.Message, Replayed: d.Replayed, OwnerGroup: d.OwnerGroup}
 		decs[i] = d
 		switch {

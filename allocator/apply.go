@@ -401,18 +401,18 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 			"(it names the limit's Redis keys); delete the limit and create it again with the new tag",
 			stored.HashTag, next.HashTag)
 	}
-	if isBucket(next) != isBucket(stored) {
+	if kindName(next) != kindName(stored) {
 		// A limit's windows and its rate shares are different state: a
 		// limit does not turn from one into the other mid-flight.
 		return nil, fieldErr(it.field+".kind", "the kind of an existing limit cannot change (%s -> %s): delete the limit and create it again",
 			kindName(stored), kindName(next))
 	}
-	if isBucket(next) && !overridePut {
+	if windowless(next) && !overridePut {
 		// No window boundary to wait for: a change governs at once (the
 		// allocator sizes the next shares by it; shares granted before
 		// expire within their ttl and are counted in the bound).
 		if eff == pb.Effective_EFFECTIVE_NEXT_WINDOW {
-			return nil, fieldErr("effective", "a bucket limit has no windows: leave effective unset or make it NOW")
+			return nil, fieldErr("effective", "a %s limit has no windows: leave effective unset or make it NOW", kindName(next))
 		}
 		eff = pb.Effective_EFFECTIVE_NOW
 	}
@@ -499,8 +499,8 @@ func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *c
 	if stored == nil {
 		return nil, fieldErr("override_for", "an override changes an existing limit: %q does not exist", it.id())
 	}
-	if isBucket(stored) {
-		return nil, fieldErr("override_for", "overrides are for window limits only in this version: change the bucket limit %q with effective NOW", it.id())
+	if windowless(stored) {
+		return nil, fieldErr("override_for", "overrides are for window limits only in this version: change the %s limit %q with effective NOW", kindName(stored), it.id())
 	}
 	if scheduled(stored, now) {
 		// Its end would return to the version in force now and lose the
@@ -691,10 +691,20 @@ func opsSize(ops []clientv3.Op) int {
 // isBucket tells whether l is a bucket limit.
 func isBucket(l *pb.Limit) bool { return l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET }
 
+// isConcurrency tells whether l is a concurrency limit.
+func isConcurrency(l *pb.Limit) bool { return l.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY }
+
+// windowless tells whether l has no windows (bucket and concurrency
+// limits).
+func windowless(l *pb.Limit) bool { return isBucket(l) || isConcurrency(l) }
+
 // kindName is a limit's kind as limits files write it.
 func kindName(l *pb.Limit) string {
-	if isBucket(l) {
+	switch {
+	case isBucket(l):
 		return "bucket"
+	case isConcurrency(l):
+		return "concurrency"
 	}
 	return "window"
 }

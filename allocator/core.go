@@ -360,9 +360,9 @@ func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision 
 		}
 		return Decision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
 	}
-	if l.At(now).IsBucket() {
+	if v := l.At(now); v.Windowless() {
 		return Decision{Code: pb.ItemCode_ITEM_CODE_WRONG_KIND,
-			Message: fmt.Sprintf("limit %q is a bucket limit: acquire rate shares", r.Limit)}
+			Message: fmt.Sprintf("limit %q is a %s limit: acquire shares", r.Limit, kindName(v.Proto))}
 	}
 	if !l.HasRegion(region) && (l.Previous == nil || !l.Previous.HasRegion(region)) {
 		return Decision{Code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED,

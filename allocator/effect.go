@@ -162,11 +162,18 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		c.planEffect(now, e, id, next, deleting)
 		return e
 	}
-	if isBucket(stored) || isBucket(next) {
-		// A bucket limit has no window, pool or window bound: the effect
-		// is its changes and when they govern (at once).
+	if windowless(stored) || windowless(next) {
+		// A bucket or concurrency limit has no window, pool or window
+		// bound: the effect is its changes and when they govern (at
+		// once).
 		e.NewLimitTokens, e.Bound, e.BoundInfinite = 0, 0, false
 		e.Kind = pb.LimitKind_LIMIT_KIND_BUCKET
+		if isConcurrency(stored) || isConcurrency(next) {
+			e.Kind = pb.LimitKind_LIMIT_KIND_CONCURRENCY
+			if next != nil {
+				e.NewLimitTokens = next.LimitTokens // N
+			}
+		}
 		return e
 	}
 	if stored == nil {

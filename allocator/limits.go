@@ -169,6 +169,14 @@ func schedOf(wms, phms int64) lease.Windows {
 // IsBucket reports whether l is a bucket limit (rate and burst).
 func (l *Limit) IsBucket() bool { return l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET }
 
+// IsConcurrency reports whether l is a concurrency limit: at most Tokens
+// (N) slots held at once, granted as slot shares.
+func (l *Limit) IsConcurrency() bool { return l.Kind == pb.LimitKind_LIMIT_KIND_CONCURRENCY }
+
+// Windowless reports whether l has no windows: its regions get shares
+// (bucket and concurrency limits), not leases.
+func (l *Limit) Windowless() bool { return l.IsBucket() || l.IsConcurrency() }
+
 // scheduled reports whether the stored limit p still waits for a change
 // to come into force at now.
 func scheduled(p *pb.Limit, now time.Time) bool {

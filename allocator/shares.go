@@ -48,8 +48,15 @@ type ShareGrant struct {
 	LimitRate    int64 `json:"lr"`
 	LimitBurst   int64 `json:"lb"`
 	LimitVersion int64 `json:"v"`
-	GrantedAt    int64 `json:"at"` // unix ns, allocator clock
-	ExpiresAt    int64 `json:"ea"` // unix ns, allocator clock
+	// Slots and Admit are a concurrency limit's slot share (Rate and
+	// Burst are then 0): the holder may hold Slots at once, and admit a
+	// new slot while it holds fewer than Admit (<= Slots). LimitN is the
+	// limit's N when the share was granted.
+	Slots     int64 `json:"n,omitempty"`
+	Admit     int64 `json:"a,omitempty"`
+	LimitN    int64 `json:"ln,omitempty"`
+	GrantedAt int64 `json:"at"` // unix ns, allocator clock
+	ExpiresAt int64 `json:"ea"` // unix ns, allocator clock
 
 	// pending is set while the grant is not yet committed; replays wait
 	// on it. Owned by the Allocator; not persisted.
@@ -102,6 +109,31 @@ func (st *shareState) held(hk string, now time.Time) (rate, burst int64) {
 	return rate, burst
 }
 
+// heldSlots returns how many slots a holder (holderKey) may still hold at
+// now: the largest of its unexpired slot shares.
+func (st *shareState) heldSlots(hk string, now time.Time) (n int64) {
+	for _, g := range st.byRegion[hk] {
+		if g.inForce(now) {
+			n = max(n, g.Slots)
+		}
+	}
+	return n
+}
+
+// ReservedSlots returns how many slots the shares of a concurrency limit
+// that may still be in force at now hold together, each holder counted
+// at the largest of its unexpired shares. The Core keeps it <= N.
+func (c *Core) ReservedSlots(limit string, now time.Time) (n int64) {
+	st := c.shares[limit]
+	if st == nil {
+		return 0
+	}
+	for hk := range st.byRegion {
+		n += st.heldSlots(hk, now)
+	}
+	return n
+}
+
 // Reserved returns what the shares of a bucket limit that may still be in
 // force at now hold together: each region counted at the largest of its
 // unexpired shares. The Core keeps rate <= 1000*R and burst <= B.
@@ -124,6 +156,10 @@ type ShareAcquire struct {
 	Demand    float64 // tokens per second
 	Holder    string  // "" the region's shared bucket; a replica's in-process one
 	Admitted  int64   // the holder's bucket's admitted counter (cumulative)
+	// HeldSlots is, for a concurrency limit, how many slots the holder
+	// holds now: its next share is never sized below it while the others
+	// leave room. Demand is then the slots it wants (held + waiting).
+	HeldSlots int64
 }
 
 // ShareDecision is the core's answer to one ShareAcquire.
@@ -169,7 +205,7 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
 	}
 	l = l.At(now)
-	if !l.IsBucket() {
+	if !l.Windowless() {
 		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_WRONG_KIND,
 			Message: fmt.Sprintf("limit %q is a window limit: acquire leases", r.Limit)}
 	}
@@ -193,8 +229,11 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 	c.demand[demandKey{l.ID, region}] = demandReport{rate: r.Demand, at: now, window: -1}
 
 	hk := holderKey(region, r.Holder)
-	c.observeBucket(now, l, hk, r.Admitted)
 	st := c.shareState(l.ID)
+	if l.IsConcurrency() {
+		return c.acquireSlots(now, region, hk, l, st, r)
+	}
+	c.observeBucket(now, l, hk, r.Admitted)
 	var othersRate, othersBurst int64
 	for other := range st.byRegion {
 		if other != hk {
@@ -232,6 +271,42 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 	}
 	st.byRegion[hk] = append(st.byRegion[hk], g)
 	c.shareReq[rk] = g
+	return ShareDecision{Grant: g, New: true}
+}
+
+// acquireSlots sizes a concurrency limit's slot share (lease.SizeSlots):
+// at every instant, over the shares that may still be in force, each
+// holder counted at the largest of its unexpired shares, the slots add up
+// to at most N.
+func (c *Core) acquireSlots(now time.Time, region, hk string, l *Limit, st *shareState, r ShareAcquire) ShareDecision {
+	var others int64
+	for other := range st.byRegion {
+		if other != hk {
+			others += st.heldSlots(other, now)
+		}
+	}
+	n, admit := lease.SizeSlots(lease.SlotRequest{N: l.Tokens, Region: region, Demands: c.reported(now, l),
+		Held: r.HeldSlots, Others: others})
+	if n == 0 {
+		return ShareDecision{}
+	}
+	st.seq[hk]++
+	g := &ShareGrant{
+		ShareID:      ShareID(region, r.RequestID),
+		Limit:        l.ID,
+		Region:       region,
+		Holder:       r.Holder,
+		RequestID:    r.RequestID,
+		Seq:          st.seq[hk],
+		Slots:        n,
+		Admit:        admit,
+		LimitN:       l.Tokens,
+		LimitVersion: l.Version,
+		GrantedAt:    now.UnixNano(),
+		ExpiresAt:    now.Add(shareTTL(l)).UnixNano(),
+	}
+	st.byRegion[hk] = append(st.byRegion[hk], g)
+	c.shareReq[requestKey{region, r.RequestID}] = g
 	return ShareDecision{Grant: g, New: true}
 }
 
@@ -304,5 +379,7 @@ func (g *ShareGrant) ToProto(now time.Time) *pb.RateShare {
 		ExpiresIn:       durpb(max(0, time.Duration(g.ExpiresAt-now.UnixNano()))),
 		RequestId:       g.RequestID,
 		LimitVersion:    g.LimitVersion,
+		Slots:           g.Slots,
+		AdmitSlots:      g.Admit,
 	}
 }

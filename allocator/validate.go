@@ -96,6 +96,9 @@ func ValidateAcquireShares(req *pb.AcquireSharesRequest) error {
 		if r.AdmittedTokens < 0 {
 			return fieldErr(f+".admitted_tokens", "must be >= 0, got %d", r.AdmittedTokens)
 		}
+		if r.HeldSlots < 0 || r.HeldSlots > vocab.MaxTokens {
+			return fieldErr(f+".held_slots", "must be 0..%d, got %d", vocab.MaxTokens, r.HeldSlots)
+		}
 	}
 	return nil
 }

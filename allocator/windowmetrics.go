@@ -74,8 +74,8 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 			if l.After != nil && now.Before(l.OverrideEnds) {
 				overrides[id] = l.OverrideEnds // every one: there are few, and each is an emergency
 			}
-			if l.At(now).IsBucket() {
-				return // bucketCollector's
+			if l.At(now).Windowless() {
+				return // bucketCollector's, or a concurrency limit's (no windows)
 			}
 			cur := l.At(now).Windows().Of(now).Index
 			rep, ok := core.report(now, id, cur-1)

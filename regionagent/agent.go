@@ -186,6 +186,7 @@ type Agent struct {
 	running  atomic.Pointer[context.Context] // Run's context: background calls end with it
 	chunks   *client.Client                  // hot limits' chunks (chunks.go); nil: off
 	locks    heldLocks                       // renewal locks held, extended while held (locks.go)
+	slots    slotPlans                       // concurrency limits' slot shares (slots.go)
 }
 
 // New returns an agent; call Run to start its background work.

@@ -127,3 +127,15 @@ func (s selfRPC) Release(ctx context.Context, req *pb.ReleaseRequest, _ ...grpc.
 func (s selfRPC) Settle(context.Context, *pb.SettleRequest, ...grpc.CallOption) (*pb.SettleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "chunks never Settle")
 }
+
+func (s selfRPC) AcquireSlot(context.Context, *pb.AcquireSlotRequest, ...grpc.CallOption) (*pb.AcquireSlotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "chunks never hold slots")
+}
+
+func (s selfRPC) HeartbeatSlot(context.Context, *pb.HeartbeatSlotRequest, ...grpc.CallOption) (*pb.HeartbeatSlotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "chunks never hold slots")
+}
+
+func (s selfRPC) ReleaseSlot(context.Context, *pb.ReleaseSlotRequest, ...grpc.CallOption) (*pb.ReleaseSlotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "chunks never hold slots")
+}

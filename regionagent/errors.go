@@ -20,6 +20,9 @@ var (
 	// ErrSettleRefused: the decision cannot be settled so: its grace
 	// period is over, or it was settled with another actual cost.
 	ErrSettleRefused = errors.New("regionagent: settle refused")
+	// ErrSlotNotHeld: HeartbeatSlot names a slot that is not held
+	// (released, expired or unknown): its holder has lost it.
+	ErrSlotNotHeld = errors.New("regionagent: slot not held")
 
 	// errNotSynced: the agent has no limits from the allocator yet
 	// (UNAVAILABLE: ask again soon).

@@ -45,6 +45,9 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 	if l.IsBucket() {
 		return Reservation{}, errBucketSubLease(limit)
 	}
+	if l.IsConcurrency() {
+		return Reservation{}, fieldErr("limit_id", "%q is a concurrency limit: acquire a slot (AcquireSlot), not a sub-lease", limit)
+	}
 	if l.ID == "" {
 		// Not synced: the agent does not know the limit yet.
 		return Reservation{Decision: Decision{Reason: pb.Reason_REASON_UNAVAILABLE, RetryAfter: time.Second}}, nil
@@ -121,6 +124,9 @@ func (a *Agent) Release(ctx context.Context, limit, id string, unspent int64) (i
 	}
 	if l.IsBucket() {
 		return 0, errBucketSubLease(limit)
+	}
+	if l.IsConcurrency() {
+		return 0, fieldErr("limit_id", "%q is a concurrency limit: release slots with ReleaseSlot", limit)
 	}
 	if l.ID == "" {
 		return 0, fmt.Errorf("%w: the agent has no limits from the allocator yet", errNotSynced)

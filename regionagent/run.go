@@ -206,6 +206,9 @@ func limitOf(l *pb.Limit, region string) core.Limit {
 			out.RatePeriod = l.RatePeriod.AsDuration()
 		}
 	}
+	if l.Kind == pb.LimitKind_LIMIT_KIND_CONCURRENCY && l.LimitTokens > 0 {
+		out.Slots, out.Tokens = l.LimitTokens, 0
+	}
 	if fb := l.Fallback[region]; fb != nil {
 		out.Fallback = core.Fallback{Kind: core.FallbackKind(fb.Kind), LocalTokens: fb.LocalTokens}
 	}

@@ -38,6 +38,8 @@ func toStatus(err error) error {
 		return status.Error(codes.NotFound, "limit_id: "+err.Error())
 	case errors.Is(err, ErrUnknownDecision):
 		return status.Error(codes.NotFound, "decision_id: "+err.Error())
+	case errors.Is(err, ErrSlotNotHeld):
+		return status.Error(codes.NotFound, "slot_id: "+err.Error())
 	case errors.Is(err, ErrSettleRefused):
 		return status.Error(codes.FailedPrecondition, "decision_id: "+err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -152,4 +154,44 @@ func (s *Server) Settle(ctx context.Context, req *pb.SettleRequest) (*pb.SettleR
 	}
 	return &pb.SettleResponse{Estimate: r.Estimate, Charged: r.Charged, Refunded: r.Refunded, Overrun: r.Overrun,
 		Debt: r.Debt, Replayed: r.Replayed}, nil
+}
+
+// AcquireSlot implements pb.RegionAgentServer.
+func (s *Server) AcquireSlot(ctx context.Context, req *pb.AcquireSlotRequest) (*pb.AcquireSlotResponse, error) {
+	if req.Ttl == nil {
+		return nil, toStatus(fieldErr("ttl", "required"))
+	}
+	if err := req.Ttl.CheckValid(); err != nil {
+		return nil, toStatus(fieldErr("ttl", "%v", err))
+	}
+	d, err := s.a.AcquireSlot(ctx, req.LimitId, req.HolderId, req.Ttl.AsDuration())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.AcquireSlotResponse{Allowed: d.Allowed, Reason: d.Reason, SlotId: d.SlotID, ExpiresIn: durationpb.New(d.ExpiresIn),
+		RetryAfter: durationpb.New(d.RetryAfter), LimitSlots: d.Limit, Held: d.Held, Slots: d.Slots, LimitVersion: d.Version}, nil
+}
+
+// HeartbeatSlot implements pb.RegionAgentServer.
+func (s *Server) HeartbeatSlot(ctx context.Context, req *pb.HeartbeatSlotRequest) (*pb.HeartbeatSlotResponse, error) {
+	if req.Ttl == nil {
+		return nil, toStatus(fieldErr("ttl", "required"))
+	}
+	if err := req.Ttl.CheckValid(); err != nil {
+		return nil, toStatus(fieldErr("ttl", "%v", err))
+	}
+	left, err := s.a.HeartbeatSlot(ctx, req.LimitId, req.SlotId, req.Ttl.AsDuration())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.HeartbeatSlotResponse{ExpiresIn: durationpb.New(left)}, nil
+}
+
+// ReleaseSlot implements pb.RegionAgentServer.
+func (s *Server) ReleaseSlot(ctx context.Context, req *pb.ReleaseSlotRequest) (*pb.ReleaseSlotResponse, error) {
+	ok, err := s.a.ReleaseSlot(ctx, req.LimitId, req.SlotId)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.ReleaseSlotResponse{Released: ok}, nil
 }

@@ -23,8 +23,9 @@ recorded in the limit's history. A change to an existing limit governs from
 the next window boundary unless --effective now. --dry-run prints what would
 change and its effect on the current window, and writes nothing. --rate and
 --burst describe a bucket limit (rate and burst) instead of a window limit;
-this version of the allocator checks them and refuses the limit (bucket
-limits are not enforced yet).`,
+--concurrency N a concurrency limit (at most N slots held at once, all
+regions together; holders acquire, heartbeat and release slots through the
+agent).`,
 	flags: func(f *flagSet) action { return setLimitFlags(f, false) },
 }
 
@@ -38,7 +39,7 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required for a window limit)", 1)
 	f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required for a window limit, >= 1s)")
 	f.durationVar(&phase, "window-phase", "`DUR`: the windows' phase offset, 0 <= DUR < the window, whole ms: windows start at k x W + DUR, so that limits do not all reset at once (default 0: windows start at multiples of W)")
-	var rate int64
+	var rate, slots int64
 	var period time.Duration
 	if plan {
 		f.listVar(&l.Binds, "bind", "`PATTERN,...`: the ids the plan defines, e.g. tenant/{id}: every id tenant/X that has no limit of its own is X's limit under this plan, from its first request; repeatable")
@@ -49,6 +50,7 @@ func setLimitFlags(f *flagSet, plan bool) action {
 			return err
 		})
 		f.tokensVar(&l.BurstTokens, "burst", "`N`: a bucket limit's burst B, all regions together (required with --rate)", 1)
+		f.tokensVar(&slots, "concurrency", "`N`: a concurrency limit: at most N slots held at once, all regions together; instead of --limit and --window (--ttl is then its slot shares' ttl, 1s..10m, default 10s)", 1)
 	}
 	f.listVar(&l.Regions, "regions", "`R,...`: regions that spend the limit, e.g. eu,us (required; repeatable)")
 	f.value("mode", "`strict|bounded`: strict admits only leased tokens; bounded allows fallbacks (required)", func(s string) error {
@@ -90,7 +92,16 @@ func setLimitFlags(f *flagSet, plan bool) action {
 				return err
 			}
 		}
-		if f.isSet("rate") {
+		if f.isSet("concurrency") {
+			// A concurrency limit: N slots, no window.
+			if f.isSet("limit") || f.isSet("window") || f.isSet("window-phase") || f.isSet("rate") || f.isSet("burst") {
+				return usagef("--concurrency makes a concurrency limit: give it instead of --limit and --window (and not with --window-phase, --rate or --burst)")
+			}
+			if err := f.require("regions", "mode", "reason"); err != nil {
+				return err
+			}
+			l.Kind, l.LimitTokens = pb.LimitKind_LIMIT_KIND_CONCURRENCY, slots
+		} else if f.isSet("rate") {
 			// A bucket limit: rate and burst, no window.
 			if f.isSet("limit") || f.isSet("window") || f.isSet("window-phase") {
 				return usagef("--rate and --burst make a bucket limit: give them instead of --limit and --window (and --window-phase)")

@@ -75,6 +75,9 @@ func (e *env) printLimit(l *pb.Limit) error {
 		rows = [][2]string{{"id", l.GetId()}, {"kind", "bucket"}, {"rate", formatRate(l)},
 			{"burst", strconv.FormatInt(l.GetBurstTokens(), 10)}}
 	}
+	if l.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
+		rows = [][2]string{{"id", l.GetId()}, {"kind", "concurrency"}, {"slots", strconv.FormatInt(l.GetLimitTokens(), 10)}}
+	}
 	rows = append(rows, [][2]string{
 		{"regions", strings.Join(l.GetRegions(), ",")},
 		{"mode", limitspec.ModeName(l.GetMode())},

@@ -83,8 +83,10 @@ func checkKind(l *pb.Limit) error {
 		return checkKindFields(l)
 	case pb.LimitKind_LIMIT_KIND_BUCKET:
 		return ValidateBucket(l)
+	case pb.LimitKind_LIMIT_KIND_CONCURRENCY:
+		return checkKindFields(l)
 	}
-	return fieldErr("limit.kind", "must be window or bucket, got %v", l.Kind)
+	return fieldErr("limit.kind", "must be window, bucket or concurrency, got %v", l.Kind)
 }
 
 // Bounds on a bucket limit's share ttl (limit.lease.ttl): how long a rate
@@ -118,14 +120,33 @@ func checkBucketOnly(l *pb.Limit) error {
 	return nil
 }
 
-// checkShareSettings checks a bucket limit's lease settings (its share
+// kindWord names a limit's kind as limits files write it.
+func kindWord(l *pb.Limit) string {
+	switch l.Kind {
+	case pb.LimitKind_LIMIT_KIND_BUCKET:
+		return "bucket"
+	case pb.LimitKind_LIMIT_KIND_CONCURRENCY:
+		return "concurrency"
+	}
+	return "window"
+}
+
+// grantedAs says how a windowless limit is granted.
+func grantedAs(l *pb.Limit) string {
+	if l.Kind == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
+		return "concurrency limits are granted as slot shares"
+	}
+	return "bucket limits are granted as rate shares"
+}
+
+// checkShareSettings checks a bucket or concurrency limit's lease settings (its share
 // ttl; no chunks) and fills in the default ttl.
 func checkShareSettings(l *pb.Limit) error {
 	switch {
 	case l.Lease.MinChunk != 0:
-		return fieldErr("limit.lease.min_chunk", "bucket limits are granted as rate shares, not chunks")
+		return fieldErr("limit.lease.min_chunk", "%s, not chunks", grantedAs(l))
 	case l.Lease.MaxChunk != 0:
-		return fieldErr("limit.lease.max_chunk", "bucket limits are granted as rate shares, not chunks")
+		return fieldErr("limit.lease.max_chunk", "%s, not chunks", grantedAs(l))
 	}
 	ttl := DefaultShareTTL
 	if l.Lease.Ttl != nil {
@@ -134,7 +155,7 @@ func checkShareSettings(l *pb.Limit) error {
 		}
 		ttl = l.Lease.Ttl.AsDuration()
 		if ttl < MinShareTTL || ttl > MaxShareTTL || ttl%time.Millisecond != 0 {
-			return fieldErr("limit.lease.ttl", "a bucket limit's share ttl must be whole milliseconds in %v..%v, got %v", MinShareTTL, MaxShareTTL, ttl)
+			return fieldErr("limit.lease.ttl", "a "+kindWord(l)+" limit's share ttl must be whole milliseconds in %v..%v, got %v", MinShareTTL, MaxShareTTL, ttl)
 		}
 	}
 	l.Lease.Ttl = durationpb.New(ttl)

@@ -57,7 +57,7 @@ func TestValidateBucketNamesTheField(t *testing.T) {
 		{"chunks on a bucket", "limit.lease.min_chunk", "rate shares", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{MinChunk: 1} })},
 		{"share ttl too short", "limit.lease.ttl", "1s..10m0s", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(999 * time.Millisecond)} })},
 		{"share ttl too long", "limit.lease.ttl", "1s..10m0s", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(11 * time.Minute)} })},
-		{"unknown kind", "limit.kind", "window or bucket", window(func(l *pb.Limit) { l.Kind = 99 })},
+		{"unknown kind", "limit.kind", "window, bucket or concurrency", window(func(l *pb.Limit) { l.Kind = 99 })},
 		{"rate on a window limit", "limit.rate_tokens", "only bucket", window(func(l *pb.Limit) { l.RateTokens = 5 })},
 		{"period on a window limit", "limit.rate_period", "only bucket", window(func(l *pb.Limit) { l.RatePeriod = durationpb.New(time.Second) })},
 		{"burst on a window limit", "limit.burst_tokens", "only bucket", window(func(l *pb.Limit) { l.BurstTokens = 5 })},

@@ -136,12 +136,21 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 		return nil, err
 	}
 	bucket := l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET
+	conc := isConcurrency(l)
 	var w time.Duration
-	if bucket {
+	switch {
+	case bucket:
 		if err := checkBucketOnly(l); err != nil {
 			return nil, err
 		}
-	} else {
+	case conc:
+		if err := vocab.ValidateTokens("limit.limit_tokens", l.LimitTokens, 1); err != nil {
+			return nil, err
+		}
+		if err := checkConcurrencyOnly(l); err != nil {
+			return nil, err
+		}
+	default:
 		if err := vocab.ValidateTokens("limit.limit_tokens", l.LimitTokens, 1); err != nil {
 			return nil, err
 		}
@@ -215,11 +224,14 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 		if bucket && fb.Kind != pb.FallbackKind_FALLBACK_KIND_CLOSED {
 			return nil, fieldErr(f, "bucket limits fall back closed only in this version (a region without a share answers UNAVAILABLE)")
 		}
+		if conc && fb.Kind != pb.FallbackKind_FALLBACK_KIND_CLOSED {
+			return nil, fieldErr(f, "concurrency limits fall back closed only in this version (a region without a slot share answers UNAVAILABLE)")
+		}
 	}
 	if l.Lease == nil {
 		l.Lease = &pb.LeaseSettings{}
 	}
-	if bucket {
+	if bucket || conc {
 		if err := checkShareSettings(l); err != nil {
 			return nil, err
 		}

@@ -51,5 +51,5 @@ var (
 	settleScript   = newScript("settle.lua", true)
 
 	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript,
-		reserveScript, releaseScript, usageScript, fallbackScript, snapshotScript, settleScript, rateScript}
+		reserveScript, releaseScript, usageScript, fallbackScript, snapshotScript, settleScript, rateScript, slotsScript}
 )

@@ -287,6 +287,10 @@ func (c *Core) bucketFallback(now time.Time, chk *Check) {
 func checkBucketItems(items []Item, limitOf func(i int) *Limit) *ItemError {
 	for i, it := range items {
 		l := limitOf(i)
+		if l.IsConcurrency() {
+			return &ItemError{Index: i, Field: "limit_id",
+				Reason: strconv.Quote(l.ID) + " is a concurrency limit: acquire a slot (AcquireSlot), not a Check"}
+		}
 		if !l.IsBucket() {
 			continue
 		}

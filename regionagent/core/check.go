@@ -694,6 +694,9 @@ func (c *Core) Reservation(now time.Time, limit string) (l Limit, key store.Key,
 		return Limit{}, store.Key{}, false, &ItemError{Field: "limit_id", Err: ErrUnknownLimit,
 			Reason: strconv.Quote(limit) + " is not a limit of region " + c.cfg.Region}
 	}
+	if lp.IsConcurrency() {
+		return *lp, store.Key{}, false, nil // refused by the caller: no window state
+	}
 	st := c.state(lp)
 	wasActive := c.active(st, now)
 	st.lastCheck = now

@@ -441,6 +441,10 @@ func (c *Core) WindowOf(now time.Time, l *Limit) lease.Window {
 // WindowEnd is the end of w on the agent's clock.
 func (c *Core) WindowEnd(w lease.Window) time.Time { return w.End().Add(-c.offset) }
 
+// Margin is the safety margin taken off a grant's expires_in of d when
+// its deadline is measured (lease.Deadline).
+func (c *Core) Margin(d time.Duration) time.Duration { return c.margin(d) }
+
 func (c *Core) margin(d time.Duration) time.Duration {
 	return c.opt.marginFixed + time.Duration(float64(d)*c.opt.driftPPM/1e6)
 }

@@ -79,6 +79,11 @@ type Limit struct {
 	Rate       int64
 	RatePeriod time.Duration
 	Burst      int64
+	// A concurrency limit (Slots > 0: IsConcurrency) holds at most Slots
+	// (N) at once, all regions together, from slot shares (slots.go);
+	// Tokens and Window are then 0, and TTL is the share ttl. Checks and
+	// sub-leases of it are refused: it is acquired, not checked.
+	Slots int64
 }
 
 // Windows is the limit's window schedule (W and φ): every window of the

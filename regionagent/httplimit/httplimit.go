@@ -177,23 +177,7 @@ func Observe(f func(r *http.Request, o Outcome, d client.Decision)) Option {
 
 // Middleware returns middleware that asks l before every request.
 func Middleware(l Limiter, opts ...Option) func(http.Handler) http.Handler {
-	o := options{
-		cost:         func(*http.Request) int64 { return 1 },
-		show:         func(*http.Request) bool { return true },
-		jitter:       time.Second,
-		observe:      func(*http.Request, Outcome, client.Decision) {},
-		unavailRetry: time.Second,
-		rnd:          rand.Int64N,
-	}
-	for _, f := range opts {
-		f(&o)
-	}
-	if o.key == nil {
-		panic("httplimit: the Key option is required")
-	}
-	if o.observeSettle == nil {
-		o.observeSettle = func(*http.Request, client.Settlement, error) {}
-	}
+	o := buildOptions(opts)
 	if o.actual != nil {
 		sl, ok := l.(SettleLimiter)
 		if !ok {
@@ -230,6 +214,29 @@ func Middleware(l Limiter, opts ...Option) func(http.Handler) http.Handler {
 			}
 		})
 	}
+}
+
+// buildOptions applies opts over the defaults; the Key option is
+// required.
+func buildOptions(opts []Option) options {
+	o := options{
+		cost:         func(*http.Request) int64 { return 1 },
+		show:         func(*http.Request) bool { return true },
+		jitter:       time.Second,
+		observe:      func(*http.Request, Outcome, client.Decision) {},
+		unavailRetry: time.Second,
+		rnd:          rand.Int64N,
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.key == nil {
+		panic("httplimit: the Key option is required")
+	}
+	if o.observeSettle == nil {
+		o.observeSettle = func(*http.Request, client.Settlement, error) {}
+	}
+	return o
 }
 
 // headers sets the rate limit headers.

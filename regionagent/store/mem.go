@@ -52,8 +52,9 @@ var errMem = errors.New("store: mem: invalid argument")
 // concurrent use.
 type Mem struct {
 	keys      map[Key]*memHash
-	rates     map[RateKey]*memRate // token buckets of bucket limits (rate.go)
-	orphanTTL int64                // ms
+	rates     map[RateKey]*memRate  // token buckets of bucket limits (rate.go)
+	slots     map[SlotKey]*memSlots // slot sets of concurrency limits (slots.go)
+	orphanTTL int64                 // ms
 }
 
 type memLease struct {
@@ -73,7 +74,7 @@ type memHash struct {
 
 // NewMem returns an empty bucket whose orphan keys live orphanTTLMs.
 func NewMem(orphanTTLMs int64) *Mem {
-	return &Mem{keys: map[Key]*memHash{}, rates: map[RateKey]*memRate{}, orphanTTL: orphanTTLMs}
+	return &Mem{keys: map[Key]*memHash{}, rates: map[RateKey]*memRate{}, slots: map[SlotKey]*memSlots{}, orphanTTL: orphanTTLMs}
 }
 
 // get returns the live hash of key at now, nil if the key does not exist.

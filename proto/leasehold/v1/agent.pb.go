@@ -82,6 +82,393 @@ func (Reason) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
+type AcquireSlotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// limit_id names a CONCURRENCY limit.
+	LimitId string `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	// holder_id names the job holding the slot: 1-128 characters of
+	// [A-Za-z0-9._-]. The same holder asking again gets its slot back.
+	HolderId string `protobuf:"bytes,2,opt,name=holder_id,json=holderId,proto3" json:"holder_id,omitempty"`
+	// ttl is how long the slot lives without a heartbeat: 100ms..10m,
+	// whole milliseconds.
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireSlotRequest) Reset() {
+	*x = AcquireSlotRequest{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireSlotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireSlotRequest) ProtoMessage() {}
+
+func (x *AcquireSlotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireSlotRequest.ProtoReflect.Descriptor instead.
+func (*AcquireSlotRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *AcquireSlotRequest) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *AcquireSlotRequest) GetHolderId() string {
+	if x != nil {
+		return x.HolderId
+	}
+	return ""
+}
+
+func (x *AcquireSlotRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type AcquireSlotResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Reason  Reason                 `protobuf:"varint,2,opt,name=reason,proto3,enum=leasehold.v1.Reason" json:"reason,omitempty"`
+	// slot_id names the held slot (for HeartbeatSlot and ReleaseSlot);
+	// empty when denied.
+	SlotId string `protobuf:"bytes,3,opt,name=slot_id,json=slotId,proto3" json:"slot_id,omitempty"`
+	// expires_in is when the slot ends unless heartbeated, measured from
+	// when the agent answered: the client measures it from when it sent
+	// the request.
+	ExpiresIn *durationpb.Duration `protobuf:"bytes,4,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
+	// retry_after is when a denied caller should try again.
+	RetryAfter *durationpb.Duration `protobuf:"bytes,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// limit_slots is N; held is how many of the region's slots are held
+	// after this call, slots how many the region's share allows.
+	LimitSlots    int64 `protobuf:"varint,6,opt,name=limit_slots,json=limitSlots,proto3" json:"limit_slots,omitempty"`
+	Held          int64 `protobuf:"varint,7,opt,name=held,proto3" json:"held,omitempty"`
+	Slots         int64 `protobuf:"varint,8,opt,name=slots,proto3" json:"slots,omitempty"`
+	LimitVersion  int64 `protobuf:"varint,9,opt,name=limit_version,json=limitVersion,proto3" json:"limit_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireSlotResponse) Reset() {
+	*x = AcquireSlotResponse{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireSlotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireSlotResponse) ProtoMessage() {}
+
+func (x *AcquireSlotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireSlotResponse.ProtoReflect.Descriptor instead.
+func (*AcquireSlotResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AcquireSlotResponse) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *AcquireSlotResponse) GetReason() Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return Reason_REASON_UNSPECIFIED
+}
+
+func (x *AcquireSlotResponse) GetSlotId() string {
+	if x != nil {
+		return x.SlotId
+	}
+	return ""
+}
+
+func (x *AcquireSlotResponse) GetExpiresIn() *durationpb.Duration {
+	if x != nil {
+		return x.ExpiresIn
+	}
+	return nil
+}
+
+func (x *AcquireSlotResponse) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *AcquireSlotResponse) GetLimitSlots() int64 {
+	if x != nil {
+		return x.LimitSlots
+	}
+	return 0
+}
+
+func (x *AcquireSlotResponse) GetHeld() int64 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *AcquireSlotResponse) GetSlots() int64 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *AcquireSlotResponse) GetLimitVersion() int64 {
+	if x != nil {
+		return x.LimitVersion
+	}
+	return 0
+}
+
+type HeartbeatSlotRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LimitId string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	SlotId  string                 `protobuf:"bytes,2,opt,name=slot_id,json=slotId,proto3" json:"slot_id,omitempty"`
+	// ttl: as AcquireSlotRequest.ttl.
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatSlotRequest) Reset() {
+	*x = HeartbeatSlotRequest{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatSlotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatSlotRequest) ProtoMessage() {}
+
+func (x *HeartbeatSlotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatSlotRequest.ProtoReflect.Descriptor instead.
+func (*HeartbeatSlotRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HeartbeatSlotRequest) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *HeartbeatSlotRequest) GetSlotId() string {
+	if x != nil {
+		return x.SlotId
+	}
+	return ""
+}
+
+func (x *HeartbeatSlotRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type HeartbeatSlotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// expires_in is the slot's new end, measured as AcquireSlot's. It can
+	// be shorter than ttl (the region's share ends first, or the region
+	// holds more slots than its share allows): heartbeat again before it.
+	ExpiresIn     *durationpb.Duration `protobuf:"bytes,1,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatSlotResponse) Reset() {
+	*x = HeartbeatSlotResponse{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatSlotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatSlotResponse) ProtoMessage() {}
+
+func (x *HeartbeatSlotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatSlotResponse.ProtoReflect.Descriptor instead.
+func (*HeartbeatSlotResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HeartbeatSlotResponse) GetExpiresIn() *durationpb.Duration {
+	if x != nil {
+		return x.ExpiresIn
+	}
+	return nil
+}
+
+type ReleaseSlotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LimitId       string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
+	SlotId        string                 `protobuf:"bytes,2,opt,name=slot_id,json=slotId,proto3" json:"slot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseSlotRequest) Reset() {
+	*x = ReleaseSlotRequest{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseSlotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseSlotRequest) ProtoMessage() {}
+
+func (x *ReleaseSlotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseSlotRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseSlotRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReleaseSlotRequest) GetLimitId() string {
+	if x != nil {
+		return x.LimitId
+	}
+	return ""
+}
+
+func (x *ReleaseSlotRequest) GetSlotId() string {
+	if x != nil {
+		return x.SlotId
+	}
+	return ""
+}
+
+type ReleaseSlotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// released is false when the slot was not held (released before,
+	// expired or unknown).
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseSlotResponse) Reset() {
+	*x = ReleaseSlotResponse{}
+	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseSlotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseSlotResponse) ProtoMessage() {}
+
+func (x *ReleaseSlotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseSlotResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseSlotResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReleaseSlotResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
 type SettleRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	LimitId string                 `protobuf:"bytes,1,opt,name=limit_id,json=limitId,proto3" json:"limit_id,omitempty"`
@@ -95,7 +482,7 @@ type SettleRequest struct {
 
 func (x *SettleRequest) Reset() {
 	*x = SettleRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -107,7 +494,7 @@ func (x *SettleRequest) String() string {
 func (*SettleRequest) ProtoMessage() {}
 
 func (x *SettleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[0]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -120,7 +507,7 @@ func (x *SettleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
 func (*SettleRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SettleRequest) GetLimitId() string {
@@ -165,7 +552,7 @@ type SettleResponse struct {
 
 func (x *SettleResponse) Reset() {
 	*x = SettleResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -177,7 +564,7 @@ func (x *SettleResponse) String() string {
 func (*SettleResponse) ProtoMessage() {}
 
 func (x *SettleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[1]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -190,7 +577,7 @@ func (x *SettleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
 func (*SettleResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SettleResponse) GetEstimate() int64 {
@@ -252,7 +639,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +651,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[2]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +664,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReserveRequest) GetLimitId() string {
@@ -327,7 +714,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -339,7 +726,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[3]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -352,7 +739,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReserveResponse) GetGranted() int64 {
@@ -430,7 +817,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +829,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[4]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +842,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseRequest) GetLimitId() string {
@@ -490,7 +877,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -502,7 +889,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[5]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -515,7 +902,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReleaseResponse) GetReturned() int64 {
@@ -543,7 +930,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +942,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[6]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +955,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CheckRequest) GetLimitId() string {
@@ -631,7 +1018,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +1030,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[7]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +1043,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -752,7 +1139,7 @@ type CheckMultiRequest struct {
 
 func (x *CheckMultiRequest) Reset() {
 	*x = CheckMultiRequest{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[8]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +1151,7 @@ func (x *CheckMultiRequest) String() string {
 func (*CheckMultiRequest) ProtoMessage() {}
 
 func (x *CheckMultiRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[8]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +1164,7 @@ func (x *CheckMultiRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckMultiRequest.ProtoReflect.Descriptor instead.
 func (*CheckMultiRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CheckMultiRequest) GetChecks() []*CheckRequest {
@@ -798,7 +1185,7 @@ type CheckMultiResponse struct {
 
 func (x *CheckMultiResponse) Reset() {
 	*x = CheckMultiResponse{}
-	mi := &file_leasehold_v1_agent_proto_msgTypes[9]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +1197,7 @@ func (x *CheckMultiResponse) String() string {
 func (*CheckMultiResponse) ProtoMessage() {}
 
 func (x *CheckMultiResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_agent_proto_msgTypes[9]
+	mi := &file_leasehold_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +1210,7 @@ func (x *CheckMultiResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckMultiResponse.ProtoReflect.Descriptor instead.
 func (*CheckMultiResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_leasehold_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CheckMultiResponse) GetAllowed() bool {
@@ -844,7 +1231,36 @@ var File_leasehold_v1_agent_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x18leasehold/v1/agent.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"c\n" +
+	"\x18leasehold/v1/agent.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"y\n" +
+	"\x12AcquireSlotRequest\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x1b\n" +
+	"\tholder_id\x18\x02 \x01(\tR\bholderId\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xdc\x02\n" +
+	"\x13AcquireSlotResponse\x12\x18\n" +
+	"\aallowed\x18\x01 \x01(\bR\aallowed\x12,\n" +
+	"\x06reason\x18\x02 \x01(\x0e2\x14.leasehold.v1.ReasonR\x06reason\x12\x17\n" +
+	"\aslot_id\x18\x03 \x01(\tR\x06slotId\x128\n" +
+	"\n" +
+	"expires_in\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x12:\n" +
+	"\vretry_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\x12\x1f\n" +
+	"\vlimit_slots\x18\x06 \x01(\x03R\n" +
+	"limitSlots\x12\x12\n" +
+	"\x04held\x18\a \x01(\x03R\x04held\x12\x14\n" +
+	"\x05slots\x18\b \x01(\x03R\x05slots\x12#\n" +
+	"\rlimit_version\x18\t \x01(\x03R\flimitVersion\"w\n" +
+	"\x14HeartbeatSlotRequest\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x17\n" +
+	"\aslot_id\x18\x02 \x01(\tR\x06slotId\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"Q\n" +
+	"\x15HeartbeatSlotResponse\x128\n" +
+	"\n" +
+	"expires_in\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\"H\n" +
+	"\x12ReleaseSlotRequest\x12\x19\n" +
+	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x17\n" +
+	"\aslot_id\x18\x02 \x01(\tR\x06slotId\"1\n" +
+	"\x13ReleaseSlotResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"c\n" +
 	"\rSettleRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x1f\n" +
 	"\vdecision_id\x18\x02 \x01(\tR\n" +
@@ -916,14 +1332,17 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\tREASON_OK\x10\x01\x12\x15\n" +
 	"\x11REASON_OVER_LIMIT\x10\x02\x12\x16\n" +
 	"\x12REASON_UNAVAILABLE\x10\x03\x12\x13\n" +
-	"\x0fREASON_FALLBACK\x10\x042\xf5\x02\n" +
+	"\x0fREASON_FALLBACK\x10\x042\xf7\x04\n" +
 	"\vRegionAgent\x12@\n" +
 	"\x05Check\x12\x1a.leasehold.v1.CheckRequest\x1a\x1b.leasehold.v1.CheckResponse\x12O\n" +
 	"\n" +
 	"CheckMulti\x12\x1f.leasehold.v1.CheckMultiRequest\x1a .leasehold.v1.CheckMultiResponse\x12F\n" +
 	"\aReserve\x12\x1c.leasehold.v1.ReserveRequest\x1a\x1d.leasehold.v1.ReserveResponse\x12F\n" +
 	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponse\x12C\n" +
-	"\x06Settle\x12\x1b.leasehold.v1.SettleRequest\x1a\x1c.leasehold.v1.SettleResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
+	"\x06Settle\x12\x1b.leasehold.v1.SettleRequest\x1a\x1c.leasehold.v1.SettleResponse\x12R\n" +
+	"\vAcquireSlot\x12 .leasehold.v1.AcquireSlotRequest\x1a!.leasehold.v1.AcquireSlotResponse\x12X\n" +
+	"\rHeartbeatSlot\x12\".leasehold.v1.HeartbeatSlotRequest\x1a#.leasehold.v1.HeartbeatSlotResponse\x12R\n" +
+	"\vReleaseSlot\x12 .leasehold.v1.ReleaseSlotRequest\x1a!.leasehold.v1.ReleaseSlotResponseB*Z(leasehold/proto/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_agent_proto_rawDescOnce sync.Once
@@ -938,51 +1357,69 @@ func file_leasehold_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_leasehold_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_leasehold_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_leasehold_v1_agent_proto_goTypes = []any{
-	(Reason)(0),                 // 0: leasehold.v1.Reason
-	(*SettleRequest)(nil),       // 1: leasehold.v1.SettleRequest
-	(*SettleResponse)(nil),      // 2: leasehold.v1.SettleResponse
-	(*ReserveRequest)(nil),      // 3: leasehold.v1.ReserveRequest
-	(*ReserveResponse)(nil),     // 4: leasehold.v1.ReserveResponse
-	(*ReleaseRequest)(nil),      // 5: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),     // 6: leasehold.v1.ReleaseResponse
-	(*CheckRequest)(nil),        // 7: leasehold.v1.CheckRequest
-	(*CheckResponse)(nil),       // 8: leasehold.v1.CheckResponse
-	(*CheckMultiRequest)(nil),   // 9: leasehold.v1.CheckMultiRequest
-	(*CheckMultiResponse)(nil),  // 10: leasehold.v1.CheckMultiResponse
-	(*durationpb.Duration)(nil), // 11: google.protobuf.Duration
+	(Reason)(0),                   // 0: leasehold.v1.Reason
+	(*AcquireSlotRequest)(nil),    // 1: leasehold.v1.AcquireSlotRequest
+	(*AcquireSlotResponse)(nil),   // 2: leasehold.v1.AcquireSlotResponse
+	(*HeartbeatSlotRequest)(nil),  // 3: leasehold.v1.HeartbeatSlotRequest
+	(*HeartbeatSlotResponse)(nil), // 4: leasehold.v1.HeartbeatSlotResponse
+	(*ReleaseSlotRequest)(nil),    // 5: leasehold.v1.ReleaseSlotRequest
+	(*ReleaseSlotResponse)(nil),   // 6: leasehold.v1.ReleaseSlotResponse
+	(*SettleRequest)(nil),         // 7: leasehold.v1.SettleRequest
+	(*SettleResponse)(nil),        // 8: leasehold.v1.SettleResponse
+	(*ReserveRequest)(nil),        // 9: leasehold.v1.ReserveRequest
+	(*ReserveResponse)(nil),       // 10: leasehold.v1.ReserveResponse
+	(*ReleaseRequest)(nil),        // 11: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 12: leasehold.v1.ReleaseResponse
+	(*CheckRequest)(nil),          // 13: leasehold.v1.CheckRequest
+	(*CheckResponse)(nil),         // 14: leasehold.v1.CheckResponse
+	(*CheckMultiRequest)(nil),     // 15: leasehold.v1.CheckMultiRequest
+	(*CheckMultiResponse)(nil),    // 16: leasehold.v1.CheckMultiResponse
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
 }
 var file_leasehold_v1_agent_proto_depIdxs = []int32{
-	11, // 0: leasehold.v1.ReserveResponse.expires_in:type_name -> google.protobuf.Duration
-	0,  // 1: leasehold.v1.ReserveResponse.reason:type_name -> leasehold.v1.Reason
-	11, // 2: leasehold.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
-	11, // 3: leasehold.v1.ReserveResponse.reset_after:type_name -> google.protobuf.Duration
-	11, // 4: leasehold.v1.ReserveResponse.window:type_name -> google.protobuf.Duration
-	0,  // 5: leasehold.v1.CheckResponse.reason:type_name -> leasehold.v1.Reason
-	11, // 6: leasehold.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
-	11, // 7: leasehold.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
-	11, // 8: leasehold.v1.CheckResponse.window:type_name -> google.protobuf.Duration
-	11, // 9: leasehold.v1.CheckResponse.settle_within:type_name -> google.protobuf.Duration
-	0,  // 10: leasehold.v1.CheckResponse.would_deny:type_name -> leasehold.v1.Reason
-	11, // 11: leasehold.v1.CheckResponse.window_phase:type_name -> google.protobuf.Duration
-	7,  // 12: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
-	8,  // 13: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
-	7,  // 14: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
-	9,  // 15: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
-	3,  // 16: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
-	5,  // 17: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
-	1,  // 18: leasehold.v1.RegionAgent.Settle:input_type -> leasehold.v1.SettleRequest
-	8,  // 19: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
-	10, // 20: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
-	4,  // 21: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
-	6,  // 22: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
-	2,  // 23: leasehold.v1.RegionAgent.Settle:output_type -> leasehold.v1.SettleResponse
-	19, // [19:24] is the sub-list for method output_type
-	14, // [14:19] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	17, // 0: leasehold.v1.AcquireSlotRequest.ttl:type_name -> google.protobuf.Duration
+	0,  // 1: leasehold.v1.AcquireSlotResponse.reason:type_name -> leasehold.v1.Reason
+	17, // 2: leasehold.v1.AcquireSlotResponse.expires_in:type_name -> google.protobuf.Duration
+	17, // 3: leasehold.v1.AcquireSlotResponse.retry_after:type_name -> google.protobuf.Duration
+	17, // 4: leasehold.v1.HeartbeatSlotRequest.ttl:type_name -> google.protobuf.Duration
+	17, // 5: leasehold.v1.HeartbeatSlotResponse.expires_in:type_name -> google.protobuf.Duration
+	17, // 6: leasehold.v1.ReserveResponse.expires_in:type_name -> google.protobuf.Duration
+	0,  // 7: leasehold.v1.ReserveResponse.reason:type_name -> leasehold.v1.Reason
+	17, // 8: leasehold.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	17, // 9: leasehold.v1.ReserveResponse.reset_after:type_name -> google.protobuf.Duration
+	17, // 10: leasehold.v1.ReserveResponse.window:type_name -> google.protobuf.Duration
+	0,  // 11: leasehold.v1.CheckResponse.reason:type_name -> leasehold.v1.Reason
+	17, // 12: leasehold.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
+	17, // 13: leasehold.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
+	17, // 14: leasehold.v1.CheckResponse.window:type_name -> google.protobuf.Duration
+	17, // 15: leasehold.v1.CheckResponse.settle_within:type_name -> google.protobuf.Duration
+	0,  // 16: leasehold.v1.CheckResponse.would_deny:type_name -> leasehold.v1.Reason
+	17, // 17: leasehold.v1.CheckResponse.window_phase:type_name -> google.protobuf.Duration
+	13, // 18: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
+	14, // 19: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
+	13, // 20: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
+	15, // 21: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
+	9,  // 22: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
+	11, // 23: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
+	7,  // 24: leasehold.v1.RegionAgent.Settle:input_type -> leasehold.v1.SettleRequest
+	1,  // 25: leasehold.v1.RegionAgent.AcquireSlot:input_type -> leasehold.v1.AcquireSlotRequest
+	3,  // 26: leasehold.v1.RegionAgent.HeartbeatSlot:input_type -> leasehold.v1.HeartbeatSlotRequest
+	5,  // 27: leasehold.v1.RegionAgent.ReleaseSlot:input_type -> leasehold.v1.ReleaseSlotRequest
+	14, // 28: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
+	16, // 29: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
+	10, // 30: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
+	12, // 31: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
+	8,  // 32: leasehold.v1.RegionAgent.Settle:output_type -> leasehold.v1.SettleResponse
+	2,  // 33: leasehold.v1.RegionAgent.AcquireSlot:output_type -> leasehold.v1.AcquireSlotResponse
+	4,  // 34: leasehold.v1.RegionAgent.HeartbeatSlot:output_type -> leasehold.v1.HeartbeatSlotResponse
+	6,  // 35: leasehold.v1.RegionAgent.ReleaseSlot:output_type -> leasehold.v1.ReleaseSlotResponse
+	28, // [28:36] is the sub-list for method output_type
+	20, // [20:28] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_agent_proto_init() }
@@ -996,7 +1433,7 @@ func file_leasehold_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_agent_proto_rawDesc), len(file_leasehold_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,11 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RegionAgent_Check_FullMethodName      = "/leasehold.v1.RegionAgent/Check"
-	RegionAgent_CheckMulti_FullMethodName = "/leasehold.v1.RegionAgent/CheckMulti"
-	RegionAgent_Reserve_FullMethodName    = "/leasehold.v1.RegionAgent/Reserve"
-	RegionAgent_Release_FullMethodName    = "/leasehold.v1.RegionAgent/Release"
-	RegionAgent_Settle_FullMethodName     = "/leasehold.v1.RegionAgent/Settle"
+	RegionAgent_Check_FullMethodName         = "/leasehold.v1.RegionAgent/Check"
+	RegionAgent_CheckMulti_FullMethodName    = "/leasehold.v1.RegionAgent/CheckMulti"
+	RegionAgent_Reserve_FullMethodName       = "/leasehold.v1.RegionAgent/Reserve"
+	RegionAgent_Release_FullMethodName       = "/leasehold.v1.RegionAgent/Release"
+	RegionAgent_Settle_FullMethodName        = "/leasehold.v1.RegionAgent/Settle"
+	RegionAgent_AcquireSlot_FullMethodName   = "/leasehold.v1.RegionAgent/AcquireSlot"
+	RegionAgent_HeartbeatSlot_FullMethodName = "/leasehold.v1.RegionAgent/HeartbeatSlot"
+	RegionAgent_ReleaseSlot_FullMethodName   = "/leasehold.v1.RegionAgent/ReleaseSlot"
 )
 
 // RegionAgentClient is the client API for RegionAgent service.
@@ -65,6 +68,24 @@ type RegionAgentClient interface {
 	// settle_grace or when retried with another actual cost, UNAVAILABLE
 	// when the region's Redis cannot be reached (retry: it is idempotent).
 	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
+	// AcquireSlot takes one slot of a CONCURRENCY limit for holder_id, for
+	// ttl: granted (slot_id, expires_in) or denied (retry_after). The slot
+	// is held until ReleaseSlot, or until it expires when its holder stops
+	// heartbeating. Idempotent by (limit_id, holder_id): the same holder
+	// asking again while its slot is held gets that slot back. A slot never
+	// outlives the region's share of the limit: expires_in can be shorter
+	// than ttl. INVALID_ARGUMENT names a bad field (a limit of another kind
+	// names limit_id); UNAVAILABLE when the agent cannot decide (no share
+	// and the allocator unreachable, or the region's Redis down).
+	AcquireSlot(ctx context.Context, in *AcquireSlotRequest, opts ...grpc.CallOption) (*AcquireSlotResponse, error)
+	// HeartbeatSlot extends a held slot to min(now + ttl, the region's
+	// share deadline). NOT_FOUND for a slot that is not held (released,
+	// expired or unknown): its holder has lost it and must stop the work.
+	HeartbeatSlot(ctx context.Context, in *HeartbeatSlotRequest, opts ...grpc.CallOption) (*HeartbeatSlotResponse, error)
+	// ReleaseSlot frees a held slot. Releasing a slot that is not held
+	// (released before, expired, unknown) is answered released = false,
+	// not an error, so a retried release is safe.
+	ReleaseSlot(ctx context.Context, in *ReleaseSlotRequest, opts ...grpc.CallOption) (*ReleaseSlotResponse, error)
 }
 
 type regionAgentClient struct {
@@ -125,6 +146,36 @@ func (c *regionAgentClient) Settle(ctx context.Context, in *SettleRequest, opts 
 	return out, nil
 }
 
+func (c *regionAgentClient) AcquireSlot(ctx context.Context, in *AcquireSlotRequest, opts ...grpc.CallOption) (*AcquireSlotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AcquireSlotResponse)
+	err := c.cc.Invoke(ctx, RegionAgent_AcquireSlot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *regionAgentClient) HeartbeatSlot(ctx context.Context, in *HeartbeatSlotRequest, opts ...grpc.CallOption) (*HeartbeatSlotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HeartbeatSlotResponse)
+	err := c.cc.Invoke(ctx, RegionAgent_HeartbeatSlot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *regionAgentClient) ReleaseSlot(ctx context.Context, in *ReleaseSlotRequest, opts ...grpc.CallOption) (*ReleaseSlotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseSlotResponse)
+	err := c.cc.Invoke(ctx, RegionAgent_ReleaseSlot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegionAgentServer is the server API for RegionAgent service.
 // All implementations must embed UnimplementedRegionAgentServer
 // for forward compatibility.
@@ -164,6 +215,24 @@ type RegionAgentServer interface {
 	// settle_grace or when retried with another actual cost, UNAVAILABLE
 	// when the region's Redis cannot be reached (retry: it is idempotent).
 	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
+	// AcquireSlot takes one slot of a CONCURRENCY limit for holder_id, for
+	// ttl: granted (slot_id, expires_in) or denied (retry_after). The slot
+	// is held until ReleaseSlot, or until it expires when its holder stops
+	// heartbeating. Idempotent by (limit_id, holder_id): the same holder
+	// asking again while its slot is held gets that slot back. A slot never
+	// outlives the region's share of the limit: expires_in can be shorter
+	// than ttl. INVALID_ARGUMENT names a bad field (a limit of another kind
+	// names limit_id); UNAVAILABLE when the agent cannot decide (no share
+	// and the allocator unreachable, or the region's Redis down).
+	AcquireSlot(context.Context, *AcquireSlotRequest) (*AcquireSlotResponse, error)
+	// HeartbeatSlot extends a held slot to min(now + ttl, the region's
+	// share deadline). NOT_FOUND for a slot that is not held (released,
+	// expired or unknown): its holder has lost it and must stop the work.
+	HeartbeatSlot(context.Context, *HeartbeatSlotRequest) (*HeartbeatSlotResponse, error)
+	// ReleaseSlot frees a held slot. Releasing a slot that is not held
+	// (released before, expired, unknown) is answered released = false,
+	// not an error, so a retried release is safe.
+	ReleaseSlot(context.Context, *ReleaseSlotRequest) (*ReleaseSlotResponse, error)
 	mustEmbedUnimplementedRegionAgentServer()
 }
 
@@ -188,6 +257,15 @@ func (UnimplementedRegionAgentServer) Release(context.Context, *ReleaseRequest) 
 }
 func (UnimplementedRegionAgentServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
+}
+func (UnimplementedRegionAgentServer) AcquireSlot(context.Context, *AcquireSlotRequest) (*AcquireSlotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AcquireSlot not implemented")
+}
+func (UnimplementedRegionAgentServer) HeartbeatSlot(context.Context, *HeartbeatSlotRequest) (*HeartbeatSlotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method HeartbeatSlot not implemented")
+}
+func (UnimplementedRegionAgentServer) ReleaseSlot(context.Context, *ReleaseSlotRequest) (*ReleaseSlotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseSlot not implemented")
 }
 func (UnimplementedRegionAgentServer) mustEmbedUnimplementedRegionAgentServer() {}
 func (UnimplementedRegionAgentServer) testEmbeddedByValue()                     {}
@@ -300,6 +378,60 @@ func _RegionAgent_Settle_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegionAgent_AcquireSlot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcquireSlotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionAgentServer).AcquireSlot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionAgent_AcquireSlot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionAgentServer).AcquireSlot(ctx, req.(*AcquireSlotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegionAgent_HeartbeatSlot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HeartbeatSlotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionAgentServer).HeartbeatSlot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionAgent_HeartbeatSlot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionAgentServer).HeartbeatSlot(ctx, req.(*HeartbeatSlotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegionAgent_ReleaseSlot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseSlotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionAgentServer).ReleaseSlot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionAgent_ReleaseSlot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionAgentServer).ReleaseSlot(ctx, req.(*ReleaseSlotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegionAgent_ServiceDesc is the grpc.ServiceDesc for RegionAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -326,6 +458,18 @@ var RegionAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Settle",
 			Handler:    _RegionAgent_Settle_Handler,
+		},
+		{
+			MethodName: "AcquireSlot",
+			Handler:    _RegionAgent_AcquireSlot_Handler,
+		},
+		{
+			MethodName: "HeartbeatSlot",
+			Handler:    _RegionAgent_HeartbeatSlot_Handler,
+		},
+		{
+			MethodName: "ReleaseSlot",
+			Handler:    _RegionAgent_ReleaseSlot_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1313,8 +1313,13 @@ type ShareRequest struct {
 	// last read it (cumulative, >= 0): the allocator adds up what it grew by
 	// per reporting interval and exports it beside the bound.
 	AdmittedTokens int64 `protobuf:"varint,5,opt,name=admitted_tokens,json=admittedTokens,proto3" json:"admitted_tokens,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// held_slots is, for a CONCURRENCY limit, how many slots the holder
+	// holds now (>= 0): the allocator never sizes its next share below it
+	// while the others leave room (a running job keeps its slot). 0 for
+	// other kinds.
+	HeldSlots     int64 `protobuf:"varint,50,opt,name=held_slots,json=heldSlots,proto3" json:"held_slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShareRequest) Reset() {
@@ -1382,6 +1387,13 @@ func (x *ShareRequest) GetAdmittedTokens() int64 {
 	return 0
 }
 
+func (x *ShareRequest) GetHeldSlots() int64 {
+	if x != nil {
+		return x.HeldSlots
+	}
+	return 0
+}
+
 // RateShare is a region's part of a bucket limit: its regional bucket
 // refills at rate_milli_tokens thousandths of a token per rate_period, up
 // to burst_tokens, until the share expires. At any instant the shares in
@@ -1403,9 +1415,19 @@ type RateShare struct {
 	BurstTokens     int64                `protobuf:"varint,7,opt,name=burst_tokens,json=burstTokens,proto3" json:"burst_tokens,omitempty"`
 	// expires_in: agents measure it from when they sent the request, minus a
 	// safety margin, as for leases.
-	ExpiresIn     *durationpb.Duration `protobuf:"bytes,8,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
-	RequestId     string               `protobuf:"bytes,9,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	LimitVersion  int64                `protobuf:"varint,10,opt,name=limit_version,json=limitVersion,proto3" json:"limit_version,omitempty"`
+	ExpiresIn    *durationpb.Duration `protobuf:"bytes,8,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
+	RequestId    string               `protobuf:"bytes,9,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	LimitVersion int64                `protobuf:"varint,10,opt,name=limit_version,json=limitVersion,proto3" json:"limit_version,omitempty"`
+	// slots is, for a CONCURRENCY limit, how many slots the region may hold
+	// at once under this share (rate and burst are then 0). At any instant
+	// the shares in force of all regions, each counted at its largest
+	// unexpired share, add up to at most the limit's limit_tokens (N).
+	Slots int64 `protobuf:"varint,50,opt,name=slots,proto3" json:"slots,omitempty"`
+	// admit_slots (<= slots) is, for a CONCURRENCY limit, how many slots
+	// the region may hold after admitting a new acquire: its fair part.
+	// slots can be larger while running jobs hold more (they keep their
+	// slots; no new job starts until the region is back within its part).
+	AdmitSlots    int64 `protobuf:"varint,51,opt,name=admit_slots,json=admitSlots,proto3" json:"admit_slots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1506,6 +1528,20 @@ func (x *RateShare) GetRequestId() string {
 func (x *RateShare) GetLimitVersion() int64 {
 	if x != nil {
 		return x.LimitVersion
+	}
+	return 0
+}
+
+func (x *RateShare) GetSlots() int64 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *RateShare) GetAdmitSlots() int64 {
+	if x != nil {
+		return x.AdmitSlots
 	}
 	return 0
 }
@@ -1739,14 +1775,16 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x12group_map_revision\x18\a \x01(\x03R\x10groupMapRevision\"f\n" +
 	"\x14AcquireSharesRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x126\n" +
-	"\brequests\x18\x02 \x03(\v2\x1a.leasehold.v1.ShareRequestR\brequests\"\xb5\x01\n" +
+	"\brequests\x18\x02 \x03(\v2\x1a.leasehold.v1.ShareRequestR\brequests\"\xd4\x01\n" +
 	"\fShareRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12*\n" +
 	"\x11demand_per_second\x18\x03 \x01(\x01R\x0fdemandPerSecond\x12\x16\n" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12'\n" +
-	"\x0fadmitted_tokens\x18\x05 \x01(\x03R\x0eadmittedTokens\"\xf4\x02\n" +
+	"\x0fadmitted_tokens\x18\x05 \x01(\x03R\x0eadmittedTokens\x12\x1d\n" +
+	"\n" +
+	"held_slots\x182 \x01(\x03R\theldSlots\"\xab\x03\n" +
 	"\tRateShare\x12\x19\n" +
 	"\bshare_id\x18\x01 \x01(\tR\ashareId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12\x16\n" +
@@ -1761,7 +1799,10 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\t \x01(\tR\trequestId\x12#\n" +
 	"\rlimit_version\x18\n" +
-	" \x01(\x03R\flimitVersion\"\xde\x01\n" +
+	" \x01(\x03R\flimitVersion\x12\x14\n" +
+	"\x05slots\x182 \x01(\x03R\x05slots\x12\x1f\n" +
+	"\vadmit_slots\x183 \x01(\x03R\n" +
+	"admitSlots\"\xde\x01\n" +
 	"\vShareResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12*\n" +

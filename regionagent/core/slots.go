@@ -1,0 +1,99 @@
+package core
+
+import (
+	"time"
+
+	"leasehold/lease"
+)
+
+// Concurrency limits (at most N slots held at once, all regions
+// together) are granted to regions as slot shares: n slots (admit <= n
+// of them to new acquires) until a deadline. The region's slots live in
+// its store (package store's slot set, lua/slots.lua); this file is the
+// agent's pure part: when to ask for a share, how much to ask for, and
+// the share's deadline, with time as an argument. The shell
+// (regionagent/slots.go) carries the calls out.
+//
+// A share's deadline is measured as a lease's is: from when its request
+// was sent, minus the safety margin (Core.Margin), so the region's slots
+// end before the allocator gives them to another region. Every slot's
+// expiry is capped by the share it was acquired or heartbeated under:
+// a region cut off from the allocator loses its slots at the share's
+// deadline (strict mode's price), and no more than N are ever held.
+
+// IsConcurrency reports whether l is a concurrency limit (Slots > 0).
+func (l *Limit) IsConcurrency() bool { return l.Slots > 0 }
+
+// SlotPlan is what a replica knows of one concurrency limit's slot share.
+// The zero value knows no share. Not safe for concurrent use: the shell
+// guards it.
+type SlotPlan struct {
+	Seq, N, Admit int64
+	Deadline      time.Time // agent clock; zero: no share
+	RenewAt       time.Time // ask again from then on while the limit is used
+	Pending       bool      // a request is in flight
+	EmptyAt       time.Time // the allocator said nothing was free
+	FailedAt      time.Time // the last request failed (refused or unanswered)
+	// Denied counts the acquires denied since the last request: the
+	// demand beyond what is held.
+	Denied int64
+}
+
+// SlotRetry is how long a replica waits before asking again after an
+// empty or failed answer.
+const SlotRetry = 500 * time.Millisecond
+
+// InForce reports whether the plan's share may be used at now.
+func (p *SlotPlan) InForce(now time.Time) bool { return !p.Deadline.IsZero() && now.Before(p.Deadline) }
+
+// ShouldAsk reports whether a replica should ask for the limit's next
+// share at now: none in force, or the one in force is half through its
+// life, and no request in flight, and no empty or failed answer within
+// SlotRetry.
+func (p *SlotPlan) ShouldAsk(now time.Time) bool {
+	if p.Pending {
+		return false
+	}
+	if !p.EmptyAt.IsZero() && now.Sub(p.EmptyAt) < SlotRetry || !p.FailedAt.IsZero() && now.Sub(p.FailedAt) < SlotRetry {
+		return false
+	}
+	return !p.InForce(now) || !now.Before(p.RenewAt)
+}
+
+// Demand is the slots the region wants, reported with a request: those
+// held and the acquires denied since the last request. The allocator
+// shares N in proportion to it.
+func (p *SlotPlan) Demand(held int64) float64 { return float64(max(held, 0) + p.Denied) }
+
+// Asked records a request sent: the denials it reported are counted.
+func (p *SlotPlan) Asked() { p.Pending, p.Denied = true, 0 }
+
+// SlotReply is the allocator's answer to a slot share request.
+type SlotReply struct {
+	OK            bool // false: refused or unanswered
+	Seq, N, Admit int64
+	ExpiresIn     time.Duration
+}
+
+// Answered records the answer to the request sent at sent (agent clock)
+// and answered at recv, with margin the safety margin for its expires_in:
+// it returns the share's deadline and true when a share is to be
+// installed.
+func (p *SlotPlan) Answered(sent, recv time.Time, r SlotReply, margin time.Duration) (time.Time, bool) {
+	p.Pending = false
+	switch {
+	case !r.OK:
+		p.FailedAt = recv
+		return time.Time{}, false
+	case r.N == 0:
+		p.EmptyAt, p.FailedAt = recv, time.Time{}
+		return time.Time{}, false
+	}
+	p.EmptyAt, p.FailedAt = time.Time{}, time.Time{}
+	d := lease.Deadline(sent, r.ExpiresIn, margin)
+	if r.Seq > p.Seq || !p.InForce(recv) {
+		p.Seq, p.N, p.Admit, p.Deadline = r.Seq, r.N, r.Admit, d
+	}
+	p.RenewAt = sent.Add(r.ExpiresIn / 2)
+	return d, true
+}
