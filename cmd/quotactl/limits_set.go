@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/limitspec"
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -38,6 +40,15 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	var expect int64
 	f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required for a window limit)", 1)
 	f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required for a window limit, >= 1s)")
+	var cal pb.CalendarWindows
+	f.value("calendar", "`day|week|month|year`: calendar windows in --zone instead of --window; checked, then refused by this version of the allocator (not enforced yet)", func(s string) error {
+		if _, err := lease.ParseUnit(s); err != nil {
+			return errors.New("want day, week, month or year")
+		}
+		cal.Unit = s
+		return nil
+	})
+	f.stringVar(&cal.Zone, "zone", "`NAME`: the IANA time zone of --calendar, e.g. Europe/Berlin")
 	f.durationVar(&phase, "window-phase", "`DUR`: the windows' phase offset, 0 <= DUR < the window, whole ms: windows start at k x W + DUR, so that limits do not all reset at once (default 0: windows start at multiples of W)")
 	var rate, slots int64
 	var period time.Duration
@@ -94,7 +105,7 @@ func setLimitFlags(f *flagSet, plan bool) action {
 		}
 		if f.isSet("concurrency") {
 			// A concurrency limit: N slots, no window.
-			if f.isSet("limit") || f.isSet("window") || f.isSet("window-phase") || f.isSet("rate") || f.isSet("burst") {
+			if f.isSet("limit") || f.isSet("window") || f.isSet("window-phase") || f.isSet("calendar") || f.isSet("zone") || f.isSet("rate") || f.isSet("burst") {
 				return usagef("--concurrency makes a concurrency limit: give it instead of --limit and --window (and not with --window-phase, --rate or --burst)")
 			}
 			if err := f.require("regions", "mode", "reason"); err != nil {
@@ -103,13 +114,23 @@ func setLimitFlags(f *flagSet, plan bool) action {
 			l.Kind, l.LimitTokens = pb.LimitKind_LIMIT_KIND_CONCURRENCY, slots
 		} else if f.isSet("rate") {
 			// A bucket limit: rate and burst, no window.
-			if f.isSet("limit") || f.isSet("window") || f.isSet("window-phase") {
+			if f.isSet("limit") || f.isSet("window") || f.isSet("window-phase") || f.isSet("calendar") || f.isSet("zone") {
 				return usagef("--rate and --burst make a bucket limit: give them instead of --limit and --window (and --window-phase)")
 			}
 			if err := f.require("burst", "regions", "mode", "reason"); err != nil {
 				return err
 			}
 			l.Kind, l.RateTokens, l.RatePeriod = pb.LimitKind_LIMIT_KIND_BUCKET, rate, durationpb.New(period)
+		} else if f.isSet("calendar") || f.isSet("zone") {
+			// Calendar windows: checked and refused by the allocator,
+			// naming limit.calendar (not enforced in this version).
+			if err := f.require("limit", "calendar", "zone", "regions", "mode", "reason"); err != nil {
+				return err
+			}
+			if f.isSet("window") || f.isSet("window-phase") || f.isSet("burst") {
+				return usagef("--calendar and --zone give calendar windows: not with --window, --window-phase or --burst")
+			}
+			l.Calendar = &cal
 		} else {
 			if f.isSet("burst") {
 				return usagef("--burst is for a bucket limit: give --rate too")

@@ -82,3 +82,49 @@ func TestWindowPhase(t *testing.T) {
 		t.Fatalf("a file with a phase above W: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// TestCalendarRefused: --calendar and --zone are checked (a bad unit
+// exits 2; a bad zone, or a window beside them, is refused by the
+// allocator naming the field) and valid calendar windows are refused,
+// naming limit.calendar: nothing enforces them in this version, so
+// nothing is stored.
+func TestCalendarRefused(t *testing.T) {
+	ta := startAllocator(t, etcdtest.Start(t, 1))
+	waitLeader(t, ta)
+	q := func(args ...string) result { return quotactl(append([]string{"--allocator", ta.addr}, args...)...) }
+	set := []string{"limits", "set", "--reason", "test", "tenant/atlas", "--limit", "5000000", "--regions", "eu", "--mode", "strict"}
+
+	for _, tc := range []struct {
+		args  []string
+		field string
+	}{
+		{[]string{"--calendar", "month", "--zone", "Europe/Berlin"}, "limit.calendar"},
+		{[]string{"--calendar", "year", "--zone", "America/New_York"}, "limit.calendar"},
+		{[]string{"--calendar", "month", "--zone", "Mars/Olympus"}, "limit.calendar.zone"},
+	} {
+		r := q(append(set, tc.args...)...).want(t, 1)
+		if !strings.Contains(r.stderr, ": "+tc.field+": ") {
+			t.Errorf("%v: %q does not name %s", tc.args, r.stderr, tc.field)
+		}
+	}
+	if r := q(append(set, "--calendar", "month", "--zone", "UTC")...).want(t, 1); !strings.Contains(r.stderr, "not enforced") {
+		t.Errorf("refusal %q does not say why", r.stderr)
+	}
+	for _, args := range [][]string{
+		{"--calendar", "fortnight", "--zone", "UTC"},
+		{"--calendar", "month"}, // no zone
+		{"--calendar", "month", "--zone", "UTC", "--window", "1m"},
+		{"--calendar", "month", "--zone", "UTC", "--window-phase", "1s"},
+	} {
+		r := q(append(set, args...)...).want(t, 2)
+		if strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("%v: want one line, got %q", args, r.stderr)
+		}
+	}
+	r := q("limits", "set", "--reason", "test", "tenant/b", "--rate", "10/s", "--burst", "5", "--regions", "eu",
+		"--mode", "strict", "--calendar", "month", "--zone", "UTC").want(t, 2)
+	if !strings.Contains(r.stderr, "--rate") {
+		t.Errorf("calendar with a rate: %q", r.stderr)
+	}
+	q("limits", "get", "tenant/atlas").want(t, 1) // nothing was stored
+}

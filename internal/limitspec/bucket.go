@@ -108,6 +108,8 @@ func checkBucketOnly(l *pb.Limit) error {
 		return fieldErr("limit.limit_tokens", "bucket limits have a rate and a burst (rate_tokens, burst_tokens), not limit_tokens")
 	case l.Window != nil:
 		return fieldErr("limit.window", "bucket limits have a rate period (rate_period), not a window")
+	case l.Calendar != nil:
+		return fieldErr("limit.calendar", "bucket limits have a rate period (rate_period), not calendar windows")
 	case l.WindowPhase != nil:
 		return fieldErr("limit.window_phase", "bucket limits have no windows to shift (window limits only)")
 	case l.Shadow:

@@ -48,6 +48,9 @@ func TestValidateBucketNamesTheField(t *testing.T) {
 		{"limit_tokens on a bucket limit", "limit.limit_tokens", "not limit_tokens", bucket(func(l *pb.Limit) { l.LimitTokens = 5 })},
 		{"window on a bucket limit", "limit.window", "not a window", bucket(func(l *pb.Limit) { l.Window = durationpb.New(time.Minute) })},
 		{"phase on a bucket limit", "limit.window_phase", "window limits only", bucket(func(l *pb.Limit) { l.WindowPhase = durationpb.New(time.Second) })},
+		{"calendar on a bucket limit", "limit.calendar", "not calendar windows", bucket(func(l *pb.Limit) {
+			l.Calendar = &pb.CalendarWindows{Unit: "month", Zone: "UTC"}
+		})},
 		{"shadow bucket", "limit.shadow", "window limits only", bucket(func(l *pb.Limit) { l.Shadow = true })},
 		{"settle grace on a bucket", "limit.settle_grace", "window limits only", bucket(func(l *pb.Limit) { l.SettleGrace = durationpb.New(time.Second) })},
 		{"debt policy on a bucket", "limit.debt_policy", "window limits only", bucket(func(l *pb.Limit) { l.DebtPolicy = pb.DebtPolicy_DEBT_POLICY_FORGIVE })},

@@ -54,6 +54,26 @@ func TestValidateLimitNamesTheField(t *testing.T) {
 		{"limit.settle_grace", func(l *pb.Limit) { l.SettleGrace = &durationpb.Duration{Seconds: 1, Nanos: -1} }},
 		{"limit.debt_policy", func(l *pb.Limit) { l.DebtPolicy = pb.DebtPolicy(9) }},
 		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = durationpb.New(time.Minute) }},
+		{"limit.calendar.unit", func(l *pb.Limit) { l.Window, l.Calendar = nil, &pb.CalendarWindows{Unit: "fortnight", Zone: "UTC"} }},
+		{"limit.calendar.zone", func(l *pb.Limit) {
+			l.Window, l.Calendar = nil, &pb.CalendarWindows{Unit: "month", Zone: "Mars/Olympus"}
+		}},
+		{"limit.calendar.zone", func(l *pb.Limit) {
+			l.Window, l.Calendar = nil, &pb.CalendarWindows{Unit: "month", Zone: "../../etc/passwd"}
+		}},
+		{"limit.calendar.zone", func(l *pb.Limit) { l.Window, l.Calendar = nil, &pb.CalendarWindows{Unit: "month"} }},
+		{"limit.window", func(l *pb.Limit) { l.Calendar = &pb.CalendarWindows{Unit: "month", Zone: "Europe/Berlin"} }},
+		{"limit.window_phase", func(l *pb.Limit) {
+			l.Window, l.WindowPhase = nil, durationpb.New(time.Second)
+			l.Calendar = &pb.CalendarWindows{Unit: "month", Zone: "Europe/Berlin"}
+		}},
+		// Valid calendar windows are refused: nothing enforces them yet.
+		{"limit.calendar", func(l *pb.Limit) {
+			l.Window, l.Calendar = nil, &pb.CalendarWindows{Unit: "month", Zone: "Europe/Berlin"}
+		}},
+		{"limit.calendar", func(l *pb.Limit) {
+			l.Window, l.Calendar = nil, &pb.CalendarWindows{Unit: "day", Zone: "America/New_York"}
+		}},
 		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = durationpb.New(-time.Second) }},
 		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = durationpb.New(time.Second + time.Microsecond) }},
 		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = &durationpb.Duration{Seconds: 1, Nanos: -1} }},

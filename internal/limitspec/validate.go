@@ -10,6 +10,7 @@ import (
 
 	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -71,6 +72,10 @@ func CheckSizes(l *pb.Limit) error {
 		return fieldErr("limit.regions", "more than %d regions", MaxRegions)
 	case len(l.Fallback) > MaxRegions:
 		return fieldErr("limit.fallback", "more than %d regions", MaxRegions)
+	case len(l.GetCalendar().GetUnit()) > MaxZoneLen:
+		return fieldErr("limit.calendar.unit", "longer than %d bytes", MaxZoneLen)
+	case len(l.GetCalendar().GetZone()) > MaxZoneLen:
+		return fieldErr("limit.calendar.zone", "longer than %d bytes", MaxZoneLen)
 	}
 	if len(l.Binds) > planbind.MaxBinds {
 		return fieldErr("limit.binds", "more than %d patterns", planbind.MaxBinds)
@@ -152,6 +157,9 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 		}
 	default:
 		if err := vocab.ValidateTokens("limit.limit_tokens", l.LimitTokens, 1); err != nil {
+			return nil, err
+		}
+		if err := checkCalendar(l); err != nil {
 			return nil, err
 		}
 		if l.Window == nil {
@@ -324,4 +332,39 @@ func checkPhase(l *pb.Limit, w time.Duration) error {
 // Phase returns a validated window limit's phase offset (0 when unset).
 func Phase(l *pb.Limit) time.Duration {
 	return l.GetWindowPhase().AsDuration()
+}
+
+// MaxZoneLen bounds a calendar's zone name (IANA names are at most about
+// 30 bytes).
+const MaxZoneLen = 64
+
+// CalendarNotEnforced is why calendar windows are refused after they are
+// checked: nothing enforces them end to end in this version yet.
+const CalendarNotEnforced = "calendar windows are not enforced in this version: use a fixed window (window, window_phase)"
+
+// checkCalendar checks a window limit's calendar windows (a known unit, a
+// zone time.LoadLocation loads, neither window nor window_phase beside
+// them) and then refuses them, naming limit.calendar: accepted, they would
+// promise a budget per calendar month that nothing enforces.
+func checkCalendar(l *pb.Limit) error {
+	c := l.Calendar
+	if c == nil {
+		return nil
+	}
+	if _, err := lease.ParseUnit(c.Unit); err != nil {
+		return fieldErr("limit.calendar.unit", "must be day, week, month or year, got %q", vocab.Cap(c.Unit, 16))
+	}
+	if c.Zone == "" || len(c.Zone) > MaxZoneLen {
+		return fieldErr("limit.calendar.zone", "an IANA time zone name of 1-%d bytes is required, e.g. Europe/Berlin", MaxZoneLen)
+	}
+	if _, err := time.LoadLocation(c.Zone); err != nil {
+		return fieldErr("limit.calendar.zone", "unknown time zone %q", c.Zone)
+	}
+	if l.Window != nil {
+		return fieldErr("limit.window", "a limit with calendar windows has no fixed window: give calendar or window, not both")
+	}
+	if l.WindowPhase != nil {
+		return fieldErr("limit.window_phase", "calendar windows start at local midnight: a phase offset is for fixed windows")
+	}
+	return fieldErr("limit.calendar", "%s", CalendarNotEnforced)
 }

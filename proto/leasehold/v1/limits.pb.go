@@ -449,7 +449,14 @@ type Limit struct {
 	// plan names the plan a limit was resolved from ("plans/<name>"); set
 	// on resolved limits only (SyncLimits, windows, reports), refused in
 	// requests.
-	Plan          string `protobuf:"bytes,41,opt,name=plan,proto3" json:"plan,omitempty"`
+	Plan string `protobuf:"bytes,41,opt,name=plan,proto3" json:"plan,omitempty"`
+	// calendar names calendar windows (a day, an ISO week, a month or a
+	// year in an IANA time zone) instead of a fixed window. Checked (a known
+	// unit, a zone the allocator can load, not with window or
+	// window_phase, window limits only) and then REFUSED in this version,
+	// naming limit.calendar: calendar windows are not enforced end to end
+	// yet (docs/design.md, "Calendar windows").
+	Calendar      *CalendarWindows `protobuf:"bytes,31,opt,name=calendar,proto3" json:"calendar,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -659,6 +666,71 @@ func (x *Limit) GetPlan() string {
 	return ""
 }
 
+func (x *Limit) GetCalendar() *CalendarWindows {
+	if x != nil {
+		return x.Calendar
+	}
+	return nil
+}
+
+// CalendarWindows names calendar windows: each starts at the first
+// instant of its local date (a Monday for weeks, the 1st for months, 1
+// January for years) in zone and ends where the next one starts.
+type CalendarWindows struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// unit is "day", "week", "month" or "year".
+	Unit string `protobuf:"bytes,1,opt,name=unit,proto3" json:"unit,omitempty"`
+	// zone is an IANA time zone name, e.g. "Europe/Berlin" (at most 64
+	// bytes).
+	Zone          string `protobuf:"bytes,2,opt,name=zone,proto3" json:"zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CalendarWindows) Reset() {
+	*x = CalendarWindows{}
+	mi := &file_leasehold_v1_limits_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CalendarWindows) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CalendarWindows) ProtoMessage() {}
+
+func (x *CalendarWindows) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_limits_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CalendarWindows.ProtoReflect.Descriptor instead.
+func (*CalendarWindows) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CalendarWindows) GetUnit() string {
+	if x != nil {
+		return x.Unit
+	}
+	return ""
+}
+
+func (x *CalendarWindows) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
 // LimitOverride is the end of an emergency change (Limit.override).
 type LimitOverride struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -676,7 +748,7 @@ type LimitOverride struct {
 
 func (x *LimitOverride) Reset() {
 	*x = LimitOverride{}
-	mi := &file_leasehold_v1_limits_proto_msgTypes[3]
+	mi := &file_leasehold_v1_limits_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +760,7 @@ func (x *LimitOverride) String() string {
 func (*LimitOverride) ProtoMessage() {}
 
 func (x *LimitOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_limits_proto_msgTypes[3]
+	mi := &file_leasehold_v1_limits_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +773,7 @@ func (x *LimitOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitOverride.ProtoReflect.Descriptor instead.
 func (*LimitOverride) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LimitOverride) GetReason() string {
@@ -736,7 +808,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xa2\t\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xdd\t\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -766,13 +838,17 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\boverride\x18\x1a \x01(\v2\x1b.leasehold.v1.LimitOverrideR\boverride\x12<\n" +
 	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\x12\x14\n" +
 	"\x05binds\x18( \x03(\tR\x05binds\x12\x12\n" +
-	"\x04plan\x18) \x01(\tR\x04plan\x1aS\n" +
+	"\x04plan\x18) \x01(\tR\x04plan\x129\n" +
+	"\bcalendar\x18\x1f \x01(\v2\x1d.leasehold.v1.CalendarWindowsR\bcalendar\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +
 	"\tTagsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"9\n" +
+	"\x0fCalendarWindows\x12\x12\n" +
+	"\x04unit\x18\x01 \x01(\tR\x04unit\x12\x12\n" +
+	"\x04zone\x18\x02 \x01(\tR\x04zone\"\x87\x01\n" +
 	"\rLimitOverride\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x123\n" +
 	"\aends_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06endsAt\x12)\n" +
@@ -810,7 +886,7 @@ func file_leasehold_v1_limits_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_limits_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_leasehold_v1_limits_proto_goTypes = []any{
 	(Mode)(0),                     // 0: leasehold.v1.Mode
 	(FallbackKind)(0),             // 1: leasehold.v1.FallbackKind
@@ -819,36 +895,38 @@ var file_leasehold_v1_limits_proto_goTypes = []any{
 	(*Fallback)(nil),              // 4: leasehold.v1.Fallback
 	(*LeaseSettings)(nil),         // 5: leasehold.v1.LeaseSettings
 	(*Limit)(nil),                 // 6: leasehold.v1.Limit
-	(*LimitOverride)(nil),         // 7: leasehold.v1.LimitOverride
-	nil,                           // 8: leasehold.v1.Limit.FallbackEntry
-	nil,                           // 9: leasehold.v1.Limit.TagsEntry
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*CalendarWindows)(nil),       // 7: leasehold.v1.CalendarWindows
+	(*LimitOverride)(nil),         // 8: leasehold.v1.LimitOverride
+	nil,                           // 9: leasehold.v1.Limit.FallbackEntry
+	nil,                           // 10: leasehold.v1.Limit.TagsEntry
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_leasehold_v1_limits_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.Fallback.kind:type_name -> leasehold.v1.FallbackKind
-	10, // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
-	10, // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
+	11, // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	11, // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
 	0,  // 3: leasehold.v1.Limit.mode:type_name -> leasehold.v1.Mode
-	8,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
+	9,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
 	5,  // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
-	9,  // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
-	11, // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
+	10, // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
+	12, // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
 	6,  // 8: leasehold.v1.Limit.previous:type_name -> leasehold.v1.Limit
 	2,  // 9: leasehold.v1.Limit.kind:type_name -> leasehold.v1.LimitKind
-	10, // 10: leasehold.v1.Limit.rate_period:type_name -> google.protobuf.Duration
-	10, // 11: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
+	11, // 10: leasehold.v1.Limit.rate_period:type_name -> google.protobuf.Duration
+	11, // 11: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
 	3,  // 12: leasehold.v1.Limit.debt_policy:type_name -> leasehold.v1.DebtPolicy
-	7,  // 13: leasehold.v1.Limit.override:type_name -> leasehold.v1.LimitOverride
-	10, // 14: leasehold.v1.Limit.window_phase:type_name -> google.protobuf.Duration
-	11, // 15: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
-	6,  // 16: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
-	4,  // 17: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	8,  // 13: leasehold.v1.Limit.override:type_name -> leasehold.v1.LimitOverride
+	11, // 14: leasehold.v1.Limit.window_phase:type_name -> google.protobuf.Duration
+	7,  // 15: leasehold.v1.Limit.calendar:type_name -> leasehold.v1.CalendarWindows
+	12, // 16: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
+	6,  // 17: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
+	4,  // 18: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_limits_proto_init() }
@@ -862,7 +940,7 @@ func file_leasehold_v1_limits_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_limits_proto_rawDesc), len(file_leasehold_v1_limits_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
