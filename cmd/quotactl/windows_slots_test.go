@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 
 	pb "leasehold/proto/leasehold/v1"
@@ -51,5 +52,53 @@ us      -       1      1      0     2026-11-29T19:33:00.000Z  2
 	} {
 		base := []string{"--allocator", addr, "limits", "set", "tenant/x", "--regions", "eu", "--mode", "strict", "--reason", "t"}
 		quotactl(append(base, args...)...).want(t, 2)
+	}
+}
+
+// TestLimitsFileConcurrency: a limits file describes a concurrency limit
+// with "concurrency: N"; export writes it back the same; mixing it with
+// a window's or a bucket's keys, and what a concurrency limit does not
+// take, are refused at their line.
+func TestLimitsFileConcurrency(t *testing.T) {
+	src := `limits:
+  - id: tenant/exports
+    concurrency: 3
+    regions: [us, eu]
+    mode: strict
+    lease: {ttl: 5s}
+`
+	lf, err := decodeLimitsFile("f.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := lf.limits[0].limit
+	if l.Kind != pb.LimitKind_LIMIT_KIND_CONCURRENCY || l.LimitTokens != 3 || l.Window != nil || l.Lease.GetTtl().AsDuration().String() != "5s" {
+		t.Fatalf("decoded: %v", l)
+	}
+	var b strings.Builder
+	if err := encodeLimitsFile(&b, nil, []*pb.Limit{l}); err != nil {
+		t.Fatal(err)
+	}
+	again, err := decodeLimitsFile("f.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b2 strings.Builder
+	if err := encodeLimitsFile(&b2, nil, []*pb.Limit{again.limits[0].limit}); err != nil {
+		t.Fatal(err)
+	}
+	if b2.String() != b.String() || !strings.Contains(b.String(), "concurrency: 3") || again.limits[0].limit.Kind != pb.LimitKind_LIMIT_KIND_CONCURRENCY {
+		t.Fatalf("round trip:\n%s\nthen:\n%s", b.String(), b2.String())
+	}
+	for _, tc := range []struct{ extra, want string }{
+		{"    window: 1m\n", `f.yaml:7: tenant/exports: "window"`},
+		{"    burst: 5\n", `f.yaml:7: tenant/exports: "burst"`},
+		{"    shadow: true\n", "shadow"},
+		{"    fallback: {eu: open}\n", "fallback"},
+	} {
+		_, err := decodeLimitsFile("f.yaml", []byte(src+tc.extra))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("with %q: %v, want an error containing %q", tc.extra, err, tc.want)
+		}
 	}
 }
