@@ -48,6 +48,9 @@ func flatten(l *pb.Limit) []setting {
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
 	}
+	if l.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
+		out = append(out, setting{"kind", "concurrency"})
+	}
 	if l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
 		out = append(out, setting{"kind", "bucket"}, setting{"rate", formatRate(l)},
 			setting{"burst", strconv.FormatInt(l.GetBurstTokens(), 10)})
