@@ -269,21 +269,32 @@ func redisFailed(ctx context.Context, err error) error {
 func (a *Agent) renewSlots(l core.Limit) {
 	a.slots.mu.Lock()
 	p := a.slots.plan(l.ID)
+	var ask slotAsk
 	start := p.ShouldAsk(a.opt.now())
-	var done chan struct{}
 	if start {
-		done = a.startSlotAsk(p)
+		ask = a.startSlotAsk(p)
 	}
 	a.slots.mu.Unlock()
 	if start {
-		go a.askSlotShare(a.runCtx(), l, done)
+		go a.askSlotShare(a.runCtx(), l, ask)
 	}
 }
 
-// startSlotAsk marks a request in flight; a.slots.mu is held.
-func (a *Agent) startSlotAsk(p *slotPlan) chan struct{} {
-	p.done = make(chan struct{})
-	return p.done
+// slotAsk is one slot share request: what it reports, and done, closed
+// when it is over.
+type slotAsk struct {
+	demand float64
+	held   int64
+	done   chan struct{}
+}
+
+// startSlotAsk marks a request in flight and takes what it reports;
+// a.slots.mu is held, so no second request starts before this one ends.
+func (a *Agent) startSlotAsk(p *slotPlan) slotAsk {
+	ask := slotAsk{demand: p.Demand(p.held), held: p.held, done: make(chan struct{})}
+	p.Asked()
+	p.done = ask.done
+	return ask
 }
 
 // awaitSlotShare asks for a share (unless a request is in flight) and
@@ -304,8 +315,9 @@ func (a *Agent) awaitSlotShare(ctx context.Context, l core.Limit) (empty bool) {
 			a.slots.mu.Unlock()
 			return empty
 		}
-		done = a.startSlotAsk(p)
-		go a.askSlotShare(a.runCtx(), l, done)
+		ask := a.startSlotAsk(p)
+		done = ask.done
+		go a.askSlotShare(a.runCtx(), l, ask)
 	}
 	a.slots.mu.Unlock()
 	if done != nil {
@@ -324,15 +336,13 @@ func (a *Agent) awaitSlotShare(ctx context.Context, l core.Limit) (empty bool) {
 }
 
 // askSlotShare asks the allocator for the region's next slot share of l
-// and installs it in Redis; done is closed when it is over.
-func (a *Agent) askSlotShare(ctx context.Context, l core.Limit, done chan struct{}) {
-	defer close(done)
+// and installs it in Redis; ask.done is closed when it is over.
+func (a *Agent) askSlotShare(ctx context.Context, l core.Limit, ask slotAsk) {
+	defer close(ask.done)
 	a.slots.mu.Lock()
 	p := a.slots.plan(l.ID)
-	held := p.held
-	demand := p.Demand(held)
-	p.Asked()
 	a.slots.mu.Unlock()
+	held, demand := ask.held, ask.demand
 
 	now := a.opt.now()
 	cl := a.alloc
