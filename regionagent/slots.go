@@ -139,6 +139,14 @@ func (a *Agent) slotLimit(limit string) (core.Limit, error) {
 // UNAVAILABLE when the agent cannot decide); bad input is an error
 // naming the field.
 func (a *Agent) AcquireSlot(ctx context.Context, limit, holder string, ttl time.Duration) (SlotDecision, error) {
+	d, err := a.acquireSlot(ctx, limit, holder, ttl)
+	if err != nil {
+		return d, err
+	}
+	return a.countSlot(d), nil
+}
+
+func (a *Agent) acquireSlot(ctx context.Context, limit, holder string, ttl time.Duration) (SlotDecision, error) {
 	if err := vocab.ValidateRequestID("holder_id", holder); err != nil {
 		return SlotDecision{}, err
 	}
@@ -195,6 +203,19 @@ func (a *Agent) AcquireSlot(ctx context.Context, limit, holder string, ttl time.
 		}
 	}
 	return unavailableSlot(l), nil
+}
+
+// countSlot counts an AcquireSlot answer.
+func (a *Agent) countSlot(d SlotDecision) SlotDecision {
+	switch d.Reason {
+	case pb.Reason_REASON_OK:
+		a.m.slotAcquires.WithLabelValues("ok").Inc()
+	case pb.Reason_REASON_OVER_LIMIT:
+		a.m.slotAcquires.WithLabelValues("over_limit").Inc()
+	default:
+		a.m.slotAcquires.WithLabelValues("unavailable").Inc()
+	}
+	return d
 }
 
 func unavailableSlot(l core.Limit) SlotDecision {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -116,6 +118,21 @@ func TestConcurrencyEndToEnd(t *testing.T) {
 	}
 	w.clock.Add(time.Millisecond)
 	h5 := acquireOK(t, eu, "c/e2e", "job-5", 4*time.Second)
+	if ok, over := testutil.ToFloat64(eu.m.slotAcquires.WithLabelValues("ok")), testutil.ToFloat64(eu.m.slotAcquires.WithLabelValues("over_limit")); ok != 6 || over != 2 {
+		t.Fatalf("leasehold_agent_slot_acquires_total: ok %v, over_limit %v; want 6, 2", ok, over)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(slotsCollector{eu})
+	if n, err := testutil.GatherAndCount(reg, "leasehold_agent_slots"); err != nil || n != 2 {
+		t.Fatalf("leasehold_agent_slots: %d series, %v; want held and share of c/e2e", n, err)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`# HELP leasehold_agent_slots Concurrency limits this replica served recently: the region's slots held (kind held, as this replica last saw them in Redis) and the slots its share in force allows (kind share, 0: none).
+# TYPE leasehold_agent_slots gauge
+leasehold_agent_slots{kind="held",limit="c/e2e"} 3
+leasehold_agent_slots{kind="share",limit="c/e2e"} 3
+`), "leasehold_agent_slots"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := eu.HeartbeatSlot(ctx, "c/e2e", h1.SlotID, 4*time.Second); !errors.Is(err, ErrSlotNotHeld) {
 		t.Fatalf("heartbeat of an expired slot: %v, want ErrSlotNotHeld", err)
 	}
