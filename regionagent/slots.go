@@ -196,7 +196,14 @@ func (a *Agent) acquireSlot(ctx context.Context, limit, holder string, ttl time.
 		if try > 0 {
 			break
 		}
-		// No share in force in Redis: ask for one and wait for it.
+		// No share in force in Redis: ask for one and wait for it (even if
+		// this replica believes one is in force: its install failed, or
+		// Redis forgot it).
+		a.slots.mu.Lock()
+		if !p.Pending {
+			p.Deadline = time.Time{}
+		}
+		a.slots.mu.Unlock()
 		if empty := a.awaitSlotShare(ctx, l); empty {
 			d.Reason, d.RetryAfter = pb.Reason_REASON_OVER_LIMIT, core.SlotRetry
 			return d, nil
@@ -406,19 +413,21 @@ func (a *Agent) askSlotShare(ctx context.Context, l core.Limit, ask slotAsk) {
 	}
 	ictx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 	defer cancel()
+	var res store.SlotInstallResult
 	cs, err := a.shared.syncedClock(ictx)
-	if err != nil {
-		a.observeRedis(err)
-		return
-	}
-	dl := max(1, cs.ToRedis(deadline))
-	res, err := a.shared.b.InstallSlots(ictx, bucket.SlotInstall{Key: slotKeyOf(l),
-		Share:      store.SlotShare{Seq: reply.Seq, N: reply.N, Admit: reply.Admit, DeadlineMs: dl},
-		ExpireAtMs: max(cs.ToRedis(deadline.Add(a.opt.keyGrace)), dl), NowMs: a.shared.nowMs()})
-	a.observeRedis(err)
 	if err == nil {
-		a.slots.mu.Lock()
+		dl := max(1, cs.ToRedis(deadline))
+		res, err = a.shared.b.InstallSlots(ictx, bucket.SlotInstall{Key: slotKeyOf(l),
+			Share:      store.SlotShare{Seq: reply.Seq, N: reply.N, Admit: reply.Admit, DeadlineMs: dl},
+			ExpireAtMs: max(cs.ToRedis(deadline.Add(a.opt.keyGrace)), dl), NowMs: a.shared.nowMs()})
+	}
+	a.observeRedis(err)
+	a.slots.mu.Lock()
+	defer a.slots.mu.Unlock()
+	switch {
+	case err == nil && res.Status != store.ShareRefusedKeyExpiry:
 		p.held = res.Held
-		a.slots.mu.Unlock()
+	case p.Seq == reply.Seq:
+		p.Deadline = time.Time{} // not in force in Redis: ask again when next used
 	}
 }

@@ -381,3 +381,21 @@ func TestSlotsMiddleware(t *testing.T) {
 		t.Fatalf("Redis dead: %d %q, want 503 with Retry-After", resp.StatusCode, body)
 	}
 }
+
+// TestSlotsRedisForgotShare: Redis forgets the region's slot share (a
+// failover that lost writes; here FLUSHALL) while the replica believes
+// it is in force: the next acquire asks the allocator again and is
+// answered, rather than UNAVAILABLE until the share's renewal time.
+func TestSlotsRedisForgotShare(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putConcLimit("c/forgot", 2, 10*time.Second, "eu")
+	a := w.agent("eu", "eu-1")
+	acquireOK(t, a, "c/forgot", "job-1", 4*time.Second)
+	if err := a.cfg.Redis.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	w.clock.Add(time.Second)
+	if d := acquireOK(t, a, "c/forgot", "job-2", 4*time.Second); d.Slots < 1 {
+		t.Fatalf("after Redis forgot the share: %+v", d)
+	}
+}
