@@ -212,6 +212,16 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 	case last == 0:
 		last = 10
 	}
+	if ss, err := s.a.SlotStatus(req.LimitId); err == nil {
+		// A concurrency limit: its slot shares in force, no windows.
+		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitSlots: ss.N}
+		for _, sh := range ss.Shares {
+			out.Shares = append(out.Shares, sh.ToProto())
+		}
+		return out, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, toStatus(ctx, err)
+	}
 	if bs, err := s.a.BucketStatus(req.LimitId, last); err == nil {
 		// A bucket limit: reporting intervals and shares, no windows.
 		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_BUCKET}

@@ -263,6 +263,7 @@ func New(cfg Config, opts ...Option) (*Allocator, error) {
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(newWindowCollector(a))
 		cfg.Registerer.MustRegister(newBucketCollector(a))
+		cfg.Registerer.MustRegister(newSlotCollector(a))
 	}
 	return a, nil
 }

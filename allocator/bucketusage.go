@@ -192,6 +192,9 @@ type ShareInForce struct {
 	Burst          int64
 	ExpiresAt      time.Time // allocator clock
 	Seq            int64
+	// Slots, Admit and Held: a concurrency limit's slot share, and what
+	// its holder held when it asked.
+	Slots, Admit, Held int64
 }
 
 // SharesInForce returns the shares of a bucket limit that may still be
@@ -206,7 +209,7 @@ func (c *Core) SharesInForce(limit string, now time.Time) []ShareInForce {
 		for i := len(gs) - 1; i >= 0; i-- {
 			if g := gs[i]; g.inForce(now) {
 				out = append(out, ShareInForce{Region: g.Region, Holder: g.Holder, Rate: g.Rate, Burst: g.Burst,
-					ExpiresAt: time.Unix(0, g.ExpiresAt), Seq: g.Seq})
+					ExpiresAt: time.Unix(0, g.ExpiresAt), Seq: g.Seq, Slots: g.Slots, Admit: g.Admit, Held: g.Held})
 			}
 		}
 	}
@@ -315,5 +318,5 @@ func (r BucketReport) ToProto() *pb.BucketIntervalReport {
 // ToProto is the share as ListWindows sends it.
 func (s ShareInForce) ToProto() *pb.ShareInForce {
 	return &pb.ShareInForce{Region: s.Region, Holder: s.Holder, RateMilliTokens: s.Rate, BurstTokens: s.Burst,
-		ExpiresAt: timestamppb.New(s.ExpiresAt), Seq: s.Seq}
+		ExpiresAt: timestamppb.New(s.ExpiresAt), Seq: s.Seq, Slots: s.Slots, AdmitSlots: s.Admit, HeldSlots: s.Held}
 }

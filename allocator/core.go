@@ -168,6 +168,7 @@ type Core struct {
 	owner     func(limit string, start time.Time) (group string, owned bool)
 	shares    map[string]*shareState     // rate shares of bucket limits, per limit (shares.go)
 	shareReq  map[requestKey]*ShareGrant // rate shares by request id
+	heldMax   map[string]int64           // concurrency limits: the most slots reported held together (HeldSlotsMax)
 	bucketUse map[string]*bucketUsage    // bucket limits' admitted counts per reporting interval (bucketusage.go)
 	// bind are the plans' patterns (plans.go); resolved caches the limits
 	// resolved from plans for the ids granted since the last plan change,
@@ -187,6 +188,7 @@ func NewCore() *Core {
 		summaries: map[string][]*WindowSummary{},
 		shares:    map[string]*shareState{},
 		shareReq:  map[requestKey]*ShareGrant{},
+		heldMax:   map[string]int64{},
 		bucketUse: map[string]*bucketUsage{},
 		resolved:  map[string]*Limit{},
 	}

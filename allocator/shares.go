@@ -55,8 +55,9 @@ type ShareGrant struct {
 	Slots     int64 `json:"n,omitempty"`
 	Admit     int64 `json:"a,omitempty"`
 	LimitN    int64 `json:"ln,omitempty"`
-	GrantedAt int64 `json:"at"` // unix ns, allocator clock
-	ExpiresAt int64 `json:"ea"` // unix ns, allocator clock
+	Held      int64 `json:"hd,omitempty"` // the slots the holder held when it asked
+	GrantedAt int64 `json:"at"`           // unix ns, allocator clock
+	ExpiresAt int64 `json:"ea"`           // unix ns, allocator clock
 
 	// pending is set while the grant is not yet committed; replays wait
 	// on it. Owned by the Allocator; not persisted.
@@ -300,6 +301,7 @@ func (c *Core) acquireSlots(now time.Time, region, hk string, l *Limit, st *shar
 		Seq:          st.seq[hk],
 		Slots:        n,
 		Admit:        admit,
+		Held:         max(r.HeldSlots, 0),
 		LimitN:       l.Tokens,
 		LimitVersion: l.Version,
 		GrantedAt:    now.UnixNano(),
@@ -307,8 +309,31 @@ func (c *Core) acquireSlots(now time.Time, region, hk string, l *Limit, st *shar
 	}
 	st.byRegion[hk] = append(st.byRegion[hk], g)
 	c.shareReq[requestKey{region, r.RequestID}] = g
+	c.heldMax[l.ID] = max(c.heldMax[l.ID], c.HeldSlots(l.ID, now))
 	return ShareDecision{Grant: g, New: true}
 }
+
+// HeldSlots returns the slots of a concurrency limit held at now as its
+// holders last said: each holder with a share in force counted at what
+// it reported with its latest share (a report is up to half a share's
+// life old).
+func (c *Core) HeldSlots(limit string, now time.Time) (n int64) {
+	st := c.shares[limit]
+	if st == nil {
+		return 0
+	}
+	for _, gs := range st.byRegion {
+		if len(gs) > 0 && gs[len(gs)-1].inForce(now) {
+			n += gs[len(gs)-1].Held
+		}
+	}
+	return n
+}
+
+// HeldSlotsMax returns the most slots of a concurrency limit its holders
+// reported held together since this leader started (HeldSlots at each
+// grant).
+func (c *Core) HeldSlotsMax(limit string) int64 { return c.heldMax[limit] }
 
 // RestoreShare adds a committed share while rebuilding from etcd.
 func (c *Core) RestoreShare(g *ShareGrant) {

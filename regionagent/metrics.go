@@ -32,6 +32,8 @@ type metrics struct {
 	// moved, by kind.
 	settles      *prometheus.CounterVec
 	settleTokens *prometheus.CounterVec
+	// slotAcquires counts AcquireSlot answers by result (slots.go).
+	slotAcquires *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -104,9 +106,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, k := range []string{"charged", "refunded", "overrun", "debt"} {
 		m.settleTokens.WithLabelValues(k)
 	}
+	m.slotAcquires = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_agent_slot_acquires_total",
+		Help: "AcquireSlot answers of concurrency limits, by result: ok (a slot held), over_limit (every slot the region may hold is held), unavailable (no share and none to be had, or Redis down).",
+	}, []string{"result"})
+	for _, r := range []string{"ok", "over_limit", "unavailable"} {
+		m.slotAcquires.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.chunkChecks, m.chunkReleased, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports,
-			m.groupRedirects, m.settles, m.settleTokens)
+			m.groupRedirects, m.settles, m.settleTokens, m.slotAcquires)
 	}
 	return m
 }
@@ -115,7 +124,34 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // time: its cumulative counts and how many limits it holds state for.
 func (m *metrics) registerCore(reg prometheus.Registerer, a *Agent) {
 	if reg != nil {
-		reg.MustRegister(coreCollector{a})
+		reg.MustRegister(coreCollector{a}, slotsCollector{a})
+	}
+}
+
+var slotsDesc = prometheus.NewDesc("leasehold_agent_slots",
+	"Concurrency limits this replica served recently: the region's slots held (kind held, as this replica last saw them in Redis) and the slots its share in force allows (kind share, 0: none).",
+	[]string{"limit", "kind"}, nil)
+
+// slotsCollector exports the replica's slot plans at scrape time; a
+// limit with no share in force and nothing held is left out.
+type slotsCollector struct{ a *Agent }
+
+func (c slotsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- slotsDesc }
+
+func (c slotsCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.a.opt.now()
+	c.a.slots.mu.Lock()
+	defer c.a.slots.mu.Unlock()
+	for id, p := range c.a.slots.plans {
+		var n int64
+		if p.InForce(now) {
+			n = p.N
+		}
+		if n == 0 && p.held == 0 {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(p.held), id, "held")
+		ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(n), id, "share")
 	}
 }
 

@@ -139,6 +139,14 @@ func (a *Agent) slotLimit(limit string) (core.Limit, error) {
 // UNAVAILABLE when the agent cannot decide); bad input is an error
 // naming the field.
 func (a *Agent) AcquireSlot(ctx context.Context, limit, holder string, ttl time.Duration) (SlotDecision, error) {
+	d, err := a.acquireSlot(ctx, limit, holder, ttl)
+	if err != nil {
+		return d, err
+	}
+	return a.countSlot(d), nil
+}
+
+func (a *Agent) acquireSlot(ctx context.Context, limit, holder string, ttl time.Duration) (SlotDecision, error) {
 	if err := vocab.ValidateRequestID("holder_id", holder); err != nil {
 		return SlotDecision{}, err
 	}
@@ -188,13 +196,33 @@ func (a *Agent) AcquireSlot(ctx context.Context, limit, holder string, ttl time.
 		if try > 0 {
 			break
 		}
-		// No share in force in Redis: ask for one and wait for it.
+		// No share in force in Redis: ask for one and wait for it (even if
+		// this replica believes one is in force: its install failed, or
+		// Redis forgot it).
+		a.slots.mu.Lock()
+		if !p.Pending {
+			p.Deadline = time.Time{}
+		}
+		a.slots.mu.Unlock()
 		if empty := a.awaitSlotShare(ctx, l); empty {
 			d.Reason, d.RetryAfter = pb.Reason_REASON_OVER_LIMIT, core.SlotRetry
 			return d, nil
 		}
 	}
 	return unavailableSlot(l), nil
+}
+
+// countSlot counts an AcquireSlot answer.
+func (a *Agent) countSlot(d SlotDecision) SlotDecision {
+	switch d.Reason {
+	case pb.Reason_REASON_OK:
+		a.m.slotAcquires.WithLabelValues("ok").Inc()
+	case pb.Reason_REASON_OVER_LIMIT:
+		a.m.slotAcquires.WithLabelValues("over_limit").Inc()
+	default:
+		a.m.slotAcquires.WithLabelValues("unavailable").Inc()
+	}
+	return d
 }
 
 func unavailableSlot(l core.Limit) SlotDecision {
@@ -269,21 +297,32 @@ func redisFailed(ctx context.Context, err error) error {
 func (a *Agent) renewSlots(l core.Limit) {
 	a.slots.mu.Lock()
 	p := a.slots.plan(l.ID)
+	var ask slotAsk
 	start := p.ShouldAsk(a.opt.now())
-	var done chan struct{}
 	if start {
-		done = a.startSlotAsk(p)
+		ask = a.startSlotAsk(p)
 	}
 	a.slots.mu.Unlock()
 	if start {
-		go a.askSlotShare(a.runCtx(), l, done)
+		go a.askSlotShare(a.runCtx(), l, ask)
 	}
 }
 
-// startSlotAsk marks a request in flight; a.slots.mu is held.
-func (a *Agent) startSlotAsk(p *slotPlan) chan struct{} {
-	p.done = make(chan struct{})
-	return p.done
+// slotAsk is one slot share request: what it reports, and done, closed
+// when it is over.
+type slotAsk struct {
+	demand float64
+	held   int64
+	done   chan struct{}
+}
+
+// startSlotAsk marks a request in flight and takes what it reports;
+// a.slots.mu is held, so no second request starts before this one ends.
+func (a *Agent) startSlotAsk(p *slotPlan) slotAsk {
+	ask := slotAsk{demand: p.Demand(p.held), held: p.held, done: make(chan struct{})}
+	p.Asked()
+	p.done = ask.done
+	return ask
 }
 
 // awaitSlotShare asks for a share (unless a request is in flight) and
@@ -304,8 +343,9 @@ func (a *Agent) awaitSlotShare(ctx context.Context, l core.Limit) (empty bool) {
 			a.slots.mu.Unlock()
 			return empty
 		}
-		done = a.startSlotAsk(p)
-		go a.askSlotShare(a.runCtx(), l, done)
+		ask := a.startSlotAsk(p)
+		done = ask.done
+		go a.askSlotShare(a.runCtx(), l, ask)
 	}
 	a.slots.mu.Unlock()
 	if done != nil {
@@ -324,15 +364,13 @@ func (a *Agent) awaitSlotShare(ctx context.Context, l core.Limit) (empty bool) {
 }
 
 // askSlotShare asks the allocator for the region's next slot share of l
-// and installs it in Redis; done is closed when it is over.
-func (a *Agent) askSlotShare(ctx context.Context, l core.Limit, done chan struct{}) {
-	defer close(done)
+// and installs it in Redis; ask.done is closed when it is over.
+func (a *Agent) askSlotShare(ctx context.Context, l core.Limit, ask slotAsk) {
+	defer close(ask.done)
 	a.slots.mu.Lock()
 	p := a.slots.plan(l.ID)
-	held := p.held
-	demand := p.Demand(held)
-	p.Asked()
 	a.slots.mu.Unlock()
+	held, demand := ask.held, ask.demand
 
 	now := a.opt.now()
 	cl := a.alloc
@@ -375,19 +413,21 @@ func (a *Agent) askSlotShare(ctx context.Context, l core.Limit, done chan struct
 	}
 	ictx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 	defer cancel()
+	var res store.SlotInstallResult
 	cs, err := a.shared.syncedClock(ictx)
-	if err != nil {
-		a.observeRedis(err)
-		return
-	}
-	dl := max(1, cs.ToRedis(deadline))
-	res, err := a.shared.b.InstallSlots(ictx, bucket.SlotInstall{Key: slotKeyOf(l),
-		Share:      store.SlotShare{Seq: reply.Seq, N: reply.N, Admit: reply.Admit, DeadlineMs: dl},
-		ExpireAtMs: max(cs.ToRedis(deadline.Add(a.opt.keyGrace)), dl), NowMs: a.shared.nowMs()})
-	a.observeRedis(err)
 	if err == nil {
-		a.slots.mu.Lock()
+		dl := max(1, cs.ToRedis(deadline))
+		res, err = a.shared.b.InstallSlots(ictx, bucket.SlotInstall{Key: slotKeyOf(l),
+			Share:      store.SlotShare{Seq: reply.Seq, N: reply.N, Admit: reply.Admit, DeadlineMs: dl},
+			ExpireAtMs: max(cs.ToRedis(deadline.Add(a.opt.keyGrace)), dl), NowMs: a.shared.nowMs()})
+	}
+	a.observeRedis(err)
+	a.slots.mu.Lock()
+	defer a.slots.mu.Unlock()
+	switch {
+	case err == nil && res.Status != store.ShareRefusedKeyExpiry:
 		p.held = res.Held
-		a.slots.mu.Unlock()
+	case p.Seq == reply.Seq:
+		p.Deadline = time.Time{} // not in force in Redis: ask again when next used
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -116,6 +118,21 @@ func TestConcurrencyEndToEnd(t *testing.T) {
 	}
 	w.clock.Add(time.Millisecond)
 	h5 := acquireOK(t, eu, "c/e2e", "job-5", 4*time.Second)
+	if ok, over := testutil.ToFloat64(eu.m.slotAcquires.WithLabelValues("ok")), testutil.ToFloat64(eu.m.slotAcquires.WithLabelValues("over_limit")); ok != 6 || over != 2 {
+		t.Fatalf("leasehold_agent_slot_acquires_total: ok %v, over_limit %v; want 6, 2", ok, over)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(slotsCollector{eu})
+	if n, err := testutil.GatherAndCount(reg, "leasehold_agent_slots"); err != nil || n != 2 {
+		t.Fatalf("leasehold_agent_slots: %d series, %v; want held and share of c/e2e", n, err)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`# HELP leasehold_agent_slots Concurrency limits this replica served recently: the region's slots held (kind held, as this replica last saw them in Redis) and the slots its share in force allows (kind share, 0: none).
+# TYPE leasehold_agent_slots gauge
+leasehold_agent_slots{kind="held",limit="c/e2e"} 3
+leasehold_agent_slots{kind="share",limit="c/e2e"} 3
+`), "leasehold_agent_slots"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := eu.HeartbeatSlot(ctx, "c/e2e", h1.SlotID, 4*time.Second); !errors.Is(err, ErrSlotNotHeld) {
 		t.Fatalf("heartbeat of an expired slot: %v, want ErrSlotNotHeld", err)
 	}
@@ -362,5 +379,23 @@ func TestSlotsMiddleware(t *testing.T) {
 	w.redis["eu"].Kill()
 	if resp, body := get("c/http", false); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("Redis dead: %d %q, want 503 with Retry-After", resp.StatusCode, body)
+	}
+}
+
+// TestSlotsRedisForgotShare: Redis forgets the region's slot share (a
+// failover that lost writes; here FLUSHALL) while the replica believes
+// it is in force: the next acquire asks the allocator again and is
+// answered, rather than UNAVAILABLE until the share's renewal time.
+func TestSlotsRedisForgotShare(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putConcLimit("c/forgot", 2, 10*time.Second, "eu")
+	a := w.agent("eu", "eu-1")
+	acquireOK(t, a, "c/forgot", "job-1", 4*time.Second)
+	if err := a.cfg.Redis.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	w.clock.Add(time.Second)
+	if d := acquireOK(t, a, "c/forgot", "job-2", 4*time.Second); d.Slots < 1 {
+		t.Fatalf("after Redis forgot the share: %+v", d)
 	}
 }

@@ -384,7 +384,7 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 }
 
 // limitKeys are the keys of one limit, in the order export writes them.
-var limitKeys = []string{"id", "limit", "window", "window_phase", "rate", "burst", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
+var limitKeys = []string{"id", "limit", "window", "window_phase", "rate", "burst", "concurrency", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
 	"settle_grace", "debt_policy", "shadow", "binds"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
@@ -417,7 +417,21 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 	what = l.Id // later messages name the limit
 	lines["id"] = idn.Line
 	required := []string{"limit", "window", "regions", "mode"}
-	if rv, ok := f["rate"]; ok {
+	if cv, ok := f["concurrency"]; ok {
+		// A concurrency limit: N slots instead of limit and window.
+		for _, key := range []string{"limit", "window", "window_phase", "rate", "burst"} {
+			if fv, ok := f[key]; ok {
+				return nil, errAt(fv.val, "%s: %q: a limit with concurrency is a concurrency limit: give concurrency alone, not limit, window, window_phase, rate or burst", l.Id, key)
+			}
+		}
+		var err error
+		if l.LimitTokens, err = scalarInt(cv.val, what+": concurrency"); err != nil {
+			return nil, err
+		}
+		l.Kind = pb.LimitKind_LIMIT_KIND_CONCURRENCY
+		lines["limit_tokens"], lines["kind"] = cv.val.Line, cv.val.Line
+		required = []string{"regions", "mode"}
+	} else if rv, ok := f["rate"]; ok {
 		// A bucket limit: rate and burst instead of limit and window.
 		for _, key := range []string{"limit", "window", "window_phase"} {
 			if fv, ok := f[key]; ok {
@@ -779,7 +793,9 @@ func limitNode(l *pb.Limit) *yaml.Node {
 	n := &yaml.Node{Kind: yaml.MappingNode}
 	add := func(k string, v *yaml.Node) { n.Content = append(n.Content, str(k), v) }
 	add("id", str(l.GetId()))
-	if l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
+	if l.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
+		add("concurrency", intNode(l.GetLimitTokens()))
+	} else if l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
 		add("rate", str(formatRate(l)))
 		add("burst", intNode(l.GetBurstTokens()))
 	} else {

@@ -51,6 +51,9 @@ func flatten(l *pb.Limit) []setting {
 	if p := l.GetWindowPhase(); p.AsDuration() != 0 {
 		out = append(out, setting{"window_phase", formatDuration(p)}) // absent: 0
 	}
+	if l.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
+		out = append(out, setting{"kind", "concurrency"})
+	}
 	if l.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
 		out = append(out, setting{"kind", "bucket"}, setting{"rate", formatRate(l)},
 			setting{"burst", strconv.FormatInt(l.GetBurstTokens(), 10)})

@@ -87,6 +87,11 @@ shares) instead of an array of windows.`,
 				}
 				found = true
 				ws = append(ws, resp.GetWindows()...)
+				if resp.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
+					bk.concurrency = true
+					bk.limitSlots = max(bk.limitSlots, resp.GetLimitSlots())
+					bk.shares = append(bk.shares, resp.GetShares()...)
+				}
 				if resp.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
 					bk.bucket = true
 					bk.intervals = append(bk.intervals, resp.GetIntervals()...)
@@ -112,6 +117,9 @@ shares) instead of an array of windows.`,
 			}
 			if !found {
 				return fmt.Errorf("no limit %q (%v)", id, notFound)
+			}
+			if bk.concurrency {
+				return e.printSlotWindows(id, bk)
 			}
 			if bk.bucket {
 				bk.intervals = orderIntervals(bk.intervals, int(last))

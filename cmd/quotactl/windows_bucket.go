@@ -22,6 +22,9 @@ type bucketWindows struct {
 	bucket    bool
 	intervals []*pb.BucketIntervalReport
 	shares    []*pb.ShareInForce
+	// concurrency: a concurrency limit (N limitSlots): its slot shares.
+	concurrency bool
+	limitSlots  int64
 }
 
 // orderIntervals returns is oldest first, at most the newest last of them.

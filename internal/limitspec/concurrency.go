@@ -19,6 +19,8 @@ func checkConcurrencyOnly(l *pb.Limit) error {
 	switch {
 	case l.Window != nil:
 		return fieldErr("limit.window", "concurrency limits cap slots held at once (limit_tokens), they have no window")
+	case l.WindowPhase != nil:
+		return fieldErr("limit.window_phase", "concurrency limits have no windows to shift (window limits only)")
 	case l.Shadow:
 		return fieldErr("limit.shadow", "shadow mode is for window limits only in this version")
 	case l.SettleGrace != nil:

@@ -44,6 +44,7 @@ func TestValidateConcurrency(t *testing.T) {
 		{"N = 0", "limit.limit_tokens", "", conc(func(l *pb.Limit) { l.LimitTokens = 0 })},
 		{"N < 0", "limit.limit_tokens", "", conc(func(l *pb.Limit) { l.LimitTokens = -1 })},
 		{"window", "limit.window", "no window", conc(func(l *pb.Limit) { l.Window = durationpb.New(time.Minute) })},
+		{"window phase", "limit.window_phase", "no windows to shift", conc(func(l *pb.Limit) { l.WindowPhase = durationpb.New(time.Second) })},
 		{"rate", "limit.rate_tokens", "only bucket", conc(func(l *pb.Limit) { l.RateTokens = 5 })},
 		{"burst", "limit.burst_tokens", "only bucket", conc(func(l *pb.Limit) { l.BurstTokens = 5 })},
 		{"shadow", "limit.shadow", "window limits only", conc(func(l *pb.Limit) { l.Shadow = true })},

@@ -1988,10 +1988,13 @@ type ListWindowsResponse struct {
 	Group string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
 	// kind is the limit's kind. A bucket limit has no windows: its
 	// reporting intervals (oldest first, the running one included) and the
-	// regions' rate shares in force come instead of windows.
+	// regions' rate shares in force come instead of windows. A
+	// CONCURRENCY limit has neither windows nor intervals: its slot shares
+	// in force (shares) come alone, and limit_slots is its N.
 	Kind          LimitKind               `protobuf:"varint,3,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
 	Intervals     []*BucketIntervalReport `protobuf:"bytes,4,rep,name=intervals,proto3" json:"intervals,omitempty"`
 	Shares        []*ShareInForce         `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty"`
+	LimitSlots    int64                   `protobuf:"varint,50,opt,name=limit_slots,json=limitSlots,proto3" json:"limit_slots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2059,6 +2062,13 @@ func (x *ListWindowsResponse) GetShares() []*ShareInForce {
 		return x.Shares
 	}
 	return nil
+}
+
+func (x *ListWindowsResponse) GetLimitSlots() int64 {
+	if x != nil {
+		return x.LimitSlots
+	}
+	return 0
 }
 
 // BucketIntervalReport is one reporting interval of a bucket limit: what
@@ -2206,8 +2216,14 @@ type ShareInForce struct {
 	BurstTokens     int64                  `protobuf:"varint,4,opt,name=burst_tokens,json=burstTokens,proto3" json:"burst_tokens,omitempty"`
 	ExpiresAt       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	Seq             int64                  `protobuf:"varint,6,opt,name=seq,proto3" json:"seq,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// slots and admit_slots are a CONCURRENCY limit's slot share (rate and
+	// burst are then 0); held_slots what the holder said it held when it
+	// asked for this share.
+	Slots         int64 `protobuf:"varint,50,opt,name=slots,proto3" json:"slots,omitempty"`
+	AdmitSlots    int64 `protobuf:"varint,51,opt,name=admit_slots,json=admitSlots,proto3" json:"admit_slots,omitempty"`
+	HeldSlots     int64 `protobuf:"varint,52,opt,name=held_slots,json=heldSlots,proto3" json:"held_slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShareInForce) Reset() {
@@ -2278,6 +2294,27 @@ func (x *ShareInForce) GetExpiresAt() *timestamppb.Timestamp {
 func (x *ShareInForce) GetSeq() int64 {
 	if x != nil {
 		return x.Seq
+	}
+	return 0
+}
+
+func (x *ShareInForce) GetSlots() int64 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *ShareInForce) GetAdmitSlots() int64 {
+	if x != nil {
+		return x.AdmitSlots
+	}
+	return 0
+}
+
+func (x *ShareInForce) GetHeldSlots() int64 {
+	if x != nil {
+		return x.HeldSlots
 	}
 	return 0
 }
@@ -2735,13 +2772,15 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x06region\x18\x05 \x01(\tR\x06region\"C\n" +
 	"\x12ListWindowsRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
-	"\x04last\x18\x02 \x01(\x05R\x04last\"\x84\x02\n" +
+	"\x04last\x18\x02 \x01(\x05R\x04last\"\xa5\x02\n" +
 	"\x13ListWindowsResponse\x124\n" +
 	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12+\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x17.leasehold.v1.LimitKindR\x04kind\x12@\n" +
 	"\tintervals\x18\x04 \x03(\v2\".leasehold.v1.BucketIntervalReportR\tintervals\x122\n" +
-	"\x06shares\x18\x05 \x03(\v2\x1a.leasehold.v1.ShareInForceR\x06shares\"\xa2\x04\n" +
+	"\x06shares\x18\x05 \x03(\v2\x1a.leasehold.v1.ShareInForceR\x06shares\x12\x1f\n" +
+	"\vlimit_slots\x182 \x01(\x03R\n" +
+	"limitSlots\"\xa2\x04\n" +
 	"\x14BucketIntervalReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -2759,7 +2798,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x05slack\x18\v \x01(\v2\x19.google.protobuf.DurationR\x05slack\x1a;\n" +
 	"\rAdmittedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xda\x01\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xb0\x02\n" +
 	"\fShareInForce\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12*\n" +
@@ -2767,7 +2806,12 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\fburst_tokens\x18\x04 \x01(\x03R\vburstTokens\x129\n" +
 	"\n" +
 	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x10\n" +
-	"\x03seq\x18\x06 \x01(\x03R\x03seq\"\xcc\b\n" +
+	"\x03seq\x18\x06 \x01(\x03R\x03seq\x12\x14\n" +
+	"\x05slots\x182 \x01(\x03R\x05slots\x12\x1f\n" +
+	"\vadmit_slots\x183 \x01(\x03R\n" +
+	"admitSlots\x12\x1d\n" +
+	"\n" +
+	"held_slots\x184 \x01(\x03R\theldSlots\"\xcc\b\n" +
 	"\fWindowReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +

@@ -75,12 +75,15 @@ type RegionAgentClient interface {
 	// asking again while its slot is held gets that slot back. A slot never
 	// outlives the region's share of the limit: expires_in can be shorter
 	// than ttl. INVALID_ARGUMENT names a bad field (a limit of another kind
-	// names limit_id); UNAVAILABLE when the agent cannot decide (no share
-	// and the allocator unreachable, or the region's Redis down).
+	// names limit_id), NOT_FOUND an unknown limit. When the agent cannot
+	// decide (no share and the allocator unreachable, or the region's Redis
+	// down) the answer is denied with reason UNAVAILABLE.
 	AcquireSlot(ctx context.Context, in *AcquireSlotRequest, opts ...grpc.CallOption) (*AcquireSlotResponse, error)
 	// HeartbeatSlot extends a held slot to min(now + ttl, the region's
-	// share deadline). NOT_FOUND for a slot that is not held (released,
-	// expired or unknown): its holder has lost it and must stop the work.
+	// share deadline). NOT_FOUND naming slot_id for a slot that is not
+	// held (released, expired or unknown): its holder has lost it and must
+	// stop the work. UNAVAILABLE while the region's Redis is down (the slot
+	// still ends at its expiry).
 	HeartbeatSlot(ctx context.Context, in *HeartbeatSlotRequest, opts ...grpc.CallOption) (*HeartbeatSlotResponse, error)
 	// ReleaseSlot frees a held slot. Releasing a slot that is not held
 	// (released before, expired, unknown) is answered released = false,
@@ -222,12 +225,15 @@ type RegionAgentServer interface {
 	// asking again while its slot is held gets that slot back. A slot never
 	// outlives the region's share of the limit: expires_in can be shorter
 	// than ttl. INVALID_ARGUMENT names a bad field (a limit of another kind
-	// names limit_id); UNAVAILABLE when the agent cannot decide (no share
-	// and the allocator unreachable, or the region's Redis down).
+	// names limit_id), NOT_FOUND an unknown limit. When the agent cannot
+	// decide (no share and the allocator unreachable, or the region's Redis
+	// down) the answer is denied with reason UNAVAILABLE.
 	AcquireSlot(context.Context, *AcquireSlotRequest) (*AcquireSlotResponse, error)
 	// HeartbeatSlot extends a held slot to min(now + ttl, the region's
-	// share deadline). NOT_FOUND for a slot that is not held (released,
-	// expired or unknown): its holder has lost it and must stop the work.
+	// share deadline). NOT_FOUND naming slot_id for a slot that is not
+	// held (released, expired or unknown): its holder has lost it and must
+	// stop the work. UNAVAILABLE while the region's Redis is down (the slot
+	// still ends at its expiry).
 	HeartbeatSlot(context.Context, *HeartbeatSlotRequest) (*HeartbeatSlotResponse, error)
 	// ReleaseSlot frees a held slot. Releasing a slot that is not held
 	// (released before, expired, unknown) is answered released = false,

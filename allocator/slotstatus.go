@@ -1,0 +1,89 @@
+package allocator
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// SlotStatus is what quotactl windows and the status page show of a
+// concurrency limit: N, the slot shares in force, and the slots held as
+// the holders last reported (with their share requests).
+type SlotStatus struct {
+	N, Leased, Held, HeldMax int64
+	Shares                   []ShareInForce
+}
+
+// SlotStatus returns a concurrency limit's slot shares in force now. It
+// is served by the leader (ErrNotLeader elsewhere); ErrNotFound for a
+// limit that is not a concurrency limit.
+func (a *Allocator) SlotStatus(limit string) (SlotStatus, error) {
+	t, err := a.currentTerm()
+	if err != nil {
+		return SlotStatus{}, err
+	}
+	now := a.opt.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.core.slotStatus(now, limit)
+}
+
+func (c *Core) slotStatus(now time.Time, limit string) (SlotStatus, error) {
+	l, ok := c.limits[limit]
+	if !ok || !l.At(now).IsConcurrency() {
+		return SlotStatus{}, fmt.Errorf("%w: concurrency limit %q", ErrNotFound, limit)
+	}
+	return SlotStatus{N: l.At(now).Tokens, Leased: c.ReservedSlots(limit, now), Held: c.HeldSlots(limit, now),
+		HeldMax: c.HeldSlotsMax(limit), Shares: c.SharesInForce(limit, now)}, nil
+}
+
+// slotCollector exports each concurrency limit's bound (N: fallbacks
+// other than closed are refused), the slots its shares in force lease,
+// and the slots held as the holders reported, now and at most.
+type slotCollector struct {
+	a                             *Allocator
+	bound, leased, held, heldMost *prometheus.Desc
+}
+
+func newSlotCollector(a *Allocator) *slotCollector {
+	return &slotCollector{a: a,
+		bound: prometheus.NewDesc("leasehold_concurrency_bound_slots",
+			"The bound on the slots a concurrency limit holds at any instant, all regions: N (closed fallbacks only).", []string{"limit"}, nil),
+		leased: prometheus.NewDesc("leasehold_concurrency_leased_slots",
+			"Slots of a concurrency limit leased to regions by the shares that may still be in force, each region at its largest (<= N).", []string{"limit"}, nil),
+		held: prometheus.NewDesc("leasehold_concurrency_held_slots",
+			"Slots of a concurrency limit held, all regions, as the regions last reported with their share requests (up to half a share's life old).", []string{"limit"}, nil),
+		heldMost: prometheus.NewDesc("leasehold_concurrency_held_max_slots",
+			"The most slots of a concurrency limit reported held together since this leader started: above the bound is a bug.", []string{"limit"}, nil),
+	}
+}
+
+func (c *slotCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.bound
+	ch <- c.leased
+	ch <- c.held
+	ch <- c.heldMost
+}
+
+func (c *slotCollector) Collect(ch chan<- prometheus.Metric) {
+	var rows []SlotStatus
+	var ids []string
+	err := c.a.View(func(now time.Time, core *Core) {
+		for id, l := range core.limits {
+			if l.At(now).IsConcurrency() {
+				st, _ := core.slotStatus(now, id)
+				rows, ids = append(rows, st), append(ids, id)
+			}
+		}
+	})
+	if err != nil {
+		return // a follower exports none
+	}
+	for i, r := range rows {
+		ch <- prometheus.MustNewConstMetric(c.bound, prometheus.GaugeValue, float64(r.N), ids[i])
+		ch <- prometheus.MustNewConstMetric(c.leased, prometheus.GaugeValue, float64(r.Leased), ids[i])
+		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(r.Held), ids[i])
+		ch <- prometheus.MustNewConstMetric(c.heldMost, prometheus.GaugeValue, float64(r.HeldMax), ids[i])
+	}
+}
