@@ -52,6 +52,9 @@ func TestCorePlanFirstUse(t *testing.T) {
 	plan.Proto.Binds = []string{"tenant/{id}"}
 	c.SetLimit(plan)
 	c.SetLimit(testLimit("tenant/atlas", 300, time.Minute, 15*time.Second, "eu", "us"))
+	ent := testLimit("plans/ent", 5000, time.Minute, 15*time.Second, "eu", "us")
+	ent.Proto.Binds = []string{"tenant/bigco", "tenant/atlas"} // a mapping: wins over tenant/{id}, not over a record
+	c.SetLimit(ent)
 	acq := func(id, req string, want int64) Decision {
 		return c.Acquire(t0, "eu", AcquireRequest{RequestID: req, Limit: id, Want: want})
 	}
@@ -64,6 +67,9 @@ func TestCorePlanFirstUse(t *testing.T) {
 	if d := acq("tenant/atlas", "r3", 1000); d.Grant == nil || d.Grant.Tokens != 300 {
 		t.Fatalf("the explicit limit tenant/atlas: %+v", d)
 	}
+	if d := acq("tenant/bigco", "r4", 10000); d.Grant == nil || d.Grant.Tokens != 5000 {
+		t.Fatalf("tenant/bigco, mapped to plans/ent: %+v", d)
+	}
 	for _, id := range []string{"plans/pro", "tenant/eu/x", "other/x"} {
 		if d := acq(id, "r-"+id, 1); d.Code != pb.ItemCode_ITEM_CODE_NOT_FOUND {
 			t.Errorf("%s: code %v, want NOT_FOUND", id, d.Code)
@@ -72,12 +78,12 @@ func TestCorePlanFirstUse(t *testing.T) {
 	if l, ok := c.Limit("tenant/newco"); !ok || l.Proto.Plan != "plans/pro" || l.ID != "tenant/newco" {
 		t.Fatalf("Limit(tenant/newco) = %v %v", l, ok)
 	}
-	if c.Resolved() != 1 {
-		t.Fatalf("resolved %d, want 1 (tenant/newco)", c.Resolved())
+	if c.Resolved() != 2 {
+		t.Fatalf("resolved %d, want 2 (tenant/newco, tenant/bigco)", c.Resolved())
 	}
 	var ids []string
 	c.eachLimit(func(id string, _ *Limit) { ids = append(ids, id) })
-	if strings.Join(sortedCopy(ids), ",") != "tenant/atlas,tenant/newco" {
+	if strings.Join(sortedCopy(ids), ",") != "tenant/atlas,tenant/bigco,tenant/newco" {
 		t.Fatalf("eachLimit: %v", ids)
 	}
 	for _, k := range c.Expired(t0.Add(3*time.Minute), time.Minute) {
@@ -222,6 +228,16 @@ func TestPlanChangesRefused(t *testing.T) {
 	}
 	if _, err := a.PutLimit(ctx, other, Change{Reason: "free"}); field(err) != "limit.binds[0]" {
 		t.Fatalf("a second plan binding tenant/{id}: %v", err)
+	}
+	ent := proPlan(5000)
+	ent.Id, ent.Binds = "plans/ent", []string{"tenant/bigco"}
+	if _, err := a.PutLimit(ctx, ent, Change{Reason: "enterprise"}); err != nil {
+		t.Fatalf("a plan mapping one tenant the pattern of another names: %v", err)
+	}
+	ent2 := proPlan(6000)
+	ent2.Id, ent2.Binds = "plans/ent2", []string{"tenant/x", "tenant/bigco"}
+	if _, err := a.PutLimit(ctx, ent2, Change{Reason: "enterprise 2"}); field(err) != "limit.binds[1]" {
+		t.Fatalf("a tenant mapped to two plans: %v", err)
 	}
 	if _, err := a.PutLimit(ctx, proPlan(300), Change{Reason: "burst", OverrideFor: time.Hour}); field(err) != "override_for" {
 		t.Fatalf("an override of a plan: %v", err)
@@ -441,8 +457,28 @@ func TestPlanDryRun(t *testing.T) {
 		e.NewLimitTokens != 50 || e.WindowStart != nil {
 		t.Fatalf("dry run of G 100 -> 50: %v", e)
 	}
+	ent := proPlan(5000)
+	ent.Id, ent.Binds = "plans/ent", []string{"tenant/bigco", "tenant/acme"}
+	er, err := s.PutLimit(ctx, &pb.PutLimitRequest{Limit: ent, Reason: "enterprise", DryRun: true})
+	if err != nil || er.Effect.PlanTenants != 2 || er.Effect.PlanTenantsDenyingCount != 0 {
+		t.Fatalf("dry run of a plan mapping two unused tenants: %v %v", er, err)
+	}
+	ent.Binds = []string{"tenant/a"}
+	if _, err := a.PutLimit(ctx, ent, Change{Reason: "enterprise"}); err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/b", p.Version) // the watch is ordered: ent is in the core too
+	ent.LimitTokens = 60
+	er, err = s.PutLimit(ctx, &pb.PutLimitRequest{Limit: ent, Reason: "smaller enterprise", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e = er.Effect // tenant/a is on plans/ent now (a mapping wins over a pattern): its last window admitted 90
+	if e.PlanTenants != 1 || strings.Join(e.PlanTenantsDenying, ",") != "tenant/a" {
+		t.Fatalf("dry run of plans/ent: %v", e)
+	}
 	del, err := s.DeleteLimit(ctx, &pb.DeleteLimitRequest{Id: "plans/pro", Reason: "end pro", DryRun: true})
-	if err != nil || del.Effect.PlanTenants != 4 || del.Effect.PlanTenantsDenyingCount != 4 {
+	if err != nil || del.Effect.PlanTenants != 3 || del.Effect.PlanTenantsDenyingCount != 3 {
 		t.Fatalf("dry run of a delete: %v %v", del, err)
 	}
 	got, err := s.GetLimit(ctx, &pb.GetLimitRequest{Id: "plans/pro"})

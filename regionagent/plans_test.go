@@ -231,3 +231,30 @@ func TestPlanTenantForgotten(t *testing.T) {
 		t.Fatalf("%d resolved after tenant/a came back, want 1", n)
 	}
 }
+
+// TestPlanMappingAtAgent: a tenant a plan names (a tenant-to-plan
+// mapping) is that plan's at the agent, over the pattern of another.
+func TestPlanMappingAtAgent(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putPlan(proPlan(10, "eu"), "tenant/probe")
+	ent := proPlan(5000, "eu")
+	ent.Id, ent.Binds = "plans/ent", []string{"tenant/bigco"}
+	w.putPlan(ent, "tenant/bigco")
+	a := w.agent("eu", "eu1", WithColdWait(2*time.Second))
+	runWork(t, a)
+	ctx := context.Background()
+	for _, id := range []string{"tenant/bigco", "tenant/small"} {
+		if d, err := a.Check(ctx, id, 1); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v %v", id, d, err)
+		}
+	}
+	if l, _ := a.core.Limit("tenant/bigco"); l.Tokens != 5000 || l.Plan != "plans/ent" {
+		t.Fatalf("tenant/bigco: G %d from %q, want plans/ent's 5000", l.Tokens, l.Plan)
+	}
+	if l, _ := a.core.Limit("tenant/small"); l.Tokens != 10 || l.Plan != "plans/pro" {
+		t.Fatalf("tenant/small: G %d from %q, want plans/pro's 10", l.Tokens, l.Plan)
+	}
+	if d, err := a.Check(ctx, "tenant/bigco", 4000); err != nil || !d.Allowed {
+		t.Fatalf("a cost of 4000 for tenant/bigco: %+v %v", d, err)
+	}
+}

@@ -89,6 +89,9 @@ func flatten(l *pb.Limit) []setting {
 	if o := l.GetOverride(); o != nil {
 		out = append(out, setting{"override", "until " + formatTS(o.GetEndsAt())}) // absent: none
 	}
+	if b := l.GetBinds(); len(b) > 0 {
+		out = append(out, setting{"binds", strings.Join(slices.Sorted(slices.Values(b)), ",")}) // a plan's
+	}
 	return out
 }
 

@@ -35,14 +35,14 @@ func checkPlan(l *pb.Limit) error {
 	seen := map[string]int{}
 	for i, b := range l.Binds {
 		f := fmt.Sprintf("limit.binds[%d]", i)
-		prefix, err := planbind.PatternPrefix(b)
+		key, _, err := planbind.ParseBind(b)
 		if err != nil {
 			return fieldErr(f, "%v", err)
 		}
-		if j, dup := seen[prefix]; dup {
+		if j, dup := seen[key]; dup {
 			return fieldErr(f, "%q is also limit.binds[%d]", b, j)
 		}
-		seen[prefix] = i
+		seen[key] = i
 	}
 	return nil
 }

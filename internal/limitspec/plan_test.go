@@ -20,14 +20,21 @@ func TestValidatePlan(t *testing.T) {
 	if _, err := ValidateLimit(plan(), []string{"eu"}); err != nil {
 		t.Fatalf("a valid plan: %v", err)
 	}
+	mapping := plan()
+	mapping.Binds = []string{"tenant/{id}", "team/bigco", "tenant/eu/acme"}
+	if _, err := ValidateLimit(mapping, []string{"eu"}); err != nil {
+		t.Fatalf("a plan with a tenant mapping: %v", err)
+	}
 	for _, tc := range []struct {
 		field string
 		edit  func(*pb.Limit)
 	}{
 		{"limit.binds[0]", func(l *pb.Limit) { l.Binds = []string{"tenant/"} }},
+		{"limit.binds[1]", func(l *pb.Limit) { l.Binds = []string{"tenant/a", "tenant/a"} }},
+		{"limit.binds[0]", func(l *pb.Limit) { l.Binds = []string{"tenant/{id}x"} }},
 		{"limit.binds[1]", func(l *pb.Limit) { l.Binds = []string{"tenant/{id}", "tenant/{id}"} }},
 		{"limit.binds[0]", func(l *pb.Limit) { l.Binds = []string{"plans/{id}"} }},
-		{"limit.binds", func(l *pb.Limit) { l.Binds = make([]string, 17) }},
+		{"limit.binds", func(l *pb.Limit) { l.Binds = make([]string, 1001) }},
 		{"limit.binds", func(l *pb.Limit) { l.Id = "tenant/a" }},
 		{"limit.id", func(l *pb.Limit) { l.Id = "plans/a/b" }},
 		{"limit.hash_tag", func(l *pb.Limit) { l.HashTag = "x" }},
