@@ -221,7 +221,7 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 		if ok {
 			admitted = rep.AdmittedTotal
 		}
-		if deleting || next != nil && admitted > next.LimitTokens {
+		if deleting || next != nil && admitted > tenantG(next, id) {
 			denying = append(denying, tenant{id, admitted})
 		}
 	})
@@ -239,6 +239,11 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 		for _, b := range next.Binds {
 			if key, exact, err := planbind.ParseBind(b); err == nil && exact {
 				mapped = append(mapped, key)
+			}
+		}
+		for id := range next.Contracts {
+			if !slices.Contains(mapped, id) {
+				mapped = append(mapped, id) // a tenant with a contract is on the plan
 			}
 		}
 	}
@@ -299,3 +304,11 @@ func (c *Core) summaryWindows(id string) []int64 {
 
 // DropSummaries forgets id's summaries (IdleTenants).
 func (c *Core) DropSummaries(id string) { delete(c.summaries, id) }
+
+// tenantG is G of tenant id under plan p: its contract's, else the plan's.
+func tenantG(p *pb.Limit, id string) int64 {
+	if c := p.Contracts[id]; c.GetLimitTokens() > 0 {
+		return c.LimitTokens
+	}
+	return p.LimitTokens
+}

@@ -50,6 +50,7 @@ func TestCorePlanFirstUse(t *testing.T) {
 	c := NewCore()
 	plan := testLimit("plans/pro", 100, time.Minute, 15*time.Second, "eu", "us")
 	plan.Proto.Binds = []string{"tenant/{id}"}
+	plan.Proto.Contracts = map[string]*pb.Contract{"tenant/vip": {LimitTokens: 250}} // a contract wins over the plan's G
 	c.SetLimit(plan)
 	c.SetLimit(testLimit("tenant/atlas", 300, time.Minute, 15*time.Second, "eu", "us"))
 	ent := testLimit("plans/ent", 5000, time.Minute, 15*time.Second, "eu", "us")
@@ -70,6 +71,9 @@ func TestCorePlanFirstUse(t *testing.T) {
 	if d := acq("tenant/bigco", "r4", 10000); d.Grant == nil || d.Grant.Tokens != 5000 {
 		t.Fatalf("tenant/bigco, mapped to plans/ent: %+v", d)
 	}
+	if d := acq("tenant/vip", "r5", 10000); d.Grant == nil || d.Grant.Tokens != 250 || d.Grant.G != 250 {
+		t.Fatalf("tenant/vip, with a contract of 250 on plans/pro: %+v", d)
+	}
 	for _, id := range []string{"plans/pro", "tenant/eu/x", "other/x"} {
 		if d := acq(id, "r-"+id, 1); d.Code != pb.ItemCode_ITEM_CODE_NOT_FOUND {
 			t.Errorf("%s: code %v, want NOT_FOUND", id, d.Code)
@@ -78,12 +82,12 @@ func TestCorePlanFirstUse(t *testing.T) {
 	if l, ok := c.Limit("tenant/newco"); !ok || l.Proto.Plan != "plans/pro" || l.ID != "tenant/newco" {
 		t.Fatalf("Limit(tenant/newco) = %v %v", l, ok)
 	}
-	if c.Resolved() != 2 {
-		t.Fatalf("resolved %d, want 2 (tenant/newco, tenant/bigco)", c.Resolved())
+	if c.Resolved() != 3 {
+		t.Fatalf("resolved %d, want 3 (tenant/newco, tenant/bigco, tenant/vip)", c.Resolved())
 	}
 	var ids []string
 	c.eachLimit(func(id string, _ *Limit) { ids = append(ids, id) })
-	if strings.Join(sortedCopy(ids), ",") != "tenant/atlas,tenant/bigco,tenant/newco" {
+	if strings.Join(sortedCopy(ids), ",") != "tenant/atlas,tenant/bigco,tenant/newco,tenant/vip" {
 		t.Fatalf("eachLimit: %v", ids)
 	}
 	for _, k := range c.Expired(t0.Add(3*time.Minute), time.Minute) {
@@ -150,7 +154,9 @@ func TestPlanChangeAtBoundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2, err := a.PutLimit(ctx, proPlan(250), Change{Reason: "pro grows", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW})
+	grown := proPlan(250)
+	grown.Contracts = map[string]*pb.Contract{"tenant/vip": {LimitTokens: 40}} // a contract in the same change
+	p2, err := a.PutLimit(ctx, grown, Change{Reason: "pro grows", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +172,13 @@ func TestPlanChangeAtBoundary(t *testing.T) {
 	if err != nil || s.Unchanged || planTokens(s) != 100 {
 		t.Fatalf("sync before the boundary: %v %v", s, err)
 	}
+	if got := grant("tenant/vip", "w0vip"); got != 100 {
+		t.Fatalf("tenant/vip window 0: %d, want the plan's 100 (its contract comes with the change)", got)
+	}
 	clock.Set(t0.Add(time.Minute + time.Second))
+	if got := grant("tenant/vip", "w1vip"); got != 40 {
+		t.Fatalf("tenant/vip window 1: %d, want its contract's 40", got)
+	}
 	for _, id := range append(tenants, "tenant/d", "tenant/e") {
 		if got := grant(id, "w1"+id); got != 250 {
 			t.Fatalf("%s window 1: %d, want 250", id, got)
@@ -188,7 +200,7 @@ func TestPlanChangeAtBoundary(t *testing.T) {
 	for _, l := range ls {
 		listed = append(listed, l.Id+"="+l.Plan)
 	}
-	if got := strings.Join(listed, ","); got != "tenant/a=plans/pro,tenant/b=plans/pro,tenant/c=plans/pro,tenant/d=plans/pro,tenant/e=plans/pro" {
+	if got := strings.Join(listed, ","); got != "tenant/a=plans/pro,tenant/b=plans/pro,tenant/c=plans/pro,tenant/d=plans/pro,tenant/e=plans/pro,tenant/vip=plans/pro" {
 		t.Fatalf("the status page's limits: %s (the used tenants, not the plan's record)", got)
 	}
 	reps, err := a.Reports("tenant/a", 2)
@@ -476,6 +488,14 @@ func TestPlanDryRun(t *testing.T) {
 	e = er.Effect // tenant/a is on plans/ent now (a mapping wins over a pattern): its last window admitted 90
 	if e.PlanTenants != 1 || strings.Join(e.PlanTenantsDenying, ",") != "tenant/a" {
 		t.Fatalf("dry run of plans/ent: %v", e)
+	}
+	// A contract keeps tenant/d (70 admitted) above a lower G of the
+	// plan, and counts an unused tenant as on the plan.
+	withContract := proPlan(50)
+	withContract.Contracts = map[string]*pb.Contract{"tenant/d": {LimitTokens: 80}, "tenant/z": {LimitTokens: 10}}
+	cr, err := s.PutLimit(ctx, &pb.PutLimitRequest{Limit: withContract, Reason: "pro 50, contracts", DryRun: true})
+	if err != nil || cr.Effect.PlanTenants != 4 || strings.Join(cr.Effect.PlanTenantsDenying, ",") != "" {
+		t.Fatalf("dry run with contracts: %v %v", cr, err)
 	}
 	del, err := s.DeleteLimit(ctx, &pb.DeleteLimitRequest{Id: "plans/pro", Reason: "end pro", DryRun: true})
 	if err != nil || del.Effect.PlanTenants != 3 || del.Effect.PlanTenantsDenyingCount != 3 {

@@ -233,17 +233,19 @@ func TestPlanTenantForgotten(t *testing.T) {
 }
 
 // TestPlanMappingAtAgent: a tenant a plan names (a tenant-to-plan
-// mapping) is that plan's at the agent, over the pattern of another.
+// mapping) is that plan's at the agent, over the pattern of another; a
+// tenant's contract replaces the plan's G for it.
 func TestPlanMappingAtAgent(t *testing.T) {
 	w := newWorld(t, "eu")
 	w.putPlan(proPlan(10, "eu"), "tenant/probe")
 	ent := proPlan(5000, "eu")
-	ent.Id, ent.Binds = "plans/ent", []string{"tenant/bigco"}
+	ent.Id, ent.Binds = "plans/ent", []string{"tenant/bigco", "tenant/atlas"}
+	ent.Contracts = map[string]*pb.Contract{"tenant/atlas": {LimitTokens: 3000}}
 	w.putPlan(ent, "tenant/bigco")
 	a := w.agent("eu", "eu1", WithColdWait(2*time.Second))
 	runWork(t, a)
 	ctx := context.Background()
-	for _, id := range []string{"tenant/bigco", "tenant/small"} {
+	for _, id := range []string{"tenant/bigco", "tenant/small", "tenant/atlas"} {
 		if d, err := a.Check(ctx, id, 1); err != nil || !d.Allowed {
 			t.Fatalf("%s: %+v %v", id, d, err)
 		}
@@ -253,6 +255,9 @@ func TestPlanMappingAtAgent(t *testing.T) {
 	}
 	if l, _ := a.core.Limit("tenant/small"); l.Tokens != 10 || l.Plan != "plans/pro" {
 		t.Fatalf("tenant/small: G %d from %q, want plans/pro's 10", l.Tokens, l.Plan)
+	}
+	if l, _ := a.core.Limit("tenant/atlas"); l.Tokens != 3000 || l.Plan != "plans/ent" {
+		t.Fatalf("tenant/atlas: G %d from %q, want its contract's 3000 on plans/ent", l.Tokens, l.Plan)
 	}
 	if d, err := a.Check(ctx, "tenant/bigco", 4000); err != nil || !d.Allowed {
 		t.Fatalf("a cost of 4000 for tenant/bigco: %+v %v", d, err)

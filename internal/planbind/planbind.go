@@ -175,18 +175,27 @@ func (t Table) Mapped(plan string) []string {
 	return out
 }
 
+// MaxContracts bounds the contracts of one plan.
+const MaxContracts = 1000
+
 // Resolve returns the limit id has under plan: the plan's record (its
 // version, scheduled change and override included) with the id set to
-// id, plan set to the plan's id, and the binding table cleared. Every
-// version in it is the plan's: a plan change reaches every tenant on it
-// at the time the change governs.
+// id, plan set to the plan's id, the tenant's contract applied to each
+// version (the contract of that version), and the binding table and
+// contracts cleared. Every version in it is the plan's, and a contract
+// is part of it: a change of the plan or of the contract reaches the
+// tenant at the time the change governs, with a new version.
 func Resolve(plan *pb.Limit, id string) *pb.Limit {
 	l := proto.Clone(plan).(*pb.Limit)
 	name := plan.GetId()
 	fix := func(v *pb.Limit) {
-		if v != nil {
-			v.Id, v.Binds, v.Plan, v.HashTag = id, nil, name, ""
+		if v == nil {
+			return
 		}
+		if c := v.Contracts[id]; c != nil && c.LimitTokens > 0 {
+			v.LimitTokens = c.LimitTokens
+		}
+		v.Id, v.Binds, v.Plan, v.HashTag, v.Contracts = id, nil, name, "", nil
 	}
 	fix(l)
 	fix(l.Previous)

@@ -117,6 +117,16 @@ func TestResolve(t *testing.T) {
 	case p.Id != "plans/pro" || len(p.Binds) != 1:
 		t.Fatalf("the plan changed: %v", p)
 	}
+	// A contract replaces G for its tenant, in each version as it was.
+	p.Contracts = map[string]*pb.Contract{"tenant/atlas": {LimitTokens: 3000}}
+	p.Previous.Contracts = map[string]*pb.Contract{"tenant/atlas": {LimitTokens: 2000}}
+	a := Resolve(p, "tenant/atlas")
+	if a.LimitTokens != 3000 || a.Previous.LimitTokens != 2000 || a.Contracts != nil || a.Previous.Contracts != nil {
+		t.Fatalf("resolved with a contract: %v", a)
+	}
+	if o := Resolve(p, "tenant/other"); o.LimitTokens != 1000 || o.Previous.LimitTokens != 500 {
+		t.Fatalf("another tenant: %v", o)
+	}
 }
 
 // FuzzMatch checks Match against a naive reference (every pattern's
