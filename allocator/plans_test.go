@@ -79,6 +79,10 @@ func TestCorePlanFirstUse(t *testing.T) {
 			t.Errorf("%s: code %v, want NOT_FOUND", id, d.Code)
 		}
 	}
+	// A refused request keeps nothing of a tenant.
+	if d := c.Acquire(t0, "ap", AcquireRequest{RequestID: "r-ap", Limit: "tenant/refused", Want: 1}); d.Code != pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED {
+		t.Fatalf("tenant/refused from ap: %+v", d)
+	}
 	if l, ok := c.Limit("tenant/newco"); !ok || l.Proto.Plan != "plans/pro" || l.ID != "tenant/newco" {
 		t.Fatalf("Limit(tenant/newco) = %v %v", l, ok)
 	}

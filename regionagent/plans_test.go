@@ -2,6 +2,7 @@ package regionagent
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -261,5 +262,22 @@ func TestPlanMappingAtAgent(t *testing.T) {
 	}
 	if d, err := a.Check(ctx, "tenant/bigco", 4000); err != nil || !d.Allowed {
 		t.Fatalf("a cost of 4000 for tenant/bigco: %+v %v", d, err)
+	}
+}
+
+// TestPlanRefusedCheckKeepsNothing: a Check refused before its limit had
+// state (a cost over G) keeps no resolved limit at the agent.
+func TestPlanRefusedCheckKeepsNothing(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putPlan(proPlan(10, "eu"), "tenant/probe")
+	a := w.agent("eu", "eu1", WithColdWait(2*time.Second))
+	ctx := context.Background()
+	for i := range 50 {
+		if _, err := a.Check(ctx, fmt.Sprintf("tenant/t%d", i), 11); err == nil {
+			t.Fatal("a cost over G was not refused")
+		}
+	}
+	if n := a.core.Bound(); n != 0 {
+		t.Fatalf("%d resolved limits kept after refused Checks, want 0", n)
 	}
 }
