@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -132,7 +134,8 @@ func sortedCopy(s []string) []string {
 func TestPlanChangeAtBoundary(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
-	a := startAllocator(t, c, "a", clock.opt())
+	reg := prometheus.NewRegistry()
+	a := startAllocatorReg(t, c, "a", reg, clock.opt())
 	allocatortest.WaitLeader(t, a)
 	ctx := context.Background()
 	p, err := a.PutLimit(ctx, proPlan(100), Change{Reason: "the pro plan"})
@@ -191,6 +194,18 @@ func TestPlanChangeAtBoundary(t *testing.T) {
 		if l.GetVersion() != p2.Version || l.GetPlan() != "plans/pro" {
 			t.Fatalf("%s resolves to %v", id, l)
 		}
+	}
+	// The window metrics show the used tenants (window 0 closed), not the plan.
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP leasehold_window_limit_tokens G of the limit's last closed window.
+# TYPE leasehold_window_limit_tokens gauge
+leasehold_window_limit_tokens{limit="tenant/a"} 100
+leasehold_window_limit_tokens{limit="tenant/b"} 100
+leasehold_window_limit_tokens{limit="tenant/c"} 100
+leasehold_window_limit_tokens{limit="tenant/d"} 100
+leasehold_window_limit_tokens{limit="tenant/vip"} 100
+`), "leasehold_window_limit_tokens"); err != nil {
+		t.Fatal(err)
 	}
 	s2, err := a.SyncLimits(ctx, "eu", s.Revision)
 	if err != nil || s2.Unchanged || planTokens(s2) != 250 {
