@@ -337,6 +337,20 @@ func demandTTL(l *Limit) time.Duration { return max(2*l.TTL, 5*time.Second) }
 
 // Acquire decides one lease request of region at now.
 func (c *Core) Acquire(now time.Time, region string, r AcquireRequest) Decision {
+	d := c.acquire(now, region, r)
+	idx := d.Window.Index
+	if d.Grant != nil {
+		idx = d.Grant.Window
+	}
+	if _, cached := c.resolved[r.Limit]; cached && (d.Code != pb.ItemCode_ITEM_CODE_OK || c.windows[windowKey{r.Limit, idx}] == nil) {
+		// A tenant of a plan is kept resolved only while it has a window
+		// (Forget drops it then): a refused or empty request leaves none.
+		delete(c.resolved, r.Limit)
+	}
+	return d
+}
+
+func (c *Core) acquire(now time.Time, region string, r AcquireRequest) Decision {
 	rk := requestKey{region, r.RequestID}
 	if g, ok := c.byRequest[rk]; ok && !seeded.On(seeded.RegrantRetry) {
 		if g.Limit != r.Limit {

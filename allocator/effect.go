@@ -52,6 +52,9 @@ func limitFields(l *pb.Limit) map[string]string {
 	if len(l.Binds) > 0 {
 		m["binds"] = strings.Join(slices.Sorted(slices.Values(l.Binds)), ",")
 	}
+	for id, c := range l.Contracts {
+		m["contracts."+id] = "limit_tokens " + strconv.FormatInt(c.GetLimitTokens(), 10)
+	}
 	if o := l.GetOverride(); o != nil {
 		m["override"] = "until " + o.GetEndsAt().AsTime().UTC().Format(time.RFC3339Nano) + ", then version in force before it"
 	}
@@ -76,7 +79,7 @@ func limitFields(l *pb.Limit) map[string]string {
 // fieldOrder lists the fixed fields in the order a diff shows them;
 // fallback.* and tags.* follow their neighbours, by name.
 var fieldOrder = []string{"limit_tokens", "window", "window_phase", "kind", "rate", "burst_tokens", "regions", "mode", "fallback.", "lease.ttl",
-	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override", "binds"}
+	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override", "binds", "contracts."}
 
 func fieldRank(f string) int {
 	for i, p := range fieldOrder {

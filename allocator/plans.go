@@ -145,8 +145,8 @@ func (a *Allocator) checkPlanChanges(ctx context.Context, cs *changeSet) (*chang
 			continue
 		}
 		for _, b := range p.Binds {
-			if prefix, err := planbind.PatternPrefix(b); err == nil {
-				bound[prefix] = p.Id
+			if key, _, err := planbind.ParseBind(b); err == nil {
+				bound[key] = p.Id
 			}
 		}
 	}
@@ -158,11 +158,11 @@ func (a *Allocator) checkPlanChanges(ctx context.Context, cs *changeSet) (*chang
 			continue
 		}
 		for i, b := range p.valid.Binds {
-			prefix, _ := planbind.PatternPrefix(b) // valid: limitspec checked it
-			if other, ok := bound[prefix]; ok {
-				return p, fieldErr(fmt.Sprintf("%s.binds[%d]", p.field, i), "%q is bound to %s already: one plan per pattern (unbind it there first)", b, other)
+			key, _, _ := planbind.ParseBind(b) // valid: limitspec checked it
+			if other, ok := bound[key]; ok {
+				return p, fieldErr(fmt.Sprintf("%s.binds[%d]", p.field, i), "%q is bound to %s already: one plan per pattern or tenant (unbind it there first)", b, other)
 			}
-			bound[prefix] = p.id()
+			bound[key] = p.id()
 		}
 	}
 	return nil, nil
@@ -205,10 +205,12 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 		admitted int64
 	}
 	var denying []tenant
+	counted := map[string]bool{}
 	c.eachLimit(func(id string, l *Limit) {
 		if l.Proto.GetPlan() != plan {
 			return
 		}
+		counted[id] = true
 		e.PlanTenants++
 		cur := lease.WindowOf(now, l.At(now).Window).Index
 		rep, ok := c.report(now, id, cur-1)
@@ -219,7 +221,7 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 		if ok {
 			admitted = rep.AdmittedTotal
 		}
-		if deleting || next != nil && admitted > next.LimitTokens {
+		if deleting || next != nil && admitted > tenantG(next, id) {
 			denying = append(denying, tenant{id, admitted})
 		}
 	})
@@ -229,6 +231,31 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 		}
 		return strings.Compare(a.id, b.id)
 	})
+	// Tenants the plan names (its mapping, as changed) are on it, used
+	// or not.
+	mapped := c.bind.Mapped(plan)
+	if next != nil {
+		mapped = mapped[:0]
+		for _, b := range next.Binds {
+			if key, exact, err := planbind.ParseBind(b); err == nil && exact {
+				mapped = append(mapped, key)
+			}
+		}
+		for id := range next.Contracts {
+			if !slices.Contains(mapped, id) {
+				mapped = append(mapped, id) // a tenant with a contract is on the plan
+			}
+		}
+	}
+	for _, id := range mapped {
+		if _, explicit := c.limits[id]; explicit || counted[id] {
+			continue
+		}
+		e.PlanTenants++
+		if deleting {
+			denying = append(denying, tenant{id, 0})
+		}
+	}
 	e.PlanTenantsDenyingCount = int64(len(denying))
 	for _, d := range denying[:min(len(denying), maxDenyingShown)] {
 		e.PlanTenantsDenying = append(e.PlanTenantsDenying, d.id)
@@ -277,3 +304,11 @@ func (c *Core) summaryWindows(id string) []int64 {
 
 // DropSummaries forgets id's summaries (IdleTenants).
 func (c *Core) DropSummaries(id string) { delete(c.summaries, id) }
+
+// tenantG is G of tenant id under plan p: its contract's, else the plan's.
+func tenantG(p *pb.Limit, id string) int64 {
+	if c := p.Contracts[id]; c.GetLimitTokens() > 0 {
+		return c.LimitTokens
+	}
+	return p.LimitTokens
+}

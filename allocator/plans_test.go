@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -50,8 +52,12 @@ func TestCorePlanFirstUse(t *testing.T) {
 	c := NewCore()
 	plan := testLimit("plans/pro", 100, time.Minute, 15*time.Second, "eu", "us")
 	plan.Proto.Binds = []string{"tenant/{id}"}
+	plan.Proto.Contracts = map[string]*pb.Contract{"tenant/vip": {LimitTokens: 250}} // a contract wins over the plan's G
 	c.SetLimit(plan)
 	c.SetLimit(testLimit("tenant/atlas", 300, time.Minute, 15*time.Second, "eu", "us"))
+	ent := testLimit("plans/ent", 5000, time.Minute, 15*time.Second, "eu", "us")
+	ent.Proto.Binds = []string{"tenant/bigco", "tenant/atlas"} // a mapping: wins over tenant/{id}, not over a record
+	c.SetLimit(ent)
 	acq := func(id, req string, want int64) Decision {
 		return c.Acquire(t0, "eu", AcquireRequest{RequestID: req, Limit: id, Want: want})
 	}
@@ -64,20 +70,30 @@ func TestCorePlanFirstUse(t *testing.T) {
 	if d := acq("tenant/atlas", "r3", 1000); d.Grant == nil || d.Grant.Tokens != 300 {
 		t.Fatalf("the explicit limit tenant/atlas: %+v", d)
 	}
+	if d := acq("tenant/bigco", "r4", 10000); d.Grant == nil || d.Grant.Tokens != 5000 {
+		t.Fatalf("tenant/bigco, mapped to plans/ent: %+v", d)
+	}
+	if d := acq("tenant/vip", "r5", 10000); d.Grant == nil || d.Grant.Tokens != 250 || d.Grant.G != 250 {
+		t.Fatalf("tenant/vip, with a contract of 250 on plans/pro: %+v", d)
+	}
 	for _, id := range []string{"plans/pro", "tenant/eu/x", "other/x"} {
 		if d := acq(id, "r-"+id, 1); d.Code != pb.ItemCode_ITEM_CODE_NOT_FOUND {
 			t.Errorf("%s: code %v, want NOT_FOUND", id, d.Code)
 		}
 	}
+	// A refused request keeps nothing of a tenant.
+	if d := c.Acquire(t0, "ap", AcquireRequest{RequestID: "r-ap", Limit: "tenant/refused", Want: 1}); d.Code != pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED {
+		t.Fatalf("tenant/refused from ap: %+v", d)
+	}
 	if l, ok := c.Limit("tenant/newco"); !ok || l.Proto.Plan != "plans/pro" || l.ID != "tenant/newco" {
 		t.Fatalf("Limit(tenant/newco) = %v %v", l, ok)
 	}
-	if c.Resolved() != 1 {
-		t.Fatalf("resolved %d, want 1 (tenant/newco)", c.Resolved())
+	if c.Resolved() != 3 {
+		t.Fatalf("resolved %d, want 3 (tenant/newco, tenant/bigco, tenant/vip)", c.Resolved())
 	}
 	var ids []string
 	c.eachLimit(func(id string, _ *Limit) { ids = append(ids, id) })
-	if strings.Join(sortedCopy(ids), ",") != "tenant/atlas,tenant/newco" {
+	if strings.Join(sortedCopy(ids), ",") != "tenant/atlas,tenant/bigco,tenant/newco,tenant/vip" {
 		t.Fatalf("eachLimit: %v", ids)
 	}
 	for _, k := range c.Expired(t0.Add(3*time.Minute), time.Minute) {
@@ -118,7 +134,8 @@ func sortedCopy(s []string) []string {
 func TestPlanChangeAtBoundary(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
-	a := startAllocator(t, c, "a", clock.opt())
+	reg := prometheus.NewRegistry()
+	a := startAllocatorReg(t, c, "a", reg, clock.opt())
 	allocatortest.WaitLeader(t, a)
 	ctx := context.Background()
 	p, err := a.PutLimit(ctx, proPlan(100), Change{Reason: "the pro plan"})
@@ -144,7 +161,9 @@ func TestPlanChangeAtBoundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2, err := a.PutLimit(ctx, proPlan(250), Change{Reason: "pro grows", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW})
+	grown := proPlan(250)
+	grown.Contracts = map[string]*pb.Contract{"tenant/vip": {LimitTokens: 40}} // a contract in the same change
+	p2, err := a.PutLimit(ctx, grown, Change{Reason: "pro grows", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +179,13 @@ func TestPlanChangeAtBoundary(t *testing.T) {
 	if err != nil || s.Unchanged || planTokens(s) != 100 {
 		t.Fatalf("sync before the boundary: %v %v", s, err)
 	}
+	if got := grant("tenant/vip", "w0vip"); got != 100 {
+		t.Fatalf("tenant/vip window 0: %d, want the plan's 100 (its contract comes with the change)", got)
+	}
 	clock.Set(t0.Add(time.Minute + time.Second))
+	if got := grant("tenant/vip", "w1vip"); got != 40 {
+		t.Fatalf("tenant/vip window 1: %d, want its contract's 40", got)
+	}
 	for _, id := range append(tenants, "tenant/d", "tenant/e") {
 		if got := grant(id, "w1"+id); got != 250 {
 			t.Fatalf("%s window 1: %d, want 250", id, got)
@@ -169,6 +194,18 @@ func TestPlanChangeAtBoundary(t *testing.T) {
 		if l.GetVersion() != p2.Version || l.GetPlan() != "plans/pro" {
 			t.Fatalf("%s resolves to %v", id, l)
 		}
+	}
+	// The window metrics show the used tenants (window 0 closed), not the plan.
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP leasehold_window_limit_tokens G of the limit's last closed window.
+# TYPE leasehold_window_limit_tokens gauge
+leasehold_window_limit_tokens{limit="tenant/a"} 100
+leasehold_window_limit_tokens{limit="tenant/b"} 100
+leasehold_window_limit_tokens{limit="tenant/c"} 100
+leasehold_window_limit_tokens{limit="tenant/d"} 100
+leasehold_window_limit_tokens{limit="tenant/vip"} 100
+`), "leasehold_window_limit_tokens"); err != nil {
+		t.Fatal(err)
 	}
 	s2, err := a.SyncLimits(ctx, "eu", s.Revision)
 	if err != nil || s2.Unchanged || planTokens(s2) != 250 {
@@ -182,7 +219,7 @@ func TestPlanChangeAtBoundary(t *testing.T) {
 	for _, l := range ls {
 		listed = append(listed, l.Id+"="+l.Plan)
 	}
-	if got := strings.Join(listed, ","); got != "tenant/a=plans/pro,tenant/b=plans/pro,tenant/c=plans/pro,tenant/d=plans/pro,tenant/e=plans/pro" {
+	if got := strings.Join(listed, ","); got != "tenant/a=plans/pro,tenant/b=plans/pro,tenant/c=plans/pro,tenant/d=plans/pro,tenant/e=plans/pro,tenant/vip=plans/pro" {
 		t.Fatalf("the status page's limits: %s (the used tenants, not the plan's record)", got)
 	}
 	reps, err := a.Reports("tenant/a", 2)
@@ -222,6 +259,16 @@ func TestPlanChangesRefused(t *testing.T) {
 	}
 	if _, err := a.PutLimit(ctx, other, Change{Reason: "free"}); field(err) != "limit.binds[0]" {
 		t.Fatalf("a second plan binding tenant/{id}: %v", err)
+	}
+	ent := proPlan(5000)
+	ent.Id, ent.Binds = "plans/ent", []string{"tenant/bigco"}
+	if _, err := a.PutLimit(ctx, ent, Change{Reason: "enterprise"}); err != nil {
+		t.Fatalf("a plan mapping one tenant the pattern of another names: %v", err)
+	}
+	ent2 := proPlan(6000)
+	ent2.Id, ent2.Binds = "plans/ent2", []string{"tenant/x", "tenant/bigco"}
+	if _, err := a.PutLimit(ctx, ent2, Change{Reason: "enterprise 2"}); field(err) != "limit.binds[1]" {
+		t.Fatalf("a tenant mapped to two plans: %v", err)
 	}
 	if _, err := a.PutLimit(ctx, proPlan(300), Change{Reason: "burst", OverrideFor: time.Hour}); field(err) != "override_for" {
 		t.Fatalf("an override of a plan: %v", err)
@@ -441,8 +488,36 @@ func TestPlanDryRun(t *testing.T) {
 		e.NewLimitTokens != 50 || e.WindowStart != nil {
 		t.Fatalf("dry run of G 100 -> 50: %v", e)
 	}
+	ent := proPlan(5000)
+	ent.Id, ent.Binds = "plans/ent", []string{"tenant/bigco", "tenant/acme"}
+	er, err := s.PutLimit(ctx, &pb.PutLimitRequest{Limit: ent, Reason: "enterprise", DryRun: true})
+	if err != nil || er.Effect.PlanTenants != 2 || er.Effect.PlanTenantsDenyingCount != 0 {
+		t.Fatalf("dry run of a plan mapping two unused tenants: %v %v", er, err)
+	}
+	ent.Binds = []string{"tenant/a"}
+	if _, err := a.PutLimit(ctx, ent, Change{Reason: "enterprise"}); err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/b", p.Version) // the watch is ordered: ent is in the core too
+	ent.LimitTokens = 60
+	er, err = s.PutLimit(ctx, &pb.PutLimitRequest{Limit: ent, Reason: "smaller enterprise", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e = er.Effect // tenant/a is on plans/ent now (a mapping wins over a pattern): its last window admitted 90
+	if e.PlanTenants != 1 || strings.Join(e.PlanTenantsDenying, ",") != "tenant/a" {
+		t.Fatalf("dry run of plans/ent: %v", e)
+	}
+	// A contract keeps tenant/d (70 admitted) above a lower G of the
+	// plan, and counts an unused tenant as on the plan.
+	withContract := proPlan(50)
+	withContract.Contracts = map[string]*pb.Contract{"tenant/d": {LimitTokens: 80}, "tenant/z": {LimitTokens: 10}}
+	cr, err := s.PutLimit(ctx, &pb.PutLimitRequest{Limit: withContract, Reason: "pro 50, contracts", DryRun: true})
+	if err != nil || cr.Effect.PlanTenants != 4 || strings.Join(cr.Effect.PlanTenantsDenying, ",") != "" {
+		t.Fatalf("dry run with contracts: %v %v", cr, err)
+	}
 	del, err := s.DeleteLimit(ctx, &pb.DeleteLimitRequest{Id: "plans/pro", Reason: "end pro", DryRun: true})
-	if err != nil || del.Effect.PlanTenants != 4 || del.Effect.PlanTenantsDenyingCount != 4 {
+	if err != nil || del.Effect.PlanTenants != 3 || del.Effect.PlanTenantsDenyingCount != 3 {
 		t.Fatalf("dry run of a delete: %v %v", del, err)
 	}
 	got, err := s.GetLimit(ctx, &pb.GetLimitRequest{Id: "plans/pro"})

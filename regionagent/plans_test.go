@@ -2,6 +2,7 @@ package regionagent
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -229,5 +230,54 @@ func TestPlanTenantForgotten(t *testing.T) {
 	}
 	if n := a.core.Bound(); n != 1 {
 		t.Fatalf("%d resolved after tenant/a came back, want 1", n)
+	}
+}
+
+// TestPlanMappingAtAgent: a tenant a plan names (a tenant-to-plan
+// mapping) is that plan's at the agent, over the pattern of another; a
+// tenant's contract replaces the plan's G for it.
+func TestPlanMappingAtAgent(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putPlan(proPlan(10, "eu"), "tenant/probe")
+	ent := proPlan(5000, "eu")
+	ent.Id, ent.Binds = "plans/ent", []string{"tenant/bigco", "tenant/atlas"}
+	ent.Contracts = map[string]*pb.Contract{"tenant/atlas": {LimitTokens: 3000}}
+	w.putPlan(ent, "tenant/bigco")
+	a := w.agent("eu", "eu1", WithColdWait(2*time.Second))
+	runWork(t, a)
+	ctx := context.Background()
+	for _, id := range []string{"tenant/bigco", "tenant/small", "tenant/atlas"} {
+		if d, err := a.Check(ctx, id, 1); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v %v", id, d, err)
+		}
+	}
+	if l, _ := a.core.Limit("tenant/bigco"); l.Tokens != 5000 || l.Plan != "plans/ent" {
+		t.Fatalf("tenant/bigco: G %d from %q, want plans/ent's 5000", l.Tokens, l.Plan)
+	}
+	if l, _ := a.core.Limit("tenant/small"); l.Tokens != 10 || l.Plan != "plans/pro" {
+		t.Fatalf("tenant/small: G %d from %q, want plans/pro's 10", l.Tokens, l.Plan)
+	}
+	if l, _ := a.core.Limit("tenant/atlas"); l.Tokens != 3000 || l.Plan != "plans/ent" {
+		t.Fatalf("tenant/atlas: G %d from %q, want its contract's 3000 on plans/ent", l.Tokens, l.Plan)
+	}
+	if d, err := a.Check(ctx, "tenant/bigco", 4000); err != nil || !d.Allowed {
+		t.Fatalf("a cost of 4000 for tenant/bigco: %+v %v", d, err)
+	}
+}
+
+// TestPlanRefusedCheckKeepsNothing: a Check refused before its limit had
+// state (a cost over G) keeps no resolved limit at the agent.
+func TestPlanRefusedCheckKeepsNothing(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putPlan(proPlan(10, "eu"), "tenant/probe")
+	a := w.agent("eu", "eu1", WithColdWait(2*time.Second))
+	ctx := context.Background()
+	for i := range 50 {
+		if _, err := a.Check(ctx, fmt.Sprintf("tenant/t%d", i), 11); err == nil {
+			t.Fatal("a cost over G was not refused")
+		}
+	}
+	if n := a.core.Bound(); n != 0 {
+		t.Fatalf("%d resolved limits kept after refused Checks, want 0", n)
 	}
 }

@@ -53,7 +53,11 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	var rate, slots int64
 	var period time.Duration
 	if plan {
-		f.listVar(&l.Binds, "bind", "`PATTERN,...`: the ids the plan defines, e.g. tenant/{id}: every id tenant/X that has no limit of its own is X's limit under this plan, from its first request; repeatable")
+		l.Contracts = map[string]*pb.Contract{}
+		f.value("contract", "`TENANT=N`: a tenant's contract: its G replaces the plan's for that tenant, e.g. tenant/atlas=3000 (the tenant must be bound to the plan); repeatable", func(s string) error {
+			return parseContract(s, l.Contracts)
+		})
+		f.listVar(&l.Binds, "bind", "`PATTERN|ID,...`: the ids the plan defines: a pattern, e.g. tenant/{id} (every id tenant/X without a limit of its own is on the plan from its first request), or one tenant's id, e.g. tenant/bigco (on this plan whatever pattern names it); repeatable")
 	} else {
 		f.value("rate", "`N/PERIOD`: a bucket limit's rate R, all regions together, e.g. 100/s or 5/250ms; with --burst, instead of --limit and --window", func(s string) error {
 			n, p, err := limitspec.ParseRate(s)

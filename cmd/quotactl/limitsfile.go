@@ -385,7 +385,7 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 
 // limitKeys are the keys of one limit, in the order export writes them.
 var limitKeys = []string{"id", "limit", "window", "window_phase", "rate", "burst", "concurrency", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
-	"settle_grace", "debt_policy", "shadow", "binds"}
+	"settle_grace", "debt_policy", "shadow", "binds", "contracts"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
 // allocator's field names (limit_tokens, lease.ttl, ...) to lines, so a
@@ -555,6 +555,12 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 			lines[fmt.Sprintf("binds[%d]", i)] = b.Line
 		}
 	}
+	if fv, ok := f["contracts"]; ok {
+		lines["contracts"] = fv.val.Line
+		if l.Contracts, err = decodeContracts(fv.val, what+": contracts", lines); err != nil {
+			return nil, err
+		}
+	}
 	if fv, ok := f["shadow"]; ok {
 		lines["shadow"] = fv.val.Line
 		if l.Shadow, err = scalarBool(fv.val, what+": shadow"); err != nil {
@@ -709,6 +715,35 @@ func decodeLease(n *yaml.Node, what string, ls *pb.LeaseSettings, lines map[stri
 	return nil
 }
 
+// decodeContracts decodes a plan's contracts: tenant id to its G.
+func decodeContracts(n *yaml.Node, what string, lines map[string]int) (map[string]*pb.Contract, error) {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil, nil
+	}
+	if err := wantKind(n, yaml.MappingNode, what, "a mapping of tenant id to its G, e.g. {tenant/atlas: 3000}"); err != nil {
+		return nil, err
+	}
+	out := map[string]*pb.Contract{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		id, err := scalarString(k, what+" key")
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := out[id]; dup {
+			return nil, errAt(k, "%s.%s: given twice", what, id)
+		}
+		g, err := scalarInt(v, what+"."+id)
+		if err != nil {
+			return nil, err
+		}
+		out[id] = &pb.Contract{LimitTokens: g}
+		lines["contracts["+id+"]"] = v.Line
+		lines["contracts["+id+"].limit_tokens"] = v.Line
+	}
+	return out, nil
+}
+
 func decodeTags(n *yaml.Node, what string, lines map[string]int) (map[string]string, error) {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil, nil
@@ -848,6 +883,13 @@ func limitNode(l *pb.Limit) *yaml.Node {
 	}
 	if l.GetShadow() {
 		add("shadow", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+	}
+	if len(l.GetContracts()) > 0 {
+		cs := flowMap()
+		for _, id := range slices.Sorted(maps.Keys(l.GetContracts())) {
+			cs.Content = append(cs.Content, str(id), intNode(l.GetContracts()[id].GetLimitTokens()))
+		}
+		add("contracts", cs)
 	}
 	if len(l.GetBinds()) > 0 {
 		binds := &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}

@@ -227,6 +227,8 @@ func FuzzLimitsFile(f *testing.F) {
 	f.Add([]byte("limits:\n  - &a {id: a}\n  - *a\n"))
 	f.Add([]byte("limits:\n  - {id: b, rate: 5/250ms, burst: 7, regions: [eu, us], mode: bounded, fallback: {eu: closed}, lease: {ttl: 30s}}\n"))
 	f.Add([]byte("limits:\n  - id: a\n    limit: 9223372036854775807\n    window: 744h\n    regions: [eu]\n    mode: bounded\n    fallback: {eu: \"local:1\"}\n    lease: {ttl: 100ms, min_chunk: 0, max_chunk: 0}\n    tags: {? [a] : b}\n"))
+	f.Add([]byte("limits:\n  - {id: plans/pro, binds: [\"t/{id}\", t/big], contracts: {t/big: 5, t/x: 0}, limit: 1, window: 1s, regions: [eu], mode: strict}\n"))
+	f.Add([]byte("limits:\n  - {id: plans/pro, binds: \"t/{id}\", contracts: [a], limit: 1, window: 1s, regions: [eu], mode: strict}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		lf, err := decodeLimitsFile("f.yaml", data)
 		if err != nil {

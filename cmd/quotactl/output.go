@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -103,6 +104,13 @@ func (e *env) printLimit(l *pb.Limit) error {
 	}
 	if b := l.GetBinds(); len(b) > 0 {
 		rows = append(rows, [2]string{"binds", strings.Join(b, ",")})
+	}
+	if cs := l.GetContracts(); len(cs) > 0 {
+		parts := make([]string, 0, len(cs))
+		for _, id := range slices.Sorted(maps.Keys(cs)) {
+			parts = append(parts, id+"="+strconv.FormatInt(cs[id].GetLimitTokens(), 10))
+		}
+		rows = append(rows, [2]string{"contracts", strings.Join(parts, ",")})
 	}
 	if p := l.GetPlan(); p != "" {
 		rows = append(rows, [2]string{"plan", p})
@@ -345,4 +353,21 @@ func (e *env) printPlans(ls []*pb.Limit) error {
 			cell(strings.Join(l.GetBinds(), ","), "-"), l.GetVersion())
 	}
 	return tw.Flush()
+}
+
+// parseContract adds one --contract TENANT=N to m.
+func parseContract(s string, m map[string]*pb.Contract) error {
+	id, n, ok := strings.Cut(s, "=")
+	if !ok || id == "" {
+		return fmt.Errorf("want TENANT=N, e.g. tenant/atlas=3000")
+	}
+	g, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || g < 1 {
+		return fmt.Errorf("%q: want a whole number of tokens >= 1", n)
+	}
+	if _, dup := m[id]; dup {
+		return fmt.Errorf("a contract for %q given twice", id)
+	}
+	m[id] = &pb.Contract{LimitTokens: g}
+	return nil
 }

@@ -95,6 +95,12 @@ func flatten(l *pb.Limit) []setting {
 	if o := l.GetOverride(); o != nil {
 		out = append(out, setting{"override", "until " + formatTS(o.GetEndsAt())}) // absent: none
 	}
+	if b := l.GetBinds(); len(b) > 0 {
+		out = append(out, setting{"binds", strings.Join(slices.Sorted(slices.Values(b)), ",")}) // a plan's
+	}
+	for _, id := range slices.Sorted(maps.Keys(l.GetContracts())) {
+		out = append(out, setting{"contracts." + id, strconv.FormatInt(l.GetContracts()[id].GetLimitTokens(), 10)})
+	}
 	return out
 }
 

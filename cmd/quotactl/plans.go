@@ -18,7 +18,9 @@ var plansCmd = &command{
 	detail: `A plan is a limit definition (G, window, regions, mode, fallbacks, lease
 settings, shadow mode) that binds ids by pattern: with --bind tenant/{id},
 every id tenant/X that has no limit of its own is limited by the plan from
-its first request, with no limit to create per tenant. A plan is stored as
+its first request, with no limit to create per tenant; with --bind
+tenant/bigco, that one tenant is on the plan whatever pattern names it (a
+tenant-to-plan mapping). A plan is stored as
 the limit plans/NAME: limits history, limits delete and limits files work
 on it under that id.`,
 	sub: []*command{plansSetCmd, plansGetCmd, plansListCmd},

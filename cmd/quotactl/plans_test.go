@@ -35,10 +35,22 @@ func TestPlansLifecycle(t *testing.T) {
 	}
 	q("plans", "set", "free", "--limit", "10", "--window", "1m", "--regions", "eu", "--mode", "strict",
 		"--bind", "free/{id}", "--shadow", "--reason", "free, tried first").want(t, 0)
+	r = q("plans", "set", "ent", "--limit", "9000", "--window", "1m", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/bigco", "--reason", "BigCo on Enterprise").want(t, 0)
+	checkKV(t, kv(t, r.stdout), map[string]string{"id": "plans/ent", "binds": "tenant/bigco"})
+	r = q("plans", "set", "ent", "--limit", "9000", "--window", "1m", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/bigco", "--contract", "tenant/bigco=12000", "--reason", "BigCo's contract", "--effective", "now").want(t, 0)
+	checkKV(t, kv(t, r.stdout), map[string]string{"contracts": "tenant/bigco=12000", "version": "2"})
+	r = q("plans", "set", "ent", "--limit", "9000", "--window", "1m", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/bigco", "--contract", "tenant/nobody=5", "--reason", "typo").want(t, 1)
+	if !strings.Contains(r.stderr, "limit.contracts[tenant/nobody]") {
+		t.Fatalf("a contract for a tenant the plan does not bind: %q", r.stderr)
+	}
+	q("plans", "set", "ent", "--contract", "tenant/bigco").want(t, 2)
 	r = q("plans", "list").want(t, 0)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if len(lines) != 3 || !strings.HasPrefix(lines[1], "free ") || !strings.Contains(lines[1], "yes") ||
-		!strings.HasPrefix(lines[2], "pro ") || !strings.Contains(lines[2], "tenant/{id}") {
+	if len(lines) != 4 || !strings.HasPrefix(lines[1], "ent ") || !strings.HasPrefix(lines[2], "free ") || !strings.Contains(lines[2], "yes") ||
+		!strings.HasPrefix(lines[3], "pro ") || !strings.Contains(lines[3], "tenant/{id}") {
 		t.Fatalf("plans list:\n%s", r.stdout)
 	}
 
@@ -101,13 +113,20 @@ func TestPlansLifecycle(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "limits.yaml")
 	if err := os.WriteFile(file, []byte("manage: [plans/]\nlimits:\n  - id: plans/pro\n    binds: [\"tenant/{id}\", \"team/{id}\"]\n"+
 		"    limit: 3000\n    window: 1m\n    regions: [eu, us]\n    mode: strict\n  - id: plans/free\n    binds: [\"free/{id}\"]\n"+
-		"    limit: 10\n    window: 1m\n    regions: [eu]\n    mode: strict\n    shadow: true\n"), 0o600); err != nil {
+		"    limit: 10\n    window: 1m\n    regions: [eu]\n    mode: strict\n    shadow: true\n    contracts: {free/big: 100}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	q("limits", "apply", "--reason", "plans from the file", "--effective", "now", "-f", file).want(t, 0)
 	checkKV(t, kv(t, q("plans", "get", "pro").want(t, 0).stdout), map[string]string{"limit": "3000", "binds": "tenant/{id},team/{id}"})
+	// A file changing a plan's binds alone is a change.
+	if err := os.WriteFile(file, []byte("limits:\n  - id: plans/pro\n    binds: [\"tenant/{id}\"]\n"+
+		"    limit: 3000\n    window: 1m\n    regions: [eu, us]\n    mode: strict\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	q("limits", "apply", "--reason", "teams off pro", "-f", file).want(t, 0)
+	checkKV(t, kv(t, q("plans", "get", "pro").want(t, 0).stdout), map[string]string{"binds": "tenant/{id}"})
 	r = q("limits", "export", "--prefix", "plans/").want(t, 0)
-	if !strings.Contains(r.stdout, "binds: [") || !strings.Contains(r.stdout, "team/{id}") {
+	if !strings.Contains(r.stdout, "binds: [") || !strings.Contains(r.stdout, "free/{id}") || !strings.Contains(r.stdout, "contracts: {free/big: 100}") {
 		t.Fatalf("export of plans:\n%s", r.stdout)
 	}
 }

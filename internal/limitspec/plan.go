@@ -2,9 +2,12 @@ package limitspec
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"leasehold/internal/planbind"
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -21,6 +24,9 @@ func checkPlan(l *pb.Limit) error {
 		if len(l.Binds) > 0 {
 			return fieldErr("limit.binds", "only a plan (a limit id %q) binds ids; %q is a limit", planbind.Namespace+"<name>", l.Id)
 		}
+		if len(l.Contracts) > 0 {
+			return fieldErr("limit.contracts", "only a plan (a limit id %q) has contracts; %q is a limit", planbind.Namespace+"<name>", l.Id)
+		}
 		return nil
 	}
 	if strings.Count(l.Id, "/") != 1 {
@@ -35,14 +41,43 @@ func checkPlan(l *pb.Limit) error {
 	seen := map[string]int{}
 	for i, b := range l.Binds {
 		f := fmt.Sprintf("limit.binds[%d]", i)
-		prefix, err := planbind.PatternPrefix(b)
+		key, _, err := planbind.ParseBind(b)
 		if err != nil {
 			return fieldErr(f, "%v", err)
 		}
-		if j, dup := seen[prefix]; dup {
+		if j, dup := seen[key]; dup {
 			return fieldErr(f, "%q is also limit.binds[%d]", b, j)
 		}
-		seen[prefix] = i
+		seen[key] = i
+	}
+	return checkContracts(l)
+}
+
+// checkContracts checks a plan's contracts: each for a tenant the plan
+// binds (by pattern or by id), with a G of its own.
+func checkContracts(l *pb.Limit) error {
+	if len(l.Contracts) == 0 {
+		return nil
+	}
+	tbl := planbind.NewTable([]*pb.Limit{l})
+	for _, id := range slices.Sorted(maps.Keys(l.Contracts)) {
+		f := "limit.contracts[" + id + "]"
+		c := l.Contracts[id]
+		if err := vocab.ValidateLimitID(f, id); err != nil {
+			return err
+		}
+		if p, ok := tbl.Match(id); !ok || p != l.Id {
+			return fieldErr(f, "%q is not bound to this plan: bind it (a pattern or its id) first", id)
+		}
+		if c == nil {
+			return fieldErr(f, "required")
+		}
+		if err := vocab.ValidateTokens(f+".limit_tokens", c.LimitTokens, 1); err != nil {
+			return err
+		}
+		if m := l.GetLease().GetMinChunk(); c.LimitTokens < m {
+			return fieldErr(f+".limit_tokens", "must be >= the plan's lease.min_chunk (%d), got %d", m, c.LimitTokens)
+		}
 	}
 	return nil
 }

@@ -85,6 +85,14 @@ func CheckSizes(l *pb.Limit) error {
 			return fieldErr(fmt.Sprintf("limit.binds[%d]", i), "longer than %d bytes", vocab.MaxLimitIDLen)
 		}
 	}
+	if len(l.Contracts) > planbind.MaxContracts {
+		return fieldErr("limit.contracts", "more than %d contracts", planbind.MaxContracts)
+	}
+	for id := range l.Contracts {
+		if len(id) > vocab.MaxLimitIDLen {
+			return fieldErr("limit.contracts", "a tenant id longer than %d bytes", vocab.MaxLimitIDLen)
+		}
+	}
 	if len(l.Plan) > vocab.MaxLimitIDLen {
 		return fieldErr("limit.plan", "longer than %d bytes", vocab.MaxLimitIDLen)
 	}

@@ -7,7 +7,9 @@
 // binds field lists patterns "<prefix>{id}": every id "<prefix><segment>"
 // (one segment, no "/") is the plan's limit, with the plan's settings and
 // version, unless a limit record of that id exists (an explicit limit
-// wins). A pattern is bound to one plan; the allocator refuses a second.
+// wins); and tenant ids, each the plan's whatever pattern names it (a
+// tenant-to-plan mapping, which wins over patterns). A pattern or an id
+// is bound to one plan; the allocator refuses a second.
 //
 // It imports the generated protobuf package and the standard library
 // only. Table is not safe for concurrent use; its zero value is an empty
@@ -29,8 +31,8 @@ const Namespace = "plans/"
 // Placeholder ends every pattern: it stands for one id segment.
 const Placeholder = "{id}"
 
-// MaxBinds bounds the patterns of one plan.
-const MaxBinds = 16
+// MaxBinds bounds the binds of one plan (patterns and tenant ids).
+const MaxBinds = 1000
 
 // IsPlan reports whether id names a plan record (and so never a limit
 // that is checked).
@@ -57,6 +59,35 @@ func PatternPrefix(p string) (string, error) {
 	return prefix, nil
 }
 
+// ParseBind checks one entry of a plan's binds: a pattern
+// "<prefix>{id}" (key: the prefix, ending in "/") or one tenant's id
+// (key: the id, exact), the tenant-to-plan mapping of a tenant the
+// plan's patterns do not name, or that another plan's pattern names.
+func ParseBind(b string) (key string, exact bool, err error) {
+	if strings.HasSuffix(b, Placeholder) {
+		prefix, err := PatternPrefix(b)
+		return prefix, false, err
+	}
+	if strings.Contains(b, "{") || strings.Contains(b, "}") {
+		return "", false, fmt.Errorf("%q: %s may only end a pattern, e.g. \"tenant/{id}\"", clip(b), Placeholder)
+	}
+	if IsPlan(b) {
+		return "", false, fmt.Errorf("%q: ids under %q name plans, not tenants", clip(b), Namespace)
+	}
+	for seg := range strings.SplitSeq(b, "/") {
+		if !validSegment(seg) {
+			return "", false, fmt.Errorf("%q: a tenant id is segments of [A-Za-z0-9._-] separated by single \"/\", or a pattern ending in %s", clip(b), Placeholder)
+		}
+	}
+	if len(b) > maxIDLen {
+		return "", false, fmt.Errorf("longer than %d characters", maxIDLen)
+	}
+	return b, true, nil
+}
+
+// maxIDLen is the longest limit id (vocab.MaxLimitIDLen).
+const maxIDLen = 200
+
 func validSegment(s string) bool {
 	if s == "" || s == "." || s == ".." {
 		return false
@@ -77,8 +108,9 @@ func clip(s string) string {
 	return s
 }
 
-// Table maps pattern prefixes to the plans that bind them.
+// Table maps tenant ids and pattern prefixes to the plans that bind them.
 type Table struct {
+	byID     map[string]string // tenant id -> plan id (exact binds)
 	byPrefix map[string]string // prefix -> plan id
 }
 
@@ -88,33 +120,41 @@ type Table struct {
 // could still disagree for a moment), the smaller plan id wins, so every
 // reader decides alike.
 func NewTable(plans []*pb.Limit) Table {
-	t := Table{byPrefix: map[string]string{}}
+	t := Table{byID: map[string]string{}, byPrefix: map[string]string{}}
 	for _, p := range plans {
 		if !IsPlan(p.GetId()) {
 			continue
 		}
-		for _, pat := range p.GetBinds() {
-			prefix, err := PatternPrefix(pat)
+		for _, b := range p.GetBinds() {
+			key, exact, err := ParseBind(b)
 			if err != nil {
 				continue
 			}
-			if cur, ok := t.byPrefix[prefix]; !ok || p.Id < cur {
-				t.byPrefix[prefix] = p.Id
+			m := t.byPrefix
+			if exact {
+				m = t.byID
+			}
+			if cur, ok := m[key]; !ok || p.Id < cur {
+				m[key] = p.Id
 			}
 		}
 	}
 	return t
 }
 
-// Len is how many patterns the table binds.
-func (t Table) Len() int { return len(t.byPrefix) }
+// Len is how many patterns and tenant ids the table binds.
+func (t Table) Len() int { return len(t.byPrefix) + len(t.byID) }
 
-// Match returns the plan that binds id: the plan of the pattern whose
-// prefix is id up to its last "/" (the id's last segment stands for
-// {id}). Plan ids themselves are never bound.
+// Match returns the plan that binds id: the plan that names id itself
+// (a tenant-to-plan mapping), else the plan of the pattern whose prefix
+// is id up to its last "/" (the id's last segment stands for {id}).
+// Plan ids themselves are never bound.
 func (t Table) Match(id string) (plan string, ok bool) {
-	if len(t.byPrefix) == 0 || IsPlan(id) {
+	if t.Len() == 0 || IsPlan(id) {
 		return "", false
+	}
+	if plan, ok := t.byID[id]; ok {
+		return plan, true
 	}
 	i := strings.LastIndexByte(id, '/')
 	if i < 0 || i == len(id)-1 {
@@ -124,24 +164,38 @@ func (t Table) Match(id string) (plan string, ok bool) {
 	return plan, ok
 }
 
-// Bound returns the plan that binds pattern prefix, if any.
-func (t Table) Bound(prefix string) (plan string, ok bool) {
-	plan, ok = t.byPrefix[prefix]
-	return plan, ok
+// Mapped returns the tenant ids plan binds by name (its mapping).
+func (t Table) Mapped(plan string) []string {
+	var out []string
+	for id, p := range t.byID {
+		if p == plan {
+			out = append(out, id)
+		}
+	}
+	return out
 }
+
+// MaxContracts bounds the contracts of one plan.
+const MaxContracts = 1000
 
 // Resolve returns the limit id has under plan: the plan's record (its
 // version, scheduled change and override included) with the id set to
-// id, plan set to the plan's id, and the binding table cleared. Every
-// version in it is the plan's: a plan change reaches every tenant on it
-// at the time the change governs.
+// id, plan set to the plan's id, the tenant's contract applied to each
+// version (the contract of that version), and the binding table and
+// contracts cleared. Every version in it is the plan's, and a contract
+// is part of it: a change of the plan or of the contract reaches the
+// tenant at the time the change governs, with a new version.
 func Resolve(plan *pb.Limit, id string) *pb.Limit {
 	l := proto.Clone(plan).(*pb.Limit)
 	name := plan.GetId()
 	fix := func(v *pb.Limit) {
-		if v != nil {
-			v.Id, v.Binds, v.Plan, v.HashTag = id, nil, name, ""
+		if v == nil {
+			return
 		}
+		if c := v.Contracts[id]; c != nil && c.LimitTokens > 0 {
+			v.LimitTokens = c.LimitTokens
+		}
+		v.Id, v.Binds, v.Plan, v.HashTag, v.Contracts = id, nil, name, "", nil
 	}
 	fix(l)
 	fix(l.Previous)

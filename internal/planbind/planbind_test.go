@@ -43,11 +43,15 @@ func TestMatch(t *testing.T) {
 	tbl := NewTable([]*pb.Limit{
 		plan("plans/pro", 1000, "tenant/{id}"),
 		plan("plans/free", 10, "free/{id}", "trial/eu/{id}"),
-		plan("plans/zzz", 1, "tenant/{id}"), // the same pattern: the smaller plan id wins
-		plan("tenant/x", 5, "other/{id}"),   // not a plan: skipped
+		plan("plans/zzz", 1, "tenant/{id}"),                       // the same pattern: the smaller plan id wins
+		plan("plans/ent", 5000, "tenant/bigco", "tenant/eu/acme"), // a mapping: wins over patterns
+		plan("tenant/x", 5, "other/{id}"),                         // not a plan: skipped
 	})
 	for _, c := range []struct{ id, plan string }{
 		{"tenant/newco", "plans/pro"},
+		{"tenant/bigco", "plans/ent"},
+		{"tenant/eu/acme", "plans/ent"},
+		{"tenant/bigco2", "plans/pro"},
 		{"tenant/eu/newco", ""}, // {id} is one segment
 		{"free/a", "plans/free"},
 		{"trial/eu/a", "plans/free"},
@@ -62,12 +66,41 @@ func TestMatch(t *testing.T) {
 			t.Errorf("Match(%q) = %q, %v; want %q", c.id, got, ok, c.plan)
 		}
 	}
-	if tbl.Len() != 3 {
-		t.Errorf("Len = %d, want 3", tbl.Len())
+	if tbl.Len() != 5 {
+		t.Errorf("Len = %d, want 5", tbl.Len())
+	}
+	if m := tbl.Mapped("plans/ent"); len(m) != 2 {
+		t.Errorf("Mapped(plans/ent) = %v", m)
 	}
 	var empty Table
 	if _, ok := empty.Match("tenant/a"); ok {
 		t.Error("the zero Table matched")
+	}
+}
+
+func TestParseBind(t *testing.T) {
+	for _, c := range []struct {
+		in, key string
+		exact   bool
+		err     string
+	}{
+		{"tenant/{id}", "tenant/", false, ""},
+		{"tenant/atlas", "tenant/atlas", true, ""},
+		{"atlas", "atlas", true, ""},
+		{"tenant/{id}/x", "", false, "may only end a pattern"},
+		{"tenant/a{b", "", false, "may only end a pattern"},
+		{"plans/pro", "", false, "name plans"},
+		{"tenant//a", "", false, "segments"},
+		{"tenant/a/", "", false, "segments"},
+		{strings.Repeat("x", 201), "", false, "longer"},
+	} {
+		key, exact, err := ParseBind(c.in)
+		if c.err == "" && (err != nil || key != c.key || exact != c.exact) {
+			t.Errorf("ParseBind(%q) = %q, %v, %v; want %q, %v", c.in, key, exact, err, c.key, c.exact)
+		}
+		if c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("ParseBind(%q) error %v; want one saying %q", c.in, err, c.err)
+		}
 	}
 }
 
@@ -84,6 +117,16 @@ func TestResolve(t *testing.T) {
 	case p.Id != "plans/pro" || len(p.Binds) != 1:
 		t.Fatalf("the plan changed: %v", p)
 	}
+	// A contract replaces G for its tenant, in each version as it was.
+	p.Contracts = map[string]*pb.Contract{"tenant/atlas": {LimitTokens: 3000}}
+	p.Previous.Contracts = map[string]*pb.Contract{"tenant/atlas": {LimitTokens: 2000}}
+	a := Resolve(p, "tenant/atlas")
+	if a.LimitTokens != 3000 || a.Previous.LimitTokens != 2000 || a.Contracts != nil || a.Previous.Contracts != nil {
+		t.Fatalf("resolved with a contract: %v", a)
+	}
+	if o := Resolve(p, "tenant/other"); o.LimitTokens != 1000 || o.Previous.LimitTokens != 500 {
+		t.Fatalf("another tenant: %v", o)
+	}
 }
 
 // FuzzMatch checks Match against a naive reference (every pattern's
@@ -94,23 +137,39 @@ func FuzzMatch(f *testing.F) {
 	f.Add("a/b/{id}", "a/{id}", "a/b/c")
 	f.Add("x/{id}", "x/{id}", "x/")
 	f.Add("plans/{id}", "p/{id}", "plans/p")
+	f.Add("tenant/atlas", "tenant/{id}", "tenant/atlas")
 	f.Fuzz(func(t *testing.T, pat1, pat2, id string) {
 		plans := []*pb.Limit{plan("plans/a", 1, pat1), plan("plans/b", 2, pat2)}
 		tbl := NewTable(plans)
 		got, ok := tbl.Match(id)
-		want := ""
+		// The reference: a plan naming id exactly (the smaller plan id
+		// of those), else the smaller of those whose pattern matches.
+		exactWant, patWant := "", ""
 		for _, p := range plans {
-			prefix, err := PatternPrefix(p.Binds[0])
-			if err != nil || IsPlan(id) || !strings.HasPrefix(id, prefix) {
+			key, exact, err := ParseBind(p.Binds[0])
+			if err != nil || IsPlan(id) {
 				continue
 			}
-			rest := id[len(prefix):]
+			if exact {
+				if key == id && (exactWant == "" || p.Id < exactWant) {
+					exactWant = p.Id
+				}
+				continue
+			}
+			if !strings.HasPrefix(id, key) {
+				continue
+			}
+			rest := id[len(key):]
 			if rest == "" || strings.Contains(rest, "/") {
 				continue
 			}
-			if want == "" || p.Id < want {
-				want = p.Id
+			if patWant == "" || p.Id < patWant {
+				patWant = p.Id
 			}
+		}
+		want := exactWant
+		if want == "" {
+			want = patWant
 		}
 		if got != want || ok != (want != "") {
 			t.Fatalf("Match(%q) with %q, %q = %q, %v; the reference says %q", id, pat1, pat2, got, ok, want)

@@ -186,6 +186,9 @@ func (c *Core) begin(now time.Time, chk *Check, items []Item, deadline time.Time
 // UNAVAILABLE: the agent does not know, and says so.
 func (c *Core) resolve(now time.Time, chk *Check) {
 	items := chk.items
+	if c.resolver != nil {
+		defer c.unbindStateless(items) // a Check refused before its limits had state keeps nothing
+	}
 	if !c.synced && !c.restored {
 		// No snapshot of the region's limits at all: the agent does not
 		// know whether the limit exists, let alone its budget.

@@ -65,3 +65,14 @@ func (c *Core) unbind(id string) {
 
 // Bound counts the ids resolved from plans the core keeps (used ones).
 func (c *Core) Bound() int { return len(c.bound) }
+
+// unbindStateless forgets the limits a Check resolved from plans that got
+// no state (the Check was refused first: a bad cost, an unknown limit
+// beside them), so that refused Checks keep nothing.
+func (c *Core) unbindStateless(items []Item) {
+	for _, it := range items {
+		if c.bound[it.Limit] && c.states[it.Limit] == nil {
+			c.unbind(it.Limit)
+		}
+	}
+}

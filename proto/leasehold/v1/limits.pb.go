@@ -456,7 +456,14 @@ type Limit struct {
 	// window_phase, window limits only) and then REFUSED in this version,
 	// naming limit.calendar: calendar windows are not enforced end to end
 	// yet (docs/design.md, "Calendar windows").
-	Calendar      *CalendarWindows `protobuf:"bytes,31,opt,name=calendar,proto3" json:"calendar,omitempty"`
+	Calendar *CalendarWindows `protobuf:"bytes,31,opt,name=calendar,proto3" json:"calendar,omitempty"`
+	// contracts (only on a plan): per tenant, the fields of the plan a
+	// contract replaces for that tenant (keyed by the tenant's limit id,
+	// which the plan must bind). At most 1000. A contract is part of the
+	// plan's record: it has the plan's versions, history and effective
+	// times, and a tenant's resolved limit changes version when either
+	// does. Refused on other limits.
+	Contracts     map[string]*Contract `protobuf:"bytes,42,rep,name=contracts,proto3" json:"contracts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -673,6 +680,13 @@ func (x *Limit) GetCalendar() *CalendarWindows {
 	return nil
 }
 
+func (x *Limit) GetContracts() map[string]*Contract {
+	if x != nil {
+		return x.Contracts
+	}
+	return nil
+}
+
 // CalendarWindows names calendar windows: each starts at the first
 // instant of its local date (a Monday for weeks, the 1st for months, 1
 // January for years) in zone and ends where the next one starts.
@@ -731,6 +745,54 @@ func (x *CalendarWindows) GetZone() string {
 	return ""
 }
 
+// Contract is what one tenant's contract replaces of its plan
+// (Limit.contracts).
+type Contract struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// limit_tokens replaces the plan's G for the tenant (>= 1, at least the
+	// plan's lease.min_chunk).
+	LimitTokens   int64 `protobuf:"varint,1,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Contract) Reset() {
+	*x = Contract{}
+	mi := &file_leasehold_v1_limits_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Contract) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Contract) ProtoMessage() {}
+
+func (x *Contract) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_limits_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Contract.ProtoReflect.Descriptor instead.
+func (*Contract) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Contract) GetLimitTokens() int64 {
+	if x != nil {
+		return x.LimitTokens
+	}
+	return 0
+}
+
 // LimitOverride is the end of an emergency change (Limit.override).
 type LimitOverride struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -748,7 +810,7 @@ type LimitOverride struct {
 
 func (x *LimitOverride) Reset() {
 	*x = LimitOverride{}
-	mi := &file_leasehold_v1_limits_proto_msgTypes[4]
+	mi := &file_leasehold_v1_limits_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -760,7 +822,7 @@ func (x *LimitOverride) String() string {
 func (*LimitOverride) ProtoMessage() {}
 
 func (x *LimitOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_limits_proto_msgTypes[4]
+	mi := &file_leasehold_v1_limits_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -773,7 +835,7 @@ func (x *LimitOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitOverride.ProtoReflect.Descriptor instead.
 func (*LimitOverride) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{4}
+	return file_leasehold_v1_limits_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LimitOverride) GetReason() string {
@@ -808,7 +870,8 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xdd\t\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xf5\n" +
+	"\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\flimit_tokens\x18\x02 \x01(\x03R\vlimitTokens\x121\n" +
@@ -839,16 +902,22 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\x12\x14\n" +
 	"\x05binds\x18( \x03(\tR\x05binds\x12\x12\n" +
 	"\x04plan\x18) \x01(\tR\x04plan\x129\n" +
-	"\bcalendar\x18\x1f \x01(\v2\x1d.leasehold.v1.CalendarWindowsR\bcalendar\x1aS\n" +
+	"\bcalendar\x18\x1f \x01(\v2\x1d.leasehold.v1.CalendarWindowsR\bcalendar\x12@\n" +
+	"\tcontracts\x18* \x03(\v2\".leasehold.v1.Limit.ContractsEntryR\tcontracts\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01\x1a7\n" +
 	"\tTagsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"9\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aT\n" +
+	"\x0eContractsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.ContractR\x05value:\x028\x01\"9\n" +
 	"\x0fCalendarWindows\x12\x12\n" +
 	"\x04unit\x18\x01 \x01(\tR\x04unit\x12\x12\n" +
-	"\x04zone\x18\x02 \x01(\tR\x04zone\"\x87\x01\n" +
+	"\x04zone\x18\x02 \x01(\tR\x04zone\"-\n" +
+	"\bContract\x12!\n" +
+	"\flimit_tokens\x18\x01 \x01(\x03R\vlimitTokens\"\x87\x01\n" +
 	"\rLimitOverride\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x123\n" +
 	"\aends_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06endsAt\x12)\n" +
@@ -886,7 +955,7 @@ func file_leasehold_v1_limits_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_limits_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_leasehold_v1_limits_proto_goTypes = []any{
 	(Mode)(0),                     // 0: leasehold.v1.Mode
 	(FallbackKind)(0),             // 1: leasehold.v1.FallbackKind
@@ -896,37 +965,41 @@ var file_leasehold_v1_limits_proto_goTypes = []any{
 	(*LeaseSettings)(nil),         // 5: leasehold.v1.LeaseSettings
 	(*Limit)(nil),                 // 6: leasehold.v1.Limit
 	(*CalendarWindows)(nil),       // 7: leasehold.v1.CalendarWindows
-	(*LimitOverride)(nil),         // 8: leasehold.v1.LimitOverride
-	nil,                           // 9: leasehold.v1.Limit.FallbackEntry
-	nil,                           // 10: leasehold.v1.Limit.TagsEntry
-	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*Contract)(nil),              // 8: leasehold.v1.Contract
+	(*LimitOverride)(nil),         // 9: leasehold.v1.LimitOverride
+	nil,                           // 10: leasehold.v1.Limit.FallbackEntry
+	nil,                           // 11: leasehold.v1.Limit.TagsEntry
+	nil,                           // 12: leasehold.v1.Limit.ContractsEntry
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_leasehold_v1_limits_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.Fallback.kind:type_name -> leasehold.v1.FallbackKind
-	11, // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
-	11, // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
+	13, // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	13, // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
 	0,  // 3: leasehold.v1.Limit.mode:type_name -> leasehold.v1.Mode
-	9,  // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
+	10, // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
 	5,  // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
-	10, // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
-	12, // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
+	11, // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
+	14, // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
 	6,  // 8: leasehold.v1.Limit.previous:type_name -> leasehold.v1.Limit
 	2,  // 9: leasehold.v1.Limit.kind:type_name -> leasehold.v1.LimitKind
-	11, // 10: leasehold.v1.Limit.rate_period:type_name -> google.protobuf.Duration
-	11, // 11: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
+	13, // 10: leasehold.v1.Limit.rate_period:type_name -> google.protobuf.Duration
+	13, // 11: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
 	3,  // 12: leasehold.v1.Limit.debt_policy:type_name -> leasehold.v1.DebtPolicy
-	8,  // 13: leasehold.v1.Limit.override:type_name -> leasehold.v1.LimitOverride
-	11, // 14: leasehold.v1.Limit.window_phase:type_name -> google.protobuf.Duration
+	9,  // 13: leasehold.v1.Limit.override:type_name -> leasehold.v1.LimitOverride
+	13, // 14: leasehold.v1.Limit.window_phase:type_name -> google.protobuf.Duration
 	7,  // 15: leasehold.v1.Limit.calendar:type_name -> leasehold.v1.CalendarWindows
-	12, // 16: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
-	6,  // 17: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
-	4,  // 18: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	12, // 16: leasehold.v1.Limit.contracts:type_name -> leasehold.v1.Limit.ContractsEntry
+	14, // 17: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
+	6,  // 18: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
+	4,  // 19: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
+	8,  // 20: leasehold.v1.Limit.ContractsEntry.value:type_name -> leasehold.v1.Contract
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_limits_proto_init() }
@@ -940,7 +1013,7 @@ func file_leasehold_v1_limits_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_limits_proto_rawDesc), len(file_leasehold_v1_limits_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
