@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	pb "leasehold/proto/leasehold/v1"
 )
 
 // SlotStatus is what quotactl windows and the status page show of a
@@ -12,7 +14,23 @@ import (
 // the holders last reported (with their share requests).
 type SlotStatus struct {
 	N, Leased, Held, HeldMax int64
-	Shares                   []ShareInForce
+	// Bound is the most slots held at any instant, all regions: N plus
+	// the A of every region whose fallback is local:A (a region cut off
+	// from the allocator holds at most A of its own; closed regions add
+	// nothing).
+	Bound  int64
+	Shares []ShareInForce
+}
+
+// slotBound is N plus every region's local fallback A.
+func slotBound(l *Limit) int64 {
+	b := l.Tokens
+	for _, fb := range l.Proto.GetFallback() {
+		if fb.GetKind() == pb.FallbackKind_FALLBACK_KIND_LOCAL {
+			b += fb.GetLocalTokens()
+		}
+	}
+	return b
 }
 
 // SlotStatus returns a concurrency limit's slot shares in force now. It
@@ -34,12 +52,12 @@ func (c *Core) slotStatus(now time.Time, limit string) (SlotStatus, error) {
 	if !ok || !l.At(now).IsConcurrency() {
 		return SlotStatus{}, fmt.Errorf("%w: concurrency limit %q", ErrNotFound, limit)
 	}
-	return SlotStatus{N: l.At(now).Tokens, Leased: c.ReservedSlots(limit, now), Held: c.HeldSlots(limit, now),
+	return SlotStatus{N: l.At(now).Tokens, Bound: slotBound(l.At(now)), Leased: c.ReservedSlots(limit, now), Held: c.HeldSlots(limit, now),
 		HeldMax: c.HeldSlotsMax(limit), Shares: c.SharesInForce(limit, now)}, nil
 }
 
-// slotCollector exports each concurrency limit's bound (N: fallbacks
-// other than closed are refused), the slots its shares in force lease,
+// slotCollector exports each concurrency limit's bound (N plus the local
+// fallbacks' A), the slots its shares in force lease,
 // and the slots held as the holders reported, now and at most.
 type slotCollector struct {
 	a                             *Allocator
@@ -49,7 +67,7 @@ type slotCollector struct {
 func newSlotCollector(a *Allocator) *slotCollector {
 	return &slotCollector{a: a,
 		bound: prometheus.NewDesc("leasehold_concurrency_bound_slots",
-			"The bound on the slots a concurrency limit holds at any instant, all regions: N (closed fallbacks only).", []string{"limit"}, nil),
+			"The bound on the slots a concurrency limit holds at any instant, all regions: N, plus A for every region whose fallback is local:A.", []string{"limit"}, nil),
 		leased: prometheus.NewDesc("leasehold_concurrency_leased_slots",
 			"Slots of a concurrency limit leased to regions by the shares that may still be in force, each region at its largest (<= N).", []string{"limit"}, nil),
 		held: prometheus.NewDesc("leasehold_concurrency_held_slots",
@@ -81,7 +99,7 @@ func (c *slotCollector) Collect(ch chan<- prometheus.Metric) {
 		return // a follower exports none
 	}
 	for i, r := range rows {
-		ch <- prometheus.MustNewConstMetric(c.bound, prometheus.GaugeValue, float64(r.N), ids[i])
+		ch <- prometheus.MustNewConstMetric(c.bound, prometheus.GaugeValue, float64(r.Bound), ids[i])
 		ch <- prometheus.MustNewConstMetric(c.leased, prometheus.GaugeValue, float64(r.Leased), ids[i])
 		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(r.Held), ids[i])
 		ch <- prometheus.MustNewConstMetric(c.heldMost, prometheus.GaugeValue, float64(r.HeldMax), ids[i])

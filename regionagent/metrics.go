@@ -108,9 +108,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.slotAcquires = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "leasehold_agent_slot_acquires_total",
-		Help: "AcquireSlot answers of concurrency limits, by result: ok (a slot held), over_limit (every slot the region may hold is held), unavailable (no share and none to be had, or Redis down).",
+		Help: "AcquireSlot answers of concurrency limits, by result: ok (a slot held), fallback (a slot held under the region's local fallback while the allocator is unreachable), over_limit (every slot the region may hold is held), unavailable (no share and none to be had, or Redis down).",
 	}, []string{"result"})
-	for _, r := range []string{"ok", "over_limit", "unavailable"} {
+	for _, r := range []string{"ok", "fallback", "over_limit", "unavailable"} {
 		m.slotAcquires.WithLabelValues(r)
 	}
 	if reg != nil {

@@ -31,6 +31,11 @@ import (
 // While Redis is down, a concurrency limit answers UNAVAILABLE: its slots
 // live in Redis only (no in-process slots in this version), and a slot
 // that cannot be counted cannot be granted.
+//
+// While the allocator is unreachable and the region has no share of its
+// own in force, a limit whose fallback in this region is local:A installs
+// a fallback share of A slots (core.SlotPlan.FallbackSlots) and acquires
+// under it, answered REASON_FALLBACK; closed answers UNAVAILABLE.
 
 // Bounds on a slot's ttl (AcquireSlotRequest.ttl).
 const (
@@ -183,6 +188,9 @@ func (a *Agent) acquireSlot(ctx context.Context, limit, holder string, ttl time.
 		a.slots.mu.Unlock()
 		if r.Allowed {
 			d.Reason = pb.Reason_REASON_OK
+			if a.underFallback(l) {
+				d.Reason = pb.Reason_REASON_FALLBACK
+			}
 			a.renewSlots(l)
 			return d, nil
 		}
@@ -192,6 +200,9 @@ func (a *Agent) acquireSlot(ctx context.Context, limit, holder string, ttl time.
 			wait := max(time.Duration(r.RetryMs)*time.Millisecond, 10*time.Millisecond)
 			d.Reason, d.RetryAfter = pb.Reason_REASON_OVER_LIMIT, wait
 			return d, nil
+		}
+		if try == 1 && a.slotFallback(ctx, l) {
+			continue // acquire under the region's fallback share
 		}
 		if try > 0 {
 			break
@@ -217,6 +228,8 @@ func (a *Agent) countSlot(d SlotDecision) SlotDecision {
 	switch d.Reason {
 	case pb.Reason_REASON_OK:
 		a.m.slotAcquires.WithLabelValues("ok").Inc()
+	case pb.Reason_REASON_FALLBACK:
+		a.m.slotAcquires.WithLabelValues("fallback").Inc()
 	case pb.Reason_REASON_OVER_LIMIT:
 		a.m.slotAcquires.WithLabelValues("over_limit").Inc()
 	default:
@@ -411,17 +424,7 @@ func (a *Agent) askSlotShare(ctx context.Context, l core.Limit, ask slotAsk) {
 	if !install {
 		return
 	}
-	ictx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	defer cancel()
-	var res store.SlotInstallResult
-	cs, err := a.shared.syncedClock(ictx)
-	if err == nil {
-		dl := max(1, cs.ToRedis(deadline))
-		res, err = a.shared.b.InstallSlots(ictx, bucket.SlotInstall{Key: slotKeyOf(l),
-			Share:      store.SlotShare{Seq: reply.Seq, N: reply.N, Admit: reply.Admit, DeadlineMs: dl},
-			ExpireAtMs: max(cs.ToRedis(deadline.Add(a.opt.keyGrace)), dl), NowMs: a.shared.nowMs()})
-	}
-	a.observeRedis(err)
+	res, err := a.installSlots(ctx, l, reply.Seq, reply.N, reply.Admit, deadline)
 	a.slots.mu.Lock()
 	defer a.slots.mu.Unlock()
 	switch {
@@ -430,4 +433,62 @@ func (a *Agent) askSlotShare(ctx context.Context, l core.Limit, ask slotAsk) {
 	case p.Seq == reply.Seq:
 		p.Deadline = time.Time{} // not in force in Redis: ask again when next used
 	}
+}
+
+// installSlots installs a slot share of l in the region's Redis: seq, n
+// slots (admit of them open to new acquires) until deadline (agent
+// clock, converted to Redis's rounded down).
+func (a *Agent) installSlots(ctx context.Context, l core.Limit, seq, n, admit int64, deadline time.Time) (store.SlotInstallResult, error) {
+	ictx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
+	defer cancel()
+	var res store.SlotInstallResult
+	cs, err := a.shared.syncedClock(ictx)
+	if err == nil {
+		dl := max(1, cs.ToRedis(deadline))
+		res, err = a.shared.b.InstallSlots(ictx, bucket.SlotInstall{Key: slotKeyOf(l),
+			Share:      store.SlotShare{Seq: seq, N: n, Admit: admit, DeadlineMs: dl},
+			ExpireAtMs: max(cs.ToRedis(deadline.Add(a.opt.keyGrace)), dl), NowMs: a.shared.nowMs()})
+	}
+	a.observeRedis(err)
+	return res, err
+}
+
+// underFallback reports whether l's slots are held under the region's
+// fallback share: the allocator unreachable and no share of the
+// region's own in force, as this replica knows.
+func (a *Agent) underFallback(l core.Limit) bool {
+	if l.Fallback.Kind != core.FallbackLocal {
+		return false
+	}
+	var down bool
+	a.withCore(func(c *core.Core) { down = c.AllocatorDown() })
+	a.slots.mu.Lock()
+	defer a.slots.mu.Unlock()
+	return down && !a.slots.plan(l.ID).InForce(a.opt.now())
+}
+
+// slotFallback installs l's fallback share in the region's Redis when
+// the allocator is unreachable, the region has no share of its own and
+// its fallback is local (core.SlotPlan.FallbackSlots), and reports
+// whether one is in force there now (installed by this replica or by
+// another).
+func (a *Agent) slotFallback(ctx context.Context, l core.Limit) bool {
+	var down bool
+	a.withCore(func(c *core.Core) { down = c.AllocatorDown() })
+	now := a.opt.now()
+	a.slots.mu.Lock()
+	seq, n, deadline, ok := a.slots.plan(l.ID).FallbackSlots(l, down, now)
+	a.slots.mu.Unlock()
+	if !ok {
+		return false
+	}
+	res, err := a.installSlots(ctx, l, seq, n, n, deadline)
+	if err != nil || res.Status == store.ShareRefusedKeyExpiry {
+		return false
+	}
+	if res.Status == store.ShareInstalled {
+		a.log.Warn("allocator unreachable: a concurrency limit holds slots under its local fallback",
+			"limit", l.ID, "slots", n, "until", deadline.UTC().Format(time.RFC3339Nano))
+	}
+	return true
 }

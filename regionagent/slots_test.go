@@ -399,3 +399,82 @@ func TestSlotsRedisForgotShare(t *testing.T) {
 		t.Fatalf("after Redis forgot the share: %+v", d)
 	}
 }
+
+// TestSlotsLocalFallback: a concurrency limit whose fallback in the region
+// is local:2 holds at most 2 slots of its own while the allocator is
+// unreachable and its share has ended (answered REASON_FALLBACK, counted
+// as such), never a third; UNAVAILABLE before the agent knows the
+// allocator is down; back to the allocator's shares (REASON_OK) once it
+// answers again. The allocator exports the bound N + A.
+func TestSlotsLocalFallback(t *testing.T) {
+	w := newWorld(t, "eu")
+	w.putLimit(&pb.Limit{Id: "c/fb", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 3, Regions: []string{"eu"},
+		Mode:     pb.Mode_MODE_BOUNDED,
+		Fallback: map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 2}},
+		Lease:    &pb.LeaseSettings{Ttl: durationpb.New(10 * time.Second)}})
+	w.clock.Add(time.Second)
+	cut := &cutDialer{}
+	a := w.cutAgent(cut)
+	ctx := context.Background()
+	if d := acquireOK(t, a, "c/fb", "job-0", 30*time.Second); d.Reason != pb.Reason_REASON_OK || d.Slots != 3 {
+		t.Fatalf("before the partition: %+v, want OK under the allocator's share of 3", d)
+	}
+	a.slotsSettled(t, "c/fb")
+
+	cut.set(true)
+	w.clock.Add(11 * time.Second) // the share (and job-0's slot with it) has ended
+	var d SlotDecision
+	var unavailable int
+	for i := 0; i < 40; i++ {
+		w.clock.Add(time.Second) // past SlotRetry and the breaker's cooldowns
+		var err error
+		if d, err = a.AcquireSlot(ctx, "c/fb", "job-1", 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		a.slotsSettled(t, "c/fb")
+		if d.Reason != pb.Reason_REASON_UNAVAILABLE {
+			break
+		}
+		unavailable++
+	}
+	if !d.Allowed || d.Reason != pb.Reason_REASON_FALLBACK || d.Slots != 2 || d.Held != 1 {
+		t.Fatalf("cut off, share ended: %+v after %d UNAVAILABLE; want a slot under the local fallback of 2", d, unavailable)
+	}
+	if d.ExpiresIn > 10*time.Second {
+		t.Fatalf("a fallback slot lives %v: past the fallback share's ttl", d.ExpiresIn)
+	}
+	d2 := acquireOK(t, a, "c/fb", "job-2", 30*time.Second)
+	if d2.Reason != pb.Reason_REASON_FALLBACK || d2.Held != 2 {
+		t.Fatalf("second fallback slot: %+v", d2)
+	}
+	if d3, err := a.AcquireSlot(ctx, "c/fb", "job-3", 30*time.Second); err != nil || d3.Allowed || d3.Reason != pb.Reason_REASON_OVER_LIMIT {
+		t.Fatalf("a third slot while cut off: %+v, %v; want OVER_LIMIT (local:2)", d3, err)
+	}
+	if got := testutil.ToFloat64(a.m.slotAcquires.WithLabelValues("fallback")); got != 2 {
+		t.Fatalf("leasehold_agent_slot_acquires_total{result=fallback} = %v, want 2", got)
+	}
+
+	cut.set(false)
+	var healed SlotDecision
+	for i := 0; i < 40 && healed.Reason != pb.Reason_REASON_OK; i++ {
+		w.clock.Add(time.Second)
+		a.slotsSettled(t, "c/fb")
+		healed, _ = a.AcquireSlot(ctx, "c/fb", "job-4", 30*time.Second)
+		a.slotsSettled(t, "c/fb")
+	}
+	if healed.Reason != pb.Reason_REASON_OK || healed.Slots != 3 {
+		t.Fatalf("healed: %+v, want OK under the allocator's share of 3", healed)
+	}
+
+	var st allocator.SlotStatus
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var err error
+		if st, err = w.alloc.SlotStatus("c/fb"); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // a leader to ask
+	}
+	if st.N != 3 || st.Bound != 5 {
+		t.Fatalf("slot status %+v, want N 3 and the bound N + A = 5", st)
+	}
+}

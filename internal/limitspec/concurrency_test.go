@@ -13,7 +13,7 @@ import (
 )
 
 // TestValidateConcurrency: a concurrency limit is N slots (limit_tokens)
-// with regions, a mode and closed fallbacks; its share ttl defaults to
+// with regions, a mode and closed or local fallbacks; its share ttl defaults to
 // 10 s. What the agent does not apply to slots is refused naming the
 // field.
 func TestValidateConcurrency(t *testing.T) {
@@ -31,7 +31,8 @@ func TestValidateConcurrency(t *testing.T) {
 		t.Fatalf("got %v, want N 3, ttl %v, no window", got, DefaultShareTTL)
 	}
 	if _, err := ValidateLimit(conc(func(l *pb.Limit) {
-		l.Mode, l.Fallback = pb.Mode_MODE_BOUNDED, map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_CLOSED}}
+		l.Mode, l.Fallback = pb.Mode_MODE_BOUNDED, map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_CLOSED},
+			"us": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 2}} // local:A: at most A slots while cut off
 		l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(2 * time.Second)}
 		l.HashTag = "atlas"
 	}), []string{"eu", "us"}); err != nil {
@@ -50,10 +51,10 @@ func TestValidateConcurrency(t *testing.T) {
 		{"shadow", "limit.shadow", "window limits only", conc(func(l *pb.Limit) { l.Shadow = true })},
 		{"settle grace", "limit.settle_grace", "window limits only", conc(func(l *pb.Limit) { l.SettleGrace = durationpb.New(time.Second) })},
 		{"debt policy", "limit.debt_policy", "window limits only", conc(func(l *pb.Limit) { l.DebtPolicy = pb.DebtPolicy_DEBT_POLICY_CARRY })},
-		{"local fallback", "limit.fallback[eu]", "closed only", conc(func(l *pb.Limit) {
-			l.Mode, l.Fallback = pb.Mode_MODE_BOUNDED, map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 1}}
+		{"local fallback in strict mode", "limit.fallback[eu]", "use mode bounded", conc(func(l *pb.Limit) {
+			l.Mode, l.Fallback = pb.Mode_MODE_STRICT, map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 1}}
 		})},
-		{"open fallback", "limit.fallback[us]", "closed only", conc(func(l *pb.Limit) {
+		{"open fallback", "limit.fallback[us]", "not open", conc(func(l *pb.Limit) {
 			l.Mode, l.Fallback = pb.Mode_MODE_BOUNDED, map[string]*pb.Fallback{"us": {Kind: pb.FallbackKind_FALLBACK_KIND_OPEN}}
 		})},
 		{"min chunk", "limit.lease.min_chunk", "concurrency limits are granted as slot shares", conc(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{MinChunk: 1} })},

@@ -240,8 +240,8 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 		if bucket && fb.Kind != pb.FallbackKind_FALLBACK_KIND_CLOSED {
 			return nil, fieldErr(f, "bucket limits fall back closed only in this version (a region without a share answers UNAVAILABLE)")
 		}
-		if conc && fb.Kind != pb.FallbackKind_FALLBACK_KIND_CLOSED {
-			return nil, fieldErr(f, "concurrency limits fall back closed only in this version (a region without a slot share answers UNAVAILABLE)")
+		if conc && fb.Kind == pb.FallbackKind_FALLBACK_KIND_OPEN {
+			return nil, fieldErr(f, "concurrency limits fall back closed or local:A (at most A slots held in the region while the allocator is unreachable), not open")
 		}
 	}
 	if l.Lease == nil {

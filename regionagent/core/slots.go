@@ -97,3 +97,23 @@ func (p *SlotPlan) Answered(sent, recv time.Time, r SlotReply, margin time.Durat
 	p.RenewAt = sent.Add(r.ExpiresIn / 2)
 	return d, true
 }
+
+// FallbackSlots is the share a region installs in its store when it cannot
+// get one from the allocator: with the allocator unreachable (allocDown),
+// no share of its own in force (p) and the limit's fallback in this
+// region local:A (bounded mode), A slots, every one open to new
+// acquires, until now plus the share ttl; ok false otherwise (closed: the
+// acquire is UNAVAILABLE). Its seq is the last share's (at least 1), so
+// the allocator's next share, whose seq is greater, replaces it at once
+// when the allocator answers again; until then it is installed again
+// when it ends. A fallback share is the region's own, never counted by
+// the allocator: the bound adds A for every region with a local fallback
+// (N + the sum of the A's at any instant, docs/overshoot.md), and its
+// slots, like any, end with it unless a share from the allocator counts
+// them.
+func (p *SlotPlan) FallbackSlots(l Limit, allocDown bool, now time.Time) (seq, n int64, deadline time.Time, ok bool) {
+	if !allocDown || p.InForce(now) || l.Fallback.kind() != FallbackLocal || l.Fallback.LocalTokens <= 0 {
+		return 0, 0, time.Time{}, false
+	}
+	return max(p.Seq, 1), l.Fallback.LocalTokens, now.Add(l.TTL), true
+}
