@@ -253,26 +253,29 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 	if rate == 0 && burst == 0 {
 		return ShareDecision{}
 	}
+	g := newShareGrant(now, region, hk, l, st, r)
+	g.Rate, g.Burst, g.PeriodMs, g.LimitRate, g.LimitBurst = rate, burst, l.RatePeriod.Milliseconds(), l.Rate, l.Burst
+	st.byRegion[hk] = append(st.byRegion[hk], g)
+	c.shareReq[rk] = g
+	return ShareDecision{Grant: g, New: true}
+}
+
+// newShareGrant is a share of l for holder hk of region, the next in its
+// seq, granted at now for the limit's share ttl; the caller sets what it
+// shares (a rate and burst, or slots).
+func newShareGrant(now time.Time, region, hk string, l *Limit, st *shareState, r ShareAcquire) *ShareGrant {
 	st.seq[hk]++
-	g := &ShareGrant{
+	return &ShareGrant{
 		ShareID:      ShareID(region, r.RequestID),
 		Limit:        l.ID,
 		Region:       region,
 		Holder:       r.Holder,
 		RequestID:    r.RequestID,
 		Seq:          st.seq[hk],
-		Rate:         rate,
-		Burst:        burst,
-		PeriodMs:     l.RatePeriod.Milliseconds(),
-		LimitRate:    l.Rate,
-		LimitBurst:   l.Burst,
 		LimitVersion: l.Version,
 		GrantedAt:    now.UnixNano(),
 		ExpiresAt:    now.Add(shareTTL(l)).UnixNano(),
 	}
-	st.byRegion[hk] = append(st.byRegion[hk], g)
-	c.shareReq[rk] = g
-	return ShareDecision{Grant: g, New: true}
 }
 
 // acquireSlots sizes a concurrency limit's slot share (lease.SizeSlots):
@@ -291,22 +294,8 @@ func (c *Core) acquireSlots(now time.Time, region, hk string, l *Limit, st *shar
 	if n == 0 {
 		return ShareDecision{}
 	}
-	st.seq[hk]++
-	g := &ShareGrant{
-		ShareID:      ShareID(region, r.RequestID),
-		Limit:        l.ID,
-		Region:       region,
-		Holder:       r.Holder,
-		RequestID:    r.RequestID,
-		Seq:          st.seq[hk],
-		Slots:        n,
-		Admit:        admit,
-		Held:         max(r.HeldSlots, 0),
-		LimitN:       l.Tokens,
-		LimitVersion: l.Version,
-		GrantedAt:    now.UnixNano(),
-		ExpiresAt:    now.Add(shareTTL(l)).UnixNano(),
-	}
+	g := newShareGrant(now, region, hk, l, st, r)
+	g.Slots, g.Admit, g.Held, g.LimitN = n, admit, max(r.HeldSlots, 0), l.Tokens
 	st.byRegion[hk] = append(st.byRegion[hk], g)
 	c.shareReq[requestKey{region, r.RequestID}] = g
 	c.heldMax[l.ID] = max(c.heldMax[l.ID], c.HeldSlots(l.ID, now))

@@ -18,15 +18,21 @@ var limitsGetCmd = &command{
 			if err != nil {
 				return err
 			}
-			var resp *pb.GetLimitResponse
-			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
-				resp, err = c.GetLimit(ctx, &pb.GetLimitRequest{Id: id}, opt)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			return e.printLimit(resp.GetLimit())
+			return e.printStoredLimit(ctx, id)
 		}
 	},
+}
+
+// printStoredLimit reads limit (or plan) id through the Admin API and
+// prints it.
+func (e *env) printStoredLimit(ctx context.Context, id string) error {
+	var resp *pb.GetLimitResponse
+	err := e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+		resp, err = c.GetLimit(ctx, &pb.GetLimitRequest{Id: id}, opt)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return e.printLimit(resp.GetLimit())
 }

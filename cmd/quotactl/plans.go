@@ -4,11 +4,8 @@ import (
 	"context"
 	"strings"
 
-	"google.golang.org/grpc"
-
 	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
-	pb "leasehold/proto/leasehold/v1"
 )
 
 // plansCmd groups the commands on plans (docs/plans.md).
@@ -71,15 +68,7 @@ var plansGetCmd = &command{
 			if err != nil {
 				return err
 			}
-			var resp *pb.GetLimitResponse
-			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
-				resp, err = c.GetLimit(ctx, &pb.GetLimitRequest{Id: id}, opt)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			return e.printLimit(resp.GetLimit())
+			return e.printStoredLimit(ctx, id)
 		}
 	},
 }
