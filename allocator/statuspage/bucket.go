@@ -168,3 +168,12 @@ func shareDesc(ls *pb.LeaseSettings) string {
 	}
 	return "rate shares, ttl " + ttl + ", renewed at half their life"
 }
+
+// slotShareDesc describes a concurrency limit's share settings.
+func slotShareDesc(ls *pb.LeaseSettings) string {
+	ttl := fmtDuration(allocator.DefaultShareTTL)
+	if d := ls.GetTtl().AsDuration(); d > 0 {
+		ttl = fmtDuration(d)
+	}
+	return "slot shares, ttl " + ttl + ", renewed at half their life; a slot ends with the share it was counted under"
+}

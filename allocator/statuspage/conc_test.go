@@ -3,25 +3,60 @@ package statuspage
 import (
 	"net/http"
 	"testing"
+	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"leasehold/allocator"
 	pb "leasehold/proto/leasehold/v1"
 )
 
 // TestConcurrencyLimitOnStatus: a concurrency limit (no windows) is
-// listed and its page answers, without a window chart; quotactl windows
-// shows its slot shares (not the status page, in this version).
+// listed with N and its slots now (held, the bound N + A, the most held),
+// without a window chart; its page shows the slot shares in force. On a
+// follower the slots are the leader's to show; held above the bound is a
+// critical alert.
 func TestConcurrencyLimitOnStatus(t *testing.T) {
-	src := &fakeSource{leader: true, limits: []*pb.Limit{limit("tenant/atlas", 1000, "eu", "us"),
-		{Id: "tenant/exports", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 3, Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Version: 1}}}
-	for _, path := range []string{"/status", "/status?limit=tenant/exports"} {
-		code, _, body := serve(t, src, path)
-		if code != http.StatusOK {
-			t.Fatalf("%s: %d\n%s", path, code, body)
-		}
-		mustContain(t, body, "tenant/exports")
-		mustNotContain(t, body, `<svg class="chart" id="chart-tenant/exports"`)
-		if testing.Verbose() {
-			t.Log(body)
-		}
+	exports := &pb.Limit{Id: "tenant/exports", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 3, Regions: []string{"eu", "us"},
+		Mode: pb.Mode_MODE_BOUNDED, Version: 1,
+		Fallback: map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 2}},
+		Lease:    &pb.LeaseSettings{Ttl: durationpb.New(10 * time.Second)}}
+	expires := time.Date(2026, 3, 2, 10, 0, 7, 0, time.UTC)
+	src := &fakeSource{leader: true, limits: []*pb.Limit{limit("tenant/atlas", 1000, "eu", "us"), exports},
+		slots: map[string]allocator.SlotStatus{"tenant/exports": {N: 3, Bound: 5, Leased: 3, Held: 2, HeldMax: 3,
+			Shares: []allocator.ShareInForce{{Region: "eu", Slots: 2, Admit: 2, Held: 2, ExpiresAt: expires, Seq: 4},
+				{Region: "us", Slots: 1, Admit: 1, Held: 0, ExpiresAt: expires, Seq: 9}}}}}
+	code, _, body := serve(t, src, "/status")
+	if code != http.StatusOK {
+		t.Fatalf("/status: %d\n%s", code, body)
 	}
+	mustContain(t, body, "tenant/exports")
+	mustContain(t, body, "<td>concurrency</td>")
+	mustContain(t, body, "2 held</td>")
+	mustContain(t, body, "≤ 5</td>")
+	mustNotContain(t, body, `<svg class="chart" id="chart-tenant/exports"`)
+
+	code, _, body = serve(t, src, "/status?limit=tenant/exports")
+	if code != http.StatusOK {
+		t.Fatalf("detail: %d\n%s", code, body)
+	}
+	mustContain(t, body, "3 slots held at once, all regions together")
+	mustContain(t, body, `id="slot-shares"`)
+	mustContain(t, body, "slot shares, ttl 10s")
+	for _, want := range []string{"<th scope=\"row\">eu</th>", "<th scope=\"row\">us</th>", "5 slots held at any instant"} {
+		mustContain(t, body, want)
+	}
+	if testing.Verbose() {
+		t.Log(body)
+	}
+
+	// Held above the bound: a bug, flagged.
+	src.slots["tenant/exports"] = allocator.SlotStatus{N: 3, Bound: 5, HeldMax: 6}
+	_, _, body = serve(t, src, "/status")
+	mustContain(t, body, "held &gt; bound")
+
+	// A follower does not know the slots: it says so.
+	src.leader, src.reportsErr = false, allocator.ErrNotLeader
+	_, _, body = serve(t, src, "/status?limit=tenant/exports")
+	mustContain(t, body, "Slots are shown by the leader only.")
 }

@@ -42,6 +42,9 @@ type Source interface {
 	// limit (oldest first, the running one last) and its rate shares in
 	// force; errors as Reports.
 	BucketStatus(limit string, last int) (allocator.BucketStatus, error)
+	// SlotStatus returns a concurrency limit's N, bound, slots leased and
+	// held, and its slot shares in force; errors as Reports.
+	SlotStatus(limit string) (allocator.SlotStatus, error)
 	// IsLeader tells whether this replica leads.
 	IsLeader() bool
 	// Leader is the leader's advertised gRPC address ("" if unknown).
@@ -202,6 +205,8 @@ type detailView struct {
 	Regions []string
 	// Bucket is set for a bucket limit (no windows, no chart).
 	Bucket *bucketView
+	// Slots is set for a concurrency limit (no windows, no chart).
+	Slots *slotsView
 }
 
 // row is one limit in the table.
@@ -225,6 +230,10 @@ type row struct {
 	// LastInterval (not Last) its last closed reporting interval.
 	Bucket       bool
 	LastInterval *intervalRow
+	// Slots: a concurrency limit; G is then N, and SlotsNow its slots now
+	// (nil: not known here).
+	Slots    bool
+	SlotsNow *slotSummary
 	// Alerts say why the row is highlighted; Level is the worst of them:
 	// "crit", "warn" or "" (not highlighted).
 	Alerts []alertTag
@@ -354,6 +363,10 @@ func (h *handler) index(ctx context.Context, v view, p *page) int {
 			rw = newRow(v, l, nil)
 			st, _ := f.bucketStatus(l.GetId(), 2) // the last closed interval and the running one
 			bucketRow(rw, l, st)
+		} else if isConcurrency(l) {
+			rw = newRow(v, l, nil)
+			st, ok := f.slotStatus(l.GetId())
+			slotsRow(rw, st, ok)
 		} else {
 			reps = f.reports(l.GetId(), last)
 			rw = newRow(v, l, reps)
@@ -401,6 +414,18 @@ func (h *handler) detail(ctx context.Context, v view, p *page, id string) int {
 		bucketRow(rw, l, st)
 		regions := bucketRegions(l, st)
 		dv := &detailView{Row: rw, Defined: true, Lease: shareDesc(l.GetLease()), Regions: regions, Bucket: newBucketView(l, st, regions)}
+		for _, k := range sortedKeys(l.GetTags()) {
+			dv.Tags = append(dv.Tags, k+"="+l.GetTags()[k])
+		}
+		p.Detail = dv
+		return http.StatusOK
+	}
+	if l != nil && isConcurrency(l) {
+		st, ok := f.slotStatus(id)
+		f.finish(p)
+		rw := newRow(v, l, nil)
+		slotsRow(rw, st, ok)
+		dv := &detailView{Row: rw, Defined: true, Lease: slotShareDesc(l.GetLease()), Regions: l.GetRegions(), Slots: newSlotsView(st)}
 		for _, k := range sortedKeys(l.GetTags()) {
 			dv.Tags = append(dv.Tags, k+"="+l.GetTags()[k])
 		}

@@ -31,6 +31,7 @@ type fakeSource struct {
 	limits     []*pb.Limit
 	reports    map[string][]allocator.WindowReport
 	buckets    map[string]allocator.BucketStatus
+	slots      map[string]allocator.SlotStatus
 	leader     bool
 	leaderAddr string
 	limitsErr  error
@@ -77,6 +78,20 @@ func (f *fakeSource) BucketStatus(limit string, last int) (allocator.BucketStatu
 	}
 	if len(st.Intervals) > last {
 		st.Intervals = st.Intervals[len(st.Intervals)-last:]
+	}
+	return st, nil
+}
+
+func (f *fakeSource) SlotStatus(limit string) (allocator.SlotStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.reportsErr != nil {
+		return allocator.SlotStatus{}, f.reportsErr
+	}
+	st, ok := f.slots[limit]
+	if !ok {
+		return allocator.SlotStatus{}, fmt.Errorf("%w: concurrency limit %q", allocator.ErrNotFound, limit)
 	}
 	return st, nil
 }
