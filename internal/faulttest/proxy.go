@@ -245,13 +245,18 @@ func (p *Proxy) pipe(c *proxyConn, src, dst *net.TCPConn, dir int) {
 				timer.Reset(d)
 				<-timer.C
 			}
-			if _, err := dst.Write(ch.b); err != nil {
+			// Counted before the write, so that a peer that has read the
+			// bytes never sees a count without them (TestProxyForwards
+			// once read 15/10: its echo arrived before the count); a
+			// write that fails takes back what it did not write.
+			p.forwarded[dir].Add(int64(len(ch.b)))
+			if n, err := dst.Write(ch.b); err != nil {
+				p.forwarded[dir].Add(-int64(len(ch.b) - n))
 				c.reset()
 				for range out { // drain until the reader stops
 				}
 				return
 			}
-			p.forwarded[dir].Add(int64(len(ch.b)))
 		}
 	}()
 	defer func() { close(out); <-done }()
