@@ -205,14 +205,7 @@ func TestSubLeaseProcesses(t *testing.T) {
 		G     = 4000
 		W     = 4 * time.Second
 	)
-	bin := filepath.Join(t.TempDir(), "leasehold")
-	if out, err := exec.Command("go", "build", "-o", bin, "leasehold/cmd/leasehold").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	alloc := ports.Addr(t)
-	startProcess(t, bin, "allocator", "--grpc-addr", alloc, "--http-addr", ports.Addr(t),
-		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", ports.Addr(t),
-		"--etcd-peer-addr", ports.Addr(t), "--regions", "eu,us")
+	bin, alloc := startAllocatorProcess(t)
 	redisEU, redisUS := redistest.Start(t), redistest.Start(t)
 	agents := []string{ports.Addr(t), ports.Addr(t), ports.Addr(t)}
 	for i, a := range []struct{ region, redis, id string }{
@@ -410,4 +403,20 @@ func waitKnows(t *testing.T, addr, limit string) {
 		}
 		time.Sleep(100 * time.Millisecond) // polling the agent's limit sync
 	}
+}
+
+// startAllocatorProcess builds cmd/leasehold and starts it as an
+// allocator of regions eu and us (its etcd embedded) on free loopback
+// ports: it returns the binary and the allocator's gRPC address.
+func startAllocatorProcess(t *testing.T) (bin, alloc string) {
+	t.Helper()
+	bin = filepath.Join(t.TempDir(), "leasehold")
+	if out, err := exec.Command("go", "build", "-o", bin, "leasehold/cmd/leasehold").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	alloc = ports.Addr(t)
+	startProcess(t, bin, "allocator", "--grpc-addr", alloc, "--http-addr", ports.Addr(t),
+		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", ports.Addr(t),
+		"--etcd-peer-addr", ports.Addr(t), "--regions", "eu,us")
+	return bin, alloc
 }

@@ -161,14 +161,7 @@ func TestConcurrencyProcesses(t *testing.T) {
 		N     = 3
 		ttl   = 2 * time.Second
 	)
-	bin := filepath.Join(t.TempDir(), "leasehold")
-	if out, err := exec.Command("go", "build", "-o", bin, "leasehold/cmd/leasehold").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	alloc := ports.Addr(t)
-	startProcess(t, bin, "allocator", "--grpc-addr", alloc, "--http-addr", ports.Addr(t),
-		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", ports.Addr(t),
-		"--etcd-peer-addr", ports.Addr(t), "--regions", "eu,us")
+	bin, alloc := startAllocatorProcess(t)
 	redisEU, redisUS := redistest.Start(t), redistest.Start(t)
 	agents := map[string]string{"eu": ports.Addr(t), "us": ports.Addr(t)}
 	for region, rdb := range map[string]string{"eu": redisEU.Addr(), "us": redisUS.Addr()} {
