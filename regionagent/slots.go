@@ -332,8 +332,9 @@ type slotAsk struct {
 // startSlotAsk marks a request in flight and takes what it reports;
 // a.slots.mu is held, so no second request starts before this one ends.
 func (a *Agent) startSlotAsk(p *slotPlan) slotAsk {
-	ask := slotAsk{demand: p.Demand(p.held), held: p.held, done: make(chan struct{})}
-	p.Asked()
+	now := a.opt.now()
+	ask := slotAsk{demand: p.Demand(now, p.held), held: p.held, done: make(chan struct{})}
+	p.Asked(now)
 	p.done = ask.done
 	return ask
 }

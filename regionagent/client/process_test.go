@@ -39,8 +39,13 @@ type childSpec struct {
 	Rate    float64       `json:"rate"`     // Allow calls per second
 	Start   time.Time     `json:"start"`    // wall clock: all children start together
 	Drive   time.Duration `json:"drive"`    // how long it drives
-	PauseAt time.Duration `json:"pause_at"` // a pause (limit idle) at this offset, 0: none
-	Pause   time.Duration `json:"pause"`
+	// Pauses (the limit idle for Pause) from each of these offsets on:
+	// a pause starts at the first call after its offset at which the
+	// client holds a chunk with tokens left and half its life ahead,
+	// so that the idle release has a live chunk to give back (or
+	// pauseWait after the offset, whatever the client holds).
+	PauseAt []time.Duration `json:"pause_at"`
+	Pause   time.Duration   `json:"pause"`
 	Out     string        `json:"out"` // result file
 	NoSub   bool          `json:"no_sub"`
 }
@@ -127,12 +132,18 @@ func TestSubLeaseChild(t *testing.T) {
 	start := time.Now()
 	ctx := context.Background()
 	maxCalls := int64(spec.Rate * spec.Drive.Seconds())
+	const pauseWait = 4 * time.Second
+	var pausedUntil time.Duration // elapsed time the current pause ends at
 	for res.Calls < maxCalls {
 		el := time.Since(start)
 		if el >= spec.Drive {
 			break
 		}
-		if spec.Pause > 0 && el >= spec.PauseAt && el < spec.PauseAt+spec.Pause {
+		if len(spec.PauseAt) > 0 && el >= spec.PauseAt[0] && (el >= spec.PauseAt[0]+pauseWait || c.freshChunk(spec.Limit)) {
+			spec.PauseAt = spec.PauseAt[1:]
+			pausedUntil = el + spec.Pause
+		}
+		if el < pausedUntil {
 			time.Sleep(time.Millisecond) // the idle pause
 			continue
 		}
@@ -235,7 +246,8 @@ func TestSubLeaseProcesses(t *testing.T) {
 	}
 
 	// 8 children x 200/s = 1600/s against G/W = 1000/s. Odd children
-	// pause for 1.5 s mid-run: their chunks go idle and are released.
+	// pause twice for 1.5 s mid-run, each time right after taking a
+	// chunk: their chunks go idle and are released while alive.
 	dir := t.TempDir()
 	// Diagnostics: LEASEHOLD_SUBLEASE_OFF=1 runs the children without
 	// sub-leases, LEASEHOLD_SUBLEASE_NOCACHE=1 without the denial cache.
@@ -249,7 +261,8 @@ func TestSubLeaseProcesses(t *testing.T) {
 			Start: start, Drive: drive, Out: filepath.Join(dir, fmt.Sprintf("child-%d.json", i)),
 			NoSub: noSub}
 		if i%2 == 1 {
-			spec.PauseAt, spec.Pause = 6*time.Second+time.Duration(i)*300*time.Millisecond, 1500*time.Millisecond
+			off := time.Duration(i) * 300 * time.Millisecond
+			spec.PauseAt, spec.Pause = []time.Duration{5*time.Second + off, 11*time.Second + off}, 1500*time.Millisecond
 		}
 		raw, _ := json.Marshal(spec)
 		wg.Add(1)
@@ -345,6 +358,18 @@ func TestSubLeaseProcesses(t *testing.T) {
 				r.WindowStart.AsTime().Format("15:04:05"), r.Granted, r.Returned, r.Admitted, r.Stranded)
 		}
 	}
+}
+
+// freshChunk reports whether the client holds a chunk of limit with
+// tokens left and more than half its life ahead.
+func (c *Client) freshChunk(limit string) bool {
+	v, ok := c.states.Load(limit)
+	if !ok {
+		return false
+	}
+	r := v.(*limitState).cur.Load()
+	now := c.mono()
+	return r != nil && r.usable(now) && r.deadline-now > (r.deadline-r.sent)/2
 }
 
 // startProcess runs bin with args until the test ends (SIGINT, then

@@ -34,9 +34,10 @@ type SlotPlan struct {
 	Pending       bool      // a request is in flight
 	EmptyAt       time.Time // the allocator said nothing was free
 	FailedAt      time.Time // the last request failed (refused or unanswered)
-	// Denied counts the acquires denied since the last request: the
-	// demand beyond what is held.
-	Denied int64
+	// Denied counts the acquires denied since the last request, sent at
+	// AskedAt: the demand beyond what is held.
+	Denied  int64
+	AskedAt time.Time
 }
 
 // SlotRetry is how long a replica waits before asking again after an
@@ -60,13 +61,26 @@ func (p *SlotPlan) ShouldAsk(now time.Time) bool {
 	return !p.InForce(now) || !now.Before(p.RenewAt)
 }
 
-// Demand is the slots the region wants, reported with a request: those
-// held and the acquires denied since the last request. The allocator
-// shares N in proportion to it.
-func (p *SlotPlan) Demand(held int64) float64 { return float64(max(held, 0) + p.Denied) }
+// Demand is the slots the region wants at now, reported with a request:
+// those held, plus the acquires denied since the last request per
+// SlotRetry (a rate, not a count: a replica renewing a share it holds asks
+// every half share life, one without a share every SlotRetry, and a count
+// would weigh the same callers more the longer the region waited between
+// requests, keeping slots where they are). The allocator shares N in
+// proportion to it.
+func (p *SlotPlan) Demand(now time.Time, held int64) float64 {
+	waiting := float64(p.Denied)
+	if !p.AskedAt.IsZero() {
+		if since := now.Sub(p.AskedAt); since > SlotRetry {
+			waiting = waiting * float64(SlotRetry) / float64(since)
+		}
+	}
+	return float64(max(held, 0)) + waiting
+}
 
-// Asked records a request sent: the denials it reported are counted.
-func (p *SlotPlan) Asked() { p.Pending, p.Denied = true, 0 }
+// Asked records a request sent at now: the denials it reported are
+// counted.
+func (p *SlotPlan) Asked(now time.Time) { p.Pending, p.Denied, p.AskedAt = true, 0, now }
 
 // SlotReply is the allocator's answer to a slot share request.
 type SlotReply struct {

@@ -44,3 +44,47 @@ func TestFallbackSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotDemandIsARate: two regions whose callers are denied at the same
+// rate report the same demand beyond what they hold, whether they ask
+// every SlotRetry (no share) or every half share life (renewing one): a
+// count of denials since the last request would weigh the renewing
+// region's callers five times here and keep the slots where they are.
+func TestSlotDemandIsARate(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	const perSecond = 8 // denials per second in both regions
+	steps := []struct {
+		every time.Duration // between requests
+		held  int64
+	}{
+		{SlotRetry, 0},
+		{2500 * time.Millisecond, 3},
+		{10 * time.Second, 3},
+	}
+	want := float64(perSecond) * SlotRetry.Seconds() // waiting, per SlotRetry
+	for _, s := range steps {
+		var p SlotPlan
+		p.Asked(t0)
+		p.Pending = false
+		p.Denied = int64(perSecond * s.every.Seconds())
+		got := p.Demand(t0.Add(s.every), s.held)
+		if got != float64(s.held)+want {
+			t.Errorf("asking every %v holding %d: demand %v, want %v", s.every, s.held, got, float64(s.held)+want)
+		}
+		p.Asked(t0.Add(s.every))
+		if p.Denied != 0 || !p.Pending || !p.AskedAt.Equal(t0.Add(s.every)) {
+			t.Errorf("Asked did not start a new count: %+v", p)
+		}
+	}
+	// A first request (nothing asked before) reports its denials as they
+	// are; a request sooner than SlotRetry after the last is not scaled up.
+	p := SlotPlan{Denied: 3}
+	if got := p.Demand(t0, 2); got != 5 {
+		t.Errorf("first request: demand %v, want 5", got)
+	}
+	p.AskedAt = t0
+	p.Denied = 3
+	if got := p.Demand(t0.Add(100*time.Millisecond), 2); got != 5 {
+		t.Errorf("a request 100ms after the last: demand %v, want 5", got)
+	}
+}
