@@ -158,9 +158,12 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 	}
 
 	readyc := make(chan allocReady, 1)
+	// One allocator, no follower to take over: a session TTL of 10 s
+	// (the allocator command's default is 2 s, for fast failover) keeps a
+	// busy laptop's late keep-alive from ending the only leader's term.
 	ac := allocatorConfig{grpcAddr: c.allocGRPC, httpAddr: c.allocHTTP, dataDir: filepath.Join(c.dataDir, "etcd"),
 		etcdClientAddr: c.etcdClient, etcdPeerAddr: c.etcdPeer, etcdPrefix: "/leasehold/", regions: "eu,us",
-		sessionTTL: 2 * time.Second, retention: time.Minute, maxTxnOps: 128, reportWindows: 60, reportLimits: 1000,
+		sessionTTL: 10 * time.Second, retention: time.Minute, maxTxnOps: 128, reportWindows: 60, reportLimits: 1000,
 		auditRetention: allocator.DefaultAuditRetention}
 	// With -history-dir: one history file per component, as if each were
 	// a process of its own.
