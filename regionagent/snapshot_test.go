@@ -27,7 +27,10 @@ func TestLimitCreatedAMomentAgo(t *testing.T) {
 	var calls callCounter
 	w := startWorldOpts(t, false, []grpc.ServerOption{grpc.ChainUnaryInterceptor(calls.intercept)}, "eu")
 	w.putLimit(limit("tenant/old", 100, time.Minute, 15*time.Second, "eu"))
-	a := w.liveAgentOpts("eu", "r1", WithIntervals(time.Hour, 2*time.Second))
+	// Long waits: this test is about what is decided, not how fast; a
+	// loaded machine's slow sync or lease must not turn the first Check
+	// UNAVAILABLE (as the 1 s and 500 ms defaults did in a CI run).
+	a := w.liveAgentOpts("eu", "r1", WithIntervals(time.Hour, 2*time.Second), WithLookupWait(10*time.Second), WithColdWait(10*time.Second))
 	ctx := context.Background()
 	syncs := calls.get("SyncLimits")
 
