@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -59,7 +60,7 @@ func RunMemberIfChild() {
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "etcdtest member:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -68,7 +69,7 @@ func RunMemberIfChild() {
 		fmt.Println("ready")
 	case err := <-e.Err():
 		fmt.Fprintln(os.Stderr, "etcdtest member:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	case <-sig:
 		os.Exit(0)
 	}
@@ -85,6 +86,20 @@ func RunMemberIfChild() {
 // ProcessCluster is a set of etcd members that each run in a process of
 // their own (the test binary re-executed, see RunMemberIfChild), so that a
 // test can SIGKILL one as a crash would. Safe for concurrent use.
+// exitInUse is a member's exit code when a port it was given is taken:
+// another process bound it between ports.Free and the member's listen.
+const exitInUse = 3
+
+// errInUse: a member could not listen on a port it was given.
+var errInUse = errors.New("a port was taken by another process")
+
+func exitCode(err error) int {
+	if strings.Contains(err.Error(), "address already in use") {
+		return exitInUse
+	}
+	return 1
+}
+
 type ProcessCluster struct {
 	t       testing.TB
 	mu      sync.Mutex // protects members' cmd and done
@@ -105,28 +120,44 @@ func StartProcesses(t testing.TB, n int) *ProcessCluster {
 	t.Helper()
 	c := &ProcessCluster{t: t}
 	base := t.TempDir()
-	token := fmt.Sprintf("etcdtest-proc-%d", time.Now().UnixNano())
-	var parts []string
-	for i := range n {
-		m := &procMember{cfg: memberConfig{Name: fmt.Sprintf("m%d", i), Dir: filepath.Join(base, fmt.Sprintf("m%d", i)),
-			Client: "http://" + ports.Addr(t), Peer: "http://" + ports.Addr(t), Token: token, State: embed.ClusterStateFlagNew}}
-		parts = append(parts, m.cfg.Name+"="+m.cfg.Peer)
-		c.members = append(c.members, m)
-	}
-	for _, m := range c.members {
-		m.cfg.InitialCluster = strings.Join(parts, ",")
-	}
 	t.Cleanup(c.Close)
-	errs := make(chan error, n)
-	for i := range c.members {
-		go func() { errs <- c.start(i) }()
-	}
-	for range n {
-		if err := <-errs; err != nil {
-			t.Fatalf("etcdtest: %v", err)
+	// A port another process bound first (ports.Free can only say it was
+	// free a moment ago): the cluster starts again on fresh ports, at most
+	// three times, as Start does.
+	for attempt := 0; ; attempt++ {
+		token := fmt.Sprintf("etcdtest-proc-%d", time.Now().UnixNano())
+		var parts []string
+		var members []*procMember
+		for i := range n {
+			m := &procMember{cfg: memberConfig{Name: fmt.Sprintf("m%d", i), Dir: filepath.Join(base, fmt.Sprintf("try%d-m%d", attempt, i)),
+				Client: "http://" + ports.Addr(t), Peer: "http://" + ports.Addr(t), Token: token, State: embed.ClusterStateFlagNew}}
+			parts = append(parts, m.cfg.Name+"="+m.cfg.Peer)
+			members = append(members, m)
+		}
+		for _, m := range members {
+			m.cfg.InitialCluster = strings.Join(parts, ",")
+		}
+		c.mu.Lock()
+		c.members = members
+		c.mu.Unlock()
+		errs := make(chan error, n)
+		for i := range members {
+			go func() { errs <- c.start(i) }()
+		}
+		var failed error
+		for range n {
+			if err := <-errs; err != nil && (failed == nil || errors.Is(failed, errInUse)) {
+				failed = err
+			}
+		}
+		if failed == nil {
+			return c
+		}
+		c.Close()
+		if !errors.Is(failed, errInUse) || attempt == 2 {
+			t.Fatalf("etcdtest: %v", failed)
 		}
 	}
-	return c
 }
 
 func (c *ProcessCluster) start(i int) error {
@@ -162,6 +193,10 @@ func (c *ProcessCluster) start(i int) error {
 	select {
 	case ok := <-ready:
 		if !ok {
+			<-done
+			if cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == exitInUse {
+				return fmt.Errorf("member %s: %w", m.cfg.Name, errInUse)
+			}
 			return fmt.Errorf("member %s exited before it served", m.cfg.Name)
 		}
 		return nil
