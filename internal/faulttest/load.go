@@ -157,6 +157,7 @@ func (l *Load) worker(ctx context.Context, cl pb.RegionAgentClient, tg Target) {
 		if r <= 0 {
 			continue
 		}
+		sent := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 		resp, err := cl.Check(cctx, &pb.CheckRequest{LimitId: l.cfg.Limit, Cost: l.cfg.Cost})
 		cancel()
@@ -171,7 +172,10 @@ func (l *Load) worker(ctx context.Context, cl pb.RegionAgentClient, tg Target) {
 			}
 		} else {
 			ev.Mode = modeOf(resp.Reason)
-			ev.Window = WindowOf(now, resp.ResetAfter.AsDuration(), l.cfg.Window)
+			// Decided between sent and now: the window is named from the
+			// midpoint, so a late answer on a loaded machine moves the
+			// estimate of the window's end by half its delay.
+			ev.Window = WindowOf(sent.Add(now.Sub(sent)/2), resp.ResetAfter.AsDuration(), l.cfg.Window)
 			ev.RetryAfter = resp.RetryAfter.AsDuration()
 			if !resp.Allowed {
 				ev.Cost = 0
