@@ -536,6 +536,11 @@ func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *c
 	if !slices.Equal(slices.Sorted(slices.Values(next.Regions)), slices.Sorted(slices.Values(after.Regions))) {
 		return nil, fieldErr(it.field+".regions", "an override keeps the regions (%s)", strings.Join(after.Regions, ","))
 	}
+	if planbind.IsPlan(next.Id) {
+		if err := checkPlanOverride(it.field, after, next); err != nil {
+			return nil, err
+		}
+	}
 	next.EffectiveFrom, next.Previous = timestamppb.New(now), nil
 	next.Override = &pb.LimitOverride{Reason: cs.reason, EndsAt: timestamppb.New(now.Add(cs.overrideFor)), After: after}
 	return next, nil

@@ -270,9 +270,6 @@ func TestPlanChangesRefused(t *testing.T) {
 	if _, err := a.PutLimit(ctx, ent2, Change{Reason: "enterprise 2"}); field(err) != "limit.binds[1]" {
 		t.Fatalf("a tenant mapped to two plans: %v", err)
 	}
-	if _, err := a.PutLimit(ctx, proPlan(300), Change{Reason: "burst", OverrideFor: time.Hour}); field(err) != "override_for" {
-		t.Fatalf("an override of a plan: %v", err)
-	}
 	s := NewServer(a.Allocator)
 	// A change of the binds alone is a change (not "unchanged"), and it
 	// binds at once although the settings wait for the boundary.

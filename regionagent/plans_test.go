@@ -374,3 +374,48 @@ func TestPlanContractAtAgents(t *testing.T) {
 		t.Fatalf("tenant/atlas at us: %+v", l)
 	}
 }
+
+// TestPlanOverrideAtAgent: an override of a plan reaches a tenant at the
+// agent with the sync that carries it, and its end with the first sync
+// from its end (the allocator's revision changes then, with nothing
+// written), as a limit's override does.
+func TestPlanOverrideAtAgent(t *testing.T) {
+	w := newWorld(t, "eu")
+	p := w.putPlan(proPlan(10, "eu"), "tenant/probe")
+	a := w.agent("eu", "eu1", WithColdWait(2*time.Second))
+	runWork(t, a)
+	ctx := context.Background()
+	if d, err := a.Check(ctx, "tenant/a", 1); err != nil || !d.Allowed {
+		t.Fatalf("tenant/a: %+v %v", d, err)
+	}
+	o, err := w.alloc.PutLimit(ctx, proPlan(30, "eu"), allocator.Change{Reason: "incident 44", OverrideFor: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Version != p.Version+1 || o.Override == nil {
+		t.Fatalf("the override stored as %v", o)
+	}
+	w.sync(a)
+	if l, _ := a.core.Limit("tenant/a"); l.Tokens != 30 || l.Version != o.Version {
+		t.Fatalf("tenant/a under the override: %+v", l)
+	}
+	var admitted int
+	for range 40 {
+		if d, err := a.Check(ctx, "tenant/a", 1); err == nil && d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 29 {
+		t.Fatalf("tenant/a admitted %d more under the override, want 29 (G 30)", admitted)
+	}
+	w.clock.Add(89 * time.Second)
+	w.sync(a)
+	if l, _ := a.core.Limit("tenant/a"); l.Tokens != 30 {
+		t.Fatalf("tenant/a a second before the end: %+v", l)
+	}
+	w.clock.Add(time.Second)
+	w.sync(a)
+	if l, _ := a.core.Limit("tenant/a"); l.Tokens != 10 {
+		t.Fatalf("tenant/a at the end: G %d, want the plan's 10 again", l.Tokens)
+	}
+}

@@ -68,6 +68,19 @@ func TestPlansLifecycle(t *testing.T) {
 	if !strings.Contains(r.stderr, "unknown field") {
 		t.Fatalf("a contract with an unknown field: %q", r.stderr)
 	}
+	// An emergency override of a plan, shown in force, ended by hand.
+	r = q("limits", "override", "plans/ent", "--limit", "20000", "--for", "2h", "--reason", "incident 7: Enterprise surge").want(t, 0)
+	if got := kv(t, r.stdout); got["limit"] != "20000" || !strings.Contains(got["override"], "(incident 7: Enterprise surge); then limit 9000") ||
+		got["contracts"] != "tenant/bigco=limit=12000 mode=bounded fallback=eu=local:50" {
+		t.Fatalf("override of a plan:\n%s", r.stdout)
+	}
+	if !strings.Contains(kv(t, q("plans", "get", "ent").want(t, 0).stdout)["override"], "in force until ") {
+		t.Fatalf("plans get shows no override")
+	}
+	r = q("limits", "override", "plans/ent", "--end", "--reason", "surge over").want(t, 0)
+	if got := kv(t, r.stdout); got["limit"] != "9000" || got["override"] != "" {
+		t.Fatalf("the override of a plan ended:\n%s", r.stdout)
+	}
 	r = q("plans", "list").want(t, 0)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	if len(lines) != 4 || !strings.HasPrefix(lines[1], "ent ") || !strings.HasPrefix(lines[2], "free ") || !strings.Contains(lines[2], "yes") ||
