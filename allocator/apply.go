@@ -438,6 +438,15 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 		}
 		return nil, fieldErr(it.field+field, "%v", err)
 	}
+	if scheds := contractWindows(cur, next); len(scheds) > 0 {
+		// Tenants with a window of their own (a contract's) must not
+		// see a change mid-window either: the change waits for an
+		// instant that starts a window of the plan and of every one of
+		// them, before and after.
+		if from, err = commonStart(now, append(scheds, curW, nextW)); err != nil {
+			return nil, fieldErr(it.field+".contracts", "%v", err)
+		}
+	}
 	prev := cloneLimit(cur)
 	prev.Previous = nil
 	if planbind.IsPlan(next.Id) {
@@ -527,6 +536,11 @@ func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *c
 	if !slices.Equal(slices.Sorted(slices.Values(next.Regions)), slices.Sorted(slices.Values(after.Regions))) {
 		return nil, fieldErr(it.field+".regions", "an override keeps the regions (%s)", strings.Join(after.Regions, ","))
 	}
+	if planbind.IsPlan(next.Id) {
+		if err := checkPlanOverride(it.field, after, next); err != nil {
+			return nil, err
+		}
+	}
 	next.EffectiveFrom, next.Previous = timestamppb.New(now), nil
 	next.Override = &pb.LimitOverride{Reason: cs.reason, EndsAt: timestamppb.New(now.Add(cs.overrideFor)), After: after}
 	return next, nil
@@ -571,6 +585,52 @@ func nextBoundary(now time.Time, cur, next lease.Windows) (time.Time, error) {
 	}
 	return time.Time{}, fmt.Errorf("windows of %v and %v never start together: apply this change with effective NOW",
 		cur, next)
+}
+
+// contractWindows returns the window schedules of the tenants whose
+// contracts give them a window of their own in the plan's version cur or
+// next (none for a limit that is not a plan).
+func contractWindows(cur, next *pb.Limit) []lease.Windows {
+	var out []lease.Windows
+	for _, v := range []*pb.Limit{cur, next} {
+		for _, c := range v.GetContracts() {
+			if c.GetWindow() != nil {
+				w := lease.WindowsOf(c.Window.AsDuration(), v.GetWindowPhase().AsDuration())
+				if !slices.Contains(out, w) {
+					out = append(out, w)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// maxCommonStarts bounds how many windows of the longest schedule a
+// change waits for a common start (the bound nextBoundary puts on two
+// schedules: lcm within ten of the longer windows).
+const maxCommonStarts = 10
+
+// commonStart returns the first instant after now that starts a window
+// of every schedule, within maxCommonStarts of the longest windows.
+func commonStart(now time.Time, scheds []lease.Windows) (time.Time, error) {
+	long := scheds[0]
+	for _, s := range scheds {
+		if s.Length > long.Length {
+			long = s
+		}
+	}
+	t := long.Of(now).End()
+	for range maxCommonStarts {
+		all := true
+		for _, s := range scheds {
+			all = all && s.StartsWindow(t)
+		}
+		if all {
+			return t, nil
+		}
+		t = t.Add(long.Length)
+	}
+	return time.Time{}, fmt.Errorf("the windows of the plan and of its contracts' own windows start together only rarely or never: apply this change with effective NOW")
 }
 
 func gcd(a, b int64) int64 {

@@ -53,7 +53,7 @@ func limitFields(l *pb.Limit) map[string]string {
 		m["binds"] = strings.Join(slices.Sorted(slices.Values(l.Binds)), ",")
 	}
 	for id, c := range l.Contracts {
-		m["contracts."+id] = "limit_tokens " + strconv.FormatInt(c.GetLimitTokens(), 10)
+		m["contracts."+id] = limitspec.FormatContract(c)
 	}
 	if o := l.GetOverride(); o != nil {
 		m["override"] = "until " + o.GetEndsAt().AsTime().UTC().Format(time.RFC3339Nano) + ", then version in force before it"

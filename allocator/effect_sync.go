@@ -67,10 +67,10 @@ func (a *Allocator) SyncLimits(ctx context.Context, region string, known int64) 
 	now := a.opt.now()
 	pending := 0
 	for _, l := range all {
-		if scheduled(l, now) && (slices.Contains(l.Regions, region) || slices.Contains(l.Previous.Regions, region)) {
+		if scheduled(l, now) && (spentIn(l, region) || spentIn(l.Previous, region)) {
 			pending++
 		}
-		if overriding(l, now) && slices.Contains(l.Regions, region) {
+		if overriding(l, now) && spentIn(l, region) {
 			pending++ // its end changes what the region enforces, with no write
 		}
 	}
@@ -85,9 +85,23 @@ func (a *Allocator) SyncLimits(ctx context.Context, region string, known int64) 
 	out := &pb.SyncLimitsResponse{Revision: rev, AllocatorUnixNanos: nanos}
 	for _, l := range all {
 		v := inForce(l, now)
-		if slices.Contains(v.Regions, region) {
+		if spentIn(v, region) {
 			out.Limits = append(out.Limits, v)
 		}
 	}
 	return out, nil
+}
+
+// spentIn reports whether region spends the limit l: one of its regions,
+// or, for a plan, one of its tenants' regions (a contract's).
+func spentIn(l *pb.Limit, region string) bool {
+	if slices.Contains(l.GetRegions(), region) {
+		return true
+	}
+	for _, c := range l.GetContracts() {
+		if slices.Contains(c.GetRegions(), region) {
+			return true
+		}
+	}
+	return false
 }

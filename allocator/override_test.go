@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -244,5 +245,138 @@ func TestOverrideRefusals(t *testing.T) {
 	n, err := a.PutLimit(ctx, down, Change{Reason: "r", Effective: pb.Effective_EFFECTIVE_NOW})
 	if err != nil || n.Override != nil || n.LimitTokens != 50 {
 		t.Fatalf("change now during an override: %v %v", n, err)
+	}
+}
+
+// TestPlanOverrideEndsAcrossFailover: an override of a plan (a version
+// of the plan's record, as a limit's) raises G for every tenant on it,
+// used before or first using it under the override, at once; a tenant
+// whose contract sets its G keeps it. The leader is stopped during the
+// override: the new one grants under it until its end and under the
+// plan's old G from its end, in the same window, and agents' syncs
+// change at the end, with nothing written; the end is then recorded in
+// the plan's history.
+func TestPlanOverrideEndsAcrossFailover(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	reg := prometheus.NewRegistry()
+	a := startAllocatorReg(t, c, "a", reg, clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	base := proPlan(100)
+	base.Contracts = map[string]*pb.Contract{"tenant/vip": {LimitTokens: 40}}
+	p, err := a.PutLimit(ctx, base, Change{Reason: "pro", Effective: pb.Effective_EFFECTIVE_NOW})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/a", p.Version)
+	grant := func(a *Allocator, tenant, req string, want int64) int64 {
+		t.Helper()
+		res, err := a.AcquireLeases(ctx, "eu", []*pb.LeaseRequest{{RequestId: req, LimitId: tenant, WantTokens: want}})
+		if err != nil || len(res) != 1 {
+			t.Fatalf("grant %s %s: %v %v", tenant, req, res, err)
+		}
+		return res[0].GetLease().GetTokens()
+	}
+	if got := grant(a.Allocator, "tenant/a", "a0", 10); got != 10 {
+		t.Fatalf("tenant/a before the override: %d", got)
+	}
+	// What an override of a plan may not change, named.
+	rebind := proPlan(300)
+	rebind.Contracts, rebind.Binds = base.Contracts, []string{"tenant/{id}", "team/{id}"}
+	if _, err := a.PutLimit(ctx, rebind, Change{Reason: "r", OverrideFor: time.Hour}); err == nil || !strings.Contains(err.Error(), "limit.binds") {
+		t.Fatalf("an override changing a plan's binds: %v", err)
+	}
+	rewin := proPlan(300)
+	rewin.Contracts = map[string]*pb.Contract{"tenant/vip": {LimitTokens: 40, Window: durationpb.New(time.Hour)}}
+	if _, err := a.PutLimit(ctx, rewin, Change{Reason: "r", OverrideFor: time.Hour}); err == nil || !strings.Contains(err.Error(), "limit.contracts[tenant/vip].window") {
+		t.Fatalf("an override changing a tenant's window: %v", err)
+	}
+	up := proPlan(300)
+	up.Contracts = base.Contracts
+	o, err := a.PutLimit(ctx, up, Change{Reason: "incident 43: Pro launch", OverrideFor: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := t0.Add(91 * time.Second)
+	if o.Override == nil || !o.Override.EndsAt.AsTime().Equal(end) || o.Override.After.GetLimitTokens() != 100 {
+		t.Fatalf("override stored as %v", o)
+	}
+	waitPlan(t, a.Allocator, "tenant/a", o.Version)
+	if got := grant(a.Allocator, "tenant/a", "a0b", 1000); got != 290 {
+		t.Fatalf("tenant/a under the override: %d more, want 290 (G 300, 10 granted)", got)
+	}
+	if got := grant(a.Allocator, "tenant/b", "b0", 1000); got != 300 {
+		t.Fatalf("tenant/b, first used under the override: %d, want 300", got)
+	}
+	if got := grant(a.Allocator, "tenant/vip", "v0", 1000); got != 40 {
+		t.Fatalf("tenant/vip (a contract of G 40) under the override: %d, want 40", got)
+	}
+	// Shown in force: the plan's series and each used tenant's.
+	endS := strconv.FormatInt(end.Unix(), 10)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP leasehold_limit_override_end_timestamp_seconds When the override in force on a limit ends (Unix seconds; absent without one): the version before it governs again then.
+# TYPE leasehold_limit_override_end_timestamp_seconds gauge
+leasehold_limit_override_end_timestamp_seconds{limit="plans/pro"} `+endS+`
+leasehold_limit_override_end_timestamp_seconds{limit="tenant/a"} `+endS+`
+leasehold_limit_override_end_timestamp_seconds{limit="tenant/b"} `+endS+`
+leasehold_limit_override_end_timestamp_seconds{limit="tenant/vip"} `+endS+"\n"),
+		"leasehold_limit_override_end_timestamp_seconds"); err != nil {
+		t.Fatal(err)
+	}
+	syncBefore, err := a.SyncLimits(ctx, "eu", 0)
+	if err != nil || planTokens(syncBefore) != 300 {
+		t.Fatalf("sync under the override: %v %v", syncBefore, err)
+	}
+
+	a.Stop()
+	b := startAllocator(t, c, "b", clock.opt())
+	allocatortest.WaitLeader(t, b)
+	waitPlan(t, b.Allocator, "tenant/a", o.Version)
+	clock.Set(t0.Add(time.Minute + 30*time.Second)) // window 1, the override still in force
+	if got := grant(b.Allocator, "tenant/a", "a1", 250); got != 250 {
+		t.Fatalf("tenant/a in window 1 before the end: %d, want 250", got)
+	}
+	if again, err := b.SyncLimits(ctx, "eu", syncBefore.Revision); err != nil || !again.Unchanged {
+		t.Fatalf("sync before the end: %v %v", again, err)
+	}
+	clock.Set(end) // the end, still window 1
+	if got := grant(b.Allocator, "tenant/a", "a1b", 10); got != 0 {
+		t.Fatalf("tenant/a at the end: %d, want 0 (G 100, 250 granted under the override)", got)
+	}
+	if got := grant(b.Allocator, "tenant/c", "c1", 1000); got != 100 {
+		t.Fatalf("tenant/c, first used at the end: %d, want the plan's 100", got)
+	}
+	sync, err := b.SyncLimits(ctx, "eu", syncBefore.Revision)
+	if err != nil || sync.Unchanged || planTokens(sync) != 100 {
+		t.Fatalf("sync at the end: %v %v", sync, err)
+	}
+	for _, l := range sync.Limits {
+		if l.Override != nil || len(l.Binds) != 1 || l.Contracts["tenant/vip"].GetLimitTokens() != 40 {
+			t.Fatalf("the plan synced at the end: %v", l)
+		}
+	}
+	if err := b.sweepOnce(b.currentTermOrNil()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := NewServer(b.Allocator).GetLimit(ctx, &pb.GetLimitRequest{Id: "plans/pro"})
+	if err != nil || got.Limit.LimitTokens != 100 || got.Limit.Override != nil || got.Limit.Version != o.Version+1 || len(got.Limit.Binds) != 1 {
+		t.Fatalf("the plan after its end was recorded: %v %v", got, err)
+	}
+	hist, err := NewServer(b.Allocator).LimitHistory(ctx, &pb.LimitHistoryRequest{Id: "plans/pro"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, e := range hist.Events {
+		reasons = append(reasons, e.Reason)
+	}
+	if !slices.Contains(reasons, "override ended (incident 43: Pro launch)") {
+		t.Fatalf("the plan's history: %q", reasons)
+	}
+	waitPlan(t, b.Allocator, "tenant/a", o.Version+1)
+	clock.Set(t0.Add(2*time.Minute + time.Second))
+	if got := grant(b.Allocator, "tenant/b", "b2", 1000); got != 100 {
+		t.Fatalf("tenant/b in window 2: %d, want 100", got)
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
 
 	"leasehold/internal/planbind"
+	"leasehold/internal/vocab"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -125,11 +127,8 @@ func (a *Allocator) checkPlanChanges(ctx context.Context, cs *changeSet) (*chang
 		return nil, nil
 	}
 	it := plans[0]
-	switch {
-	case a.opt.groupView != nil:
+	if a.opt.groupView != nil {
 		return it, errPlansGroups(it)
-	case cs.overrideFor != 0:
-		return it, fieldErr("override_for", "a plan cannot be overridden in this version: change it with effective NOW")
 	}
 	stored, err := a.storedPlans(ctx)
 	if err != nil {
@@ -311,4 +310,35 @@ func tenantG(p *pb.Limit, id string) int64 {
 		return c.LimitTokens
 	}
 	return p.LimitTokens
+}
+
+// checkPlanOverride refuses an override of a plan (next over after, the
+// version it returns to) that would change what an override may not
+// change for any tenant: which ids the plan binds (the binding table is
+// built from the stored record, which keeps the override's binds until
+// its end is written), and each tenant's window and regions, its
+// contract's included (a tenant's window that changes length and back
+// inside one of its windows has no meaning, as for a limit).
+func checkPlanOverride(field string, after, next *pb.Limit) error {
+	if !slices.Equal(slices.Sorted(slices.Values(next.Binds)), slices.Sorted(slices.Values(after.Binds))) {
+		return fieldErr(field+".binds", "an override of a plan keeps its binds (%s)", vocab.Cap(strings.Join(after.Binds, ","), 200))
+	}
+	ids := map[string]bool{}
+	for id := range after.Contracts {
+		ids[id] = true
+	}
+	for id := range next.Contracts {
+		ids[id] = true
+	}
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		a, n := planbind.Resolve(after, id), planbind.Resolve(next, id)
+		f := field + ".contracts[" + id + "]"
+		if a.Window.AsDuration() != n.Window.AsDuration() {
+			return fieldErr(f+".window", "an override keeps each tenant's window (%v), got %v", a.Window.AsDuration(), n.Window.AsDuration())
+		}
+		if !slices.Equal(slices.Sorted(slices.Values(a.Regions)), slices.Sorted(slices.Values(n.Regions))) {
+			return fieldErr(f+".regions", "an override keeps each tenant's regions (%s)", strings.Join(a.Regions, ","))
+		}
+	}
+	return nil
 }

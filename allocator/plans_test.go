@@ -270,9 +270,6 @@ func TestPlanChangesRefused(t *testing.T) {
 	if _, err := a.PutLimit(ctx, ent2, Change{Reason: "enterprise 2"}); field(err) != "limit.binds[1]" {
 		t.Fatalf("a tenant mapped to two plans: %v", err)
 	}
-	if _, err := a.PutLimit(ctx, proPlan(300), Change{Reason: "burst", OverrideFor: time.Hour}); field(err) != "override_for" {
-		t.Fatalf("an override of a plan: %v", err)
-	}
 	s := NewServer(a.Allocator)
 	// A change of the binds alone is a change (not "unchanged"), and it
 	// binds at once although the settings wait for the boundary.
@@ -546,5 +543,102 @@ func TestPlanDryRun(t *testing.T) {
 	got, err := s.GetLimit(ctx, &pb.GetLimitRequest{Id: "plans/pro"})
 	if err != nil || got.Limit.Version != p.Version || got.Limit.LimitTokens != 100 {
 		t.Fatalf("a dry run wrote: %v %v", got, err)
+	}
+}
+
+// TestPlanContractFields: a contract replaces any field of the plan a
+// deal changes for its tenant (here its window, regions and mode), the
+// allocator grants by the tenant's resolved limit, and a change of the
+// plan scheduled for the next window waits for an instant that starts a
+// window of the plan and of every contract's own window, so that no
+// tenant's window is half old, half new.
+func TestPlanContractFields(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	p := proPlan(100)
+	p.Contracts = map[string]*pb.Contract{
+		"tenant/slow": {Window: durationpb.New(5 * time.Minute), LimitTokens: 400},
+		"tenant/eu":   {Regions: []string{"eu"}, Mode: pb.Mode_MODE_BOUNDED},
+	}
+	p1, err := a.PutLimit(ctx, p, Change{Reason: "pro with two contracts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/a", p1.Version)
+	if sl := p1.Contracts["tenant/slow"]; sl.GetLease().GetTtl().AsDuration() != 15*time.Second {
+		t.Fatalf("tenant/slow's contract stored as %v (the plan's explicit ttl)", sl)
+	}
+	grant := func(region, tenant, req string) (int64, pb.ItemCode) {
+		t.Helper()
+		res, err := a.AcquireLeases(ctx, region, []*pb.LeaseRequest{{RequestId: req, LimitId: tenant, WantTokens: 1000}})
+		if err != nil || len(res) != 1 {
+			t.Fatalf("grant %s %s: %v %v", tenant, req, res, err)
+		}
+		return res[0].GetLease().GetTokens(), res[0].Code
+	}
+	if got, _ := grant("eu", "tenant/slow", "s0"); got != 400 {
+		t.Fatalf("tenant/slow: %d, want its contract's 400", got)
+	}
+	if l, _ := coreLimit(a.Allocator, "tenant/slow"); l.GetWindow().AsDuration() != 5*time.Minute || l.GetLimitTokens() != 400 {
+		t.Fatalf("tenant/slow resolves to %v", l)
+	}
+	if got, code := grant("us", "tenant/eu", "e0"); code == pb.ItemCode_ITEM_CODE_OK {
+		t.Fatalf("tenant/eu granted %d in us, a region its contract leaves out", got)
+	}
+	if l, _ := coreLimit(a.Allocator, "tenant/eu"); l.GetMode() != pb.Mode_MODE_BOUNDED || len(l.GetRegions()) != 1 {
+		t.Fatalf("tenant/eu resolves to %v", l)
+	}
+	if got, _ := grant("eu", "tenant/a", "a0"); got != 100 {
+		t.Fatalf("tenant/a: %d, want the plan's 100", got)
+	}
+	// us agents get the plan (its regions), and an eu-only plan would
+	// still reach a region a contract adds.
+	s, err := a.SyncLimits(ctx, "us", 0)
+	if err != nil || planTokens(s) != 100 {
+		t.Fatalf("us sync: %v %v", s, err)
+	}
+	grown := proPlan(250)
+	grown.Contracts = p.Contracts
+	p2, err := a.PutLimit(ctx, grown, Change{Reason: "pro grows", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p2.EffectiveFrom.AsTime().Equal(t0.Add(5 * time.Minute)) {
+		t.Fatalf("the change governs from %v, want %v: the first start of both the plan's and tenant/slow's windows",
+			p2.EffectiveFrom.AsTime(), t0.Add(5*time.Minute))
+	}
+	waitPlan(t, a.Allocator, "tenant/a", p2.Version)
+	clock.Set(t0.Add(time.Minute + time.Second))
+	if got, _ := grant("eu", "tenant/a", "a1"); got != 100 {
+		t.Fatalf("tenant/a at 1m: %d, want 100 (the change waits for 5m)", got)
+	}
+	clock.Set(t0.Add(5*time.Minute + time.Second))
+	if got, _ := grant("eu", "tenant/a", "a5"); got != 250 {
+		t.Fatalf("tenant/a at 5m: %d, want 250", got)
+	}
+	if got, _ := grant("eu", "tenant/slow", "s5"); got != 400 {
+		t.Fatalf("tenant/slow at 5m: %d, want its contract's 400", got)
+	}
+	// A contract with a window that starts with the plan's only rarely
+	// makes a scheduled change refused, naming the contracts.
+	odd := proPlan(250)
+	odd.Contracts = map[string]*pb.Contract{"tenant/odd": {Window: durationpb.New(61 * time.Second)}}
+	po, err := a.PutLimit(ctx, odd, Change{Reason: "odd", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW})
+	if err == nil || !strings.Contains(err.Error(), "limit.contracts") {
+		t.Fatalf("a change waiting for windows of 1m, 5m and 61s to start together: %v %v", po, err)
+	}
+	// In a region a contract adds, the tenant is served.
+	eu := proPlan(250)
+	eu.Regions = []string{"eu"}
+	eu.Contracts = map[string]*pb.Contract{"tenant/both": {Regions: []string{"eu", "us"}}}
+	if _, err := a.PutLimit(ctx, eu, Change{Reason: "pro in eu; one tenant in both", Effective: pb.Effective_EFFECTIVE_NOW}); err != nil {
+		t.Fatal(err)
+	}
+	us, err := a.SyncLimits(ctx, "us", 0)
+	if err != nil || planTokens(us) != 250 {
+		t.Fatalf("us sync of an eu plan with a contract in us: %v %v", us, err)
 	}
 }

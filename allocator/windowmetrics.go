@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"leasehold/internal/planbind"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -99,6 +100,11 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			rows = append(rows, row)
 		})
+		for id, l := range core.limits {
+			if planbind.IsPlan(id) && l.After != nil && now.Before(l.OverrideEnds) {
+				overrides[id] = l.OverrideEnds // an override of a plan: the plan's series too (its used tenants have theirs)
+			}
+		}
 	})
 	if err != nil {
 		return // a follower exports no window metrics

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"leasehold/allocator"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
@@ -279,5 +281,141 @@ func TestPlanRefusedCheckKeepsNothing(t *testing.T) {
 	}
 	if n := a.core.Bound(); n != 0 {
 		t.Fatalf("%d resolved limits kept after refused Checks, want 0", n)
+	}
+}
+
+// TestPlanContractAtAgents: a contract that replaces the plan's window,
+// G, regions and shadow mode reaches first-use tenants at both agents:
+// tenant/atlas, with 300 per 10s windows of its own, is held to 300 in
+// every one of its windows with demand twice that over two regions;
+// tenant/euonly is unknown in us (its contract leaves us out) and
+// limited in eu; tenant/trial, in shadow mode with G 5, is admitted past
+// G with would-deny set.
+func TestPlanContractAtAgents(t *testing.T) {
+	const G = 300
+	w := newWorld(t, "eu", "us")
+	p := proPlan(1000, "eu", "us")
+	yes := true
+	p.Contracts = map[string]*pb.Contract{
+		"tenant/atlas":  {LimitTokens: G, Window: durationpb.New(10 * time.Second), Lease: &pb.LeaseSettings{Ttl: durationpb.New(2 * time.Second)}},
+		"tenant/euonly": {Regions: []string{"eu"}, LimitTokens: 20},
+		"tenant/trial":  {LimitTokens: 5, Shadow: &yes},
+	}
+	w.putPlan(p, "tenant/probe")
+	agents := map[string]*Agent{
+		"eu": w.agent("eu", "eu1", WithColdWait(2*time.Second)),
+		"us": w.agent("us", "us1", WithColdWait(2*time.Second)),
+	}
+	for _, a := range agents {
+		runWork(t, a)
+	}
+	ctx := context.Background()
+	if _, err := agents["us"].Check(ctx, "tenant/euonly", 1); !errorsIs(err, ErrUnknownLimit) {
+		t.Fatalf("tenant/euonly in us: %v, want an unknown limit", err)
+	}
+	var eu int
+	for range 30 {
+		if d, err := agents["eu"].Check(ctx, "tenant/euonly", 1); err == nil && d.Allowed {
+			eu++
+		}
+	}
+	if eu != 20 {
+		t.Fatalf("tenant/euonly admitted %d of 30 in eu, want its contract's 20", eu)
+	}
+	var shadowed, wouldDeny int
+	for range 10 {
+		d, err := agents["eu"].Check(ctx, "tenant/trial", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			shadowed++
+		}
+		if d.WouldDeny != 0 {
+			wouldDeny++
+		}
+	}
+	if shadowed != 10 || wouldDeny != 5 {
+		t.Fatalf("tenant/trial in shadow mode: %d of 10 admitted, %d would-deny; want 10 and 5", shadowed, wouldDeny)
+	}
+	const id = "tenant/atlas"
+	rates := map[string]float64{"eu": 45, "us": 15} // twice G per 10s
+	acc := map[string]float64{}
+	admitted := map[int64]int64{}
+	var first int64 = -1
+	for step := 0; step < 4*100; step++ {
+		win := lease.WindowOf(w.clock.Now(), 10*time.Second).Index
+		if first < 0 {
+			first = win
+		}
+		for _, r := range []string{"eu", "us"} {
+			acc[r] += rates[r] / 10
+			for acc[r] >= 1 {
+				acc[r]--
+				d, err := agents[r].Check(ctx, id, 1)
+				if err != nil {
+					t.Fatalf("step %d, %s: %v", step, r, err)
+				}
+				if d.Allowed {
+					admitted[win]++
+				}
+			}
+			agents[r].tick(ctx)
+		}
+		w.clock.Add(100 * time.Millisecond)
+	}
+	for win := first + 1; win < first+4; win++ { // the first window is partial
+		t.Logf("window %d: admitted %d of G %d", win-first, admitted[win], G)
+		if admitted[win] > G || admitted[win] < G*95/100 {
+			t.Errorf("window %d of 10s admitted %d, want G = %d (within 5%% below; demand is twice G)", win-first, admitted[win], G)
+		}
+	}
+	if l, _ := agents["us"].core.Limit(id); l.Window != 10*time.Second || l.Tokens != G {
+		t.Fatalf("tenant/atlas at us: %+v", l)
+	}
+}
+
+// TestPlanOverrideAtAgent: an override of a plan reaches a tenant at the
+// agent with the sync that carries it, and its end with the first sync
+// from its end (the allocator's revision changes then, with nothing
+// written), as a limit's override does.
+func TestPlanOverrideAtAgent(t *testing.T) {
+	w := newWorld(t, "eu")
+	p := w.putPlan(proPlan(10, "eu"), "tenant/probe")
+	a := w.agent("eu", "eu1", WithColdWait(2*time.Second))
+	runWork(t, a)
+	ctx := context.Background()
+	if d, err := a.Check(ctx, "tenant/a", 1); err != nil || !d.Allowed {
+		t.Fatalf("tenant/a: %+v %v", d, err)
+	}
+	o, err := w.alloc.PutLimit(ctx, proPlan(30, "eu"), allocator.Change{Reason: "incident 44", OverrideFor: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Version != p.Version+1 || o.Override == nil {
+		t.Fatalf("the override stored as %v", o)
+	}
+	w.sync(a)
+	if l, _ := a.core.Limit("tenant/a"); l.Tokens != 30 || l.Version != o.Version {
+		t.Fatalf("tenant/a under the override: %+v", l)
+	}
+	var admitted int
+	for range 40 {
+		if d, err := a.Check(ctx, "tenant/a", 1); err == nil && d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 29 {
+		t.Fatalf("tenant/a admitted %d more under the override, want 29 (G 30)", admitted)
+	}
+	w.clock.Add(89 * time.Second)
+	w.sync(a)
+	if l, _ := a.core.Limit("tenant/a"); l.Tokens != 30 {
+		t.Fatalf("tenant/a a second before the end: %+v", l)
+	}
+	w.clock.Add(time.Second)
+	w.sync(a)
+	if l, _ := a.core.Limit("tenant/a"); l.Tokens != 10 {
+		t.Fatalf("tenant/a at the end: G %d, want the plan's 10 again", l.Tokens)
 	}
 }

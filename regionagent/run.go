@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -191,7 +192,11 @@ func coreLimits(pls []*pb.Limit, region string) ([]core.Limit, core.Resolver) {
 		if !ok || vocab.ValidateLimitID("id", id) != nil {
 			return core.Limit{}, false
 		}
-		return limitOf(planbind.Resolve(byID[pid], id), region), true
+		l := planbind.Resolve(byID[pid], id)
+		if !slices.Contains(l.Regions, region) {
+			return core.Limit{}, false // a contract's regions leave this one out
+		}
+		return limitOf(l, region), true
 	}
 }
 

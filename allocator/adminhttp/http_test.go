@@ -285,6 +285,11 @@ func TestBadRequestsNameTheField(t *testing.T) {
 		{"PUT", "/v1/limits/tenant/atlas", nil, `{"limit": {"limit_tokens": 5, "window": "60s", "regions": ["eu"], "mode": "MODE_STRICT", "description": "` + strings.Repeat("d", 2001) + `"}, "reason": "r"}`, "limit.description"},
 		{"PUT", "/v1/limits/tenant/atlas", nil, `{"limit": {"limit_tokens": 5, "window": "60s", "regions": ["eu"], "mode": "MODE_STRICT", "tags": {"t": "` + strings.Repeat("v", 201) + `"}}, "reason": "r"}`, "limit.tags[t]"},
 		{"GET", "/v1/limits?prefix=" + strings.Repeat("p", 201), nil, "", "prefix"},
+		// A contract that makes its tenant's limit invalid names its field.
+		{"PUT", "/v1/limits/plans/pro", nil, `{"limit": {"binds": ["tenant/{id}"], "limit_tokens": 5, "window": "60s", "regions": ["eu"], "mode": "MODE_STRICT",
+			"contracts": {"tenant/atlas": {"fallback": {"eu": {"kind": "FALLBACK_KIND_OPEN"}}}}}, "reason": "r"}`, "limit.contracts[tenant/atlas].fallback[eu]"},
+		{"PUT", "/v1/limits/plans/pro", nil, `{"limit": {"binds": ["tenant/{id}"], "limit_tokens": 5, "window": "60s", "regions": ["eu"], "mode": "MODE_STRICT",
+			"contracts": {"tenant/atlas": {"window": "0.5s"}}}, "reason": "r"}`, "limit.contracts[tenant/atlas].window"},
 	} {
 		r := c.do(tc.method, tc.path, tc.hdr, tc.body)
 		if r.code != 400 {

@@ -715,12 +715,14 @@ func decodeLease(n *yaml.Node, what string, ls *pb.LeaseSettings, lines map[stri
 	return nil
 }
 
-// decodeContracts decodes a plan's contracts: tenant id to its G.
+// decodeContracts decodes a plan's contracts: tenant id to its G, or to
+// the fields its contract replaces as quotactl plans set --contract
+// takes them ("limit=3000 window=1h", limitspec.ParseContract).
 func decodeContracts(n *yaml.Node, what string, lines map[string]int) (map[string]*pb.Contract, error) {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil, nil
 	}
-	if err := wantKind(n, yaml.MappingNode, what, "a mapping of tenant id to its G, e.g. {tenant/atlas: 3000}"); err != nil {
+	if err := wantKind(n, yaml.MappingNode, what, "a mapping of tenant id to its contract, e.g. {tenant/atlas: 3000} or {tenant/atlas: \"limit=3000 mode=bounded\"}"); err != nil {
 		return nil, err
 	}
 	out := map[string]*pb.Contract{}
@@ -733,13 +735,16 @@ func decodeContracts(n *yaml.Node, what string, lines map[string]int) (map[strin
 		if _, dup := out[id]; dup {
 			return nil, errAt(k, "%s.%s: given twice", what, id)
 		}
-		g, err := scalarInt(v, what+"."+id)
+		spec, err := scalarString(v, what+"."+id)
 		if err != nil {
 			return nil, err
 		}
-		out[id] = &pb.Contract{LimitTokens: g}
+		c, err := limitspec.ParseContract(spec)
+		if err != nil {
+			return nil, errAt(v, "%s.%s: %v", what, id, err)
+		}
+		out[id] = c
 		lines["contracts["+id+"]"] = v.Line
-		lines["contracts["+id+"].limit_tokens"] = v.Line
 	}
 	return out, nil
 }
@@ -887,7 +892,12 @@ func limitNode(l *pb.Limit) *yaml.Node {
 	if len(l.GetContracts()) > 0 {
 		cs := flowMap()
 		for _, id := range slices.Sorted(maps.Keys(l.GetContracts())) {
-			cs.Content = append(cs.Content, str(id), intNode(l.GetContracts()[id].GetLimitTokens()))
+			c := l.GetContracts()[id]
+			v := str(limitspec.FormatContract(c))
+			if !strings.Contains(v.Value, "=") {
+				v = intNode(c.GetLimitTokens()) // G only
+			}
+			cs.Content = append(cs.Content, str(id), v)
 		}
 		add("contracts", cs)
 	}

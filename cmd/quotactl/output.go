@@ -108,9 +108,9 @@ func (e *env) printLimit(l *pb.Limit) error {
 	if cs := l.GetContracts(); len(cs) > 0 {
 		parts := make([]string, 0, len(cs))
 		for _, id := range slices.Sorted(maps.Keys(cs)) {
-			parts = append(parts, id+"="+strconv.FormatInt(cs[id].GetLimitTokens(), 10))
+			parts = append(parts, id+"="+limitspec.FormatContract(cs[id]))
 		}
-		rows = append(rows, [2]string{"contracts", strings.Join(parts, ",")})
+		rows = append(rows, [2]string{"contracts", strings.Join(parts, "; ")})
 	}
 	if p := l.GetPlan(); p != "" {
 		rows = append(rows, [2]string{"plan", p})
@@ -357,17 +357,17 @@ func (e *env) printPlans(ls []*pb.Limit) error {
 
 // parseContract adds one --contract TENANT=N to m.
 func parseContract(s string, m map[string]*pb.Contract) error {
-	id, n, ok := strings.Cut(s, "=")
+	id, spec, ok := strings.Cut(s, "=")
 	if !ok || id == "" {
-		return fmt.Errorf("want TENANT=N, e.g. tenant/atlas=3000")
+		return fmt.Errorf("want TENANT=N or TENANT=FIELD=VALUE ..., e.g. tenant/atlas=3000 or 'tenant/atlas=limit=3000 mode=bounded'")
 	}
-	g, err := strconv.ParseInt(n, 10, 64)
-	if err != nil || g < 1 {
-		return fmt.Errorf("%q: want a whole number of tokens >= 1", n)
+	c, err := limitspec.ParseContract(spec)
+	if err != nil {
+		return err
 	}
 	if _, dup := m[id]; dup {
 		return fmt.Errorf("a contract for %q given twice", id)
 	}
-	m[id] = &pb.Contract{LimitTokens: g}
+	m[id] = c
 	return nil
 }

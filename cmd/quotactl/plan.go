@@ -99,7 +99,7 @@ func flatten(l *pb.Limit) []setting {
 		out = append(out, setting{"binds", strings.Join(slices.Sorted(slices.Values(b)), ",")}) // a plan's
 	}
 	for _, id := range slices.Sorted(maps.Keys(l.GetContracts())) {
-		out = append(out, setting{"contracts." + id, strconv.FormatInt(l.GetContracts()[id].GetLimitTokens(), 10)})
+		out = append(out, setting{"contracts." + id, limitspec.FormatContract(l.GetContracts()[id])})
 	}
 	return out
 }

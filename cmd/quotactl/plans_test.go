@@ -47,6 +47,40 @@ func TestPlansLifecycle(t *testing.T) {
 		t.Fatalf("a contract for a tenant the plan does not bind: %q", r.stderr)
 	}
 	q("plans", "set", "ent", "--contract", "tenant/bigco").want(t, 2)
+	// A contract replaces any field of the plan: checked as the tenant's
+	// limit, shown in the syntax it was given in, diffed in dry runs.
+	r = q("plans", "set", "ent", "--limit", "9000", "--window", "1m", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/bigco", "--contract", "tenant/bigco=limit=12000 mode=bounded fallback=eu=local:50", "--reason", "BigCo may go on locally",
+		"--effective", "now").want(t, 0)
+	checkKV(t, kv(t, r.stdout), map[string]string{"contracts": "tenant/bigco=limit=12000 mode=bounded fallback=eu=local:50", "version": "3"})
+	r = q("plans", "set", "ent", "--limit", "9000", "--window", "1m", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/bigco", "--contract", "tenant/bigco=limit=12000 window=5m regions=eu", "--reason", "try", "--dry-run").want(t, 0)
+	if !strings.Contains(r.stdout, `contracts.tenant/bigco: "limit=12000 mode=bounded fallback=eu=local:50" -> "limit=12000 regions=eu window=5m ttl=1m15s min-chunk=1 max-chunk=0"`) {
+		t.Fatalf("a dry run changing a contract:\n%s", r.stdout)
+	}
+	r = q("plans", "set", "ent", "--limit", "9000", "--window", "1m", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/bigco", "--contract", "tenant/bigco=fallback=eu=local:50", "--reason", "strict with a local fallback").want(t, 1)
+	if !strings.Contains(r.stderr, "limit.contracts[tenant/bigco].fallback[eu]") {
+		t.Fatalf("a contract making the tenant's limit invalid: %q", r.stderr)
+	}
+	r = q("plans", "set", "ent", "--contract", "tenant/bigco=colour=red")
+	r.want(t, 2)
+	if !strings.Contains(r.stderr, "unknown field") {
+		t.Fatalf("a contract with an unknown field: %q", r.stderr)
+	}
+	// An emergency override of a plan, shown in force, ended by hand.
+	r = q("limits", "override", "plans/ent", "--limit", "20000", "--for", "2h", "--reason", "incident 7: Enterprise surge").want(t, 0)
+	if got := kv(t, r.stdout); got["limit"] != "20000" || !strings.Contains(got["override"], "(incident 7: Enterprise surge); then limit 9000") ||
+		got["contracts"] != "tenant/bigco=limit=12000 mode=bounded fallback=eu=local:50" {
+		t.Fatalf("override of a plan:\n%s", r.stdout)
+	}
+	if !strings.Contains(kv(t, q("plans", "get", "ent").want(t, 0).stdout)["override"], "in force until ") {
+		t.Fatalf("plans get shows no override")
+	}
+	r = q("limits", "override", "plans/ent", "--end", "--reason", "surge over").want(t, 0)
+	if got := kv(t, r.stdout); got["limit"] != "9000" || got["override"] != "" {
+		t.Fatalf("the override of a plan ended:\n%s", r.stdout)
+	}
 	r = q("plans", "list").want(t, 0)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	if len(lines) != 4 || !strings.HasPrefix(lines[1], "ent ") || !strings.HasPrefix(lines[2], "free ") || !strings.Contains(lines[2], "yes") ||
@@ -113,7 +147,7 @@ func TestPlansLifecycle(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "limits.yaml")
 	if err := os.WriteFile(file, []byte("manage: [plans/]\nlimits:\n  - id: plans/pro\n    binds: [\"tenant/{id}\", \"team/{id}\"]\n"+
 		"    limit: 3000\n    window: 1m\n    regions: [eu, us]\n    mode: strict\n  - id: plans/free\n    binds: [\"free/{id}\"]\n"+
-		"    limit: 10\n    window: 1m\n    regions: [eu]\n    mode: strict\n    shadow: true\n    contracts: {free/big: 100}\n"), 0o600); err != nil {
+		"    limit: 10\n    window: 1m\n    regions: [eu]\n    mode: strict\n    shadow: true\n    contracts: {free/big: 100, free/eu: \"regions=eu window=10s\"}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	q("limits", "apply", "--reason", "plans from the file", "--effective", "now", "-f", file).want(t, 0)
@@ -126,7 +160,7 @@ func TestPlansLifecycle(t *testing.T) {
 	q("limits", "apply", "--reason", "teams off pro", "-f", file).want(t, 0)
 	checkKV(t, kv(t, q("plans", "get", "pro").want(t, 0).stdout), map[string]string{"binds": "tenant/{id}"})
 	r = q("limits", "export", "--prefix", "plans/").want(t, 0)
-	if !strings.Contains(r.stdout, "binds: [") || !strings.Contains(r.stdout, "free/{id}") || !strings.Contains(r.stdout, "contracts: {free/big: 100}") {
+	if !strings.Contains(r.stdout, "binds: [") || !strings.Contains(r.stdout, "free/{id}") || !strings.Contains(r.stdout, "contracts: {free/big: 100, free/eu: regions=eu window=10s ttl=2.5s min-chunk=1 max-chunk=0}") {
 		t.Fatalf("export of plans:\n%s", r.stdout)
 	}
 }

@@ -1,6 +1,7 @@
 package limitspec
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -72,11 +73,53 @@ func checkContracts(l *pb.Limit) error {
 		if c == nil {
 			return fieldErr(f, "required")
 		}
-		if err := vocab.ValidateTokens(f+".limit_tokens", c.LimitTokens, 1); err != nil {
+		if contractEmpty(c) {
+			return fieldErr(f, "replaces nothing: set at least one of limit_tokens, mode, regions, fallback, lease, shadow, window")
+		}
+		if c.LimitTokens != 0 {
+			if err := vocab.ValidateTokens(f+".limit_tokens", c.LimitTokens, 1); err != nil {
+				return err
+			}
+			if m := l.GetLease().GetMinChunk(); c.Lease == nil && c.LimitTokens < m {
+				return fieldErr(f+".limit_tokens", "must be >= the plan's lease.min_chunk (%d), got %d", m, c.LimitTokens)
+			}
+		}
+	}
+	return nil
+}
+
+func contractEmpty(c *pb.Contract) bool {
+	return c.LimitTokens == 0 && c.Mode == pb.Mode_MODE_UNSPECIFIED && len(c.Regions) == 0 && len(c.Fallback) == 0 &&
+		c.Lease == nil && c.Shadow == nil && c.Window == nil
+}
+
+// checkContractLimits validates each tenant's limit as its contract makes
+// it: the plan as sent (raw, before defaults) resolved for the tenant, by
+// ValidateLimit itself, so a contract is held to every rule a limit is.
+// An error names the contract's field: limit.contracts[<id>].<field>.
+// The stored contract is normalized: its regions sorted and, when it
+// replaces the window or the lease settings, the tenant's lease settings
+// with their defaults filled in (a ttl left unset is a quarter of the
+// tenant's window, not of the plan's).
+func checkContractLimits(l, raw *pb.Limit, known []string) error {
+	for _, id := range slices.Sorted(maps.Keys(l.Contracts)) {
+		r := planbind.Resolve(raw, id)
+		r.Plan = ""
+		v, err := ValidateLimit(r, known)
+		if err != nil {
+			var fe *vocab.FieldError
+			if errors.As(err, &fe) {
+				field := "limit.contracts[" + id + "]" + strings.TrimPrefix(fe.Field, "limit")
+				return fieldErr(field, "%s (the tenant's limit under its contract)", fe.Reason)
+			}
 			return err
 		}
-		if m := l.GetLease().GetMinChunk(); c.LimitTokens < m {
-			return fieldErr(f+".limit_tokens", "must be >= the plan's lease.min_chunk (%d), got %d", m, c.LimitTokens)
+		c := l.Contracts[id]
+		if len(c.Regions) > 0 {
+			c.Regions = v.Regions
+		}
+		if c.Window != nil || c.Lease != nil {
+			c.Lease = v.Lease // defaults filled in, as a limit's
 		}
 	}
 	return nil

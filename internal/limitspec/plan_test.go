@@ -12,6 +12,34 @@ import (
 	pb "leasehold/proto/leasehold/v1"
 )
 
+// TestValidateContractFields: a contract replacing every field a deal
+// changes is accepted and stored normalized (regions sorted; a window of
+// its own without lease settings gets the ttl default of its window).
+func TestValidateContractFields(t *testing.T) {
+	yes := true
+	l := &pb.Limit{Id: "plans/pro", LimitTokens: 1000, Window: durationpb.New(time.Hour), Regions: []string{"eu", "us"},
+		Mode: pb.Mode_MODE_STRICT, Binds: []string{"tenant/{id}"}, Contracts: map[string]*pb.Contract{
+			"tenant/atlas": {LimitTokens: 3000, Mode: pb.Mode_MODE_BOUNDED, Regions: []string{"us", "eu"},
+				Fallback: map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 50}},
+				Shadow:   &yes, Window: durationpb.New(time.Minute)},
+			"tenant/lease": {Lease: &pb.LeaseSettings{MinChunk: 3}},
+		}}
+	v, err := ValidateLimit(l, []string{"eu", "us"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := v.Contracts["tenant/atlas"]
+	if a.Regions[0] != "eu" || a.GetLease().GetTtl().AsDuration() != 15*time.Second || a.GetLease().GetMinChunk() != 1 {
+		t.Fatalf("atlas's contract as stored: %v", a)
+	}
+	if v.Lease.Ttl.AsDuration() != 15*time.Minute {
+		t.Fatalf("the plan's ttl: %v", v.Lease.Ttl.AsDuration())
+	}
+	if c := v.Contracts["tenant/lease"]; c.Lease.Ttl.AsDuration() != 15*time.Minute || c.Lease.MinChunk != 3 || c.Window != nil {
+		t.Fatalf("a lease contract as stored: %v", c)
+	}
+}
+
 func TestValidatePlan(t *testing.T) {
 	plan := func() *pb.Limit {
 		return &pb.Limit{Id: "plans/pro", LimitTokens: 1000, Window: durationpb.New(time.Minute),
@@ -46,7 +74,41 @@ func TestValidatePlan(t *testing.T) {
 		{"limit.kind", func(l *pb.Limit) { l.Kind = pb.LimitKind_LIMIT_KIND_BUCKET }},
 		{"limit.plan", func(l *pb.Limit) { l.Plan = "plans/pro" }},
 		{"limit.contracts[other/a]", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"other/a": {LimitTokens: 5}} }},
-		{"limit.contracts[tenant/a].limit_tokens", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {}} }},
+		{"limit.contracts[tenant/a]", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {}} }},
+		{"limit.contracts[tenant/a].limit_tokens", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {LimitTokens: -1}} }},
+		// Each field a contract replaces is checked with the tenant's
+		// resolved limit, as a limit's.
+		{"limit.contracts[tenant/a].mode", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {Mode: 7}} }},
+		{"limit.contracts[tenant/a].regions[0]", func(l *pb.Limit) {
+			l.Contracts = map[string]*pb.Contract{"tenant/a": {Regions: []string{"mars"}}}
+		}},
+		{"limit.contracts[tenant/a].fallback[eu]", func(l *pb.Limit) { // strict takes closed fallbacks only
+			l.Contracts = map[string]*pb.Contract{"tenant/a": {Fallback: map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_OPEN}}}}
+		}},
+		{"limit.contracts[tenant/a].fallback[us]", func(l *pb.Limit) {
+			l.Contracts = map[string]*pb.Contract{"tenant/a": {Mode: pb.Mode_MODE_BOUNDED,
+				Fallback: map[string]*pb.Fallback{"us": {Kind: pb.FallbackKind_FALLBACK_KIND_OPEN}}}}
+		}},
+		{"limit.contracts[tenant/a].window", func(l *pb.Limit) {
+			l.Contracts = map[string]*pb.Contract{"tenant/a": {Window: durationpb.New(time.Millisecond)}}
+		}},
+		{"limit.contracts[tenant/a].window_phase", func(l *pb.Limit) {
+			l.WindowPhase = durationpb.New(30 * time.Second)
+			l.Contracts = map[string]*pb.Contract{"tenant/a": {Window: durationpb.New(10 * time.Second)}}
+		}},
+		{"limit.contracts[tenant/a].lease.ttl", func(l *pb.Limit) {
+			l.Contracts = map[string]*pb.Contract{"tenant/a": {Lease: &pb.LeaseSettings{Ttl: durationpb.New(time.Hour)}}}
+		}},
+		{"limit.contracts[tenant/a].lease.ttl", func(l *pb.Limit) { // the plan's explicit ttl, longer than the tenant's window
+			l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(30 * time.Second)}
+			l.Contracts = map[string]*pb.Contract{"tenant/a": {Window: durationpb.New(10 * time.Second)}}
+		}},
+		{"limit.contracts[tenant/a].lease.min_chunk", func(l *pb.Limit) {
+			l.Contracts = map[string]*pb.Contract{"tenant/a": {LimitTokens: 5, Lease: &pb.LeaseSettings{MinChunk: 6}}}
+		}},
+		{"limit.contracts[tenant/a].regions", func(l *pb.Limit) {
+			l.Contracts = map[string]*pb.Contract{"tenant/a": {Regions: make([]string, 65)}}
+		}},
 		{"limit.contracts[tenant/a].limit_tokens", func(l *pb.Limit) {
 			l.Lease = &pb.LeaseSettings{MinChunk: 10}
 			l.Contracts = map[string]*pb.Contract{"tenant/a": {LimitTokens: 5}}

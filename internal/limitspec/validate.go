@@ -88,9 +88,25 @@ func CheckSizes(l *pb.Limit) error {
 	if len(l.Contracts) > planbind.MaxContracts {
 		return fieldErr("limit.contracts", "more than %d contracts", planbind.MaxContracts)
 	}
-	for id := range l.Contracts {
+	for id, c := range l.Contracts {
 		if len(id) > vocab.MaxLimitIDLen {
 			return fieldErr("limit.contracts", "a tenant id longer than %d bytes", vocab.MaxLimitIDLen)
+		}
+		switch {
+		case len(c.GetRegions()) > MaxRegions:
+			return fieldErr("limit.contracts["+id+"].regions", "more than %d regions", MaxRegions)
+		case len(c.GetFallback()) > MaxRegions:
+			return fieldErr("limit.contracts["+id+"].fallback", "more than %d regions", MaxRegions)
+		}
+		for i, r := range c.GetRegions() {
+			if len(r) > vocab.MaxRegionLen {
+				return fieldErr(fmt.Sprintf("limit.contracts[%s].regions[%d]", id, i), "longer than %d bytes", vocab.MaxRegionLen)
+			}
+		}
+		for r := range c.GetFallback() {
+			if len(r) > vocab.MaxRegionLen {
+				return fieldErr("limit.contracts["+id+"].fallback", "a region name longer than %d bytes", vocab.MaxRegionLen)
+			}
 		}
 	}
 	if len(l.Plan) > vocab.MaxLimitIDLen {
@@ -139,6 +155,24 @@ func ValidateLimit(in *pb.Limit, known []string) (*pb.Limit, error) {
 	l := proto.Clone(in).(*pb.Limit)
 	// Set by the allocator, never by the caller.
 	l.Version, l.EffectiveFrom, l.Previous = 0, nil, nil
+	if len(l.Contracts) > 0 {
+		// The tenants' limits are checked after the plan, from the plan
+		// as sent (defaults are taken for each tenant's own window).
+		raw := proto.Clone(l).(*pb.Limit)
+		v, err := validateLimit(l, known)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkContractLimits(v, raw, known); err != nil {
+			return nil, err
+		}
+		return v, nil
+	}
+	return validateLimit(l, known)
+}
+
+// validateLimit is ValidateLimit of l, a copy it may change.
+func validateLimit(l *pb.Limit, known []string) (*pb.Limit, error) {
 	if err := vocab.ValidateLimitID("limit.id", l.Id); err != nil {
 		return nil, err
 	}

@@ -178,6 +178,47 @@ func (t Table) Mapped(plan string) []string {
 // MaxContracts bounds the contracts of one plan.
 const MaxContracts = 1000
 
+// ApplyContract replaces the fields of v that the contract c sets (nil:
+// none): G, the mode, the regions (dropping the fallbacks of regions no
+// longer in them, unless c replaces the fallbacks), the fallbacks, the
+// lease settings, shadow mode and the window. v is changed in place and
+// keeps c's values (not copies).
+func ApplyContract(v *pb.Limit, c *pb.Contract) {
+	if c == nil {
+		return
+	}
+	if c.LimitTokens > 0 {
+		v.LimitTokens = c.LimitTokens
+	}
+	if c.Mode != pb.Mode_MODE_UNSPECIFIED {
+		v.Mode = c.Mode
+	}
+	if len(c.Regions) > 0 {
+		v.Regions = c.Regions
+		if len(c.Fallback) == 0 && len(v.Fallback) > 0 {
+			kept := map[string]*pb.Fallback{}
+			for _, r := range c.Regions {
+				if fb, ok := v.Fallback[r]; ok {
+					kept[r] = fb
+				}
+			}
+			v.Fallback = kept
+		}
+	}
+	if len(c.Fallback) > 0 {
+		v.Fallback = c.Fallback
+	}
+	if c.Lease != nil {
+		v.Lease = c.Lease
+	}
+	if c.Shadow != nil {
+		v.Shadow = *c.Shadow
+	}
+	if c.Window != nil {
+		v.Window = c.Window
+	}
+}
+
 // Resolve returns the limit id has under plan: the plan's record (its
 // version, scheduled change and override included) with the id set to
 // id, plan set to the plan's id, the tenant's contract applied to each
@@ -192,9 +233,7 @@ func Resolve(plan *pb.Limit, id string) *pb.Limit {
 		if v == nil {
 			return
 		}
-		if c := v.Contracts[id]; c != nil && c.LimitTokens > 0 {
-			v.LimitTokens = c.LimitTokens
-		}
+		ApplyContract(v, v.Contracts[id])
 		v.Id, v.Binds, v.Plan, v.HashTag, v.Contracts = id, nil, name, "", nil
 	}
 	fix(l)

@@ -3,7 +3,9 @@ package planbind
 import (
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "leasehold/proto/leasehold/v1"
@@ -126,6 +128,44 @@ func TestResolve(t *testing.T) {
 	}
 	if o := Resolve(p, "tenant/other"); o.LimitTokens != 1000 || o.Previous.LimitTokens != 500 {
 		t.Fatalf("another tenant: %v", o)
+	}
+}
+
+// TestResolveContractFields: a contract replaces each field it sets and
+// keeps the plan's others; regions it replaces drop the plan's
+// fallbacks of regions left out.
+func TestResolveContractFields(t *testing.T) {
+	p := plan("plans/pro", 1000, "tenant/{id}")
+	p.Window = durationpb.New(time.Minute)
+	p.Mode = pb.Mode_MODE_BOUNDED
+	p.Fallback = map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 10}, "us": {Kind: pb.FallbackKind_FALLBACK_KIND_OPEN}}
+	p.Lease = &pb.LeaseSettings{Ttl: durationpb.New(15 * time.Second), MinChunk: 1}
+	yes := true
+	p.Contracts = map[string]*pb.Contract{
+		"tenant/mode":    {Mode: pb.Mode_MODE_STRICT, Fallback: map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_CLOSED}}},
+		"tenant/regions": {Regions: []string{"eu"}},
+		"tenant/all": {LimitTokens: 5, Window: durationpb.New(time.Hour), Lease: &pb.LeaseSettings{Ttl: durationpb.New(time.Minute), MinChunk: 2, MaxChunk: 3},
+			Shadow: &yes},
+	}
+	m := Resolve(p, "tenant/mode")
+	if m.Mode != pb.Mode_MODE_STRICT || len(m.Fallback) != 1 || m.Fallback["eu"].Kind != pb.FallbackKind_FALLBACK_KIND_CLOSED || m.LimitTokens != 1000 || len(m.Regions) != 2 {
+		t.Fatalf("mode contract: %v", m)
+	}
+	r := Resolve(p, "tenant/regions")
+	if len(r.Regions) != 1 || r.Regions[0] != "eu" || len(r.Fallback) != 1 || r.Fallback["eu"].LocalTokens != 10 || r.Mode != pb.Mode_MODE_BOUNDED {
+		t.Fatalf("regions contract: %v", r)
+	}
+	a := Resolve(p, "tenant/all")
+	if a.LimitTokens != 5 || a.Window.AsDuration() != time.Hour || a.Lease.Ttl.AsDuration() != time.Minute || a.Lease.MaxChunk != 3 || !a.Shadow ||
+		a.Mode != pb.Mode_MODE_BOUNDED || len(a.Regions) != 2 {
+		t.Fatalf("all-fields contract: %v", a)
+	}
+	o := Resolve(p, "tenant/other")
+	if o.LimitTokens != 1000 || o.Window.AsDuration() != time.Minute || o.Shadow || len(o.Fallback) != 2 || o.Lease.Ttl.AsDuration() != 15*time.Second {
+		t.Fatalf("no contract: %v", o)
+	}
+	if len(p.Fallback) != 2 || p.Lease.Ttl.AsDuration() != 15*time.Second || p.Shadow {
+		t.Fatalf("the plan changed: %v", p)
 	}
 }
 

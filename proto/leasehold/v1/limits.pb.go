@@ -746,12 +746,35 @@ func (x *CalendarWindows) GetZone() string {
 }
 
 // Contract is what one tenant's contract replaces of its plan
-// (Limit.contracts).
+// (Limit.contracts). Every field is optional: a field that is set replaces
+// the plan's for the tenant, one that is unset keeps the plan's (and
+// follows it when the plan changes). At least one is set. The tenant's
+// resolved limit (the plan with the contract applied) is validated like
+// any limit; an invalid one is refused naming
+// limit.contracts[<tenant>].<field>.
 type Contract struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// limit_tokens replaces the plan's G for the tenant (>= 1, at least the
-	// plan's lease.min_chunk).
-	LimitTokens   int64 `protobuf:"varint,1,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
+	// limit_tokens replaces the plan's G for the tenant (>= 1); 0 keeps it.
+	LimitTokens int64 `protobuf:"varint,1,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
+	// mode replaces the plan's mode; UNSPECIFIED keeps it.
+	Mode Mode `protobuf:"varint,43,opt,name=mode,proto3,enum=leasehold.v1.Mode" json:"mode,omitempty"`
+	// regions replace the plan's regions (each known to the allocator);
+	// empty keeps them. The plan's fallbacks of regions not in them are
+	// dropped (unless fallback is set, which replaces them all).
+	Regions []string `protobuf:"bytes,44,rep,name=regions,proto3" json:"regions,omitempty"`
+	// fallback, when not empty, replaces the plan's fallbacks (all of them:
+	// a region not named is closed).
+	Fallback map[string]*Fallback `protobuf:"bytes,45,rep,name=fallback,proto3" json:"fallback,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// lease, when set, replaces the plan's lease settings (all of them:
+	// unset ttl means a quarter of the tenant's window). A contract that
+	// replaces the window and not lease gets the plan's lease settings as
+	// sent, the ttl default taken for the tenant's window (stored filled in).
+	Lease *LeaseSettings `protobuf:"bytes,46,opt,name=lease,proto3" json:"lease,omitempty"`
+	// shadow, when set, replaces the plan's shadow mode for the tenant.
+	Shadow *bool `protobuf:"varint,47,opt,name=shadow,proto3,oneof" json:"shadow,omitempty"`
+	// window replaces the plan's window W (>= 1s, whole milliseconds, more
+	// than the plan's window_phase); unset keeps it.
+	Window        *durationpb.Duration `protobuf:"bytes,48,opt,name=window,proto3" json:"window,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -791,6 +814,48 @@ func (x *Contract) GetLimitTokens() int64 {
 		return x.LimitTokens
 	}
 	return 0
+}
+
+func (x *Contract) GetMode() Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return Mode_MODE_UNSPECIFIED
+}
+
+func (x *Contract) GetRegions() []string {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *Contract) GetFallback() map[string]*Fallback {
+	if x != nil {
+		return x.Fallback
+	}
+	return nil
+}
+
+func (x *Contract) GetLease() *LeaseSettings {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *Contract) GetShadow() bool {
+	if x != nil && x.Shadow != nil {
+		return *x.Shadow
+	}
+	return false
+}
+
+func (x *Contract) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
 }
 
 // LimitOverride is the end of an emergency change (Limit.override).
@@ -915,9 +980,19 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.ContractR\x05value:\x028\x01\"9\n" +
 	"\x0fCalendarWindows\x12\x12\n" +
 	"\x04unit\x18\x01 \x01(\tR\x04unit\x12\x12\n" +
-	"\x04zone\x18\x02 \x01(\tR\x04zone\"-\n" +
+	"\x04zone\x18\x02 \x01(\tR\x04zone\"\x94\x03\n" +
 	"\bContract\x12!\n" +
-	"\flimit_tokens\x18\x01 \x01(\x03R\vlimitTokens\"\x87\x01\n" +
+	"\flimit_tokens\x18\x01 \x01(\x03R\vlimitTokens\x12&\n" +
+	"\x04mode\x18+ \x01(\x0e2\x12.leasehold.v1.ModeR\x04mode\x12\x18\n" +
+	"\aregions\x18, \x03(\tR\aregions\x12@\n" +
+	"\bfallback\x18- \x03(\v2$.leasehold.v1.Contract.FallbackEntryR\bfallback\x121\n" +
+	"\x05lease\x18. \x01(\v2\x1b.leasehold.v1.LeaseSettingsR\x05lease\x12\x1b\n" +
+	"\x06shadow\x18/ \x01(\bH\x00R\x06shadow\x88\x01\x01\x121\n" +
+	"\x06window\x180 \x01(\v2\x19.google.protobuf.DurationR\x06window\x1aS\n" +
+	"\rFallbackEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01B\t\n" +
+	"\a_shadow\"\x87\x01\n" +
 	"\rLimitOverride\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x123\n" +
 	"\aends_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06endsAt\x12)\n" +
@@ -955,7 +1030,7 @@ func file_leasehold_v1_limits_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_limits_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_leasehold_v1_limits_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_leasehold_v1_limits_proto_goTypes = []any{
 	(Mode)(0),                     // 0: leasehold.v1.Mode
 	(FallbackKind)(0),             // 1: leasehold.v1.FallbackKind
@@ -970,36 +1045,42 @@ var file_leasehold_v1_limits_proto_goTypes = []any{
 	nil,                           // 10: leasehold.v1.Limit.FallbackEntry
 	nil,                           // 11: leasehold.v1.Limit.TagsEntry
 	nil,                           // 12: leasehold.v1.Limit.ContractsEntry
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	nil,                           // 13: leasehold.v1.Contract.FallbackEntry
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_leasehold_v1_limits_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.Fallback.kind:type_name -> leasehold.v1.FallbackKind
-	13, // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
-	13, // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
+	14, // 1: leasehold.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	14, // 2: leasehold.v1.Limit.window:type_name -> google.protobuf.Duration
 	0,  // 3: leasehold.v1.Limit.mode:type_name -> leasehold.v1.Mode
 	10, // 4: leasehold.v1.Limit.fallback:type_name -> leasehold.v1.Limit.FallbackEntry
 	5,  // 5: leasehold.v1.Limit.lease:type_name -> leasehold.v1.LeaseSettings
 	11, // 6: leasehold.v1.Limit.tags:type_name -> leasehold.v1.Limit.TagsEntry
-	14, // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
+	15, // 7: leasehold.v1.Limit.effective_from:type_name -> google.protobuf.Timestamp
 	6,  // 8: leasehold.v1.Limit.previous:type_name -> leasehold.v1.Limit
 	2,  // 9: leasehold.v1.Limit.kind:type_name -> leasehold.v1.LimitKind
-	13, // 10: leasehold.v1.Limit.rate_period:type_name -> google.protobuf.Duration
-	13, // 11: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
+	14, // 10: leasehold.v1.Limit.rate_period:type_name -> google.protobuf.Duration
+	14, // 11: leasehold.v1.Limit.settle_grace:type_name -> google.protobuf.Duration
 	3,  // 12: leasehold.v1.Limit.debt_policy:type_name -> leasehold.v1.DebtPolicy
 	9,  // 13: leasehold.v1.Limit.override:type_name -> leasehold.v1.LimitOverride
-	13, // 14: leasehold.v1.Limit.window_phase:type_name -> google.protobuf.Duration
+	14, // 14: leasehold.v1.Limit.window_phase:type_name -> google.protobuf.Duration
 	7,  // 15: leasehold.v1.Limit.calendar:type_name -> leasehold.v1.CalendarWindows
 	12, // 16: leasehold.v1.Limit.contracts:type_name -> leasehold.v1.Limit.ContractsEntry
-	14, // 17: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
-	6,  // 18: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
-	4,  // 19: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
-	8,  // 20: leasehold.v1.Limit.ContractsEntry.value:type_name -> leasehold.v1.Contract
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	0,  // 17: leasehold.v1.Contract.mode:type_name -> leasehold.v1.Mode
+	13, // 18: leasehold.v1.Contract.fallback:type_name -> leasehold.v1.Contract.FallbackEntry
+	5,  // 19: leasehold.v1.Contract.lease:type_name -> leasehold.v1.LeaseSettings
+	14, // 20: leasehold.v1.Contract.window:type_name -> google.protobuf.Duration
+	15, // 21: leasehold.v1.LimitOverride.ends_at:type_name -> google.protobuf.Timestamp
+	6,  // 22: leasehold.v1.LimitOverride.after:type_name -> leasehold.v1.Limit
+	4,  // 23: leasehold.v1.Limit.FallbackEntry.value:type_name -> leasehold.v1.Fallback
+	8,  // 24: leasehold.v1.Limit.ContractsEntry.value:type_name -> leasehold.v1.Contract
+	4,  // 25: leasehold.v1.Contract.FallbackEntry.value:type_name -> leasehold.v1.Fallback
+	26, // [26:26] is the sub-list for method output_type
+	26, // [26:26] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_limits_proto_init() }
@@ -1007,13 +1088,14 @@ func file_leasehold_v1_limits_proto_init() {
 	if File_leasehold_v1_limits_proto != nil {
 		return
 	}
+	file_leasehold_v1_limits_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_limits_proto_rawDesc), len(file_leasehold_v1_limits_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
