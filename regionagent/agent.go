@@ -541,7 +541,10 @@ func (a *Agent) beginBatch(reqs []*spendReq) {
 			r.skip = true
 			continue
 		}
-		ks := make([]string, len(chk.Keys))
+		ks := r.key[:]
+		if len(chk.Keys) != 1 {
+			ks = make([]string, len(chk.Keys))
+		}
 		for i, k := range chk.Keys {
 			ks[i] = bucket.KeyOf(k)
 		}
@@ -604,7 +607,7 @@ func (a *Agent) runCheck(ctx context.Context, start time.Time, chk *core.Check, 
 		}
 	}
 	if chk.StoreErr {
-		a.m.checks.WithLabelValues(string(core.ResultStoreError)).Inc()
+		a.m.checked(core.ResultStoreError)
 	}
 	a.m.checkDur.Observe(a.opt.now().Sub(start).Seconds())
 	if chk.Err != nil {
@@ -620,7 +623,7 @@ func (a *Agent) runCheck(ctx context.Context, start time.Time, chk *core.Check, 
 		}
 		return spendAt, chk.Err
 	}
-	a.m.checks.WithLabelValues(string(chk.Result)).Inc()
+	a.m.checked(chk.Result)
 	return spendAt, nil
 }
 

@@ -14,8 +14,11 @@ const resultCrossSlot = "cross_slot"
 
 // metrics are the agent's Prometheus metrics, on the Registerer of Config.
 type metrics struct {
-	checks      *prometheus.CounterVec
-	checkOK     prometheus.Counter // checks{result="ok"}, bound once
+	checks  *prometheus.CounterVec
+	checkOK prometheus.Counter // checks{result="ok"}, bound once
+	// checkBy holds checks{result=r} for every result the core names,
+	// bound once: a Check counts itself without hashing its label.
+	checkBy     map[core.Result]prometheus.Counter
 	chunkChecks prometheus.Counter
 	// chunkReleased counts what chunks gave back, by outcome.
 	chunkReleased *prometheus.CounterVec
@@ -76,9 +79,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.checkOK = m.checks.WithLabelValues("ok")
 	// Every result from the start, at 0: a panel of fallbacks has data
 	// (zero) on a healthy system, and rate() sees the first one.
+	m.checkBy = map[core.Result]prometheus.Counter{core.ResultOK: m.checkOK}
 	for _, r := range []core.Result{core.ResultOverLimit, core.ResultUnavailable, core.ResultFallback,
 		core.ResultFallbackDenied, core.ResultStoreError, core.ResultNotSynced, core.ResultWouldDeny} {
-		m.checks.WithLabelValues(string(r))
+		m.checkBy[r] = m.checks.WithLabelValues(string(r))
 	}
 	m.checks.WithLabelValues(resultCrossSlot)
 	m.chunkChecks = prometheus.NewCounter(prometheus.CounterOpts{
@@ -231,4 +235,13 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// checked counts one Check of result r.
+func (m *metrics) checked(r core.Result) {
+	if c, ok := m.checkBy[r]; ok {
+		c.Inc()
+		return
+	}
+	m.checks.WithLabelValues(string(r)).Inc()
 }

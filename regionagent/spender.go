@@ -22,6 +22,9 @@ type spendReq struct {
 	check *checkStart
 	skip  bool
 	at    time.Time
+	// key backs op.Keys for a Check of one limit: no slice made per
+	// Check (SpendBatch copies the names into its commands).
+	key [1]string
 	// done receives once the result is set. Buffered (1) so the flusher
 	// never blocks on a caller that gave up.
 	done chan struct{}
@@ -101,7 +104,7 @@ func (s *spender) submit(ctx context.Context, r *spendReq) (*spendReq, error) {
 
 func release(r *spendReq) {
 	r.op, r.res, r.err = bucket.SpendOp{}, bucket.SpendResult{}, nil
-	r.check, r.skip, r.at = nil, false, time.Time{}
+	r.check, r.skip, r.at, r.key = nil, false, time.Time{}, [1]string{}
 	spendReqPool.Put(r)
 }
 
