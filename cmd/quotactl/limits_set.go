@@ -158,6 +158,28 @@ func setLimitFlags(f *flagSet, plan bool) action {
 		if f.isSet("expect-version") {
 			req.ExpectedVersion = &expect
 		}
+		names, g, err := e.planGroupNames(ctx, id)
+		if err != nil {
+			return err
+		}
+		if names != nil {
+			// A plan with allocator groups: written to every group.
+			if req.ExpectedVersion != nil {
+				return usagef("--expect-version: a plan's version is per allocator group; write it without (plans get shows each group's)")
+			}
+			l, eff, copies, err := e.planEverywhere(ctx, g, names, id, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (*pb.Limit, *pb.ChangeEffect, error) {
+				resp, err := c.PutLimit(ctx, req, opt)
+				return resp.GetLimit(), resp.GetEffect(), err
+			})
+			if err != nil {
+				return err
+			}
+			if ch.dryRun {
+				return e.printDryRun(&pb.PutLimitResponse{Limit: l, Effect: eff}, eff)
+			}
+			e.planGroups = groupsRow(copies)
+			return e.printLimit(l)
+		}
 		var resp *pb.PutLimitResponse
 		err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
 			resp, err = c.PutLimit(ctx, req, opt)
