@@ -14,8 +14,8 @@ import (
 
 	"leasehold/allocator/auth"
 	"leasehold/internal/groupmap"
-	"leasehold/internal/planbind"
 	"leasehold/internal/limitspec"
+	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )

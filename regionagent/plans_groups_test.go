@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"leasehold/allocator"
-	"leasehold/regionagent/core"
 	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/core"
 )
 
 // TestPlanGroupsFirstUse: with two allocator groups, a plan written to

@@ -84,6 +84,8 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	f.stringVar(&l.Description, "description", "`S`: free text")
 	if !plan {
 		f.stringVar(&l.HashTag, "hash-tag", "`T`: the Redis hash tag of the limit's keys: limits checked together in one CheckMulti share it on Redis Cluster, e.g. the tenant (default: the id; cannot change later)")
+	} else {
+		f.stringVar(&l.HashTag, "hash-tag", "`{id}`: tag each tenant's keys with its id's last segment, so that a tenant's limits under several plans (tenant/X, tenant-month/X) can be checked together in one CheckMulti on Redis Cluster (default: none, each tenant's keys under its own id; cannot change later); the only tag a plan takes")
 	}
 	f.durationVar(&grace, "settle-grace", "`DUR`: how long after a settle-later Check its Settle is taken, 1s..1m (default 30s)")
 	f.value("debt-policy", "`carry|forgive`: a settle-later overrun the window cannot hold is paid by the region's next window (carry, the default) or only counted (forgive)", func(s string) error {
