@@ -157,9 +157,6 @@ func (a *Allocator) applyChanges(ctx context.Context, p *auth.Principal, cs chan
 		return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, err)
 	}
 	for i := range cs.items {
-		if it := &cs.items[i]; a.opt.groupView != nil && planbind.IsPlan(it.id()) {
-			return nil, refuse(it, pb.AuditOutcome_AUDIT_OUTCOME_INVALID, errPlansGroups(it))
-		}
 		if err := a.writableHere(cs.items[i].id()); err != nil {
 			return nil, err // not this group's to change: the caller asks the owner
 		}

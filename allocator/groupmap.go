@@ -15,6 +15,7 @@ import (
 	"leasehold/allocator/auth"
 	"leasehold/internal/groupmap"
 	"leasehold/internal/limitspec"
+	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -291,8 +292,8 @@ func (e *WrongGroupError) Error() string {
 // moving is changed at its new group as soon as the move is written: its
 // old group keeps its record only for the windows already in progress.
 func (a *Allocator) writableHere(limit string) error {
-	if a.opt.groupView == nil {
-		return nil
+	if a.opt.groupView == nil || planbind.IsPlan(limit) {
+		return nil // a plan is written to, and read from, every group
 	}
 	m, _ := a.opt.groupView.Map()
 	if len(m.Versions) == 0 {

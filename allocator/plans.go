@@ -127,9 +127,6 @@ func (a *Allocator) checkPlanChanges(ctx context.Context, cs *changeSet) (*chang
 		return nil, nil
 	}
 	it := plans[0]
-	if a.opt.groupView != nil {
-		return it, errPlansGroups(it)
-	}
 	stored, err := a.storedPlans(ctx)
 	if err != nil {
 		return nil, err
@@ -182,12 +179,6 @@ func (a *Allocator) storedPlans(ctx context.Context) ([]*pb.Limit, error) {
 		}
 		token = next
 	}
-}
-
-// errPlansGroups refuses a plan change to one of several allocator groups.
-func errPlansGroups(it *changeItem) error {
-	return fieldErr(it.field+idField(it), "plans are not supported with allocator groups in this version "+
-		"(each group would need every plan): give each tenant a limit of its own")
 }
 
 // maxDenyingShown bounds ChangeEffect.plan_tenants_denying.
@@ -249,6 +240,11 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 	for _, id := range mapped {
 		if _, explicit := c.limits[id]; explicit || counted[id] {
 			continue
+		}
+		if c.owner != nil {
+			if _, owned := c.owner(id, now); !owned {
+				continue // another group's tenant: that group counts it (quotactl sums the groups)
+			}
 		}
 		e.PlanTenants++
 		if deleting {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"leasehold/internal/groupmap"
+	"leasehold/internal/planbind"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/core"
 )
@@ -455,11 +456,15 @@ func (a *Agent) syncGroups(ctx context.Context) error {
 		return errors.Join(errs...)
 	}
 	merged := a.mergeGroups(names)
+	perGroup, gm := a.groupPlans(names)
 	a.withCore(func(c *core.Core) {
 		if clock != nil {
 			c.SetAllocatorClock(clock.sent, clock.recv, time.Unix(0, clock.resp.AllocatorUnixNanos))
 		}
 		ls, plans := coreLimits(merged.Limits, a.cfg.Region)
+		if plans != nil {
+			plans = groupResolver(perGroup, gm, a.opt.now, a.cfg.Region, plans)
+		}
 		taken := time.Unix(0, merged.AllocatorUnixNanos)
 		if changed {
 			c.SetPlans(plans)
@@ -533,4 +538,58 @@ func (a *Agent) mergeGroups(names []string) merged {
 		out.Limits = append(out.Limits, byID[id])
 	}
 	return out
+}
+
+// groupPlans returns the plan records each group that answered a sync
+// sent (every group holds every plan: docs/design.md, "Plans with
+// allocator groups") and the group map.
+func (a *Agent) groupPlans(names []string) (map[string][]*pb.Limit, groupmap.Map) {
+	a.groups.mu.Lock()
+	defer a.groups.mu.Unlock()
+	out := map[string][]*pb.Limit{}
+	for _, n := range names {
+		s := a.groups.syncs[n]
+		if s == nil {
+			continue
+		}
+		pls := []*pb.Limit{}
+		for _, l := range s.limits {
+			if planbind.IsPlan(l.Id) {
+				pls = append(pls, l)
+			}
+		}
+		out[n] = pls
+	}
+	return out, a.groups.m
+}
+
+// groupResolver resolves a tenant with the plans of the group that owns
+// it, which is the group that grants it: so the agent enforces the plan's
+// version that group's allocator grants by, even while a plan change has
+// reached some groups and not others. A tenant whose group has not
+// answered a sync yet is resolved from the merged snapshot (fallback);
+// one whose group answered without a plan binding it is unknown.
+func groupResolver(per map[string][]*pb.Limit, m groupmap.Map, now func() time.Time, region string, fallback core.Resolver) core.Resolver {
+	if len(m.Versions) == 0 {
+		return fallback
+	}
+	rs := make(map[string]core.Resolver, len(per))
+	for g, pls := range per {
+		if _, r := coreLimits(pls, region); r != nil {
+			rs[g] = r
+		}
+	}
+	return func(id string) (core.Limit, bool) {
+		g, _, ok := m.Owner(id, now())
+		if !ok {
+			return fallback(id)
+		}
+		if r, ok := rs[g]; ok {
+			return r(id)
+		}
+		if _, answered := per[g]; answered {
+			return core.Limit{}, false
+		}
+		return fallback(id)
+	}
 }

@@ -74,6 +74,11 @@ type env struct {
 	conns  map[string]*grpc.ClientConn // by address; closed by close
 	dial   []grpc.DialOption           // built from globals.sec on first use
 	groups groupState                  // the allocator groups' map, read once (groups.go)
+	// planGroups, when set, is the "groups" row printLimit adds: each
+	// group's version of a plan (plans_groups.go).
+	planGroups string
+	// planGroupRows, when set, adds a GROUPS column to plans list.
+	planGroupRows map[string]string
 }
 
 func newEnv(stdout io.Writer) *env {

@@ -16,6 +16,7 @@ import (
 
 	"leasehold/internal/groupmap"
 	"leasehold/internal/limitspec"
+	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -320,8 +321,13 @@ func (e *env) changeGroups(ctx context.Context, change groupmap.Change) error {
 		from, to string
 	}
 	var moves []move
+	var plans []*pb.Limit
 	nv := next.Current()
 	for _, l := range live {
+		if planbind.IsPlan(l.GetId()) {
+			plans = append(plans, l) // in every group: copied to every group of the new version below
+			continue
+		}
 		if from, to := g.ownerOf(l.GetId()), nv.Owner(l.GetId()); from != to {
 			moves = append(moves, move{l, from, to})
 		}
@@ -372,6 +378,44 @@ func (e *env) changeGroups(ctx context.Context, change groupmap.Change) error {
 	if len(moves) == 0 {
 		fmt.Fprintln(e.stdout, "no limit changes group")
 	}
+	// Every group holds every plan (a tenant is granted by the group its
+	// id hashes to): a group the new version adds gets each plan; one
+	// that has it as it is answers unchanged.
+	for _, gr := range v.Groups {
+		addr, err := e.addrOf(&e.groups, gr.Name)
+		if err != nil {
+			return err
+		}
+		for _, p := range plans {
+			if !ready[gr.Name] {
+				if err := e.waitMapRevision(ctx, addr, resp.GetRevision()); err != nil {
+					return fmt.Errorf("allocator group %s has not read the new group map (run the command again to copy the plans): %w", gr.Name, err)
+				}
+				ready[gr.Name] = true
+			}
+			l := limitToCopy(p)
+			if o := l.GetOverride(); o != nil {
+				// An override is the allocator's to set: the copy is the
+				// version it returns to (a group created during an
+				// override gets the override with limits override).
+				l = limitToCopy(o.GetAfter())
+				l.Id = p.GetId()
+			}
+			var got *pb.Limit
+			err = e.adminAt(ctx, addr, false, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) error {
+				r, err := c.PutLimit(ctx, &pb.PutLimitRequest{Limit: l, Reason: "plan copied to allocator group " + gr.Name + ": " + change.Reason,
+					Effective: pb.Effective_EFFECTIVE_NOW}, opt)
+				got = r.GetLimit()
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("copying plan %s to group %s (run the command again to finish): %w", l.GetId(), gr.Name, err)
+			}
+			if got.GetVersion() == 1 {
+				fmt.Fprintf(e.stdout, "copied plan %s to group %s\n", l.GetId(), gr.Name)
+			}
+		}
+	}
 	return nil
 }
 
@@ -406,27 +450,40 @@ func limitToCopy(l *pb.Limit) *pb.Limit {
 
 // applyByGroup applies req where its limits live: without groups one
 // call, all or nothing; with groups one call per group of the changes that
-// live in it, each all or nothing (a failure in a later group leaves the
+// live in it (a plan's change in every group), each all or nothing (a failure in a later group leaves the
 // earlier groups' parts applied, and says so). The answers are joined in
 // group order; code is the failed call's.
 func (e *env) applyByGroup(ctx context.Context, req *pb.ApplyLimitsRequest) (*pb.ApplyLimitsResponse, codes.Code, error) {
 	// First as one call at --allocator: without groups (or when every
-	// limit lives in its group) that is all.
+	// limit lives in its group) that is all. A plan lives in every group:
+	// a file with plans is split at once when there are groups.
 	var resp *pb.ApplyLimitsResponse
 	var code codes.Code
 	var trailer []string
-	err := e.adminAt(ctx, e.addr, false, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
-		var md metadata.MD
-		resp, err = c.ApplyLimits(ctx, req, opt, grpc.Trailer(&md))
-		code, trailer = status.Code(err), md.Get(vocab.GroupMetadataKey)
-		return err
-	})
-	if err == nil || code != codes.FailedPrecondition || len(trailer) == 0 {
-		return resp, code, err
+	hasPlans := false
+	for _, ch := range req.GetChanges() {
+		hasPlans = hasPlans || planbind.IsPlan(ch.GetDelete()) || planbind.IsPlan(ch.GetPut().GetId())
 	}
-	g, err := e.groupMap(ctx)
-	if err != nil {
-		return nil, status.Code(err), err
+	var err error
+	var g *groupState
+	if hasPlans {
+		if g, err = e.groupMap(ctx); err != nil {
+			return nil, status.Code(err), err
+		}
+	}
+	if g == nil || !g.active() {
+		err = e.adminAt(ctx, e.addr, false, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+			var md metadata.MD
+			resp, err = c.ApplyLimits(ctx, req, opt, grpc.Trailer(&md))
+			code, trailer = status.Code(err), md.Get(vocab.GroupMetadataKey)
+			return err
+		})
+		if err == nil || code != codes.FailedPrecondition || len(trailer) == 0 {
+			return resp, code, err
+		}
+		if g, err = e.groupMap(ctx); err != nil {
+			return nil, status.Code(err), err
+		}
 	}
 	parts := map[string]*pb.ApplyLimitsRequest{}
 	var order []string
@@ -435,14 +492,22 @@ func (e *env) applyByGroup(ctx context.Context, req *pb.ApplyLimitsRequest) (*pb
 		if p := ch.GetPut(); p != nil {
 			id = p.GetId()
 		}
-		owner := g.ownerOf(id)
-		part := parts[owner]
-		if part == nil {
-			part = &pb.ApplyLimitsRequest{Reason: req.Reason, Effective: req.Effective, DryRun: req.DryRun}
-			parts[owner] = part
-			order = append(order, owner)
+		owners := []string{g.ownerOf(id)}
+		if planbind.IsPlan(id) && g.active() {
+			owners = owners[:0] // a plan: every group's
+			for _, gr := range g.m.Current().Groups {
+				owners = append(owners, gr.Name)
+			}
 		}
-		part.Changes = append(part.Changes, ch)
+		for _, owner := range owners {
+			part := parts[owner]
+			if part == nil {
+				part = &pb.ApplyLimitsRequest{Reason: req.Reason, Effective: req.Effective, DryRun: req.DryRun}
+				parts[owner] = part
+				order = append(order, owner)
+			}
+			part.Changes = append(part.Changes, ch)
+		}
 	}
 	sort.Strings(order)
 	out := &pb.ApplyLimitsResponse{}
@@ -474,5 +539,39 @@ func (e *env) applyByGroup(ctx context.Context, req *pb.ApplyLimitsRequest) (*pb
 		}
 	}
 	out.ChangeId = strings.Join(ids, ",")
+	out.Effects, out.Limits = onePerPlan(out.Effects, out.Limits)
 	return out, codes.OK, nil
+}
+
+// onePerPlan keeps one answer per plan of an apply made in every group:
+// the first group's limit, and the effects summed (each group counts the
+// tenants whose ids hash to it).
+func onePerPlan(effs []*pb.ChangeEffect, ls []*pb.Limit) ([]*pb.ChangeEffect, []*pb.Limit) {
+	var outE []*pb.ChangeEffect
+	seen := map[string]*pb.ChangeEffect{}
+	for _, ef := range effs {
+		id := ef.GetLimitId()
+		if !planbind.IsPlan(id) {
+			outE = append(outE, ef)
+			continue
+		}
+		if acc, ok := seen[id]; ok {
+			sumEffects(acc, ef)
+			continue
+		}
+		seen[id] = ef
+		outE = append(outE, ef)
+	}
+	var outL []*pb.Limit
+	have := map[string]bool{}
+	for _, l := range ls {
+		if planbind.IsPlan(l.GetId()) {
+			if have[l.GetId()] {
+				continue
+			}
+			have[l.GetId()] = true
+		}
+		outL = append(outL, l)
+	}
+	return outE, outL
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -32,10 +34,30 @@ what the deletion would do and deletes nothing.`,
 				req.ExpectedVersion = &expect
 			}
 			var resp *pb.DeleteLimitResponse
-			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
-				resp, err = c.DeleteLimit(ctx, req, opt)
+			names, g, err := e.planGroupNames(ctx, id)
+			if err != nil {
 				return err
-			})
+			}
+			if names != nil {
+				// A plan with allocator groups: deleted in every group.
+				if req.ExpectedVersion != nil {
+					return usagef("--expect-version: a plan's version is per allocator group; delete it without")
+				}
+				var eff *pb.ChangeEffect
+				_, eff, _, err = e.planEverywhere(ctx, g, names, id, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (*pb.Limit, *pb.ChangeEffect, error) {
+					r, err := c.DeleteLimit(ctx, req, opt)
+					if status.Code(err) == codes.NotFound {
+						return nil, nil, nil // not in this group (any more): deleting it again is done
+					}
+					return nil, r.GetEffect(), err
+				})
+				resp = &pb.DeleteLimitResponse{Effect: eff}
+			} else {
+				err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {
+					resp, err = c.DeleteLimit(ctx, req, opt)
+					return err
+				})
+			}
 			if err != nil {
 				return err
 			}

@@ -63,6 +63,65 @@ for the next window is refused while an override is in force.`,
 			case !end && (dur < time.Second || dur > limitspec.MaxWindow):
 				return usagef("--for: want 1s to %s, got %s", formatDuration(durationpb.New(limitspec.MaxWindow)), formatDuration(durationpb.New(dur)))
 			}
+			// makeReq builds the override of cur (as a group stores it).
+			makeReq := func(cur *pb.Limit) (*pb.PutLimitRequest, error) {
+				base := cur
+				if o := cur.GetOverride(); o.GetAfter() != nil {
+					base = o.After
+				} else if end {
+					return nil, usagef("%s has no override in force", oneLine(id))
+				}
+				next := proto.Clone(base).(*pb.Limit)
+				next.Id, next.Version, next.EffectiveFrom, next.Previous, next.Override = id, 0, nil, nil, nil
+				if f.isSet("limit") {
+					next.LimitTokens = g
+				}
+				if shadow || enforce {
+					next.Shadow = shadow
+				}
+				expect := cur.GetVersion()
+				req := &pb.PutLimitRequest{Limit: next, Reason: ch.reason, Effective: pb.Effective_EFFECTIVE_NOW,
+					DryRun: ch.dryRun, ExpectedVersion: &expect}
+				if !end {
+					req.OverrideFor = durationpb.New(dur)
+				}
+				return req, nil
+			}
+			names, gs, err := e.planGroupNames(ctx, id)
+			if err != nil {
+				return err
+			}
+			if names != nil {
+				// A plan with allocator groups: overridden in every
+				// group, each from its own copy (at its version); each
+				// group's end is its change's time plus --for on its
+				// own clock.
+				var usage error
+				l, eff, copies, err := e.planEverywhere(ctx, gs, names, id, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (*pb.Limit, *pb.ChangeEffect, error) {
+					cur, err := c.GetLimit(ctx, &pb.GetLimitRequest{Id: id}, opt)
+					if err != nil {
+						return nil, nil, err
+					}
+					req, err := makeReq(cur.GetLimit())
+					if err != nil {
+						usage = err
+						return nil, nil, err
+					}
+					resp, err := c.PutLimit(ctx, req, opt)
+					return resp.GetLimit(), resp.GetEffect(), err
+				})
+				if usage != nil {
+					return usage
+				}
+				if err != nil {
+					return err
+				}
+				if ch.dryRun {
+					return e.printDryRun(&pb.PutLimitResponse{Limit: l, Effect: eff}, eff)
+				}
+				e.planGroups = groupsRow(copies)
+				return e.printLimit(l)
+			}
 			var cur *pb.Limit
 			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) error {
 				resp, err := c.GetLimit(ctx, &pb.GetLimitRequest{Id: id}, opt)
@@ -72,25 +131,9 @@ for the next window is refused while an override is in force.`,
 			if err != nil {
 				return err
 			}
-			base := cur
-			if o := cur.GetOverride(); o.GetAfter() != nil {
-				base = o.After
-			} else if end {
-				return usagef("%s has no override in force", oneLine(id))
-			}
-			next := proto.Clone(base).(*pb.Limit)
-			next.Id, next.Version, next.EffectiveFrom, next.Previous, next.Override = id, 0, nil, nil, nil
-			if f.isSet("limit") {
-				next.LimitTokens = g
-			}
-			if shadow || enforce {
-				next.Shadow = shadow
-			}
-			expect := cur.GetVersion()
-			req := &pb.PutLimitRequest{Limit: next, Reason: ch.reason, Effective: pb.Effective_EFFECTIVE_NOW,
-				DryRun: ch.dryRun, ExpectedVersion: &expect}
-			if !end {
-				req.OverrideFor = durationpb.New(dur)
+			req, err := makeReq(cur)
+			if err != nil {
+				return err
 			}
 			var resp *pb.PutLimitResponse
 			err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {

@@ -84,6 +84,8 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	f.stringVar(&l.Description, "description", "`S`: free text")
 	if !plan {
 		f.stringVar(&l.HashTag, "hash-tag", "`T`: the Redis hash tag of the limit's keys: limits checked together in one CheckMulti share it on Redis Cluster, e.g. the tenant (default: the id; cannot change later)")
+	} else {
+		f.stringVar(&l.HashTag, "hash-tag", "`{id}`: tag each tenant's keys with its id's last segment, so that a tenant's limits under several plans (tenant/X, tenant-month/X) can be checked together in one CheckMulti on Redis Cluster (default: none, each tenant's keys under its own id; cannot change later); the only tag a plan takes")
 	}
 	f.durationVar(&grace, "settle-grace", "`DUR`: how long after a settle-later Check its Settle is taken, 1s..1m (default 30s)")
 	f.value("debt-policy", "`carry|forgive`: a settle-later overrun the window cannot hold is paid by the region's next window (carry, the default) or only counted (forgive)", func(s string) error {
@@ -157,6 +159,28 @@ func setLimitFlags(f *flagSet, plan bool) action {
 		req := &pb.PutLimitRequest{Limit: l, Reason: ch.reason, Effective: ch.effective, DryRun: ch.dryRun}
 		if f.isSet("expect-version") {
 			req.ExpectedVersion = &expect
+		}
+		names, g, err := e.planGroupNames(ctx, id)
+		if err != nil {
+			return err
+		}
+		if names != nil {
+			// A plan with allocator groups: written to every group.
+			if req.ExpectedVersion != nil {
+				return usagef("--expect-version: a plan's version is per allocator group; write it without (plans get shows each group's)")
+			}
+			l, eff, copies, err := e.planEverywhere(ctx, g, names, id, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (*pb.Limit, *pb.ChangeEffect, error) {
+				resp, err := c.PutLimit(ctx, req, opt)
+				return resp.GetLimit(), resp.GetEffect(), err
+			})
+			if err != nil {
+				return err
+			}
+			if ch.dryRun {
+				return e.printDryRun(&pb.PutLimitResponse{Limit: l, Effect: eff}, eff)
+			}
+			e.planGroups = groupsRow(copies)
+			return e.printLimit(l)
 		}
 		var resp *pb.PutLimitResponse
 		err = e.admin(ctx, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) (err error) {

@@ -120,6 +120,9 @@ func (e *env) printLimit(l *pb.Limit) error {
 			oneLine(o.GetReason()), o.GetAfter().GetLimitTokens(), shadowSuffix(o.GetAfter()))})
 	}
 	rows = append(rows, [2]string{"version", strconv.FormatInt(l.GetVersion(), 10)})
+	if e.planGroups != "" {
+		rows = append(rows, [2]string{"groups", e.planGroups})
+	}
 	if ts := formatTS(l.GetEffectiveFrom()); ts != "" {
 		rows = append(rows, [2]string{"effective-from", ts})
 	}
@@ -341,16 +344,24 @@ func (e *env) printPlans(ls []*pb.Limit) error {
 		return e.printLimits(ls)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PLAN\tG\tWINDOW\tREGIONS\tMODE\tSHADOW\tBINDS\tVERSION")
+	head := "PLAN\tG\tWINDOW\tREGIONS\tMODE\tSHADOW\tBINDS\tVERSION"
+	if e.planGroupRows != nil {
+		head += "\tGROUPS"
+	}
+	fmt.Fprintln(tw, head)
 	for _, l := range ls {
 		shadow := "no"
 		if l.GetShadow() {
 			shadow = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\n",
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d",
 			cell(strings.TrimPrefix(l.GetId(), "plans/"), "-"), l.GetLimitTokens(), cell(formatDuration(l.GetWindow()), "-"),
 			cell(strings.Join(l.GetRegions(), ","), "-"), limitspec.ModeName(l.GetMode()), shadow,
 			cell(strings.Join(l.GetBinds(), ","), "-"), l.GetVersion())
+		if e.planGroupRows != nil {
+			fmt.Fprintf(tw, "\t%s", e.planGroupRows[l.GetId()])
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }

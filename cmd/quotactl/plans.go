@@ -85,6 +85,17 @@ var plansListCmd = &command{
 			if err != nil {
 				return err
 			}
+			names, g, err := e.planGroupNames(ctx, planbind.Namespace+"any")
+			if err != nil {
+				return err
+			}
+			if names != nil && !e.json {
+				// Each group's version of each plan, copies that differ flagged.
+				e.planGroupRows = map[string]string{}
+				for _, l := range all {
+					e.planGroupRows[l.GetId()] = groupsRow(e.planCopies(ctx, g, names, l.GetId()))
+				}
+			}
 			return e.printPlans(all)
 		}
 	},

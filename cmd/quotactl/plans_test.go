@@ -68,6 +68,15 @@ func TestPlansLifecycle(t *testing.T) {
 	if !strings.Contains(r.stderr, "unknown field") {
 		t.Fatalf("a contract with an unknown field: %q", r.stderr)
 	}
+	// A plan's hash tag is {id} (each tenant's own) or none.
+	q("plans", "set", "tagged", "--limit", "10", "--window", "1m", "--regions", "eu", "--mode", "strict",
+		"--bind", "tagged/{id}", "--hash-tag", "{id}", "--reason", "tagged per tenant").want(t, 0)
+	r = q("plans", "set", "tagged2", "--limit", "10", "--window", "1m", "--regions", "eu", "--mode", "strict",
+		"--bind", "tagged2/{id}", "--hash-tag", "atlas", "--reason", "one tag for all").want(t, 1)
+	if !strings.Contains(r.stderr, "limit.hash_tag") {
+		t.Fatalf("a plan with a fixed hash tag: %q", r.stderr)
+	}
+	q("limits", "delete", "plans/tagged", "--reason", "done").want(t, 0)
 	// An emergency override of a plan, shown in force, ended by hand.
 	r = q("limits", "override", "plans/ent", "--limit", "20000", "--for", "2h", "--reason", "incident 7: Enterprise surge").want(t, 0)
 	if got := kv(t, r.stdout); got["limit"] != "20000" || !strings.Contains(got["override"], "(incident 7: Enterprise surge); then limit 9000") ||

@@ -13,10 +13,10 @@ import (
 )
 
 // checkPlan checks what makes a limit a plan (docs/plans.md): an id
-// "plans/<name>" and its binds, or, on any other limit, no binds. What
-// this version of plans does not carry to the tenants' limits is
-// refused, naming the field: a hash tag (every tenant's keys are its
-// own) and bucket plans.
+// "plans/<name>" and its binds, or, on any other limit, no binds. A
+// plan's hash tag is "{id}" or none (planbind.TenantTag). What this
+// version of plans does not carry to the tenants' limits is refused,
+// naming the field: bucket and concurrency plans.
 func checkPlan(l *pb.Limit) error {
 	if l.Plan != "" {
 		return fieldErr("limit.plan", "is set on limits resolved from a plan, never in requests")
@@ -33,8 +33,9 @@ func checkPlan(l *pb.Limit) error {
 	if strings.Count(l.Id, "/") != 1 {
 		return fieldErr("limit.id", "%q: a plan is named %q, one segment after %q", l.Id, planbind.Namespace+"<name>", planbind.Namespace)
 	}
-	if l.HashTag != "" {
-		return fieldErr("limit.hash_tag", "a plan has no hash tag: each tenant's limit keeps its keys under its own id")
+	if l.HashTag != "" && l.HashTag != planbind.Placeholder {
+		return fieldErr("limit.hash_tag", "a plan's hash tag is %s (each tenant's keys tagged with its id's last segment) or none: "+
+			"one tag for every tenant would put them all in one Redis Cluster slot", planbind.Placeholder)
 	}
 	if l.Kind != pb.LimitKind_LIMIT_KIND_UNSPECIFIED && l.Kind != pb.LimitKind_LIMIT_KIND_WINDOW {
 		return fieldErr("limit.kind", "plans are window limits in this version")

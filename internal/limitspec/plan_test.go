@@ -53,6 +53,11 @@ func TestValidatePlan(t *testing.T) {
 	if _, err := ValidateLimit(contract, []string{"eu"}); err != nil {
 		t.Fatalf("a plan with a contract: %v", err)
 	}
+	tagged := plan()
+	tagged.HashTag = "{id}"
+	if v, err := ValidateLimit(tagged, []string{"eu"}); err != nil || v.HashTag != "{id}" {
+		t.Fatalf("a plan tagged {id}: %v %v", v, err)
+	}
 	mapping := plan()
 	mapping.Binds = []string{"tenant/{id}", "team/bigco", "tenant/eu/acme"}
 	if _, err := ValidateLimit(mapping, []string{"eu"}); err != nil {

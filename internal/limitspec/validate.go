@@ -288,7 +288,7 @@ func validateLimit(l *pb.Limit, known []string) (*pb.Limit, error) {
 		if l.HashTag == l.Id {
 			l.HashTag = ""
 		}
-		if err := vocab.ValidateHashTag("limit.hash_tag", l.HashTag); err != nil {
+		if err := validateHashTag(l); err != nil {
 			return nil, err
 		}
 		return l, nil
@@ -327,7 +327,7 @@ func validateLimit(l *pb.Limit, known []string) (*pb.Limit, error) {
 	if l.HashTag == l.Id {
 		l.HashTag = ""
 	}
-	if err := vocab.ValidateHashTag("limit.hash_tag", l.HashTag); err != nil {
+	if err := validateHashTag(l); err != nil {
 		return nil, err
 	}
 	if l.SettleGrace != nil {
@@ -409,4 +409,13 @@ func checkCalendar(l *pb.Limit) error {
 		return fieldErr("limit.window_phase", "calendar windows start at local midnight: a phase offset is for fixed windows")
 	}
 	return fieldErr("limit.calendar", "%s", CalendarNotEnforced)
+}
+
+// validateHashTag checks a limit's hash tag; a plan's "{id}" (checkPlan)
+// stands for each tenant's own tag (planbind.TenantTag).
+func validateHashTag(l *pb.Limit) error {
+	if planbind.IsPlan(l.Id) && l.HashTag == planbind.Placeholder {
+		return nil
+	}
+	return vocab.ValidateHashTag("limit.hash_tag", l.HashTag)
 }

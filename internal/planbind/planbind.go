@@ -175,6 +175,26 @@ func (t Table) Mapped(plan string) []string {
 	return out
 }
 
+// maxTagLen is the longest hash tag (vocab.MaxHashTagLen).
+const maxTagLen = 64
+
+// TenantTag is the hash tag of tenant id under a plan whose hash tag is
+// planTag: for "{id}" (Placeholder, the only tag a plan takes) the id's
+// last segment, so that the limits of one tenant under several plans
+// ("tenant/atlas" and "tenant-month/atlas") share a tag and can be
+// checked together on Redis Cluster; "" (the id is its own tag) for a
+// plan without one, or a last segment longer than a hash tag may be.
+func TenantTag(planTag, id string) string {
+	if planTag != Placeholder {
+		return ""
+	}
+	seg := id[strings.LastIndexByte(id, '/')+1:]
+	if seg == "" || len(seg) > maxTagLen {
+		return ""
+	}
+	return seg
+}
+
 // MaxContracts bounds the contracts of one plan.
 const MaxContracts = 1000
 
@@ -234,7 +254,7 @@ func Resolve(plan *pb.Limit, id string) *pb.Limit {
 			return
 		}
 		ApplyContract(v, v.Contracts[id])
-		v.Id, v.Binds, v.Plan, v.HashTag, v.Contracts = id, nil, name, "", nil
+		v.Id, v.Binds, v.Plan, v.HashTag, v.Contracts = id, nil, name, TenantTag(v.HashTag, id), nil
 	}
 	fix(l)
 	fix(l.Previous)

@@ -169,6 +169,24 @@ func TestResolveContractFields(t *testing.T) {
 	}
 }
 
+// TestResolveHashTag: a plan tagged {id} gives each tenant its id's last
+// segment as its tag (its limits under several plans share it); a plan
+// without one gives none (the id is the tag).
+func TestResolveHashTag(t *testing.T) {
+	p := plan("plans/pro", 10, "tenant/{id}", "team/eu/bigco")
+	p.HashTag = Placeholder
+	for id, want := range map[string]string{"tenant/atlas": "atlas", "team/eu/bigco": "bigco",
+		"tenant/" + strings.Repeat("x", 65): ""} {
+		if got := Resolve(p, id).HashTag; got != want {
+			t.Errorf("%s: tag %q, want %q", id, got, want)
+		}
+	}
+	p.HashTag = ""
+	if got := Resolve(p, "tenant/atlas").HashTag; got != "" {
+		t.Errorf("untagged plan: tenant tag %q", got)
+	}
+}
+
 // FuzzMatch checks Match against a naive reference (every pattern's
 // prefix, the rest one segment) and that Resolve names the id it was
 // given, whatever the input.

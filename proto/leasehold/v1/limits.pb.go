@@ -398,7 +398,8 @@ type Limit struct {
 	// Cluster (e.g. the tenant: "atlas"). 1-64 characters of [A-Za-z0-9._-];
 	// empty means the limit id (the layout without hash tags). It cannot be
 	// changed on an existing limit (that would move its keys): delete the
-	// limit and create it again.
+	// limit and create it again. On a plan only "{id}": each tenant's
+	// keys tagged with its id's last segment (docs/plans.md).
 	HashTag string `protobuf:"bytes,14,opt,name=hash_tag,json=hashTag,proto3" json:"hash_tag,omitempty"`
 	// kind is what the limit counts; UNSPECIFIED means WINDOW.
 	Kind LimitKind `protobuf:"varint,15,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
