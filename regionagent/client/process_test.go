@@ -33,12 +33,12 @@ const childEnv = "LEASEHOLD_SUBLEASE_CHILD"
 
 // childSpec is what one child process does.
 type childSpec struct {
-	Agent   string        `json:"agent"`
-	Limit   string        `json:"limit"`
-	Window  time.Duration `json:"window"`
-	Rate    float64       `json:"rate"`     // Allow calls per second
-	Start   time.Time     `json:"start"`    // wall clock: all children start together
-	Drive   time.Duration `json:"drive"`    // how long it drives
+	Agent  string        `json:"agent"`
+	Limit  string        `json:"limit"`
+	Window time.Duration `json:"window"`
+	Rate   float64       `json:"rate"`  // Allow calls per second
+	Start  time.Time     `json:"start"` // wall clock: all children start together
+	Drive  time.Duration `json:"drive"` // how long it drives
 	// Pauses (the limit idle for Pause) from each of these offsets on:
 	// a pause starts at the first call after its offset at which the
 	// client holds a chunk with tokens left and half its life ahead,
@@ -46,8 +46,8 @@ type childSpec struct {
 	// pauseWait after the offset, whatever the client holds).
 	PauseAt []time.Duration `json:"pause_at"`
 	Pause   time.Duration   `json:"pause"`
-	Out     string        `json:"out"` // result file
-	NoSub   bool          `json:"no_sub"`
+	Out     string          `json:"out"` // result file
+	NoSub   bool            `json:"no_sub"`
 }
 
 // childResult is what a child reports.
