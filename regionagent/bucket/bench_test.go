@@ -167,6 +167,94 @@ func BenchmarkSpendBatchParallel(b *testing.B) {
 	}
 }
 
+// BenchmarkSpendRedisCPU splits what a spend batch costs redis-server
+// itself into a per-call and a per-key part, from its own CPU counters
+// (INFO cpu, used_cpu_user + used_cpu_sys), for the warm shape: every key
+// of the call a different limit holding one lease (as a warm key does).
+// The shapes take turns, 100 calls each per iteration, so a machine whose
+// load drifts moves them alike: compare them within one run. "floor" is
+// a script that returns at once (the round trip and the EVALSHA itself),
+// "keys=1" and "keys=64" one spend call of 1 and of 64 keys; per key =
+// (keys=64 - keys=1) / 63, per call = keys=1 - per key.
+func BenchmarkSpendRedisCPU(b *testing.B) {
+	_, rdb := realRedis(b)
+	bk := New(rdb)
+	ctx := context.Background()
+	if err := bk.Load(ctx); err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	keys := make([]string, 64)
+	for l := range keys {
+		keys[l] = Key("", fmt.Sprint("warm", l), 1)
+		if _, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L", Tokens: 1 << 50, StartMs: now - 1000,
+			DeadlineMs: now + 3_600_000, ExpireAtMs: now + 4*3_600_000}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	floor, err := rdb.ScriptLoad(ctx, "return 1").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ops := func(n int) []SpendOp {
+		o := make([]SpendOp, n)
+		for i := range o {
+			o[i] = SpendOp{Keys: []string{keys[i]}, Costs: []int64{1}}
+		}
+		return o
+	}
+	shapes := []struct {
+		name string
+		call func() error
+	}{
+		{"floor", func() error { return rdb.EvalSha(ctx, floor, nil).Err() }},
+		{"keys=1", func() error { _, err := bk.SpendBatch(ctx, ops(1)); return err }},
+		{"keys=64", func() error { _, err := bk.SpendBatch(ctx, ops(64)); return err }},
+	}
+	cpu := make([]float64, len(shapes))
+	for b.Loop() {
+		for i, sh := range shapes {
+			c0 := redisCPU(b, rdb)
+			for range 100 {
+				if err := sh.call(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cpu[i] += redisCPU(b, rdb) - c0
+		}
+	}
+	per := func(i int) float64 { return cpu[i] * 1e6 / float64(b.N*100) }
+	for i, sh := range shapes {
+		b.ReportMetric(per(i), "redis-cpu-µs/call-"+sh.name)
+	}
+	key := (per(2) - per(1)) / 63
+	b.ReportMetric(key, "redis-cpu-µs/key")
+	b.ReportMetric(per(1)-key, "redis-cpu-µs/call")
+}
+
+// redisCPU is the CPU seconds redis-server has used since it started.
+func redisCPU(b *testing.B, rdb redis.UniversalClient) float64 {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var t float64
+	for line := range strings.SplitSeq(info, "\n") {
+		line = strings.TrimSpace(line)
+		for _, f := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+			if v, ok := strings.CutPrefix(line, f); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t += x
+			}
+		}
+	}
+	return t
+}
+
 // TestMemoryPerKey measures Redis memory for active (limit, window) keys
 // holding 3 leases each, after spends and one closed lease: MEMORY USAGE of
 // one key and the used_memory delta over 1,000 keys.
