@@ -2,6 +2,8 @@ package limitspec
 
 import (
 	"errors"
+	"leasehold/internal/zones"
+	"leasehold/lease"
 	"testing"
 	"time"
 
@@ -172,6 +174,27 @@ func TestValidateLimitCalendar(t *testing.T) {
 		s1, s2 := Schedule(got), Schedule(proto.Clone(got).(*pb.Limit))
 		if !s1.IsCalendar() || s1 != s2 || s1.Cal.Loc.String() != tc.zone {
 			t.Errorf("%s %s: schedules %v and %v", tc.unit, tc.zone, s1, s2)
+		}
+	}
+}
+
+// TestLongestWindow: no window of any limit, fixed or calendar, is longer
+// than LongestWindow (what the allocator group map keeps old versions
+// for): the longest calendar years of a few zones, leap years included.
+func TestLongestWindow(t *testing.T) {
+	if LongestWindow < MaxWindow {
+		t.Fatalf("LongestWindow %v < MaxWindow %v", LongestWindow, MaxWindow)
+	}
+	for _, zone := range []string{"UTC", "Europe/Berlin", "America/New_York", "Pacific/Apia", "Australia/Lord_Howe"} {
+		c, err := zones.Calendar("year", zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := lease.CalendarWindows(c)
+		for y := 2010; y <= 2030; y++ {
+			if w := s.Of(time.Date(y, 6, 1, 0, 0, 0, 0, time.UTC)); w.Length > LongestWindow {
+				t.Errorf("%d in %s lasts %v > %v", y, zone, w.Length, LongestWindow)
+			}
 		}
 	}
 }

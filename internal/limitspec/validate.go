@@ -19,6 +19,12 @@ import (
 const (
 	// MaxWindow bounds W; longer windows would keep grant records for days.
 	MaxWindow = 31 * 24 * time.Hour
+	// LongestWindow bounds every window of any limit: a fixed one
+	// (MaxWindow) or a calendar one, whose longest is a leap year (366
+	// days, plus the hours a zone's offset may move in it). What must
+	// outlive every window that started under it (an allocator group
+	// map's old versions) is kept this long.
+	LongestWindow = 367 * 24 * time.Hour
 	// MaxOwnerLen, MaxDescriptionLen, MaxTags and MaxTagLen bound the
 	// limit's free-form fields (a tag's key and its value each).
 	MaxOwnerLen       = 200
