@@ -597,8 +597,8 @@ func calendarBoundary(end time.Time, cur, next lease.Windows) (time.Time, error)
 	t := long.Of(end.Add(-1)).End() // the first start of long at or after end
 	for range 10 {
 		w := long.Of(t)
-		if w.Length <= 0 {
-			break
+		if w.Length <= 0 || t.Before(end) {
+			break // outside the calendar's years: no boundary to offer
 		}
 		if short.StartsWindow(t) {
 			return t, nil
