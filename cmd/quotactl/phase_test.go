@@ -114,6 +114,10 @@ func TestCalendarLimits(t *testing.T) {
 	if !strings.Contains(r.stderr, "limit.calendar") || !strings.Contains(r.stderr, "effective NOW") {
 		t.Fatalf("a change of zone for the next window: %q", r.stderr)
 	}
+	r = q(append(set, "--calendar", "month", "--zone", "America/New_York", "--effective", "now", "--dry-run")...).want(t, 0)
+	if !strings.Contains(r.stdout, "calendar") || !strings.Contains(r.stdout, "month Europe/Berlin") || !strings.Contains(r.stdout, "month America/New_York") {
+		t.Fatalf("dry run of a change of zone:\n%s", r.stdout)
+	}
 	q(append(set, "--calendar", "month", "--zone", "America/New_York", "--effective", "now")...).want(t, 0)
 	hist := q("limits", "history", "tenant/atlas").want(t, 0).stdout
 	if !strings.Contains(hist, "Europe/Berlin") || !strings.Contains(hist, "America/New_York") {
