@@ -18,6 +18,7 @@ import (
 
 	hist "leasehold/internal/history"
 	"leasehold/internal/vocab"
+	"leasehold/internal/zones"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -886,7 +887,7 @@ func (a *Allocator) AcquireLeases(ctx context.Context, region string, reqs []*pb
 func (a *Allocator) grantRecord(now time.Time, g *Grant, replayed bool) hist.Record {
 	w := g.window()
 	return hist.Record{Kind: hist.KindGrant, T: now.UnixNano(), Proc: a.cfg.Advertise, Region: g.Region,
-		Limit: g.Limit, Window: g.Window, WindowLen: int64(w.Length), WindowPhase: int64(w.Phase), G: g.G, Request: g.RequestID, Lease: g.LeaseID,
+		Limit: g.Limit, Window: g.Window, WindowLen: int64(w.Length), WindowPhase: int64(w.Phase), Cal: zones.Format(w.Cal), G: g.G, Request: g.RequestID, Lease: g.LeaseID,
 		Tokens: g.Tokens, Start: g.StartsAt, Expiry: g.ExpiresAt, End: w.End().UnixNano(), Replayed: replayed}
 }
 

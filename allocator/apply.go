@@ -425,12 +425,14 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 		next.EffectiveFrom = timestamppb.New(now)
 		return next, nil
 	}
-	curW := lease.WindowsOf(cur.Window.AsDuration(), cur.GetWindowPhase().AsDuration())
-	nextW := lease.WindowsOf(next.Window.AsDuration(), next.GetWindowPhase().AsDuration())
+	curW, nextW := limitspec.Schedule(cur), limitspec.Schedule(next)
 	from, err := nextBoundary(now, curW, nextW)
 	if err != nil {
 		field := ".window"
-		if curW.Length == nextW.Length {
+		switch {
+		case curW.IsCalendar() || nextW.IsCalendar():
+			field = ".calendar"
+		case curW.Length == nextW.Length:
 			field = ".window_phase"
 		}
 		return nil, fieldErr(it.field+field, "%v", err)
@@ -526,6 +528,10 @@ func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *c
 	if next.Window.AsDuration() != after.Window.AsDuration() {
 		return nil, fieldErr(it.field+".window", "an override keeps the window (%v), got %v", after.Window.AsDuration(), next.Window.AsDuration())
 	}
+	if limitspec.Schedule(next) != limitspec.Schedule(after) {
+		return nil, fieldErr(it.field+".calendar", "an override keeps the calendar windows (%v), got %v",
+			limitspec.Schedule(after), limitspec.Schedule(next))
+	}
 	if next.GetWindowPhase().AsDuration() != after.GetWindowPhase().AsDuration() {
 		return nil, fieldErr(it.field+".window_phase", "an override keeps the window phase (%v), got %v",
 			after.GetWindowPhase().AsDuration(), next.GetWindowPhase().AsDuration())
@@ -555,6 +561,9 @@ func nextBoundary(now time.Time, cur, next lease.Windows) (time.Time, error) {
 	end := cur.Of(now).End()
 	if next == cur {
 		return end, nil
+	}
+	if cur.IsCalendar() || next.IsCalendar() {
+		return calendarBoundary(end, cur, next)
 	}
 	a, b := cur.Length.Milliseconds(), next.Length.Milliseconds()
 	g := gcd(a, b)
@@ -612,7 +621,7 @@ const maxCommonStarts = 10
 func commonStart(now time.Time, scheds []lease.Windows) (time.Time, error) {
 	long := scheds[0]
 	for _, s := range scheds {
-		if s.Length > long.Length {
+		if s.Of(now).Length > long.Of(now).Length {
 			long = s
 		}
 	}
@@ -625,9 +634,40 @@ func commonStart(now time.Time, scheds []lease.Windows) (time.Time, error) {
 		if all {
 			return t, nil
 		}
-		t = t.Add(long.Length)
+		w := long.Of(t)
+		if w.Length <= 0 {
+			break // outside a calendar's years
+		}
+		t = w.End()
 	}
 	return time.Time{}, fmt.Errorf("the windows of the plan and of its contracts' own windows start together only rarely or never: apply this change with effective NOW")
+}
+
+// calendarBoundary is nextBoundary when either schedule is a calendar: the
+// first instant at or after end that starts a window of both, looked for
+// among the starts of the schedule with the longer windows within ten of
+// them (a calendar window's starts are not periodic, so no lcm names
+// them). Month -> day, day -> 1 h, month Berlin -> month Paris meet at the
+// next local midnight of the longer unit both share; a month in Berlin and
+// one in New York never start together (refused: apply it NOW).
+func calendarBoundary(end time.Time, cur, next lease.Windows) (time.Time, error) {
+	long, short := cur, next
+	if next.Of(end).Length > cur.Of(end).Length {
+		long, short = next, cur
+	}
+	t := long.Of(end.Add(-1)).End() // the first start of long at or after end
+	for range 10 {
+		w := long.Of(t)
+		if w.Length <= 0 || t.Before(end) {
+			break // outside the calendar's years: no boundary to offer
+		}
+		if short.StartsWindow(t) {
+			return t, nil
+		}
+		t = w.End()
+	}
+	return time.Time{}, fmt.Errorf("windows of %v and %v do not start together within ten windows: apply this change with effective NOW",
+		cur, next)
 }
 
 func gcd(a, b int64) int64 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"leasehold/internal/seeded"
+	"leasehold/internal/zones"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -24,6 +25,7 @@ type Grant struct {
 	Window    int64  `json:"w"`              // window index
 	WindowMs  int64  `json:"wms"`            // window length, ms
 	PhaseMs   int64  `json:"phms,omitempty"` // the windows' phase offset, ms
+	Cal       string `json:"cal,omitempty"`  // calendar windows (zones.Format), e.g. "month Europe/Berlin"
 	Tokens    int64  `json:"n"`
 	// G is the limit's G when the grant was made (a later change may lower
 	// it; the overshoot bound needs the old value).
@@ -48,7 +50,7 @@ func (g *Grant) window() lease.Window {
 }
 
 // Schedule is the window schedule of the limit version that granted g.
-func (g *Grant) Schedule() lease.Windows { return schedOf(g.WindowMs, g.PhaseMs) }
+func (g *Grant) Schedule() lease.Windows { return schedOf(g.WindowMs, g.PhaseMs, g.Cal) }
 
 // LeaseID formats a lease id: "<window>/<region>/<request id>". Region and
 // request ids contain no "/", so the id parses back without a lookup table.
@@ -398,7 +400,7 @@ func (c *Core) acquire(now time.Time, region string, r AcquireRequest) Decision 
 			v = nv
 			w = v.Windows().Of(w.Start())
 		}
-		left = v.Window
+		left = w.Length // the whole next window: its own length (a calendar window's varies)
 	}
 	if c.owner != nil {
 		if g, owned := c.owner(l.ID, w.Start()); !owned {
@@ -451,8 +453,9 @@ func (c *Core) acquire(now time.Time, region string, r AcquireRequest) Decision 
 		Region:       region,
 		RequestID:    r.RequestID,
 		Window:       w.Index,
-		WindowMs:     l.Window.Milliseconds(),
-		PhaseMs:      l.Windows().Phase.Milliseconds(),
+		WindowMs:     w.Length.Milliseconds(),
+		PhaseMs:      w.Phase.Milliseconds(),
+		Cal:          zones.Format(w.Cal),
 		Tokens:       tokens,
 		G:            l.Tokens,
 		LimitVersion: l.Version,
@@ -633,6 +636,7 @@ func (g *Grant) ToProto(now time.Time) *pb.Lease {
 		PoolLeft:     g.PoolLeft,
 		WindowLeft:   durpb(max(0, w.End().Sub(now))),
 		WindowPhase:  phasepb(w.Phase),
+		Calendar:     calpb(w.Cal),
 	}
 }
 
@@ -653,5 +657,6 @@ func (d Decision) EmptyLease(now time.Time, limit, region, requestID string) *pb
 		WindowLeft:  durpb(max(0, w.End().Sub(now))),
 		ShareSpent:  d.ShareSpent,
 		WindowPhase: phasepb(w.Phase),
+		Calendar:    calpb(w.Cal),
 	}
 }

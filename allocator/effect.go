@@ -40,6 +40,9 @@ func limitFields(l *pb.Limit) map[string]string {
 	if p := l.GetWindowPhase().AsDuration(); p != 0 {
 		m["window_phase"] = p.String() // absent: windows aligned on multiples of W
 	}
+	if c := l.GetCalendar(); c != nil {
+		m["calendar"] = c.GetUnit() + " " + c.GetZone() // absent: fixed windows
+	}
 	if l.SettleGrace != nil {
 		m["settle_grace"] = l.SettleGrace.AsDuration().String()
 	}
@@ -78,7 +81,7 @@ func limitFields(l *pb.Limit) map[string]string {
 
 // fieldOrder lists the fixed fields in the order a diff shows them;
 // fallback.* and tags.* follow their neighbours, by name.
-var fieldOrder = []string{"limit_tokens", "window", "window_phase", "kind", "rate", "burst_tokens", "regions", "mode", "fallback.", "lease.ttl",
+var fieldOrder = []string{"limit_tokens", "window", "window_phase", "calendar", "kind", "rate", "burst_tokens", "regions", "mode", "fallback.", "lease.ttl",
 	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override", "binds", "contracts."}
 
 func fieldRank(f string) int {
@@ -209,8 +212,14 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		e.PoolAfter = poolNow
 		if e.Action != "unchanged" {
 			nv := decodeVersion(next)
-			before := denying(demands, cur, cur.Tokens, cur.Window, false)
-			after := denying(demands, nv, nv.Tokens, nv.Window, false)
+			// Over the whole first window the change governs: its own
+			// length under each version (a calendar window's varies).
+			at := now
+			if ef := next.GetEffectiveFrom(); ef != nil {
+				at = ef.AsTime()
+			}
+			before := denying(demands, cur, cur.Tokens, cur.Windows().Of(at).Length, false)
+			after := denying(demands, nv, nv.Tokens, nv.Windows().Of(at).Length, false)
 			e.RegionsDenying = started(before, after)
 		}
 	default:

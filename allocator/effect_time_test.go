@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"leasehold/internal/zones"
 	"leasehold/lease"
 	"testing"
 	"time"
@@ -205,6 +206,62 @@ func TestNextBoundary(t *testing.T) {
 		{base.Add(10 * s), w(m, 17*s), w(2*m, 77*s), base.Add(77 * s), false},
 		// 1m phase 0 -> 2m phase 30s: 30s is no multiple of gcd 1m.
 		{base.Add(10 * s), w(m, 0), w(2*m, 30*s), time.Time{}, true},
+	} {
+		got, err := nextBoundary(tc.now, tc.cur, tc.next)
+		if (err != nil) != tc.err || !tc.err && !got.Equal(tc.want) {
+			t.Errorf("nextBoundary(%v, %v, %v) = %v, %v; want %v", tc.now, tc.cur, tc.next, got, err, tc.want)
+		}
+		if err == nil && (!tc.cur.StartsWindow(got) || !tc.next.StartsWindow(got) || !got.After(tc.now)) {
+			t.Errorf("nextBoundary(%v, %v, %v) = %v: not a later boundary of both", tc.now, tc.cur, tc.next, got)
+		}
+	}
+}
+
+// TestNextBoundaryCalendar: a change to or from calendar windows governs
+// from the first instant, from the running window's end, that starts a
+// window of both schedules (among ten windows of the longer), or is
+// refused. 2027-10-31 23:00 UTC is local midnight of November 1 in
+// Berlin (and Paris), a whole hour, and a Monday.
+func TestNextBoundaryCalendar(t *testing.T) {
+	cal := func(u lease.Unit, zone string) lease.Windows {
+		loc, err := zones.Load(zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lease.CalendarWindows(lease.Calendar{Unit: u, Loc: loc})
+	}
+	at := func(s string) time.Time {
+		v, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	mid, oct15 := at("2027-10-31T23:00:00Z"), at("2027-10-15T12:00:00Z")
+	berlin, ny := cal(lease.Month, "Europe/Berlin"), cal(lease.Month, "America/New_York")
+	for _, tc := range []struct {
+		now       time.Time
+		cur, next lease.Windows
+		want      time.Time
+		err       bool
+	}{
+		{oct15, berlin, berlin, mid, false},
+		{oct15, berlin, cal(lease.Day, "Europe/Berlin"), mid, false},
+		{oct15, cal(lease.Day, "Europe/Berlin"), berlin, mid, false},
+		{oct15, lease.WindowsOf(time.Minute, 0), berlin, mid, false},
+		{oct15, berlin, lease.WindowsOf(time.Hour, 0), mid, false},
+		{oct15, berlin, cal(lease.Month, "Europe/Paris"), mid, false},
+		{oct15, berlin, cal(lease.Week, "Europe/Berlin"), mid, false}, // November 1, 2027 is a Monday
+		// From mid-November the next 1st that is a Monday is May 1, 2028
+		// (the sixth month; CEST again).
+		{at("2027-11-15T12:00:00Z"), berlin, cal(lease.Week, "Europe/Berlin"), at("2028-04-30T22:00:00Z"), false},
+		// Never together: another zone's midnight, a half-hour phase, a
+		// length that does not divide local midnights.
+		{oct15, berlin, ny, time.Time{}, true},
+		{at("2026-12-03T14:00:00Z"), berlin, ny, time.Time{}, true},
+		{oct15, cal(lease.Year, "Europe/Berlin"), ny, time.Time{}, true},
+		{oct15, berlin, lease.WindowsOf(time.Hour, 30*time.Minute), time.Time{}, true},
+		{oct15, lease.WindowsOf(59999*time.Millisecond, 0), berlin, time.Time{}, true},
 	} {
 		got, err := nextBoundary(tc.now, tc.cur, tc.next)
 		if (err != nil) != tc.err || !tc.err && !got.Equal(tc.want) {

@@ -79,7 +79,7 @@ func (s *MapStore) Get(ctx context.Context) (groupmap.Map, int64, error) {
 // stored), effective the store's notice after now, and stores it if the
 // map is still at rev. It returns the new map and its revision.
 func (s *MapStore) Change(ctx context.Context, rev int64, cur groupmap.Map, now time.Time, change groupmap.Change) (groupmap.Map, int64, error) {
-	next, err := cur.Next(now, s.notice, limitspec.MaxWindow, change)
+	next, err := cur.Next(now, s.notice, limitspec.LongestWindow, change)
 	if err != nil {
 		return groupmap.Map{}, 0, err
 	}

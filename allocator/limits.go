@@ -4,6 +4,8 @@ import (
 	"slices"
 	"time"
 
+	"leasehold/internal/limitspec"
+	"leasehold/internal/zones"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -11,10 +13,14 @@ import (
 // Limit is the allocator's view of a limit, decoded once from its record.
 // Immutable once built: a change replaces the value.
 type Limit struct {
-	ID       string
-	Tokens   int64         // G
-	Window   time.Duration // W
-	Phase    time.Duration // the windows' phase offset φ (0 <= φ < W)
+	ID     string
+	Tokens int64         // G
+	Window time.Duration // W
+	Phase  time.Duration // the windows' phase offset φ (0 <= φ < W)
+	// Cal, when its Loc is set, gives the version calendar windows
+	// (Limit.calendar) instead: Window and Phase are then 0, and each
+	// window has its own length.
+	Cal      lease.Calendar
 	Regions  []string      // sorted
 	TTL      time.Duration // lease ttl (<= W)
 	MinChunk int64
@@ -148,6 +154,9 @@ func decodeVersion(p *pb.Limit) *Limit {
 		Burst:    p.BurstTokens,
 		Proto:    p,
 	}
+	if p.Calendar != nil {
+		l.Cal = limitspec.Schedule(p).Cal
+	}
 	if l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET {
 		l.RatePeriod = time.Second
 		if p.RatePeriod != nil {
@@ -157,12 +166,29 @@ func decodeVersion(p *pb.Limit) *Limit {
 	return l
 }
 
-// Windows is the window schedule of the version: its W and φ.
-func (l *Limit) Windows() lease.Windows { return lease.WindowsOf(l.Window, l.Phase) }
+// Windows is the window schedule of the version: its calendar windows,
+// or its W and φ.
+func (l *Limit) Windows() lease.Windows {
+	if l.Cal.Loc != nil {
+		return lease.CalendarWindows(l.Cal)
+	}
+	return lease.WindowsOf(l.Window, l.Phase)
+}
 
-// schedOf names the windows of a stored record from its length and
-// phase offset in milliseconds.
-func schedOf(wms, phms int64) lease.Windows {
+// schedOf names the windows of a stored record from its length and phase
+// offset in milliseconds, or from its calendar (cal, zones.Format: a
+// calendar record's wms is the length of its own window, informational).
+// A calendar whose zone does not load (a record written by a newer
+// version, or a damaged one) names no windows: its reports are empty
+// rather than wrong.
+func schedOf(wms, phms int64, cal string) lease.Windows {
+	if cal != "" {
+		c, err := zones.Parse(cal)
+		if err != nil {
+			return lease.Windows{}
+		}
+		return lease.CalendarWindows(c)
+	}
 	return lease.WindowsOf(time.Duration(wms)*time.Millisecond, time.Duration(phms)*time.Millisecond)
 }
 

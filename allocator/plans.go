@@ -11,7 +11,6 @@ import (
 
 	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
-	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -202,7 +201,7 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 		}
 		counted[id] = true
 		e.PlanTenants++
-		cur := lease.WindowOf(now, l.At(now).Window).Index
+		cur := l.At(now).Windows().Of(now).Index
 		rep, ok := c.report(now, id, cur-1)
 		if !ok {
 			rep, ok = c.report(now, id, cur)
@@ -278,9 +277,8 @@ func (c *Core) IdleTenants(now time.Time, keep int) []string {
 		if last.Plan == "" {
 			continue
 		}
-		length := time.Duration(last.WindowMs) * time.Millisecond
-		end := lease.Window{Index: last.Window, Length: length}.End()
-		if !now.Before(end.Add(time.Duration(keep) * length)) {
+		w := schedOf(last.WindowMs, last.PhaseMs, last.Cal).ByIndex(last.Window)
+		if !now.Before(w.End().Add(time.Duration(keep) * w.Length)) {
 			out = append(out, id)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"leasehold/internal/planbind"
+	"leasehold/internal/zones"
 	"leasehold/lease"
 	"leasehold/overshoot"
 	pb "leasehold/proto/leasehold/v1"
@@ -36,6 +37,8 @@ type WindowReport struct {
 	// Plan names the plan the limit was resolved from ("" for a limit
 	// with a record of its own).
 	Plan string `json:"plan,omitempty"`
+	// Calendar is the window's calendar (zero for fixed windows).
+	Calendar lease.Calendar `json:"-"`
 }
 
 // WindowSummary is what is kept of a closed window once its grant and
@@ -46,6 +49,7 @@ type WindowSummary struct {
 	Window   int64                  `json:"w"`
 	WindowMs int64                  `json:"wms"`
 	PhaseMs  int64                  `json:"phms,omitempty"` // the windows' phase offset
+	Cal      string                 `json:"cal,omitempty"`  // calendar windows (zones.Format)
 	G        int64                  `json:"g"`              // G at the window's end
 	MaxG     int64                  `json:"maxg"`           // largest G in force at a grant
 	Granted  int64                  `json:"granted"`
@@ -67,7 +71,7 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 		return nil
 	}
 	s := &WindowSummary{Limit: k.limit, Window: k.index, WindowMs: ws.sched.Length.Milliseconds(),
-		PhaseMs: ws.sched.Phase.Milliseconds(), G: ws.maxG, MaxG: ws.maxG,
+		PhaseMs: ws.sched.Phase.Milliseconds(), Cal: zones.Format(ws.sched.Cal), G: ws.maxG, MaxG: ws.maxG,
 		Granted: ws.granted, Credited: ws.credited, Late: ws.late, Regions: c.RegionUsage(k.limit, k.index)}
 	if l, ok := c.limit(k.limit); ok {
 		v := l
@@ -163,12 +167,13 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 		}
 		w.Regions = append(w.Regions, reg)
 	}
-	win := schedOf(s.WindowMs, s.PhaseMs).ByIndex(index)
+	win := schedOf(s.WindowMs, s.PhaseMs, s.Cal).ByIndex(index)
 	rep := WindowReport{
 		Report:    overshoot.NewReport(limit, win.Start(), win.End(), w),
 		Closed:    !now.Before(win.End()),
 		Fallback:  fallback,
 		WouldDeny: wouldDeny, WouldDenyTotal: wouldDenyTotal, WouldDenyChecks: wouldDenyChecks, Shadow: s.Shadow, Plan: s.Plan,
+		Calendar: win.Cal,
 	}
 	return rep, true
 }
@@ -194,7 +199,7 @@ func (c *Core) reports(now time.Time, limit string, last int) ([]WindowReport, e
 	if l, ok := c.limit(limit); ok {
 		sched = l.At(now).Windows()
 	} else if ss := c.summaries[limit]; len(ss) > 0 {
-		sched = schedOf(ss[len(ss)-1].WindowMs, ss[len(ss)-1].PhaseMs)
+		sched = schedOf(ss[len(ss)-1].WindowMs, ss[len(ss)-1].PhaseMs, ss[len(ss)-1].Cal)
 	} else {
 		return nil, fmt.Errorf("%w: limit %q", ErrNotFound, limit)
 	}
@@ -282,6 +287,7 @@ func (r WindowReport) ToProto() *pb.WindowReport {
 		WouldDenyChecks: r.WouldDenyChecks,
 		Shadow:          r.Shadow,
 		Plan:            r.Plan,
+		Calendar:        calpb(r.Calendar),
 	}
 	if !r.Bound.Infinite {
 		out.Bound = r.Bound.Tokens

@@ -3,6 +3,7 @@ package allocator
 import (
 	"time"
 
+	"leasehold/internal/zones"
 	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -14,6 +15,7 @@ type UsageRecord struct {
 	Window           int64  `json:"w"`
 	WindowMs         int64  `json:"wms"`
 	PhaseMs          int64  `json:"phms,omitempty"` // the windows' phase offset, ms
+	Cal              string `json:"cal,omitempty"`  // calendar windows (zones.Format)
 	Region           string `json:"region"`
 	Reporter         string `json:"rep"`
 	Admitted         int64  `json:"adm"`
@@ -85,7 +87,7 @@ func (c *Core) Report(now time.Time, region, reporter string, u *pb.Usage) *Usag
 	rk := reporterKey{region, reporter}
 	cur := ws.usage[rk]
 	next := UsageRecord{Limit: u.LimitId, Window: u.WindowIndex, WindowMs: sched.Length.Milliseconds(),
-		PhaseMs: sched.Phase.Milliseconds(), Region: region, Reporter: reporter}
+		PhaseMs: sched.Phase.Milliseconds(), Cal: zones.Format(sched.Cal), Region: region, Reporter: reporter}
 	if cur != nil {
 		next = *cur
 	}
@@ -124,7 +126,7 @@ func (r *UsageRecord) merge(u *pb.Usage) bool {
 
 // RestoreUsage adds a committed usage record while rebuilding from etcd.
 func (c *Core) RestoreUsage(u *UsageRecord) {
-	ws := c.window(windowKey{u.Limit, u.Window}, schedOf(u.WindowMs, u.PhaseMs))
+	ws := c.window(windowKey{u.Limit, u.Window}, schedOf(u.WindowMs, u.PhaseMs, u.Cal))
 	if ws.usage == nil {
 		ws.usage = map[reporterKey]*UsageRecord{}
 	}
@@ -141,7 +143,7 @@ func (c *Core) RegionUsage(limit string, window int64) map[string]UsageRecord {
 	out := map[string]UsageRecord{}
 	for rk, u := range ws.usage {
 		s := out[rk.region]
-		s.Limit, s.Window, s.WindowMs, s.PhaseMs, s.Region = u.Limit, u.Window, u.WindowMs, u.PhaseMs, u.Region
+		s.Limit, s.Window, s.WindowMs, s.PhaseMs, s.Cal, s.Region = u.Limit, u.Window, u.WindowMs, u.PhaseMs, u.Cal, u.Region
 		s.Admitted += u.Admitted
 		s.Denied += u.Denied
 		s.FallbackAdmitted += u.FallbackAdmitted
@@ -184,7 +186,7 @@ func (c *Core) ReportLate(region string, u *pb.Usage) *WindowSummary {
 	}
 	cur := s.Regions[region]
 	next := cur
-	next.Limit, next.Window, next.WindowMs, next.PhaseMs, next.Region = s.Limit, s.Window, s.WindowMs, s.PhaseMs, region
+	next.Limit, next.Window, next.WindowMs, next.PhaseMs, next.Cal, next.Region = s.Limit, s.Window, s.WindowMs, s.PhaseMs, s.Cal, region
 	next.merge(u)
 	if next == cur {
 		return nil

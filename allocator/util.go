@@ -6,8 +6,18 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
+
+// calpb renders a window's calendar for a lease or an answer: unset for
+// fixed windows.
+func calpb(c lease.Calendar) *pb.CalendarWindows {
+	if c.Loc == nil {
+		return nil
+	}
+	return &pb.CalendarWindows{Unit: c.Unit.String(), Zone: c.Loc.String()}
+}
 
 func cloneLimit(l *pb.Limit) *pb.Limit { return proto.Clone(l).(*pb.Limit) }
 

@@ -32,6 +32,25 @@ func (u Unit) String() string {
 	return "unit(" + strconv.Itoa(int(u)) + ")"
 }
 
+// Nominal is a unit's usual length (24 h, 7 days, 30 days, 365 days), for
+// estimates that need one number for every window (a first lease's prior
+// demand): a window's real length is its own (CalendarWindow.Length). 0
+// for an unknown unit.
+func (u Unit) Nominal() time.Duration {
+	const day = 24 * time.Hour
+	switch u {
+	case Day:
+		return day
+	case Week:
+		return 7 * day
+	case Month:
+		return 30 * day
+	case Year:
+		return 365 * day
+	}
+	return 0
+}
+
 // ErrUnit: a calendar unit that is not day, week, month or year.
 var ErrUnit = errors.New("lease: calendar unit must be day, week, month or year")
 

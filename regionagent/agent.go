@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"leasehold/lease"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -319,7 +320,10 @@ type Decision struct {
 	Limit      int64
 	Window     time.Duration
 	// Phase is the phase offset of the limit's windows (0: none).
-	Phase   time.Duration
+	Phase time.Duration
+	// Cal is a calendar limit's calendar (zero for fixed windows): Window
+	// is then the length of the window the check was decided in.
+	Cal     lease.Calendar
 	Version int64
 	// DecisionID names an admitted settle-later check (CheckSettleLater)
 	// for Settle, until SettleWithin has passed.
@@ -698,7 +702,7 @@ func (a *Agent) wakeLocked(ids []string) {
 
 func decisionOf(an core.Answer) Decision {
 	return Decision{Allowed: an.Allowed, Reason: pb.Reason(an.Reason), Remaining: an.Remaining, RetryAfter: an.RetryAfter,
-		ResetAfter: an.ResetAfter, Limit: an.Limit, Window: an.Window, Phase: an.Phase, Version: an.Version, WouldDeny: pb.Reason(an.WouldDeny)}
+		ResetAfter: an.ResetAfter, Limit: an.Limit, Window: an.Window, Phase: an.Phase, Cal: an.Cal, Version: an.Version, WouldDeny: pb.Reason(an.WouldDeny)}
 }
 
 func randomHex(n int) string {

@@ -311,7 +311,7 @@ func (f *failoverWatcher) targets(c replCut) []target {
 		slices.Sort(idxs)
 		for _, idx := range idxs {
 			end := f.windowEnd(x.id, idx, x.sched)
-			start := end.Add(-x.sched.Length)
+			start := end.Add(-x.sched.ByIndex(idx).Length)
 			if !end.After(c.LossFrom) || !start.Before(c.LossTo) {
 				continue // the window does not overlap the lost span
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"leasehold/lease"
 	"slices"
 	"strconv"
 	"strings"
@@ -202,16 +203,16 @@ func (g *groupRoutes) close() {
 // the window index times the limit's W as the agent knows it (ok false for
 // a limit it does not know).
 func (a *Agent) windowStart(limit string, index int64) (time.Time, bool) {
-	var w time.Duration
+	var w lease.Window
 	a.withCore(func(c *core.Core) {
 		if l, ok := c.Limit(limit); ok {
-			w = l.Window
+			w = l.Windows().ByIndex(index)
 		}
 	})
-	if w <= 0 {
+	if w.Length <= 0 {
 		return time.Time{}, false
 	}
-	return time.Unix(0, index*int64(w)), true
+	return w.Start(), true
 }
 
 // acquireStarts names the start of the window each request is for.

@@ -1,6 +1,7 @@
 package regionagent
 
 import (
+	"leasehold/internal/zones"
 	"time"
 
 	"leasehold/internal/history"
@@ -35,7 +36,7 @@ func (a *Agent) recordCheck(items []CheckItem, chk *core.Check, spendAt time.Tim
 			reason = an.WouldDeny
 		}
 		rec := history.Record{Kind: history.KindDecision, T: now, Proc: a.cfg.ReplicaID, Region: a.cfg.Region,
-			G: an.Limit, WindowLen: int64(an.Window), WindowPhase: int64(an.Phase), Path: path, Answer: answerOf(reason)}
+			G: an.Limit, WindowLen: int64(an.Window), WindowPhase: int64(an.Phase), Cal: zones.Format(an.Cal), Path: path, Answer: answerOf(reason)}
 		if i < len(items) {
 			rec.Limit, rec.Cost = items[i].Limit, max(1, items[i].Cost)
 		}
@@ -92,7 +93,7 @@ func ClientDecisionRecorder(rec *history.Recorder, proc, region string, path his
 // recordReserve records a reservation granted of limit from window key.
 func (a *Agent) recordReserve(now time.Time, l core.Limit, key store.Key, id string, r Reservation, replayed bool) {
 	a.opt.hist.Record(history.Record{Kind: history.KindReserve, T: now.UnixNano(), Proc: a.cfg.ReplicaID,
-		Region: a.cfg.Region, Limit: l.ID, Window: key.Window, WindowLen: int64(l.Window), WindowPhase: int64(l.Phase), G: l.Tokens,
+		Region: a.cfg.Region, Limit: l.ID, Window: key.Window, WindowLen: int64(l.Windows().ByIndex(key.Window).Length), WindowPhase: int64(l.Phase), Cal: zones.Format(l.Cal), G: l.Tokens,
 		Reservation: id, Tokens: r.Granted, Expiry: now.Add(r.ExpiresIn).UnixNano(), Replayed: replayed})
 }
 

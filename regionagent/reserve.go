@@ -61,7 +61,10 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 	case minTokens < 1 || minTokens > tokens:
 		return Reservation{}, fieldErr("min_tokens", "must be 1..tokens, got %d", minTokens)
 	}
-	out := Reservation{Decision: Decision{Limit: l.Tokens, Window: l.Window, Version: l.Version}}
+	out := Reservation{Decision: Decision{Limit: l.Tokens, Window: l.Window, Phase: l.Phase, Cal: l.Cal, Version: l.Version}}
+	if l.Cal.Loc != nil {
+		out.Decision.Window = l.Windows().ByIndex(key.Window).Length
+	}
 	if !ok {
 		// Sub-leases live in the shared bucket only: while Redis is down the
 		// client falls back to per-request Checks, served in process.

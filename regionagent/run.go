@@ -214,6 +214,11 @@ func limitOf(l *pb.Limit, region string) core.Limit {
 	if l.Kind == pb.LimitKind_LIMIT_KIND_CONCURRENCY && l.LimitTokens > 0 {
 		out.Slots, out.Tokens = l.LimitTokens, 0
 	}
+	if l.Calendar != nil {
+		// The process's one location of the zone (zones.Load), so that
+		// every schedule of the limit compares equal.
+		out.Cal = limitspec.Schedule(l).Cal
+	}
 	if fb := l.Fallback[region]; fb != nil {
 		out.Fallback = core.Fallback{Kind: core.FallbackKind(fb.Kind), LocalTokens: fb.LocalTokens}
 	}

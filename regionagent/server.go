@@ -3,6 +3,8 @@ package regionagent
 import (
 	"context"
 	"errors"
+	"leasehold/internal/zones"
+	"leasehold/lease"
 	"strconv"
 	"time"
 
@@ -66,7 +68,30 @@ func toProto(d Decision) *pb.CheckResponse {
 		SettleWithin: settleWithin(d),
 		WouldDeny:    d.WouldDeny,
 		WindowPhase:  phasepb(d.Phase),
+		Calendar:     calpb(d.Cal),
 	}
+}
+
+// calpb renders a calendar limit's calendar: unset for fixed windows.
+func calpb(c lease.Calendar) *pb.CalendarWindows {
+	if c.Loc == nil {
+		return nil
+	}
+	return &pb.CalendarWindows{Unit: c.Unit.String(), Zone: c.Loc.String()}
+}
+
+// calOf reads a lease's calendar through the process's zone cache (the
+// zero Calendar for none, or for a zone this process cannot load: the
+// grant then names its window by index and length only).
+func calOf(c *pb.CalendarWindows) lease.Calendar {
+	if c == nil {
+		return lease.Calendar{}
+	}
+	cal, err := zones.Calendar(c.Unit, c.Zone)
+	if err != nil {
+		return lease.Calendar{}
+	}
+	return cal
 }
 
 // phasepb renders a window phase offset: unset for none.

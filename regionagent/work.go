@@ -435,7 +435,7 @@ func grantOf(r *pb.LeaseResult) core.Grant {
 		return core.Grant{OK: true}
 	}
 	return core.Grant{OK: true, LeaseID: ls.LeaseId, Tokens: ls.Tokens, Window: ls.WindowIndex, WindowLen: dur(ls.Window), WindowPhase: dur(ls.WindowPhase),
-		StartsIn: dur(ls.StartsIn), ExpiresIn: dur(ls.ExpiresIn), WindowLeft: dur(ls.WindowLeft), PoolLeft: ls.PoolLeft,
+		WindowCal: calOf(ls.Calendar), StartsIn: dur(ls.StartsIn), ExpiresIn: dur(ls.ExpiresIn), WindowLeft: dur(ls.WindowLeft), PoolLeft: ls.PoolLeft,
 		ShareSpent: ls.ShareSpent, Replayed: r.Replayed}
 }
 

@@ -741,3 +741,34 @@ func TestOverrideOverHTTP(t *testing.T) {
 		}
 	}
 }
+
+// TestCalendarOverHTTP: a limit with calendar windows is stored and read
+// back over HTTP; a bad unit or zone, or a window beside them, is 400
+// naming the field; a change of zone for the next window that never
+// starts a window with the running one is 400 naming limit.calendar.
+func TestCalendarOverHTTP(t *testing.T) {
+	c, _ := newAPI(t, nil)
+	body := func(cal string) string {
+		return `{"limit": {"limit_tokens": "5000000", ` + cal + `"regions": ["eu"], "mode": "MODE_STRICT"}, "reason": "r"}`
+	}
+	r := c.do("PUT", "/v1/limits/tenant/atlas", nil, body(`"calendar": {"unit": "month", "zone": "Europe/Berlin"}, `))
+	mustCode(t, r, 200)
+	if !strings.Contains(string(r.body), `"calendar":{"unit":"month","zone":"Europe/Berlin"}`) {
+		t.Fatalf("answer lacks the calendar: %s", r.body)
+	}
+	r = c.do("GET", "/v1/limits/tenant/atlas", nil, "")
+	mustCode(t, r, 200)
+	if !strings.Contains(string(r.body), `"calendar":{"unit":"month","zone":"Europe/Berlin"}`) || strings.Contains(string(r.body), `"window"`) {
+		t.Fatalf("read back: %s", r.body)
+	}
+	for _, tc := range []struct{ cal, field string }{
+		{`"calendar": {"unit": "fortnight", "zone": "UTC"}, `, "limit.calendar.unit"},
+		{`"calendar": {"unit": "month", "zone": "Mars/Olympus"}, `, "limit.calendar.zone"},
+		{`"calendar": {"unit": "month", "zone": "Europe/Berlin"}, "window": "60s", `, "limit.window"},
+		{`"calendar": {"unit": "month", "zone": "America/New_York"}, `, "limit.calendar"},
+	} {
+		if got := c.do("PUT", "/v1/limits/tenant/atlas", nil, body(tc.cal)).field(t); got != tc.field {
+			t.Errorf("%s: 400 names %q, want %q", tc.cal, got, tc.field)
+		}
+	}
+}

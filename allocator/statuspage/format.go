@@ -71,8 +71,12 @@ func addSat(a, b int64) int64 {
 }
 
 // windowDesc is a window limit's W, with its phase offset when it has
-// one: "1m", or "1m (phase 17s)" for windows starting at :17 past.
+// one: "1m", or "1m (phase 17s)" for windows starting at :17 past; a
+// calendar limit's windows as "calendar month, Europe/Berlin".
 func windowDesc(l *pb.Limit) string {
+	if c := l.GetCalendar(); c != nil {
+		return "calendar " + c.GetUnit() + ", " + c.GetZone()
+	}
 	w := fmtDuration(l.GetWindow().AsDuration())
 	if p := l.GetWindowPhase().AsDuration(); p != 0 {
 		w += " (phase " + fmtDuration(p) + ")"

@@ -674,3 +674,15 @@ func TestPlanTenantNamesItsPlan(t *testing.T) {
 	_, _, body := serve(t, f, "/status")
 	mustContain(t, body, "strict · plans/pro")
 }
+
+// TestCalendarLimitShown: a limit with calendar windows shows them as
+// "calendar month, Europe/Berlin" on the index and on its own page.
+func TestCalendarLimitShown(t *testing.T) {
+	f := demoSource()
+	f.limits[1].Window = nil
+	f.limits[1].Calendar = &pb.CalendarWindows{Unit: "month", Zone: "Europe/Berlin"}
+	_, _, body := serve(t, f, "/status")
+	mustContain(t, body, "calendar month, Europe/Berlin")
+	_, _, body = serve(t, f, "/status?limit=tenant/atlas")
+	mustContain(t, body, "tokens per calendar month, Europe/Berlin")
+}

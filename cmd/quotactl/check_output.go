@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"leasehold/internal/zones"
 	"math"
 	"math/bits"
 	"slices"
@@ -115,6 +116,21 @@ func windowOf(resp *pb.CheckResponse, arrived time.Time) (winKey, bool) {
 		return winKey{}, false
 	}
 	end := arrived.UnixNano() + int64(reset)
+	if c := resp.GetCalendar(); c != nil {
+		// Calendar windows: window is the current one's own length, so
+		// the window is the calendar's that holds the middle of [end -
+		// window, end). Keyed by its start (as a phase of one window of
+		// its length: start() is the start).
+		cal, err := zones.Calendar(c.GetUnit(), c.GetZone())
+		if err != nil {
+			return winKey{}, false
+		}
+		cw := cal.WindowOf(time.Unix(0, end-int64(w)/2))
+		if cw.Empty() {
+			return winKey{}, false
+		}
+		return winKey{w: int64(cw.Length()), phase: cw.Start.UnixNano(), end: 1}, true
+	}
 	var phase int64
 	if p := resp.GetWindowPhase().AsDuration(); p > 0 && p < w {
 		phase = int64(p)

@@ -615,9 +615,23 @@ func TestWindowOf(t *testing.T) {
 			t.Errorf("phased: arrival +%v reset %v: start +%v ok %v, want +70ms", tc.arrival, tc.reset, got, ok)
 		}
 	}
+	// Calendar months in Berlin: October 2027 lasts 745 h and ends at
+	// 2027-10-31T23:00Z; answers a little early or late land in it.
+	oct := time.Date(2027, 9, 30, 22, 0, 0, 0, time.UTC)
+	end := time.Date(2027, 10, 31, 23, 0, 0, 0, time.UTC)
+	for _, skew := range []time.Duration{0, 30 * time.Millisecond, -30 * time.Millisecond} {
+		arrival := time.Date(2027, 10, 31, 1, 30, 0, 0, time.UTC)
+		r := resp(745*time.Hour, end.Sub(arrival)+skew)
+		r.Calendar = &pb.CalendarWindows{Unit: "month", Zone: "Europe/Berlin"}
+		k, ok := windowOf(r, arrival)
+		if !ok || k.start() != oct.UnixNano() || k.w != int64(745*time.Hour) {
+			t.Errorf("calendar, skew %v: start %v w %v ok %v, want %v", skew, time.Unix(0, k.start()).UTC(), time.Duration(k.w), ok, oct)
+		}
+	}
 	for _, r := range []*pb.CheckResponse{
 		{},
 		{Window: durationpb.New(w)},
+		{Window: durationpb.New(w), ResetAfter: durationpb.New(w), Calendar: &pb.CalendarWindows{Unit: "month", Zone: "Mars/Olympus"}},
 		{ResetAfter: durationpb.New(w)},
 		resp(0, w),
 		resp(-w, w),

@@ -306,7 +306,7 @@ func (e *env) changeGroups(ctx context.Context, change groupmap.Change) error {
 	}
 	// Check the change locally first: a bad group name is a usage error
 	// before anything is read.
-	next, err := g.m.Next(time.Now(), time.Minute, limitspec.MaxWindow, change)
+	next, err := g.m.Next(time.Now(), time.Minute, limitspec.LongestWindow, change)
 	if err != nil {
 		return usagef("%v", err)
 	}

@@ -41,7 +41,7 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	f.tokensVar(&l.LimitTokens, "limit", "`N`: G, the global budget per window, all regions together (required for a window limit)", 1)
 	f.durationVar(&window, "window", "`DUR`: the window W, e.g. 1s, 1m, 1h (required for a window limit, >= 1s)")
 	var cal pb.CalendarWindows
-	f.value("calendar", "`day|week|month|year`: calendar windows in --zone instead of --window; checked, then refused by this version of the allocator (not enforced yet)", func(s string) error {
+	f.value("calendar", "`day|week|month|year`: calendar windows in --zone instead of --window: G per local day, ISO week, month or year, reset at local midnight", func(s string) error {
 		if _, err := lease.ParseUnit(s); err != nil {
 			return errors.New("want day, week, month or year")
 		}
@@ -128,8 +128,8 @@ func setLimitFlags(f *flagSet, plan bool) action {
 			}
 			l.Kind, l.RateTokens, l.RatePeriod = pb.LimitKind_LIMIT_KIND_BUCKET, rate, durationpb.New(period)
 		} else if f.isSet("calendar") || f.isSet("zone") {
-			// Calendar windows: checked and refused by the allocator,
-			// naming limit.calendar (not enforced in this version).
+			// Calendar windows: G per local day, week, month or year
+			// in --zone (the allocator checks the unit and the zone).
 			if err := f.require("limit", "calendar", "zone", "regions", "mode", "reason"); err != nil {
 				return err
 			}

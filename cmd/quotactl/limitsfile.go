@@ -383,8 +383,36 @@ func scalarDuration(n *yaml.Node, what string) (*durationpb.Duration, error) {
 	return durationpb.New(d), nil
 }
 
+// decodeCalendar reads a limit's calendar windows, {unit: month, zone:
+// Europe/Berlin}; the allocator checks the unit and the zone.
+func decodeCalendar(n *yaml.Node, what string, lines map[string]int) (*pb.CalendarWindows, error) {
+	f, err := mappingOf(n, what, "unit", "zone")
+	if err != nil {
+		return nil, err
+	}
+	c := &pb.CalendarWindows{}
+	lines["calendar"] = n.Line
+	for _, key := range []string{"unit", "zone"} {
+		fv, ok := f[key]
+		if !ok {
+			return nil, errAt(n, "%s: %q is required", what, key)
+		}
+		s, err := scalarString(fv.val, what+"."+key)
+		if err != nil {
+			return nil, err
+		}
+		lines["calendar."+key] = fv.val.Line
+		if key == "unit" {
+			c.Unit = s
+		} else {
+			c.Zone = s
+		}
+	}
+	return c, nil
+}
+
 // limitKeys are the keys of one limit, in the order export writes them.
-var limitKeys = []string{"id", "limit", "window", "window_phase", "rate", "burst", "concurrency", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
+var limitKeys = []string{"id", "limit", "window", "window_phase", "calendar", "rate", "burst", "concurrency", "regions", "mode", "fallback", "lease", "owner", "description", "tags", "hash_tag",
 	"settle_grace", "debt_policy", "shadow", "binds", "contracts"}
 
 // decodeFileLimit decodes one limit and validates it. lines maps the
@@ -419,9 +447,9 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 	required := []string{"limit", "window", "regions", "mode"}
 	if cv, ok := f["concurrency"]; ok {
 		// A concurrency limit: N slots instead of limit and window.
-		for _, key := range []string{"limit", "window", "window_phase", "rate", "burst"} {
+		for _, key := range []string{"limit", "window", "window_phase", "calendar", "rate", "burst"} {
 			if fv, ok := f[key]; ok {
-				return nil, errAt(fv.val, "%s: %q: a limit with concurrency is a concurrency limit: give concurrency alone, not limit, window, window_phase, rate or burst", l.Id, key)
+				return nil, errAt(fv.val, "%s: %q: a limit with concurrency is a concurrency limit: give concurrency alone, not limit, window, window_phase, calendar, rate or burst", l.Id, key)
 			}
 		}
 		var err error
@@ -433,7 +461,7 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 		required = []string{"regions", "mode"}
 	} else if rv, ok := f["rate"]; ok {
 		// A bucket limit: rate and burst instead of limit and window.
-		for _, key := range []string{"limit", "window", "window_phase"} {
+		for _, key := range []string{"limit", "window", "window_phase", "calendar"} {
 			if fv, ok := f[key]; ok {
 				return nil, errAt(fv.val, "%s: %q: a limit with a rate is a bucket limit: give rate and burst, not limit and window", l.Id, key)
 			}
@@ -459,6 +487,18 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 		required = []string{"regions", "mode"}
 	} else if fv, ok := f["burst"]; ok {
 		return nil, errAt(fv.val, "%s: \"burst\": only a bucket limit has a burst: give rate too", l.Id)
+	} else if cv, ok := f["calendar"]; ok {
+		// Calendar windows instead of a fixed window:
+		// calendar: {unit: month, zone: Europe/Berlin}.
+		for _, key := range []string{"window", "window_phase"} {
+			if fv, ok := f[key]; ok {
+				return nil, errAt(fv.val, "%s: %q: a limit with calendar windows has no fixed window: give calendar or window, not both", l.Id, key)
+			}
+		}
+		if l.Calendar, err = decodeCalendar(cv.val, what+": calendar", lines); err != nil {
+			return nil, err
+		}
+		required = []string{"limit", "regions", "mode"}
 	}
 	for _, key := range required {
 		v, err := req(key)
@@ -524,7 +564,7 @@ func decodeFileLimit(n *yaml.Node, what string) (*fileLimit, error) {
 			l.HashTag = s
 		}
 	}
-	if fv, ok := f["window_phase"]; ok {
+	if fv, ok := f["window_phase"]; ok && l.Calendar == nil {
 		lines["window_phase"] = fv.val.Line
 		if l.WindowPhase, err = scalarDuration(fv.val, what+": window_phase"); err != nil {
 			return nil, err
@@ -840,7 +880,13 @@ func limitNode(l *pb.Limit) *yaml.Node {
 		add("burst", intNode(l.GetBurstTokens()))
 	} else {
 		add("limit", intNode(l.GetLimitTokens()))
-		add("window", str(formatDuration(l.GetWindow())))
+		if c := l.GetCalendar(); c != nil {
+			cal := &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle}
+			cal.Content = append(cal.Content, str("unit"), str(c.GetUnit()), str("zone"), str(c.GetZone()))
+			add("calendar", cal)
+		} else {
+			add("window", str(formatDuration(l.GetWindow())))
+		}
 		if l.GetWindowPhase().AsDuration() != 0 {
 			add("window_phase", str(formatDuration(l.GetWindowPhase())))
 		}

@@ -223,6 +223,8 @@ func FuzzLimitsFile(f *testing.F) {
 	f.Add([]byte(exampleFile))
 	f.Add([]byte("limits: []\n"))
 	f.Add([]byte("limits:\n  - {id: p, limit: 5, window: 1m, window_phase: 17s, regions: [eu], mode: strict}\n"))
+	f.Add([]byte("limits:\n  - {id: c, limit: 5000000, calendar: {unit: month, zone: Europe/Berlin}, regions: [eu], mode: strict}\n"))
+	f.Add([]byte("limits:\n  - {id: c, limit: 5, calendar: {unit: day}, window: 1m, regions: [eu], mode: strict}\n"))
 	f.Add([]byte("manage: \"*\"\nlimits:\n  - {id: a, limit: 1, window: 1s, regions: [eu], mode: strict}\n"))
 	f.Add([]byte("limits:\n  - &a {id: a}\n  - *a\n"))
 	f.Add([]byte("limits:\n  - {id: b, rate: 5/250ms, burst: 7, regions: [eu, us], mode: bounded, fallback: {eu: closed}, lease: {ttl: 30s}}\n"))

@@ -69,6 +69,9 @@ func (e *env) printLimit(l *pb.Limit) error {
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
 	}
+	if c := l.GetCalendar(); c != nil {
+		rows = append(rows[:2], [2]string{"calendar", c.GetUnit()}, [2]string{"zone", c.GetZone()})
+	}
 	if p := l.GetWindowPhase(); p.AsDuration() != 0 {
 		rows = append(rows, [2]string{"window-phase", formatDuration(p)})
 	}

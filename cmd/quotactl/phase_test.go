@@ -5,8 +5,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"leasehold/internal/etcdtest"
+	pb "leasehold/proto/leasehold/v1"
 )
 
 // TestWindowPhase: --window-phase sets a limit's phase offset; get,
@@ -83,32 +87,41 @@ func TestWindowPhase(t *testing.T) {
 	}
 }
 
-// TestCalendarRefused: --calendar and --zone are checked (a bad unit
-// exits 2; a bad zone, or a window beside them, is refused by the
-// allocator naming the field) and valid calendar windows are refused,
-// naming limit.calendar: nothing enforces them in this version, so
-// nothing is stored.
-func TestCalendarRefused(t *testing.T) {
+// TestCalendarLimits: --calendar and --zone set calendar windows (a bad
+// unit exits 2; a bad zone, or a window beside them, is refused by the
+// allocator naming the field); get, export and history show them; a
+// limits file sets them (calendar: {unit: month, zone: Europe/Berlin});
+// a change of zone that never starts a window with the running one is
+// refused for the next window naming limit.calendar, and taken NOW.
+func TestCalendarLimits(t *testing.T) {
 	ta := startAllocator(t, etcdtest.Start(t, 1))
 	waitLeader(t, ta)
 	q := func(args ...string) result { return quotactl(append([]string{"--allocator", ta.addr}, args...)...) }
 	set := []string{"limits", "set", "--reason", "test", "tenant/atlas", "--limit", "5000000", "--regions", "eu", "--mode", "strict"}
 
-	for _, tc := range []struct {
-		args  []string
-		field string
-	}{
-		{[]string{"--calendar", "month", "--zone", "Europe/Berlin"}, "limit.calendar"},
-		{[]string{"--calendar", "year", "--zone", "America/New_York"}, "limit.calendar"},
-		{[]string{"--calendar", "month", "--zone", "Mars/Olympus"}, "limit.calendar.zone"},
-	} {
-		r := q(append(set, tc.args...)...).want(t, 1)
-		if !strings.Contains(r.stderr, ": "+tc.field+": ") {
-			t.Errorf("%v: %q does not name %s", tc.args, r.stderr, tc.field)
-		}
+	r := q(append(set, "--calendar", "month", "--zone", "Europe/Berlin")...).want(t, 0)
+	checkKV(t, kv(t, r.stdout), map[string]string{"id": "tenant/atlas", "calendar": "month", "zone": "Europe/Berlin", "version": "1"})
+	checkKV(t, kv(t, q("limits", "get", "tenant/atlas").want(t, 0).stdout), map[string]string{"calendar": "month", "zone": "Europe/Berlin"})
+	if out := q("limits", "export", "--prefix", "tenant/").want(t, 0).stdout; !strings.Contains(out, "    calendar: {unit: month, zone: Europe/Berlin}\n") {
+		t.Fatalf("export lacks the calendar:\n%s", out)
 	}
-	if r := q(append(set, "--calendar", "month", "--zone", "UTC")...).want(t, 1); !strings.Contains(r.stderr, "not enforced") {
-		t.Errorf("refusal %q does not say why", r.stderr)
+	r = q(append(set, "--calendar", "month", "--zone", "Mars/Olympus")...).want(t, 1)
+	if !strings.Contains(r.stderr, ": limit.calendar.zone: ") {
+		t.Errorf("%q does not name limit.calendar.zone", r.stderr)
+	}
+	// New York's months never start with Berlin's: NOW only.
+	r = q(append(set, "--calendar", "month", "--zone", "America/New_York")...).want(t, 1)
+	if !strings.Contains(r.stderr, "limit.calendar") || !strings.Contains(r.stderr, "effective NOW") {
+		t.Fatalf("a change of zone for the next window: %q", r.stderr)
+	}
+	r = q(append(set, "--calendar", "month", "--zone", "America/New_York", "--effective", "now", "--dry-run")...).want(t, 0)
+	if !strings.Contains(r.stdout, "calendar") || !strings.Contains(r.stdout, "month Europe/Berlin") || !strings.Contains(r.stdout, "month America/New_York") {
+		t.Fatalf("dry run of a change of zone:\n%s", r.stdout)
+	}
+	q(append(set, "--calendar", "month", "--zone", "America/New_York", "--effective", "now")...).want(t, 0)
+	hist := q("limits", "history", "tenant/atlas").want(t, 0).stdout
+	if !strings.Contains(hist, "Europe/Berlin") || !strings.Contains(hist, "America/New_York") {
+		t.Fatalf("history lacks the calendar change:\n%s", hist)
 	}
 	for _, args := range [][]string{
 		{"--calendar", "fortnight", "--zone", "UTC"},
@@ -121,10 +134,51 @@ func TestCalendarRefused(t *testing.T) {
 			t.Errorf("%v: want one line, got %q", args, r.stderr)
 		}
 	}
-	r := q("limits", "set", "--reason", "test", "tenant/b", "--rate", "10/s", "--burst", "5", "--regions", "eu",
+	r = q("limits", "set", "--reason", "test", "tenant/b", "--rate", "10/s", "--burst", "5", "--regions", "eu",
 		"--mode", "strict", "--calendar", "month", "--zone", "UTC").want(t, 2)
 	if !strings.Contains(r.stderr, "--rate") {
 		t.Errorf("calendar with a rate: %q", r.stderr)
 	}
-	q("limits", "get", "tenant/atlas").want(t, 1) // nothing was stored
+
+	file := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(file, []byte("limits:\n  - id: tenant/c\n    limit: 5000000\n    calendar: {unit: day, zone: Europe/Berlin}\n"+
+		"    regions: [eu]\n    mode: strict\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	q("limits", "apply", "--reason", "test", "-f", file).want(t, 0)
+	checkKV(t, kv(t, q("limits", "get", "tenant/c").want(t, 0).stdout), map[string]string{"calendar": "day", "zone": "Europe/Berlin"})
+	if err := os.WriteFile(file, []byte("limits:\n  - id: tenant/c\n    limit: 5000000\n    calendar: {unit: day, zone: Europe/Berlin}\n"+
+		"    window: 1m\n    regions: [eu]\n    mode: strict\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = q("limits", "apply", "--reason", "test", "-f", file).want(t, 2)
+	if !strings.Contains(r.stderr, "calendar or window") {
+		t.Errorf("a file with calendar and window: %q", r.stderr)
+	}
+}
+
+// TestCalendarWindowsShown: quotactl windows names calendar windows, in
+// the table ("windows: calendar month, Europe/Berlin") and in JSON.
+func TestCalendarWindowsShown(t *testing.T) {
+	w := &pb.WindowReport{LimitId: "tenant/atlas", LimitTokens: 5_000_000, Closed: true,
+		WindowStart: timestamppb.New(time.Date(2027, 9, 30, 22, 0, 0, 0, time.UTC)),
+		WindowEnd:   timestamppb.New(time.Date(2027, 10, 31, 23, 0, 0, 0, time.UTC)),
+		Calendar:    &pb.CalendarWindows{Unit: "month", Zone: "Europe/Berlin"}}
+	var out strings.Builder
+	e := &env{stdout: &out}
+	if err := e.printWindows([]*pb.WindowReport{w}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "windows: calendar month, Europe/Berlin\n") ||
+		!strings.Contains(out.String(), "2027-09-30T22:00:00.000Z") || !strings.Contains(out.String(), "2027-10-31T23:00:00.000Z") {
+		t.Errorf("table:\n%s", out.String())
+	}
+	out.Reset()
+	e.json = true
+	if err := e.printWindows([]*pb.WindowReport{w}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `"calendar": "calendar month, Europe/Berlin"`) {
+		t.Errorf("JSON:\n%s", out.String())
+	}
 }

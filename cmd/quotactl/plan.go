@@ -48,6 +48,9 @@ func flatten(l *pb.Limit) []setting {
 		{"limit", strconv.FormatInt(l.GetLimitTokens(), 10)},
 		{"window", formatDuration(l.GetWindow())},
 	}
+	if c := l.GetCalendar(); c != nil {
+		out[1] = setting{"calendar", c.GetUnit() + " " + c.GetZone()}
+	}
 	if p := l.GetWindowPhase(); p.AsDuration() != 0 {
 		out = append(out, setting{"window_phase", formatDuration(p)}) // absent: 0
 	}

@@ -231,6 +231,18 @@ type windowReportJSON struct {
 	WouldDenyChecks int64            `json:"would_deny_checks,omitempty"`
 	// Plan names the plan of a limit resolved from one (absent otherwise).
 	Plan string `json:"plan,omitempty"`
+	// Calendar names a calendar window, "calendar month, Europe/Berlin"
+	// (absent for fixed windows).
+	Calendar string `json:"calendar,omitempty"`
+}
+
+// calendarDesc names a window's calendar for people: "calendar month,
+// Europe/Berlin"; "" for a fixed window.
+func calendarDesc(w *pb.WindowReport) string {
+	if c := w.GetCalendar(); c != nil {
+		return "calendar " + c.GetUnit() + ", " + c.GetZone()
+	}
+	return ""
 }
 
 // boundJSON is a number, or the string "+Inf" (JSON has no infinity).
@@ -257,6 +269,7 @@ type termsJSON struct {
 
 func windowJSONOf(w *pb.WindowReport) windowReportJSON {
 	out := windowReportJSON{
+		Calendar:          calendarDesc(w),
 		Limit:             w.GetLimitId(),
 		WindowStart:       formatTS(w.GetWindowStart()),
 		WindowEnd:         formatTS(w.GetWindowEnd()),
@@ -312,6 +325,10 @@ func (e *env) printWindows(ws []*pb.WindowReport) error {
 		return err
 	}
 	var b bytes.Buffer
+	if len(ws) > 0 && calendarDesc(ws[len(ws)-1]) != "" {
+		// Calendar windows: their bounds are local midnights.
+		fmt.Fprintf(&b, "windows: %s\n", calendarDesc(ws[len(ws)-1]))
+	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	shadow := false // the WOULD_DENY columns, only when some window has them
 	for _, w := range ws {

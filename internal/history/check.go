@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"leasehold/internal/zones"
+	leasepkg "leasehold/lease"
 )
 
 // Invariant names what a violation breaks.
@@ -44,7 +47,10 @@ const (
 // held (rather than against the fallbacks the agents said they applied).
 type Limit struct {
 	G      int64         // 0: as the records say
-	Window time.Duration // the windows it applies to (0: any)
+	Window time.Duration // the windows it applies to (0: any fixed length)
+	// Cal: the calendar windows it applies to (zones.Format; "" for fixed
+	// windows).
+	Cal string
 	// Strict: every fallback is closed; admitted <= G exactly.
 	Strict bool
 	// Fallback per region: "closed" (the default), "local:A" or "open".
@@ -153,10 +159,40 @@ type windowKey struct {
 	wlen  int64
 	phase int64 // the windows' phase offset, ns
 	index int64
+	cal   string // calendar windows (zones.Format), "" for fixed ones
 }
 
-func (k windowKey) start() int64 { return k.index*k.wlen + k.phase }
-func (k windowKey) end() int64   { return (k.index+1)*k.wlen + k.phase }
+// keyOf names the window a record names.
+func keyOf(r Record) windowKey {
+	return windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window, r.Cal}
+}
+
+// start and end are the window's bounds in Unix ns: index x W + φ for
+// fixed windows; a calendar window's own bounds (whose length wlen only
+// repeats).
+func (k windowKey) start() int64 {
+	if k.cal != "" {
+		return k.calendar().Start.UnixNano()
+	}
+	return k.index*k.wlen + k.phase
+}
+
+func (k windowKey) end() int64 {
+	if k.cal != "" {
+		return k.calendar().End.UnixNano()
+	}
+	return (k.index+1)*k.wlen + k.phase
+}
+
+// calendar is a calendar key's window (empty for a calendar the zone
+// database does not know).
+func (k windowKey) calendar() leasepkg.CalendarWindow {
+	c, err := zones.Parse(k.cal)
+	if err != nil {
+		return leasepkg.CalendarWindow{}
+	}
+	return c.Window(k.index)
+}
 
 // lease is one lease id's grants and returns.
 type lease struct {
@@ -270,7 +306,7 @@ func (o Options) Check(h *History) Report {
 			continue
 		}
 		rep.Grants++
-		k := windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}
+		k := keyOf(r)
 		rk := reqKey{r.Region, r.Request}
 		if first, ok := byRequest[rk]; !ok {
 			byRequest[rk] = r
@@ -325,7 +361,7 @@ func (o Options) Check(h *History) Report {
 			continue // a lease the history did not see granted counts nowhere (its grant is not counted either)
 		}
 		g := l.grant
-		k := windowKey{g.Limit, g.WindowLen, g.WindowPhase, g.Window}
+		k := keyOf(g)
 		if l.returned {
 			// Retries answer as the first return did; two returns that were
 			// both not duplicates were credited twice. (Files are read in
@@ -359,14 +395,14 @@ func (o Options) Check(h *History) Report {
 		case KindReport:
 			rep.Reports++
 			if r.Rollback > 0 && r.WindowLen > 0 {
-				rw := win(windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}).region(r.Region)
+				rw := win(keyOf(r)).region(r.Region)
 				rw.rollback = max(rw.rollback, r.Rollback)
 			}
 		case KindReserve:
 			rep.Reservations++
 			if first := reservations[r.Reservation]; first != nil {
 				if first.rec.Tokens != r.Tokens || first.rec.Limit != r.Limit || first.rec.Window != r.Window {
-					violate(Idempotency, windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}, r.Region,
+					violate(Idempotency, keyOf(r), r.Region,
 						"reservation %q answered as %d tokens (%s window %d) and as %d tokens (%s window %d)", r.Reservation,
 						first.rec.Tokens, first.rec.Limit, first.rec.Window, r.Tokens, r.Limit, r.Window)
 				}
@@ -388,7 +424,7 @@ func (o Options) Check(h *History) Report {
 			continue
 		}
 		rep.Admits++
-		k := windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}
+		k := keyOf(r)
 		region := r.Region
 		if r.Path == PathChunk || r.Path == PathSubLease {
 			res := reservations[r.Reservation]
@@ -397,7 +433,7 @@ func (o Options) Check(h *History) Report {
 				continue
 			}
 			res.spent += r.Cost
-			k = windowKey{res.rec.Limit, res.rec.WindowLen, res.rec.WindowPhase, res.rec.Window}
+			k = keyOf(res.rec)
 			region = res.rec.Region
 		}
 		if k.index == 0 || k.wlen <= 0 || region == "" {
@@ -440,7 +476,7 @@ func (o Options) Check(h *History) Report {
 	for id, res := range reservations {
 		if res.spent > res.rec.Tokens {
 			r := res.rec
-			violate(Leased, windowKey{r.Limit, r.WindowLen, r.WindowPhase, r.Window}, r.Region, "%d tokens admitted from reservation %q of %d",
+			violate(Leased, keyOf(r), r.Region, "%d tokens admitted from reservation %q of %d",
 				res.spent, id, r.Tokens)
 		}
 	}
@@ -452,13 +488,13 @@ func (o Options) Check(h *History) Report {
 		keys = append(keys, k)
 	}
 	slices.SortFunc(keys, func(a, b windowKey) int {
-		return cmp.Or(strings.Compare(a.limit, b.limit), cmp.Compare(a.wlen, b.wlen), cmp.Compare(a.phase, b.phase), cmp.Compare(a.index, b.index))
+		return cmp.Or(strings.Compare(a.limit, b.limit), strings.Compare(a.cal, b.cal), cmp.Compare(a.wlen, b.wlen), cmp.Compare(a.phase, b.phase), cmp.Compare(a.index, b.index))
 	})
 	for _, k := range keys {
 		w := windows[k]
 		rep.Windows++
 		lim, stated := o.Limits[k.limit]
-		if stated && lim.Window != 0 && int64(lim.Window) != k.wlen {
+		if stated && ((lim.Window != 0 && int64(lim.Window) != k.wlen) || lim.Cal != k.cal) {
 			stated = false
 		}
 		G := w.gGrant

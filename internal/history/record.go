@@ -105,7 +105,11 @@ type Record struct {
 	// WindowPhase is the windows' phase offset φ (ns; 0 for the
 	// epoch-aligned windows): window Window is [Window*W + φ, ...).
 	WindowPhase int64 `json:"wph,omitempty"`
-	G           int64 `json:"g,omitempty"` // the limit's G as the recorder knew it
+	// Cal names calendar windows (zones.Format, e.g. "month
+	// Europe/Berlin"): Window then counts calendar windows and WindowLen
+	// is this window's own length. "" for fixed windows.
+	Cal string `json:"cal,omitempty"`
+	G   int64  `json:"g,omitempty"` // the limit's G as the recorder knew it
 
 	// decision
 	Cost     int64  `json:"cost,omitempty"`
@@ -153,7 +157,7 @@ type Record struct {
 // strings lists the record's string fields, for capping and checking.
 func (r *Record) strings() []*string {
 	return []*string{&r.Proc, &r.Role, &r.Region, &r.Limit, &r.Fallback, &r.Reservation, &r.Request, &r.Lease,
-		&r.Code, &r.Reporter, (*string)(&r.Kind), (*string)(&r.Answer), (*string)(&r.Path)}
+		&r.Code, &r.Reporter, &r.Cal, (*string)(&r.Kind), (*string)(&r.Answer), (*string)(&r.Path)}
 }
 
 // capStrings cuts every string to MaxString.

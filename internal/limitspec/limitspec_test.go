@@ -2,9 +2,12 @@ package limitspec
 
 import (
 	"errors"
+	"leasehold/internal/zones"
+	"leasehold/lease"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/vocab"
@@ -67,13 +70,13 @@ func TestValidateLimitNamesTheField(t *testing.T) {
 			l.Window, l.WindowPhase = nil, durationpb.New(time.Second)
 			l.Calendar = &pb.CalendarWindows{Unit: "month", Zone: "Europe/Berlin"}
 		}},
-		// Valid calendar windows are refused: nothing enforces them yet.
-		{"limit.calendar", func(l *pb.Limit) {
-			l.Window, l.Calendar = nil, &pb.CalendarWindows{Unit: "month", Zone: "Europe/Berlin"}
-		}},
-		{"limit.calendar", func(l *pb.Limit) {
+		// A calendar window's lease ttl is bounded by the unit's shortest
+		// window (a day may last 23 h: ttl <= 22 h).
+		{"limit.lease.ttl", func(l *pb.Limit) {
 			l.Window, l.Calendar = nil, &pb.CalendarWindows{Unit: "day", Zone: "America/New_York"}
+			l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(23 * time.Hour)}
 		}},
+		{"limit.calendar.zone", func(l *pb.Limit) { l.Window, l.Calendar = nil, &pb.CalendarWindows{Unit: "day", Zone: "Local"} }},
 		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = durationpb.New(-time.Second) }},
 		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = durationpb.New(time.Second + time.Microsecond) }},
 		{"limit.window_phase", func(l *pb.Limit) { l.WindowPhase = &durationpb.Duration{Seconds: 1, Nanos: -1} }},
@@ -143,6 +146,55 @@ func TestNames(t *testing.T) {
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}
+
+// TestValidateLimitCalendar: calendar windows are accepted, the ttl
+// defaults to a quarter of the unit's shortest window, and the schedule
+// holds the process's one location of the zone.
+func TestValidateLimitCalendar(t *testing.T) {
+	for _, tc := range []struct {
+		unit, zone string
+		ttl        time.Duration
+	}{
+		{"month", "Europe/Berlin", (28*24*time.Hour - 2*time.Hour) / 4},
+		{"day", "America/New_York", (22 * time.Hour) / 4},
+		{"year", "UTC", (365*24*time.Hour - 2*time.Hour) / 4},
+	} {
+		in := &pb.Limit{Id: "tenant/a", LimitTokens: 5_000_000, Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT,
+			Calendar: &pb.CalendarWindows{Unit: tc.unit, Zone: tc.zone}}
+		got, err := ValidateLimit(in, []string{"eu"})
+		if err != nil {
+			t.Fatalf("%s %s: %v", tc.unit, tc.zone, err)
+		}
+		if d := got.Lease.Ttl.AsDuration(); d != tc.ttl {
+			t.Errorf("%s: ttl %v, want %v", tc.unit, d, tc.ttl)
+		}
+		s1, s2 := Schedule(got), Schedule(proto.Clone(got).(*pb.Limit))
+		if !s1.IsCalendar() || s1 != s2 || s1.Cal.Loc.String() != tc.zone {
+			t.Errorf("%s %s: schedules %v and %v", tc.unit, tc.zone, s1, s2)
+		}
+	}
+}
+
+// TestLongestWindow: no window of any limit, fixed or calendar, is longer
+// than LongestWindow (what the allocator group map keeps old versions
+// for): the longest calendar years of a few zones, leap years included.
+func TestLongestWindow(t *testing.T) {
+	if LongestWindow < MaxWindow {
+		t.Fatalf("LongestWindow %v < MaxWindow %v", LongestWindow, MaxWindow)
+	}
+	for _, zone := range []string{"UTC", "Europe/Berlin", "America/New_York", "Pacific/Apia", "Australia/Lord_Howe"} {
+		c, err := zones.Calendar("year", zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := lease.CalendarWindows(c)
+		for y := 2010; y <= 2030; y++ {
+			if w := s.Of(time.Date(y, 6, 1, 0, 0, 0, 0, time.UTC)); w.Length > LongestWindow {
+				t.Errorf("%d in %s lasts %v > %v", y, zone, w.Length, LongestWindow)
+			}
 		}
 	}
 }

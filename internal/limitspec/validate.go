@@ -2,6 +2,7 @@ package limitspec
 
 import (
 	"fmt"
+	"leasehold/internal/zones"
 	"slices"
 	"time"
 
@@ -18,6 +19,12 @@ import (
 const (
 	// MaxWindow bounds W; longer windows would keep grant records for days.
 	MaxWindow = 31 * 24 * time.Hour
+	// LongestWindow bounds every window of any limit: a fixed one
+	// (MaxWindow) or a calendar one, whose longest is a leap year (366
+	// days, plus the hours a zone's offset may move in it). What must
+	// outlive every window that started under it (an allocator group
+	// map's old versions) is kept this long.
+	LongestWindow = 367 * 24 * time.Hour
 	// MaxOwnerLen, MaxDescriptionLen, MaxTags and MaxTagLen bound the
 	// limit's free-form fields (a tag's key and its value each).
 	MaxOwnerLen       = 200
@@ -201,8 +208,13 @@ func validateLimit(l *pb.Limit, known []string) (*pb.Limit, error) {
 		if err := vocab.ValidateTokens("limit.limit_tokens", l.LimitTokens, 1); err != nil {
 			return nil, err
 		}
-		if err := checkCalendar(l); err != nil {
-			return nil, err
+		if l.Calendar != nil {
+			cal, err := checkCalendar(l)
+			if err != nil {
+				return nil, err
+			}
+			w = zones.Shortest(cal.Unit)
+			break
 		}
 		if l.Window == nil {
 			return nil, fieldErr("limit.window", "required")
@@ -378,37 +390,46 @@ func Phase(l *pb.Limit) time.Duration {
 
 // MaxZoneLen bounds a calendar's zone name (IANA names are at most about
 // 30 bytes).
-const MaxZoneLen = 64
+const MaxZoneLen = zones.MaxZoneLen
 
-// CalendarNotEnforced is why calendar windows are refused after they are
-// checked: nothing enforces them end to end in this version yet.
-const CalendarNotEnforced = "calendar windows are not enforced in this version: use a fixed window (window, window_phase)"
-
-// checkCalendar checks a window limit's calendar windows (a known unit, a
-// zone time.LoadLocation loads, neither window nor window_phase beside
-// them) and then refuses them, naming limit.calendar: accepted, they would
-// promise a budget per calendar month that nothing enforces.
-func checkCalendar(l *pb.Limit) error {
+// checkCalendar checks a window limit's calendar windows: a known unit, a
+// zone the process's zone cache loads (zones.Load, the embedded
+// database), neither window nor window_phase beside them. The lease ttl
+// is then checked against the unit's shortest window (zones.Shortest).
+func checkCalendar(l *pb.Limit) (lease.Calendar, error) {
 	c := l.Calendar
-	if c == nil {
-		return nil
-	}
 	if _, err := lease.ParseUnit(c.Unit); err != nil {
-		return fieldErr("limit.calendar.unit", "must be day, week, month or year, got %q", vocab.Cap(c.Unit, 16))
+		return lease.Calendar{}, fieldErr("limit.calendar.unit", "must be day, week, month or year, got %q", vocab.Cap(c.Unit, 16))
 	}
 	if c.Zone == "" || len(c.Zone) > MaxZoneLen {
-		return fieldErr("limit.calendar.zone", "an IANA time zone name of 1-%d bytes is required, e.g. Europe/Berlin", MaxZoneLen)
+		return lease.Calendar{}, fieldErr("limit.calendar.zone", "an IANA time zone name of 1-%d bytes is required, e.g. Europe/Berlin", MaxZoneLen)
 	}
-	if _, err := time.LoadLocation(c.Zone); err != nil {
-		return fieldErr("limit.calendar.zone", "unknown time zone %q", c.Zone)
+	cal, err := zones.Calendar(c.Unit, c.Zone)
+	if err != nil {
+		return lease.Calendar{}, fieldErr("limit.calendar.zone", "unknown time zone %q", c.Zone)
 	}
 	if l.Window != nil {
-		return fieldErr("limit.window", "a limit with calendar windows has no fixed window: give calendar or window, not both")
+		return lease.Calendar{}, fieldErr("limit.window", "a limit with calendar windows has no fixed window: give calendar or window, not both")
 	}
 	if l.WindowPhase != nil {
-		return fieldErr("limit.window_phase", "calendar windows start at local midnight: a phase offset is for fixed windows")
+		return lease.Calendar{}, fieldErr("limit.window_phase", "calendar windows start at local midnight: a phase offset is for fixed windows")
 	}
-	return fieldErr("limit.calendar", "%s", CalendarNotEnforced)
+	return cal, nil
+}
+
+// Schedule returns the window schedule of a validated window limit: its
+// calendar windows, or its fixed windows (window, window_phase). A
+// calendar whose zone does not load (never for a validated limit) gives
+// the empty schedule, which has no windows.
+func Schedule(l *pb.Limit) lease.Windows {
+	if c := l.GetCalendar(); c != nil {
+		cal, err := zones.Calendar(c.Unit, c.Zone)
+		if err != nil {
+			return lease.Windows{}
+		}
+		return lease.CalendarWindows(cal)
+	}
+	return lease.WindowsOf(l.GetWindow().AsDuration(), l.GetWindowPhase().AsDuration())
 }
 
 // validateHashTag checks a limit's hash tag; a plan's "{id}" (checkPlan)

@@ -235,7 +235,9 @@ func ApplyContract(v *pb.Limit, c *pb.Contract) {
 		v.Shadow = *c.Shadow
 	}
 	if c.Window != nil {
-		v.Window = c.Window
+		// A window of the tenant's own replaces the plan's schedule,
+		// calendar windows included.
+		v.Window, v.Calendar = c.Window, nil
 	}
 }
 

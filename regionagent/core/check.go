@@ -68,7 +68,10 @@ type Answer struct {
 	Window     time.Duration
 	// Phase is the window limit's phase offset (its windows start at k x
 	// Window + Phase on the allocator's clock).
-	Phase   time.Duration
+	Phase time.Duration
+	// Cal is the calendar of a calendar limit (zero otherwise): Window is
+	// then the length of the window the Check was decided in.
+	Cal     lease.Calendar
 	Version int64
 	// WouldDeny is, for a limit in shadow mode, the reason enforcement
 	// would have denied the item (ReasonOverLimit or ReasonUnavailable):
@@ -329,7 +332,7 @@ func (c *Core) answer(now time.Time, chk *Check, reason Reason) {
 	chk.Answers = chk.answers(len(chk.sts))
 	for i, st := range chk.sts {
 		chk.Answers[i] = Answer{Allowed: reason == ReasonOK || reason == ReasonFallback, Reason: reason,
-			Limit: st.l.Tokens, Window: st.l.Window, Phase: st.l.Phase, Version: st.l.Version,
+			Limit: st.l.Tokens, Window: st.l.lengthOf(chk.wins[i]), Phase: st.l.Phase, Cal: st.l.Cal, Version: st.l.Version,
 			ResetAfter: max(0, c.WindowEnd(chk.wins[i]).Sub(now))}
 	}
 	chk.Step = StepDone
@@ -719,7 +722,7 @@ func (c *Core) Reserved(now time.Time, key store.Key, granted bool, balance, min
 		return Answer{Reason: ReasonUnavailable, RetryAfter: c.jitter(time.Second, time.Second)}
 	}
 	w := st.l.Windows().ByIndex(key.Window)
-	a := Answer{Limit: st.l.Tokens, Window: st.l.Window, Phase: st.l.Phase, Version: st.l.Version, Remaining: balance,
+	a := Answer{Limit: st.l.Tokens, Window: st.l.lengthOf(w), Phase: st.l.Phase, Cal: st.l.Cal, Version: st.l.Version, Remaining: balance,
 		ResetAfter: max(0, c.WindowEnd(w).Sub(now))}
 	if granted {
 		a.Allowed, a.Reason = true, ReasonOK

@@ -52,7 +52,11 @@ type Limit struct {
 	Window time.Duration // W
 	// Phase is the windows' phase offset φ (0 <= φ < W): window k is [k x
 	// W + φ, (k+1) x W + φ) on the allocator's clock. 0: epoch-aligned.
-	Phase    time.Duration
+	Phase time.Duration
+	// Cal, when its Loc is set, gives the limit calendar windows (a day,
+	// week, month or year in a zone) instead: Window and Phase are then
+	// 0, and each window has its own length (Windows().Of(t).Length).
+	Cal      lease.Calendar
 	TTL      time.Duration // lease ttl (<= W)
 	Mode     Mode
 	Fallback Fallback // this region's
@@ -88,7 +92,22 @@ type Limit struct {
 
 // Windows is the limit's window schedule (W and φ): every window of the
 // limit is named from it.
-func (l *Limit) Windows() lease.Windows { return lease.WindowsOf(l.Window, l.Phase) }
+func (l *Limit) Windows() lease.Windows {
+	if l.Cal.Loc != nil {
+		return lease.CalendarWindows(l.Cal)
+	}
+	return lease.WindowsOf(l.Window, l.Phase)
+}
+
+// lengthOf is the length of w, a window of l, for an answer's Window: a
+// calendar window's own length, W for fixed windows (also when w was not
+// named).
+func (l *Limit) lengthOf(w lease.Window) time.Duration {
+	if l.Cal.Loc != nil {
+		return w.Length
+	}
+	return l.Window
+}
 
 // Tag is the limit's effective hash tag: HashTag, or the id.
 func (l *Limit) Tag() string {
@@ -109,7 +128,13 @@ func (l *Limit) key(window int64) store.Key {
 
 // prior is the demand assumed for a limit before any is observed: the
 // contract rate G/W shared by its regions. It sizes only the first lease.
+// A calendar limit's windows have no one length: its prior is G over the
+// unit's nominal length (a month: 30 days), close enough for a first
+// lease, which the observed demand replaces at once.
 func (l *Limit) prior() float64 {
+	if l.Cal.Loc != nil {
+		return float64(l.Tokens) / l.Cal.Unit.Nominal().Seconds() / float64(max(1, l.Regions))
+	}
 	if l.IsBucket() && l.RatePeriod > 0 {
 		return float64(l.Rate) / l.RatePeriod.Seconds() / float64(max(1, l.Regions))
 	}

@@ -301,7 +301,7 @@ func (c *Core) Seen(since time.Time) []WindowSeen {
 	for _, r := range c.seen {
 		r.u.seenNew = false
 		if c.states[r.st.id] == r.st && r.st.windows[r.k] == r.u && r.u.seenAt.After(since) {
-			out = append(out, WindowSeen{Limit: r.st.id, Window: r.k.window, End: r.u.end, Length: r.st.l.Window,
+			out = append(out, WindowSeen{Limit: r.st.id, Window: r.k.window, End: r.u.end, Length: r.st.l.Windows().ByIndex(r.k.window).Length,
 				Admitted: r.u.admitted, At: r.u.seenAt})
 		}
 	}

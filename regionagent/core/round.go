@@ -66,10 +66,12 @@ type Grant struct {
 	Window      int64
 	WindowLen   time.Duration
 	WindowPhase time.Duration
-	StartsIn    time.Duration
-	ExpiresIn   time.Duration
-	WindowLeft  time.Duration
-	PoolLeft    int64
+	// WindowCal is the window's calendar (zero for fixed windows).
+	WindowCal  lease.Calendar
+	StartsIn   time.Duration
+	ExpiresIn  time.Duration
+	WindowLeft time.Duration
+	PoolLeft   int64
 	// ShareSpent: nothing granted because this region used its share of
 	// the window while other regions' demand claims the rest.
 	ShareSpent bool
@@ -380,7 +382,11 @@ func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
 			// The window's end on the allocator's clock, named by the
 			// grant itself (its index, length and phase), less what was
 			// left of it.
-			end := lease.WindowsOf(g.WindowLen, g.WindowPhase).ByIndex(g.Window).End()
+			sched := lease.WindowsOf(g.WindowLen, g.WindowPhase)
+			if g.WindowCal.Loc != nil {
+				sched = lease.CalendarWindows(g.WindowCal)
+			}
+			end := sched.ByIndex(g.Window).End()
 			allocNow := time.Duration(end.UnixNano()) - g.WindowLeft
 			answered := recv.Add(-min(recv.Sub(sent)/2, maxOneWay))
 			c.offset, c.offsetSet = allocNow-time.Duration(answered.UnixNano()), true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"leasehold/lease"
 	"log/slog"
 	"math"
 	"strconv"
@@ -394,8 +395,36 @@ func (p *plan) respond(ds []regionagent.Decision) *rlsv3.RateLimitResponse {
 }
 
 // currentLimit is the limit as Envoy states it: requests per one unit,
-// when the window is exactly one second, minute, hour, day or week.
+// when the window is exactly one second, minute, hour, day or week, or a
+// calendar day, week, month or year (whatever the length of the current
+// one: a calendar day of 23 h is still DAY).
 func currentLimit(name string, d regionagent.Decision) *rlsv3.RateLimitResponse_RateLimit {
+	var unit rlsv3.RateLimitResponse_RateLimit_Unit
+	switch {
+	case d.Cal.Loc != nil:
+		switch d.Cal.Unit {
+		case lease.Day:
+			unit = rlsv3.RateLimitResponse_RateLimit_DAY
+		case lease.Week:
+			unit = rlsv3.RateLimitResponse_RateLimit_WEEK
+		case lease.Month:
+			unit = rlsv3.RateLimitResponse_RateLimit_MONTH
+		case lease.Year:
+			unit = rlsv3.RateLimitResponse_RateLimit_YEAR
+		default:
+			return nil
+		}
+	default:
+		return fixedLimit(name, d)
+	}
+	if d.Limit <= 0 || d.Limit > math.MaxUint32 {
+		return nil
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(d.Limit), Unit: unit}
+}
+
+// fixedLimit is currentLimit for a fixed window.
+func fixedLimit(name string, d regionagent.Decision) *rlsv3.RateLimitResponse_RateLimit {
 	var unit rlsv3.RateLimitResponse_RateLimit_Unit
 	switch d.Window {
 	case time.Second:

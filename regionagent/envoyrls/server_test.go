@@ -3,6 +3,8 @@ package envoyrls
 import (
 	"context"
 	"errors"
+	"leasehold/internal/zones"
+	"leasehold/lease"
 	"math"
 	"slices"
 	"strings"
@@ -327,6 +329,32 @@ func TestCurrentLimitUnits(t *testing.T) {
 		got := currentLimit("n", regionagent.Decision{Window: c.w, Limit: c.g})
 		if (got == nil) != (c.want == rlsv3.RateLimitResponse_RateLimit_UNKNOWN) || got.GetUnit() != c.want {
 			t.Errorf("window %v G %d: %v, want unit %v", c.w, c.g, got, c.want)
+		}
+	}
+}
+
+// TestCurrentLimitCalendar: a calendar limit states its unit, whatever
+// the length of the current window (a 25-hour day is DAY, a month of 745
+// hours MONTH).
+func TestCurrentLimitCalendar(t *testing.T) {
+	berlin, err := zones.Load("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		u    lease.Unit
+		w    time.Duration
+		want rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{lease.Day, 25 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+		{lease.Day, 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+		{lease.Week, 167 * time.Hour, rlsv3.RateLimitResponse_RateLimit_WEEK},
+		{lease.Month, 745 * time.Hour, rlsv3.RateLimitResponse_RateLimit_MONTH},
+		{lease.Year, 8760 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
+	} {
+		got := currentLimit("n", regionagent.Decision{Window: c.w, Limit: 5_000_000, Cal: lease.Calendar{Unit: c.u, Loc: berlin}})
+		if got.GetUnit() != c.want || got.GetRequestsPerUnit() != 5_000_000 {
+			t.Errorf("calendar %v of %v: %v, want unit %v", c.u, c.w, got, c.want)
 		}
 	}
 }

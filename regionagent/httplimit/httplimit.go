@@ -34,7 +34,9 @@
 //
 //	Leasehold-Would-Deny: "tenant/atlas";reason=over_limit
 //
-// q is the limit's G, w its window in seconds, r what is left in the
+// q is the limit's G, w its window in seconds (for a limit with calendar
+// windows, the length of the current one: a calendar month in
+// Europe/Berlin is w=2678400 in most months, w=2682000 in October), r what is left in the
 // region (an estimate: see client.Decision.Remaining), t the seconds until
 // the window resets (rounded up). With ShowRemaining, RateLimit is sent
 // only to the callers the function accepts; the policy is always sent.

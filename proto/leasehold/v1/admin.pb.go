@@ -2357,7 +2357,11 @@ type WindowReport struct {
 	Shadow bool `protobuf:"varint,20,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	// plan names the plan the limit was resolved from ("plans/<name>");
 	// empty for a limit with a record of its own.
-	Plan          string `protobuf:"bytes,40,opt,name=plan,proto3" json:"plan,omitempty"`
+	Plan string `protobuf:"bytes,40,opt,name=plan,proto3" json:"plan,omitempty"`
+	// calendar is set when the window is a calendar window (the limit's
+	// Limit.calendar when it began): window_start and window_end are then
+	// its local midnights. Unset for fixed windows.
+	Calendar      *CalendarWindows `protobuf:"bytes,32,opt,name=calendar,proto3" json:"calendar,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2537,6 +2541,13 @@ func (x *WindowReport) GetPlan() string {
 		return x.Plan
 	}
 	return ""
+}
+
+func (x *WindowReport) GetCalendar() *CalendarWindows {
+	if x != nil {
+		return x.Calendar
+	}
+	return nil
 }
 
 type BoundTerms struct {
@@ -2811,7 +2822,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\vadmit_slots\x183 \x01(\x03R\n" +
 	"admitSlots\x12\x1d\n" +
 	"\n" +
-	"held_slots\x184 \x01(\x03R\theldSlots\"\xcc\b\n" +
+	"held_slots\x184 \x01(\x03R\theldSlots\"\x87\t\n" +
 	"\fWindowReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2836,7 +2847,8 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x10would_deny_total\x18\x12 \x01(\x03R\x0ewouldDenyTotal\x12*\n" +
 	"\x11would_deny_checks\x18\x13 \x01(\x03R\x0fwouldDenyChecks\x12\x16\n" +
 	"\x06shadow\x18\x14 \x01(\bR\x06shadow\x12\x12\n" +
-	"\x04plan\x18( \x01(\tR\x04plan\x1a;\n" +
+	"\x04plan\x18( \x01(\tR\x04plan\x129\n" +
+	"\bcalendar\x18  \x01(\v2\x1d.leasehold.v1.CalendarWindowsR\bcalendar\x1a;\n" +
 	"\rAdmittedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aW\n" +
@@ -2939,7 +2951,8 @@ var file_leasehold_v1_admin_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),    // 39: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),  // 40: google.protobuf.Timestamp
 	(LimitKind)(0),                 // 41: leasehold.v1.LimitKind
-	(FallbackKind)(0),              // 42: leasehold.v1.FallbackKind
+	(*CalendarWindows)(nil),        // 42: leasehold.v1.CalendarWindows
+	(FallbackKind)(0),              // 43: leasehold.v1.FallbackKind
 }
 var file_leasehold_v1_admin_proto_depIdxs = []int32{
 	4,  // 0: leasehold.v1.ChangeGroupMapRequest.groups:type_name -> leasehold.v1.GroupSpec
@@ -2985,34 +2998,35 @@ var file_leasehold_v1_admin_proto_depIdxs = []int32{
 	32, // 40: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
 	36, // 41: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
 	37, // 42: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
-	42, // 43: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	7,  // 44: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	9,  // 45: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	11, // 46: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	13, // 47: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	27, // 48: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	16, // 49: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
-	20, // 50: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
-	22, // 51: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
-	25, // 52: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
-	2,  // 53: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
-	5,  // 54: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
-	8,  // 55: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	10, // 56: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	12, // 57: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	14, // 58: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	28, // 59: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	17, // 60: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
-	21, // 61: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
-	23, // 62: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
-	26, // 63: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
-	3,  // 64: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
-	6,  // 65: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
-	55, // [55:66] is the sub-list for method output_type
-	44, // [44:55] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	42, // 43: leasehold.v1.WindowReport.calendar:type_name -> leasehold.v1.CalendarWindows
+	43, // 44: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	7,  // 45: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	9,  // 46: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	11, // 47: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	13, // 48: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	27, // 49: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	16, // 50: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	20, // 51: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	22, // 52: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	25, // 53: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	2,  // 54: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
+	5,  // 55: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
+	8,  // 56: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	10, // 57: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	12, // 58: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	14, // 59: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	28, // 60: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	17, // 61: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	21, // 62: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	23, // 63: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	26, // 64: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	3,  // 65: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
+	6,  // 66: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
+	56, // [56:67] is the sub-list for method output_type
+	45, // [45:56] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }

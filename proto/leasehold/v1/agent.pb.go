@@ -1011,7 +1011,12 @@ type CheckResponse struct {
 	// window_phase is the phase offset of the limit's windows
 	// (Limit.window_phase): they start at k x window + window_phase on the
 	// allocator's clock. Unset for none.
-	WindowPhase   *durationpb.Duration `protobuf:"bytes,30,opt,name=window_phase,json=windowPhase,proto3" json:"window_phase,omitempty"`
+	WindowPhase *durationpb.Duration `protobuf:"bytes,30,opt,name=window_phase,json=windowPhase,proto3" json:"window_phase,omitempty"`
+	// calendar is set when the limit has calendar windows (Limit.calendar):
+	// window is then the length of the current calendar window (a month
+	// in Europe/Berlin lasts 743, 744 or 745 hours). Unset for fixed
+	// windows.
+	Calendar      *CalendarWindows `protobuf:"bytes,32,opt,name=calendar,proto3" json:"calendar,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1130,6 +1135,13 @@ func (x *CheckResponse) GetWindowPhase() *durationpb.Duration {
 	return nil
 }
 
+func (x *CheckResponse) GetCalendar() *CalendarWindows {
+	if x != nil {
+		return x.Calendar
+	}
+	return nil
+}
+
 type CheckMultiRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Checks        []*CheckRequest        `protobuf:"bytes,1,rep,name=checks,proto3" json:"checks,omitempty"`
@@ -1231,7 +1243,7 @@ var File_leasehold_v1_agent_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x18leasehold/v1/agent.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"y\n" +
+	"\x18leasehold/v1/agent.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19leasehold/v1/limits.proto\"y\n" +
 	"\x12AcquireSlotRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x1b\n" +
 	"\tholder_id\x18\x02 \x01(\tR\bholderId\x12+\n" +
@@ -1303,7 +1315,7 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	"\x04cost\x18\x02 \x01(\x03R\x04cost\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12!\n" +
-	"\fsettle_later\x18\x04 \x01(\bR\vsettleLater\"\xbc\x04\n" +
+	"\fsettle_later\x18\x04 \x01(\bR\vsettleLater\"\xf7\x04\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12,\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x14.leasehold.v1.ReasonR\x06reason\x12\x1c\n" +
@@ -1321,7 +1333,8 @@ const file_leasehold_v1_agent_proto_rawDesc = "" +
 	" \x01(\v2\x19.google.protobuf.DurationR\fsettleWithin\x123\n" +
 	"\n" +
 	"would_deny\x18\v \x01(\x0e2\x14.leasehold.v1.ReasonR\twouldDeny\x12<\n" +
-	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\"G\n" +
+	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\x129\n" +
+	"\bcalendar\x18  \x01(\v2\x1d.leasehold.v1.CalendarWindowsR\bcalendar\"G\n" +
 	"\x11CheckMultiRequest\x122\n" +
 	"\x06checks\x18\x01 \x03(\v2\x1a.leasehold.v1.CheckRequestR\x06checks\"e\n" +
 	"\x12CheckMultiResponse\x12\x18\n" +
@@ -1377,6 +1390,7 @@ var file_leasehold_v1_agent_proto_goTypes = []any{
 	(*CheckMultiRequest)(nil),     // 15: leasehold.v1.CheckMultiRequest
 	(*CheckMultiResponse)(nil),    // 16: leasehold.v1.CheckMultiResponse
 	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(*CalendarWindows)(nil),       // 18: leasehold.v1.CalendarWindows
 }
 var file_leasehold_v1_agent_proto_depIdxs = []int32{
 	17, // 0: leasehold.v1.AcquireSlotRequest.ttl:type_name -> google.protobuf.Duration
@@ -1397,29 +1411,30 @@ var file_leasehold_v1_agent_proto_depIdxs = []int32{
 	17, // 15: leasehold.v1.CheckResponse.settle_within:type_name -> google.protobuf.Duration
 	0,  // 16: leasehold.v1.CheckResponse.would_deny:type_name -> leasehold.v1.Reason
 	17, // 17: leasehold.v1.CheckResponse.window_phase:type_name -> google.protobuf.Duration
-	13, // 18: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
-	14, // 19: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
-	13, // 20: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
-	15, // 21: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
-	9,  // 22: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
-	11, // 23: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
-	7,  // 24: leasehold.v1.RegionAgent.Settle:input_type -> leasehold.v1.SettleRequest
-	1,  // 25: leasehold.v1.RegionAgent.AcquireSlot:input_type -> leasehold.v1.AcquireSlotRequest
-	3,  // 26: leasehold.v1.RegionAgent.HeartbeatSlot:input_type -> leasehold.v1.HeartbeatSlotRequest
-	5,  // 27: leasehold.v1.RegionAgent.ReleaseSlot:input_type -> leasehold.v1.ReleaseSlotRequest
-	14, // 28: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
-	16, // 29: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
-	10, // 30: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
-	12, // 31: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
-	8,  // 32: leasehold.v1.RegionAgent.Settle:output_type -> leasehold.v1.SettleResponse
-	2,  // 33: leasehold.v1.RegionAgent.AcquireSlot:output_type -> leasehold.v1.AcquireSlotResponse
-	4,  // 34: leasehold.v1.RegionAgent.HeartbeatSlot:output_type -> leasehold.v1.HeartbeatSlotResponse
-	6,  // 35: leasehold.v1.RegionAgent.ReleaseSlot:output_type -> leasehold.v1.ReleaseSlotResponse
-	28, // [28:36] is the sub-list for method output_type
-	20, // [20:28] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	18, // 18: leasehold.v1.CheckResponse.calendar:type_name -> leasehold.v1.CalendarWindows
+	13, // 19: leasehold.v1.CheckMultiRequest.checks:type_name -> leasehold.v1.CheckRequest
+	14, // 20: leasehold.v1.CheckMultiResponse.results:type_name -> leasehold.v1.CheckResponse
+	13, // 21: leasehold.v1.RegionAgent.Check:input_type -> leasehold.v1.CheckRequest
+	15, // 22: leasehold.v1.RegionAgent.CheckMulti:input_type -> leasehold.v1.CheckMultiRequest
+	9,  // 23: leasehold.v1.RegionAgent.Reserve:input_type -> leasehold.v1.ReserveRequest
+	11, // 24: leasehold.v1.RegionAgent.Release:input_type -> leasehold.v1.ReleaseRequest
+	7,  // 25: leasehold.v1.RegionAgent.Settle:input_type -> leasehold.v1.SettleRequest
+	1,  // 26: leasehold.v1.RegionAgent.AcquireSlot:input_type -> leasehold.v1.AcquireSlotRequest
+	3,  // 27: leasehold.v1.RegionAgent.HeartbeatSlot:input_type -> leasehold.v1.HeartbeatSlotRequest
+	5,  // 28: leasehold.v1.RegionAgent.ReleaseSlot:input_type -> leasehold.v1.ReleaseSlotRequest
+	14, // 29: leasehold.v1.RegionAgent.Check:output_type -> leasehold.v1.CheckResponse
+	16, // 30: leasehold.v1.RegionAgent.CheckMulti:output_type -> leasehold.v1.CheckMultiResponse
+	10, // 31: leasehold.v1.RegionAgent.Reserve:output_type -> leasehold.v1.ReserveResponse
+	12, // 32: leasehold.v1.RegionAgent.Release:output_type -> leasehold.v1.ReleaseResponse
+	8,  // 33: leasehold.v1.RegionAgent.Settle:output_type -> leasehold.v1.SettleResponse
+	2,  // 34: leasehold.v1.RegionAgent.AcquireSlot:output_type -> leasehold.v1.AcquireSlotResponse
+	4,  // 35: leasehold.v1.RegionAgent.HeartbeatSlot:output_type -> leasehold.v1.HeartbeatSlotResponse
+	6,  // 36: leasehold.v1.RegionAgent.ReleaseSlot:output_type -> leasehold.v1.ReleaseSlotResponse
+	29, // [29:37] is the sub-list for method output_type
+	21, // [21:29] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_agent_proto_init() }
@@ -1427,6 +1442,7 @@ func file_leasehold_v1_agent_proto_init() {
 	if File_leasehold_v1_agent_proto != nil {
 		return
 	}
+	file_leasehold_v1_limits_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

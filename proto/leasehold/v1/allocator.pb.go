@@ -328,7 +328,12 @@ type Lease struct {
 	// window_phase is the phase offset of the window's limit version
 	// (Limit.window_phase): with window_index and window it names the
 	// window.
-	WindowPhase   *durationpb.Duration `protobuf:"bytes,30,opt,name=window_phase,json=windowPhase,proto3" json:"window_phase,omitempty"`
+	WindowPhase *durationpb.Duration `protobuf:"bytes,30,opt,name=window_phase,json=windowPhase,proto3" json:"window_phase,omitempty"`
+	// calendar is set when the window is a calendar window of the limit
+	// version (Limit.calendar): window_index then counts calendar windows
+	// (lease.Calendar) and window is this window's own length (a calendar
+	// day may last 23 or 25 hours). Unset for fixed windows.
+	Calendar      *CalendarWindows `protobuf:"bytes,32,opt,name=calendar,proto3" json:"calendar,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -457,6 +462,13 @@ func (x *Lease) GetShareSpent() bool {
 func (x *Lease) GetWindowPhase() *durationpb.Duration {
 	if x != nil {
 		return x.WindowPhase
+	}
+	return nil
+}
+
+func (x *Lease) GetCalendar() *CalendarWindows {
+	if x != nil {
+		return x.Calendar
 	}
 	return nil
 }
@@ -1694,7 +1706,7 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\vheld_tokens\x18\x05 \x01(\x03R\n" +
 	"heldTokens\x12\x1f\n" +
 	"\vwant_tokens\x18\x06 \x01(\x03R\n" +
-	"wantTokens\"\xb1\x04\n" +
+	"wantTokens\"\xec\x04\n" +
 	"\x05Lease\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12\x16\n" +
@@ -1714,7 +1726,8 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"windowLeft\x12\x1f\n" +
 	"\vshare_spent\x18\r \x01(\bR\n" +
 	"shareSpent\x12<\n" +
-	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\"\xda\x01\n" +
+	"\fwindow_phase\x18\x1e \x01(\v2\x19.google.protobuf.DurationR\vwindowPhase\x129\n" +
+	"\bcalendar\x18  \x01(\v2\x1d.leasehold.v1.CalendarWindowsR\bcalendar\"\xda\x01\n" +
 	"\vLeaseResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12*\n" +
@@ -1871,8 +1884,9 @@ var file_leasehold_v1_allocator_proto_goTypes = []any{
 	(*ShareResult)(nil),           // 19: leasehold.v1.ShareResult
 	(*AcquireSharesResponse)(nil), // 20: leasehold.v1.AcquireSharesResponse
 	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
-	(FallbackKind)(0),             // 22: leasehold.v1.FallbackKind
-	(*Limit)(nil),                 // 23: leasehold.v1.Limit
+	(*CalendarWindows)(nil),       // 22: leasehold.v1.CalendarWindows
+	(FallbackKind)(0),             // 23: leasehold.v1.FallbackKind
+	(*Limit)(nil),                 // 24: leasehold.v1.Limit
 }
 var file_leasehold_v1_allocator_proto_depIdxs = []int32{
 	3,  // 0: leasehold.v1.AcquireLeasesRequest.requests:type_name -> leasehold.v1.LeaseRequest
@@ -1882,36 +1896,37 @@ var file_leasehold_v1_allocator_proto_depIdxs = []int32{
 	21, // 4: leasehold.v1.Lease.expires_in:type_name -> google.protobuf.Duration
 	21, // 5: leasehold.v1.Lease.window_left:type_name -> google.protobuf.Duration
 	21, // 6: leasehold.v1.Lease.window_phase:type_name -> google.protobuf.Duration
-	1,  // 7: leasehold.v1.LeaseResult.code:type_name -> leasehold.v1.ItemCode
-	4,  // 8: leasehold.v1.LeaseResult.lease:type_name -> leasehold.v1.Lease
-	5,  // 9: leasehold.v1.AcquireLeasesResponse.results:type_name -> leasehold.v1.LeaseResult
-	1,  // 10: leasehold.v1.ReturnResult.code:type_name -> leasehold.v1.ItemCode
-	7,  // 11: leasehold.v1.ReturnLeasesRequest.returns:type_name -> leasehold.v1.LeaseReturn
-	8,  // 12: leasehold.v1.ReturnLeasesResponse.results:type_name -> leasehold.v1.ReturnResult
-	22, // 13: leasehold.v1.Usage.fallback:type_name -> leasehold.v1.FallbackKind
-	11, // 14: leasehold.v1.ReportUsageRequest.usage:type_name -> leasehold.v1.Usage
-	23, // 15: leasehold.v1.SyncLimitsResponse.limits:type_name -> leasehold.v1.Limit
-	17, // 16: leasehold.v1.AcquireSharesRequest.requests:type_name -> leasehold.v1.ShareRequest
-	21, // 17: leasehold.v1.RateShare.rate_period:type_name -> google.protobuf.Duration
-	21, // 18: leasehold.v1.RateShare.expires_in:type_name -> google.protobuf.Duration
-	1,  // 19: leasehold.v1.ShareResult.code:type_name -> leasehold.v1.ItemCode
-	18, // 20: leasehold.v1.ShareResult.share:type_name -> leasehold.v1.RateShare
-	19, // 21: leasehold.v1.AcquireSharesResponse.results:type_name -> leasehold.v1.ShareResult
-	2,  // 22: leasehold.v1.Allocator.AcquireLeases:input_type -> leasehold.v1.AcquireLeasesRequest
-	9,  // 23: leasehold.v1.Allocator.ReturnLeases:input_type -> leasehold.v1.ReturnLeasesRequest
-	12, // 24: leasehold.v1.Allocator.ReportUsage:input_type -> leasehold.v1.ReportUsageRequest
-	14, // 25: leasehold.v1.Allocator.SyncLimits:input_type -> leasehold.v1.SyncLimitsRequest
-	16, // 26: leasehold.v1.Allocator.AcquireShares:input_type -> leasehold.v1.AcquireSharesRequest
-	6,  // 27: leasehold.v1.Allocator.AcquireLeases:output_type -> leasehold.v1.AcquireLeasesResponse
-	10, // 28: leasehold.v1.Allocator.ReturnLeases:output_type -> leasehold.v1.ReturnLeasesResponse
-	13, // 29: leasehold.v1.Allocator.ReportUsage:output_type -> leasehold.v1.ReportUsageResponse
-	15, // 30: leasehold.v1.Allocator.SyncLimits:output_type -> leasehold.v1.SyncLimitsResponse
-	20, // 31: leasehold.v1.Allocator.AcquireShares:output_type -> leasehold.v1.AcquireSharesResponse
-	27, // [27:32] is the sub-list for method output_type
-	22, // [22:27] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	22, // 7: leasehold.v1.Lease.calendar:type_name -> leasehold.v1.CalendarWindows
+	1,  // 8: leasehold.v1.LeaseResult.code:type_name -> leasehold.v1.ItemCode
+	4,  // 9: leasehold.v1.LeaseResult.lease:type_name -> leasehold.v1.Lease
+	5,  // 10: leasehold.v1.AcquireLeasesResponse.results:type_name -> leasehold.v1.LeaseResult
+	1,  // 11: leasehold.v1.ReturnResult.code:type_name -> leasehold.v1.ItemCode
+	7,  // 12: leasehold.v1.ReturnLeasesRequest.returns:type_name -> leasehold.v1.LeaseReturn
+	8,  // 13: leasehold.v1.ReturnLeasesResponse.results:type_name -> leasehold.v1.ReturnResult
+	23, // 14: leasehold.v1.Usage.fallback:type_name -> leasehold.v1.FallbackKind
+	11, // 15: leasehold.v1.ReportUsageRequest.usage:type_name -> leasehold.v1.Usage
+	24, // 16: leasehold.v1.SyncLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	17, // 17: leasehold.v1.AcquireSharesRequest.requests:type_name -> leasehold.v1.ShareRequest
+	21, // 18: leasehold.v1.RateShare.rate_period:type_name -> google.protobuf.Duration
+	21, // 19: leasehold.v1.RateShare.expires_in:type_name -> google.protobuf.Duration
+	1,  // 20: leasehold.v1.ShareResult.code:type_name -> leasehold.v1.ItemCode
+	18, // 21: leasehold.v1.ShareResult.share:type_name -> leasehold.v1.RateShare
+	19, // 22: leasehold.v1.AcquireSharesResponse.results:type_name -> leasehold.v1.ShareResult
+	2,  // 23: leasehold.v1.Allocator.AcquireLeases:input_type -> leasehold.v1.AcquireLeasesRequest
+	9,  // 24: leasehold.v1.Allocator.ReturnLeases:input_type -> leasehold.v1.ReturnLeasesRequest
+	12, // 25: leasehold.v1.Allocator.ReportUsage:input_type -> leasehold.v1.ReportUsageRequest
+	14, // 26: leasehold.v1.Allocator.SyncLimits:input_type -> leasehold.v1.SyncLimitsRequest
+	16, // 27: leasehold.v1.Allocator.AcquireShares:input_type -> leasehold.v1.AcquireSharesRequest
+	6,  // 28: leasehold.v1.Allocator.AcquireLeases:output_type -> leasehold.v1.AcquireLeasesResponse
+	10, // 29: leasehold.v1.Allocator.ReturnLeases:output_type -> leasehold.v1.ReturnLeasesResponse
+	13, // 30: leasehold.v1.Allocator.ReportUsage:output_type -> leasehold.v1.ReportUsageResponse
+	15, // 31: leasehold.v1.Allocator.SyncLimits:output_type -> leasehold.v1.SyncLimitsResponse
+	20, // 32: leasehold.v1.Allocator.AcquireShares:output_type -> leasehold.v1.AcquireSharesResponse
+	28, // [28:33] is the sub-list for method output_type
+	23, // [23:28] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_allocator_proto_init() }

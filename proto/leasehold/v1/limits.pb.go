@@ -454,9 +454,10 @@ type Limit struct {
 	// calendar names calendar windows (a day, an ISO week, a month or a
 	// year in an IANA time zone) instead of a fixed window. Checked (a known
 	// unit, a zone the allocator can load, not with window or
-	// window_phase, window limits only) and then REFUSED in this version,
-	// naming limit.calendar: calendar windows are not enforced end to end
-	// yet (docs/design.md, "Calendar windows").
+	// window_phase, window limits only). Each window holds G; leases are
+	// clamped to the calendar window's end (docs/design.md, "Calendar
+	// windows"). The lease ttl is bounded by the unit's shortest window
+	// (a day: 22 h) and defaults to a quarter of it.
 	Calendar *CalendarWindows `protobuf:"bytes,31,opt,name=calendar,proto3" json:"calendar,omitempty"`
 	// contracts (only on a plan): per tenant, the fields of the plan a
 	// contract replaces for that tenant (keyed by the tenant's limit id,
