@@ -373,7 +373,10 @@ func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
 			continue
 		}
 		c.stats.RenewalsGranted++
-		if g.WindowLeft > 0 && !g.Replayed && g.WindowLen > 0 {
+		if g.WindowLeft > 0 && !g.Replayed && g.WindowLen > 0 && (g.WindowCal.Loc != nil) == (st.l.Cal.Loc != nil) {
+			// (A grant of a calendar limit that names no calendar, or the
+			// reverse, cannot name its window's end: it leaves the
+			// estimate as it is.)
 			// The allocator's clock, seen from here: it answered at
 			// allocNow, about half the call's round trip before the reply
 			// arrived (at most maxOneWay: a call that was retried says
