@@ -168,9 +168,15 @@ func TestSubLeaseChild(t *testing.T) {
 		}
 		var w int64
 		if d.Source == SourceSubLease {
-			// Spent in process when Allow began: the window then. A token
+			// Spent in process while Allow ran: the window then. A token
 			// spent after its chunk's deadline would land in the next.
 			w = t0.UnixNano() / W
+			if t1.UnixNano()/W != w {
+				// Allow straddled a boundary (a loaded machine: it began
+				// in one window and spent from the next one's chunk): the
+				// chunk's own window ends reset_after after the spend.
+				w = int64(math.Round(float64(t1.Add(d.ResetAfter).UnixNano())/float64(W))) - 1
+			}
 		} else {
 			// Spent by the agent between t0 and t1, from the window that
 			// ends ResetAfter later.
