@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/groupmap"
+	"leasehold/internal/ports"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -124,5 +126,54 @@ func TestQuotactlPlansAcrossGroups(t *testing.T) {
 	r = q("plans", "list").want(t, 0)
 	if strings.Contains(r.stdout, "free") {
 		t.Fatalf("plans list after the delete:\n%s", r.stdout)
+	}
+}
+
+// TestQuotactlPlanPartialWrite: a plan written while one group of the map
+// does not answer reaches the others, and quotactl exits 1 naming the
+// groups that have it (with their versions) and the one that does not;
+// plans get shows that group unreachable and the copies flagged.
+func TestQuotactlPlanPartialWrite(t *testing.T) {
+	addrs, store := startGroups(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, rev, err := store.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ports.Addr(t) // nothing listens there
+	_, rev, err = store.Change(ctx, rev, m, time.Now(), groupmap.Change{Reason: "a group that is down", Groups: []groupmap.Group{
+		{Name: "a", Allocators: []string{addrs["a"]}}, {Name: "b", Allocators: []string{addrs["b"]}}, {Name: "c", Allocators: []string{dead}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := grpc.NewClient(addrs["a"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for { // group a re-reads the map every second: polling it, not ordering
+		resp, err := pb.NewAdminClient(c).GetGroupMap(ctx, &pb.GetGroupMapRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetRevision() >= rev {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	q := func(args ...string) result {
+		return quotactl(append([]string{"--allocator", addrs["a"], "--timeout", "2s"}, args...)...)
+	}
+	r := q("plans", "set", "pro", "--limit", "100", "--window", "1m", "--regions", "eu", "--mode", "strict",
+		"--bind", "tenant/{id}", "--reason", "pro")
+	r.want(t, 1)
+	if !strings.Contains(r.stderr, "changed in allocator groups a (version 1), b (version 1); NOT in c") ||
+		!strings.Contains(r.stderr, "allocator group c:") {
+		t.Fatalf("a partial write:\n%s", r.stderr)
+	}
+	r = q("plans", "get", "pro").want(t, 0)
+	if g := kv(t, r.stdout)["groups"]; !strings.HasPrefix(g, "a v1, b v1, c unreachable (DIFFER") {
+		t.Fatalf("plans get after a partial write: groups %q", g)
 	}
 }
