@@ -17,7 +17,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/limitspec"
-	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -246,23 +245,7 @@ func parseFallbacks(s string, m map[string]*pb.Fallback) error {
 	return nil
 }
 
-func parseFallbackKind(s string) (*pb.Fallback, error) {
-	switch s {
-	case "closed":
-		return &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_CLOSED}, nil
-	case "open":
-		return &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_OPEN}, nil
-	}
-	a, ok := strings.CutPrefix(s, "local:")
-	if !ok {
-		return nil, fmt.Errorf("unknown fallback %q", s)
-	}
-	n, err := strconv.ParseInt(a, 10, 64)
-	if err != nil || n < 1 || n > vocab.MaxTokens {
-		return nil, fmt.Errorf("want local:A with A a whole number from 1 to %d, got %q", vocab.MaxTokens, a)
-	}
-	return &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: n}, nil
-}
+func parseFallbackKind(s string) (*pb.Fallback, error) { return limitspec.ParseFallback(s) }
 
 // formatFallbacks prints m as "eu=closed,us=local:100", regions sorted:
 // the syntax parseFallbacks reads.

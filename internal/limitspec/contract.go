@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"leasehold/internal/vocab"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -193,11 +194,11 @@ func ParseFallback(s string) (*pb.Fallback, error) {
 	}
 	a, ok := strings.CutPrefix(s, "local:")
 	if !ok {
-		return nil, errors.New("want closed, local:A or open")
+		return nil, fmt.Errorf("unknown fallback %q (want closed, local:A or open)", clipSpec(s))
 	}
-	n, err := positive(a)
-	if err != nil {
-		return nil, fmt.Errorf("local:A: %v", err)
+	n, err := strconv.ParseInt(a, 10, 64)
+	if err != nil || n < 1 || n > vocab.MaxTokens {
+		return nil, fmt.Errorf("want local:A with A a whole number from 1 to %d, got %q", vocab.MaxTokens, clipSpec(a))
 	}
 	return &pb.Fallback{Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: n}, nil
 }
