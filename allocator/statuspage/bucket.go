@@ -1,7 +1,6 @@
 package statuspage
 
 import (
-	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -84,19 +83,10 @@ func (f *fetcher) bucketStatus(id string, last int) (allocator.BucketStatus, boo
 		return allocator.BucketStatus{}, false
 	}
 	st, err := f.src.BucketStatus(id, last)
-	switch {
-	case err == nil:
+	if err == nil {
 		return st, true
-	case errors.Is(err, allocator.ErrNotLeader):
-		f.follower = true
-		var nl *allocator.NotLeaderError
-		if errors.As(err, &nl) {
-			f.leader = nl.Leader
-		}
-	case errors.Is(err, allocator.ErrNotFound):
-	default:
-		f.err = err
 	}
+	f.note(err)
 	return allocator.BucketStatus{}, false
 }
 

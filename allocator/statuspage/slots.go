@@ -1,7 +1,6 @@
 package statuspage
 
 import (
-	"errors"
 	"time"
 
 	"leasehold/allocator"
@@ -44,19 +43,10 @@ func (f *fetcher) slotStatus(id string) (allocator.SlotStatus, bool) {
 		return allocator.SlotStatus{}, false
 	}
 	st, err := f.src.SlotStatus(id)
-	switch {
-	case err == nil:
+	if err == nil {
 		return st, true
-	case errors.Is(err, allocator.ErrNotLeader):
-		f.follower = true
-		var nl *allocator.NotLeaderError
-		if errors.As(err, &nl) {
-			f.leader = nl.Leader
-		}
-	case errors.Is(err, allocator.ErrNotFound):
-	default:
-		f.err = err
 	}
+	f.note(err)
 	return allocator.SlotStatus{}, false
 }
 

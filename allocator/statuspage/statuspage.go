@@ -294,19 +294,10 @@ func (f *fetcher) reports(id string, last int) []allocator.WindowReport {
 		return nil
 	}
 	reps, err := f.src.Reports(id, last)
-	switch {
-	case err == nil:
+	if err == nil {
 		return reps
-	case errors.Is(err, allocator.ErrNotLeader):
-		f.follower = true
-		var nl *allocator.NotLeaderError
-		if errors.As(err, &nl) {
-			f.leader = nl.Leader
-		}
-	case errors.Is(err, allocator.ErrNotFound):
-	default:
-		f.err = err
 	}
+	f.note(err)
 	return nil
 }
 
@@ -698,4 +689,21 @@ func fallbackName(f *pb.Fallback) string {
 		return "open"
 	}
 	return "closed"
+}
+
+// note records why a read from this replica failed: it is a follower
+// (and which replica leads, when the error says), or it failed otherwise;
+// a limit not found is neither.
+func (f *fetcher) note(err error) {
+	switch {
+	case errors.Is(err, allocator.ErrNotLeader):
+		f.follower = true
+		var nl *allocator.NotLeaderError
+		if errors.As(err, &nl) {
+			f.leader = nl.Leader
+		}
+	case errors.Is(err, allocator.ErrNotFound):
+	default:
+		f.err = err
+	}
 }
