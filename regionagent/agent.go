@@ -631,18 +631,20 @@ func (a *Agent) runCheck(ctx context.Context, start time.Time, chk *core.Check, 
 	return spendAt, nil
 }
 
-// waiter is one waiting Check, listed under each limit it waits on (a
+// waiter is one wait of a Check, listed under each limit it waits on (a
 // CheckMulti under several, or under one limit more than once): ch is
-// closed once, by the first of them to change. a.mu protects woken.
+// closed once, by the first of them to change. a.mu protects woken. chk
+// is the Check: one Check may wait several times in a row.
 type waiter struct {
 	ch    chan struct{}
 	woken bool
+	chk   *core.Check
 }
 
 // wait blocks until one of the Check's limits changes (a Ready names it in
 // Wake), its Until passes, or ctx ends; then the Check resumes.
 func (a *Agent) wait(ctx context.Context, chk *core.Check) error {
-	wt := &waiter{ch: make(chan struct{})}
+	wt := &waiter{ch: make(chan struct{}), chk: chk}
 	ch := wt.ch
 	a.mu.Lock()
 	for _, k := range chk.Keys {

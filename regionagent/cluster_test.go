@@ -364,8 +364,10 @@ func TestCrossSlotFromRedis(t *testing.T) {
 // still in these tests; the Checks' own wait bounds keep their meaning.
 func moveClockWhileWaiting(t *testing.T, w *world, a *Agent) {
 	done, stopped := make(chan struct{}), make(chan struct{})
+	w.driving.Add(1) // this moves the clock; the world's watch stands aside
 	go func() {
 		defer close(stopped)
+		defer w.driving.Add(-1)
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 		for {

@@ -7,7 +7,9 @@ import (
 	"google.golang.org/grpc/status"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"leasehold/internal/etcdtest"
 	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
+	"leasehold/regionagent/bucket"
 	"leasehold/regionagent/core"
 )
 
@@ -47,6 +50,15 @@ type world struct {
 	alloc *allocator.Allocator
 	addr  string
 	redis map[string]*redistest.Server
+
+	// agents are the world's agents, for its stuck-Check watch
+	// (watchStuckChecks); driving counts the test's helpers that move the
+	// clock while Checks wait themselves (checkAdvancing,
+	// moveClockWhileWaiting), while the watch stands aside.
+	agentsMu sync.Mutex
+	agents   []*Agent
+	driving  atomic.Int32
+	rescued  atomic.Int64 // ns the watch moved the clock, for the tests' logs
 }
 
 func newWorld(t testing.TB, regions ...string) *world {
@@ -85,7 +97,90 @@ func startWorldWith(t testing.TB, fake bool, serverOpts []grpc.ServerOption, all
 	for _, r := range regions {
 		w.redis[r] = redistest.Start(t)
 	}
+	if fake {
+		w.watchStuckChecks()
+	}
 	return w
+}
+
+// stuckAfter is how long, in real time, one Check may wait on a world's
+// standing clock before the world moves the clock for it.
+const stuckAfter = time.Second
+
+// watchStuckChecks moves the world's clock at real speed while any of its
+// agents has a Check that has waited longer than stuckAfter in real time,
+// until the test ends. A Check waits on the agent's clock for what the
+// core scheduled on it: a renewal retried after a lost Redis or
+// allocator call, another replica's renewal lock looked at again 50 ms
+// later. In a world whose clock only the test moves, that time never
+// comes, and a Check made with no deadline of its own (most of these
+// tests') would hang the package until go test's timeout. A Check that
+// waits briefly (a first lease from the allocator) never sees the clock
+// move: only one stuck for a second does, and then by about the real time
+// it is stuck, so it cannot carry a test far into its next window. Each
+// move is logged, so a test that depends on one shows it.
+func (w *world) watchStuckChecks() {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		// The real time each waiting Check was first seen waiting. A
+		// Check waiting on the agent's clock wakes and waits again (a
+		// new waiter) every few ms of real time: it is kept by its Check.
+		// Between two waits it spends, or looks at its bucket, for a few
+		// ms: it is forgotten only once not seen waiting for 100 ms.
+		since, lastSeen := map[*core.Check]time.Time{}, map[*core.Check]time.Time{}
+		last := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			now := time.Now()
+			step := now.Sub(last)
+			last = now
+			w.agentsMu.Lock()
+			agents := slices.Clone(w.agents)
+			w.agentsMu.Unlock()
+			stuck := ""
+			for _, a := range agents {
+				a.mu.Lock()
+				for id, ws := range a.waiters {
+					for _, wt := range ws {
+						lastSeen[wt.chk] = now
+						first, ok := since[wt.chk]
+						if !ok {
+							since[wt.chk] = now
+						} else if now.Sub(first) >= stuckAfter {
+							stuck = a.ReplicaID() + ": " + id
+						}
+					}
+				}
+				a.mu.Unlock()
+			}
+			for chk, at := range lastSeen {
+				if now.Sub(at) > 100*time.Millisecond {
+					delete(since, chk)
+					delete(lastSeen, chk)
+				}
+			}
+			if stuck != "" && w.driving.Load() == 0 {
+				w.clock.Add(step)
+				if w.rescued.Add(int64(step)) == int64(step) {
+					w.t.Logf("a Check waited over %v on the standing clock (%s): the world's clock now moves at real speed while one does", stuckAfter, stuck)
+				}
+			}
+		}
+	}()
+	w.t.Cleanup(func() {
+		close(done)
+		<-stopped
+		if d := time.Duration(w.rescued.Load()); d > 0 {
+			w.t.Logf("the world's clock was moved %v in all for stuck Checks", d)
+		}
+	})
 }
 
 // putLimit stores a limit and waits until the allocator's leader applies it.
@@ -152,6 +247,9 @@ func (w *world) agentOn(rdb redis.UniversalClient, region, replica string, dial 
 		w.t.Fatal(err)
 	}
 	w.t.Cleanup(a.Close)
+	w.agentsMu.Lock()
+	w.agents = append(w.agents, a)
+	w.agentsMu.Unlock()
 	w.sync(a)
 	// The agent's sync loop is not running (tests drive it by hand), but
 	// a Check of a limit not in the snapshot asks for a sync and waits.
@@ -258,4 +356,37 @@ func agentStacks() string {
 		}
 	}
 	return strings.Join(out, "\n\n")
+}
+
+// TestWorldMovesItsClockForAStuckCheck: the world's watch keeps a Check
+// from hanging on its standing clock. Another replica (one that died)
+// holds the limit's renewal lock, so the agent's round finds it taken and
+// looks again 50 ms later on the agent's clock, which in this world only
+// the test moves. The Check has no deadline of its own, as most of these
+// tests' Checks: without the watch it waits until the test's 60 s bound.
+func TestWorldMovesItsClockForAStuckCheck(t *testing.T) {
+	w := newWorld(t, "eu")
+	l := w.putLimit(limit("tenant/locked-elsewhere", 100, time.Minute, time.Minute, "eu"))
+	// A cold Check waits for its first lease (the harness's default is
+	// not to wait), as in production.
+	a := w.agent("eu", "r1", WithColdWait(10*time.Second))
+	runWork(t, a)
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if ok, err := bucket.New(rdb).TryLock(ctx, bucket.LockKey("", l.Id), "dead-replica", lockLease); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	before := w.clock.Now()
+	d, err := a.Check(ctx, l.Id, 1)
+	if err != nil {
+		t.Fatalf("the Check behind another replica's lock: %v (the clock moved %v)", err, w.clock.Now().Sub(before))
+	}
+	if !d.Allowed {
+		t.Fatalf("the Check after the dead replica's lock expired: %+v", d)
+	}
+	if moved := time.Duration(w.rescued.Load()); moved <= 0 || moved > 2*lockLease {
+		t.Fatalf("the watch moved the clock %v for the stuck Check, want more than 0 and at most about the lock's %v", moved, lockLease)
+	}
 }

@@ -81,6 +81,8 @@ func (w *world) checkAdvancing(t *testing.T, a *Agent, limit string) Decision {
 	done := make(chan result, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	w.driving.Add(1) // this moves the clock; the world's watch stands aside
+	defer w.driving.Add(-1)
 	go func() {
 		d, err := a.Check(ctx, limit, 1)
 		done <- result{d, err}
