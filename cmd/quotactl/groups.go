@@ -379,8 +379,9 @@ func (e *env) changeGroups(ctx context.Context, change groupmap.Change) error {
 		fmt.Fprintln(e.stdout, "no limit changes group")
 	}
 	// Every group holds every plan (a tenant is granted by the group its
-	// id hashes to): a group the new version adds gets each plan; one
-	// that has it as it is answers unchanged.
+	// id hashes to): a group the new version adds gets each plan. A group
+	// that has the plan keeps its own version, even one that differs
+	// (plans get flags it; plans set writes the plan to every group).
 	for _, gr := range v.Groups {
 		addr, err := e.addrOf(&e.groups, gr.Name)
 		if err != nil {
@@ -401,17 +402,21 @@ func (e *env) changeGroups(ctx context.Context, change groupmap.Change) error {
 				l = limitToCopy(o.GetAfter())
 				l.Id = p.GetId()
 			}
-			var got *pb.Limit
+			copied := false
 			err = e.adminAt(ctx, addr, false, func(ctx context.Context, c pb.AdminClient, opt grpc.CallOption) error {
-				r, err := c.PutLimit(ctx, &pb.PutLimitRequest{Limit: l, Reason: "plan copied to allocator group " + gr.Name + ": " + change.Reason,
+				_, err := c.GetLimit(ctx, &pb.GetLimitRequest{Id: l.GetId()}, opt)
+				if status.Code(err) != codes.NotFound {
+					return err // the group has the plan (or the read failed)
+				}
+				_, err = c.PutLimit(ctx, &pb.PutLimitRequest{Limit: l, Reason: "plan copied to allocator group " + gr.Name + ": " + change.Reason,
 					Effective: pb.Effective_EFFECTIVE_NOW}, opt)
-				got = r.GetLimit()
+				copied = err == nil
 				return err
 			})
 			if err != nil {
 				return fmt.Errorf("copying plan %s to group %s (run the command again to finish): %w", l.GetId(), gr.Name, err)
 			}
-			if got.GetVersion() == 1 {
+			if copied {
 				fmt.Fprintf(e.stdout, "copied plan %s to group %s\n", l.GetId(), gr.Name)
 			}
 		}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"leasehold/allocator"
 	"leasehold/internal/allocatortest"
 	"leasehold/internal/etcdtest"
@@ -20,27 +22,23 @@ import (
 // own leader on its own prefix, and writes the group map naming them.
 func startGroups(t *testing.T) (addrs map[string]string, store *allocator.MapStore) {
 	t.Helper()
+	addrs, store, _ = startGroupsEtcd(t)
+	return addrs, store
+}
+
+// startGroupsEtcd is startGroups, also returning the etcd client the
+// groups keep their state with (for a group started later:
+// startGroupAllocator).
+func startGroupsEtcd(t *testing.T) (addrs map[string]string, store *allocator.MapStore, cli *clientv3.Client) {
+	t.Helper()
 	c := etcdtest.Start(t, 1)
-	cli := c.Client(t)
+	cli = c.Client(t)
 	store = allocator.NewMapStore(cli, "", 2*time.Second)
 	addrs = map[string]string{}
 	var groups []groupmap.Group
 	var views []*allocator.MapView
 	for _, g := range []string{"a", "b"} {
-		view, err := allocator.NewMapView(context.Background(), store, time.Now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lis := allocatortest.Listen(t)
-		addr := lis.Addr().String()
-		a, err := allocator.New(allocator.Config{Client: cli, Prefix: "/leasehold/g/" + g + "/", Regions: []string{"eu", "us"},
-			Advertise: addr, Logger: slog.New(slog.DiscardHandler)}, allocator.WithGroup(g, view))
-		if err != nil {
-			t.Fatal(err)
-		}
-		allocatortest.Run(t, a)
-		allocatortest.WaitLeader(t, a)
-		allocatortest.Serve(t, lis, allocator.NewServer(a))
+		addr, view := startGroupAllocator(t, cli, store, g)
 		addrs[g] = addr
 		groups = append(groups, groupmap.Group{Name: g, Allocators: []string{addr}})
 		views = append(views, view)
@@ -57,7 +55,28 @@ func startGroups(t *testing.T) (addrs map[string]string, store *allocator.MapSto
 			t.Fatal(err)
 		}
 	}
-	return addrs, store
+	return addrs, store, cli
+}
+
+// startGroupAllocator starts group g's allocator, the leader, serving
+// gRPC on loopback at addr, reading the group map from store.
+func startGroupAllocator(t *testing.T, cli *clientv3.Client, store *allocator.MapStore, g string) (addr string, view *allocator.MapView) {
+	t.Helper()
+	view, err := allocator.NewMapView(context.Background(), store, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := allocatortest.Listen(t)
+	addr = lis.Addr().String()
+	a, err := allocator.New(allocator.Config{Client: cli, Prefix: "/leasehold/g/" + g + "/", Regions: []string{"eu", "us"},
+		Advertise: addr, Logger: slog.New(slog.DiscardHandler)}, allocator.WithGroup(g, view))
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocatortest.Run(t, a)
+	allocatortest.WaitLeader(t, a)
+	allocatortest.Serve(t, lis, allocator.NewServer(a))
+	return addr, view
 }
 
 // TestQuotactlAcrossGroups: with two allocator groups, quotactl pointed at

@@ -177,3 +177,68 @@ func TestQuotactlPlanPartialWrite(t *testing.T) {
 		t.Fatalf("plans get after a partial write: groups %q", g)
 	}
 }
+
+// TestQuotactlGroupsSetCopiesPlans: a group that groups set adds to the
+// map gets every plan, contracts included, before the command returns; a
+// first-use tenant whose id hashes to the new group is granted by it under
+// the plan at once; the same command again copies nothing.
+func TestQuotactlGroupsSetCopiesPlans(t *testing.T) {
+	addrs, store, cli := startGroupsEtcd(t)
+	q := func(args ...string) result { return quotactl(append([]string{"--allocator", addrs["a"]}, args...)...) }
+	q("plans", "set", "pro", "--limit", "100", "--window", "2s", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/{id}", "--contract", "tenant/atlas=300", "--reason", "the pro plan").want(t, 0)
+
+	addrs["c"], _ = startGroupAllocator(t, cli, store, "c")
+	set := []string{"groups", "set", "a=" + addrs["a"], "b=" + addrs["b"], "c=" + addrs["c"], "--reason", "a third group"}
+	r := q(set...).want(t, 0)
+	if !strings.Contains(r.stdout, "copied plan plans/pro to group c") {
+		t.Fatalf("groups set adding group c:\n%s", r.stdout)
+	}
+	if strings.Contains(r.stdout, "to group a") || strings.Contains(r.stdout, "to group b") {
+		t.Fatalf("groups set copied the plan to a group that had it:\n%s", r.stdout)
+	}
+	got := kv(t, quotactl("--allocator", addrs["c"], "plans", "get", "pro").want(t, 0).stdout)
+	checkKV(t, got, map[string]string{"limit": "100", "groups": "a v1, b v1, c v1"})
+	if !strings.Contains(got["contracts"], "tenant/atlas") || !strings.Contains(got["contracts"], "300") {
+		t.Fatalf("group c's copy of the plan has contracts %q, want tenant/atlas's 300", got["contracts"])
+	}
+
+	// A tenant never created, whose id hashes to c, is granted by c: in
+	// the windows the new map version governs (those starting from its
+	// From; the plan's 2 s windows reach it soon).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, _, err := store.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := m.Current().From
+	id := ""
+	for i := 0; id == ""; i++ {
+		if o, _, _ := m.Owner(fmt.Sprintf("tenant/n%d", i), from.Add(time.Minute)); o == "c" {
+			id = fmt.Sprintf("tenant/n%d", i)
+		}
+	}
+	for time.Now().Truncate(2 * time.Second).Before(from) {
+		time.Sleep(20 * time.Millisecond) // waiting for the wall clock to reach the first window group c governs
+	}
+	conn, err := grpc.NewClient(addrs["c"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	resp, err := pb.NewAllocatorClient(conn).AcquireLeases(ctx, &pb.AcquireLeasesRequest{Region: "eu",
+		Requests: []*pb.LeaseRequest{{RequestId: "r-first", LimitId: id, WantTokens: 150, DemandPerSecond: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := resp.GetResults()[0]; res.GetCode() != pb.ItemCode_ITEM_CODE_OK || res.GetLease().GetTokens() == 0 ||
+		res.GetLease().GetTokens()+res.GetLease().GetPoolLeft() != 100 {
+		t.Fatalf("%s, first used at its new group c: %v, want a lease out of the plan's 100 (tokens + pool left)", id, res)
+	}
+
+	// Again: every group has the plan; nothing is copied.
+	if r := q(set...).want(t, 0); strings.Contains(r.stdout, "copied plan") {
+		t.Fatalf("groups set a second time copied a plan:\n%s", r.stdout)
+	}
+}
