@@ -198,3 +198,73 @@ func TestDevGroups(t *testing.T) {
 		t.Fatalf("dev exit %d: %s", code, s.stderr)
 	}
 }
+
+// TestDevCalendarLimit: a calendar limit through the real processes of
+// leasehold dev. A limit of 3 a day in Pacific/Kiritimati (UTC+14, no
+// daylight saving, so its day is 24 h and ends at 10:00 UTC) is written
+// to the allocator; the eu gateway admits three requests and answers the
+// fourth 429, its RateLimit-Policy naming the day's 86400 s; the eu
+// agent's Check says the window is that calendar day and resets at the
+// next local midnight.
+func TestDevCalendarLimit(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "dev")
+	args, alloc, eu, us, _ := devArgs(t, dir)
+	s := startCmd(t, args...)
+	ctx := context.Background()
+	waitDemoAdmitted(t, s, eu, us)
+	const zone = "Pacific/Kiritimati"
+	if _, err := pb.NewAdminClient(dial(t, alloc)).PutLimit(ctx, &pb.PutLimitRequest{Reason: "test", Limit: &pb.Limit{
+		Id: "demo/daily", LimitTokens: 3, Calendar: &pb.CalendarWindows{Unit: "day", Zone: zone}, Regions: []string{"eu", "us"},
+		Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{MinChunk: 3}}}); err != nil {
+		t.Fatal(err)
+	}
+	euAgent := pb.NewRegionAgentClient(dial(t, eu))
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		_, err := euAgent.Check(ctx, &pb.CheckRequest{LimitId: "demo/daily", Cost: 4})
+		if status.Code(err) == codes.InvalidArgument {
+			break // known: a cost above G is refused
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent never learned demo/daily: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the agent's limit sync
+	}
+	gw := "http://" + argValue(args, "--eu-gateway") + "/orders"
+	var got []int
+	var policy string
+	for range 4 {
+		req, _ := http.NewRequest(http.MethodGet, gw, nil)
+		req.Header.Set("X-Tenant", "daily")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		got = append(got, resp.StatusCode)
+		policy = resp.Header.Get("RateLimit-Policy")
+	}
+	if fmt.Sprint(got) != "[200 200 200 429]" || !strings.Contains(policy, "q=3") || !strings.Contains(policy, "w=86400") {
+		t.Fatalf("through the gateway: %v, RateLimit-Policy %q; want 3 x 200 then 429, q=3, w=86400", got, policy)
+	}
+
+	before := time.Now()
+	resp, err := euAgent.Check(ctx, &pb.CheckRequest{LimitId: "demo/daily", Cost: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, m, d := before.In(loc).Date()
+	midnight := time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+	if resp.Allowed || resp.Reason != pb.Reason_REASON_OVER_LIMIT || resp.GetCalendar().GetUnit() != "day" ||
+		resp.GetCalendar().GetZone() != zone || resp.GetWindow().AsDuration() != 24*time.Hour {
+		t.Fatalf("the agent's answer after the day's 3: %v, want OVER_LIMIT in a 24 h calendar day of %s", resp, zone)
+	}
+	// reset_after is measured on the agent's clock from its answer: within
+	// a few seconds of the test's own reckoning of the next local midnight.
+	if want, reset := midnight.Sub(before), resp.GetResetAfter().AsDuration(); reset > want+time.Second || reset < want-5*time.Second {
+		t.Fatalf("reset_after %v, want about %v (to %s's next midnight, %v)", reset, want, zone, midnight.UTC())
+	}
+}
