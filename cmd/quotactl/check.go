@@ -23,7 +23,7 @@ const (
 	defaultAgent = "127.0.0.1:7410"
 	// checkMaxRun caps every check run, whatever --count and --rate say.
 	checkMaxRun = time.Hour
-	// checkMaxConcurrency bounds --concurrency.
+	// checkMaxConcurrency bounds --workers.
 	checkMaxConcurrency = 1024
 	// checkDurationCount is the default --count when --duration is given.
 	checkDurationCount = 1_000_000
@@ -31,7 +31,7 @@ const (
 
 var checkCmd = &command{
 	name:    "check",
-	args:    "--limit ID [--agent ADDR] [--cost C] [--count N] [--concurrency K] [--duration D] [--rate R]",
+	args:    "--limit ID [--agent ADDR] [--cost C] [--count N] [--workers K] [--duration D] [--rate R]",
 	summary: "send checks to a region agent and summarise its answers per window",
 	detail: `check calls leasehold.v1.RegionAgent/Check on one agent, from K workers at
 once, until N calls were made or D has passed, whichever comes first (never
@@ -70,14 +70,18 @@ completes. Until the first answer, any error ends the run (exit 1).`,
 			o.count = n
 			return nil
 		})
-		f.value("concurrency", "`K`: workers calling at once, 1-1024 (default 1)", func(s string) error {
+		workers := func(s string) error {
 			n, err := strconv.ParseInt(s, 10, 64)
 			if err != nil || n < 1 || n > checkMaxConcurrency {
 				return fmt.Errorf("want a whole number from 1 to %d", checkMaxConcurrency)
 			}
 			o.concurrency = int(n)
 			return nil
-		})
+		}
+		f.value("workers", "`K`: workers calling at once, 1-1024 (default 1)", workers)
+		// The name it had before concurrency limits (limits set
+		// --concurrency N) existed: kept so that scripts go on working.
+		f.value("concurrency", "`K`: the former name of --workers", workers)
 		f.value("duration", "`D`: stop after D, at most 1h, e.g. 30s (default: when N calls are done, at most 1h)", func(s string) error {
 			d, err := time.ParseDuration(s)
 			if err != nil || d <= 0 || d > checkMaxRun {

@@ -259,7 +259,7 @@ func checkWindows(t *testing.T, c checkOut, f *fakeAgent) {
 func TestCheckWindows(t *testing.T) {
 	f := &fakeAgent{budget: 10, fallback: 4, unavailableEvery: 13}
 	addr := startFake(t, f)
-	r := quotactl("check", "--agent", addr, "--limit", fakeLimit, "--count", "240", "--concurrency", "4",
+	r := quotactl("check", "--agent", addr, "--limit", fakeLimit, "--count", "240", "--workers", "4",
 		"--rate", "200", "--cost", "2", "--json").want(t, 0)
 	c := decodeCheck(t, r.stdout)
 	if c.Calls != 240 || c.Stopped != "count" || c.Limit != fakeLimit || c.Agent != addr || c.Cost != 2 {
@@ -312,7 +312,7 @@ func TestCheckWindows(t *testing.T) {
 func TestCheckHuman(t *testing.T) {
 	f := &fakeAgent{budget: 3}
 	addr := startFake(t, f)
-	r := quotactl("check", "--limit", fakeLimit, "--agent", addr, "--duration", "700ms", "--rate", "50", "--concurrency", "2").want(t, 0)
+	r := quotactl("check", "--limit", fakeLimit, "--agent", addr, "--duration", "700ms", "--rate", "50", "--workers", "2").want(t, 0)
 	head, table, ok := strings.Cut(r.stdout, "\n\n")
 	if !ok {
 		t.Fatalf("no blank line between summary and table:\n%s", r.stdout)
@@ -383,12 +383,12 @@ func TestCheckBounds(t *testing.T) {
 		within  time.Duration
 	}{
 		{"default one call", nil, 1, 0, "count", 5 * time.Second},
-		{"count", []string{"--count", "37", "--concurrency", "5"}, 37, 0, "count", 5 * time.Second},
-		{"count below concurrency", []string{"--count", "3", "--concurrency", "64"}, 3, 0, "count", 5 * time.Second},
+		{"count", []string{"--count", "37", "--workers", "5"}, 37, 0, "count", 5 * time.Second},
+		{"count below workers, by --workers' former name", []string{"--count", "3", "--concurrency", "64"}, 3, 0, "count", 5 * time.Second},
 		{"count before duration", []string{"--count", "5", "--duration", "1h"}, 5, 0, "count", 5 * time.Second},
-		{"duration before count", []string{"--count", "1000000000", "--duration", "300ms", "--concurrency", "8"}, 0, 999_999_999, "duration", 5 * time.Second},
-		{"duration default count", []string{"--duration", "300ms", "--concurrency", "3"}, 0, 1_000_000, "duration", 5 * time.Second},
-		{"duration at a rate", []string{"--duration", "500ms", "--rate", "40", "--concurrency", "4"}, 0, 21, "duration", 5 * time.Second},
+		{"duration before count", []string{"--count", "1000000000", "--duration", "300ms", "--workers", "8"}, 0, 999_999_999, "duration", 5 * time.Second},
+		{"duration default count", []string{"--duration", "300ms", "--workers", "3"}, 0, 1_000_000, "duration", 5 * time.Second},
+		{"duration at a rate", []string{"--duration", "500ms", "--rate", "40", "--workers", "4"}, 0, 21, "duration", 5 * time.Second},
 		{"rate below one call per run", []string{"--duration", "300ms", "--rate", "0.001"}, 1, 0, "duration", 5 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -455,9 +455,9 @@ func TestCheckFailures(t *testing.T) {
 		{"refused", refused, fakeLimit, nil, []string{"agent " + refused + " unavailable"}},
 		// The first failure stops the run: how many of the 16 workers had a
 		// call in flight by then varies (TestFailureCountsCalls words it).
-		{"refused long run", refused, fakeLimit, []string{"--duration", "1h", "--concurrency", "16"}, []string{"agent " + refused + " unavailable"}},
-		{"silent", silent, fakeLimit, []string{"--duration", "1m", "--concurrency", "4"}, []string{"agent " + silent, "no answer within --timeout 500ms"}},
-		{"unknown limit", agent, "tenant/missing", []string{"--count", "50", "--concurrency", "4"}, []string{`limit "tenant/missing" is unknown to agent ` + agent, "NOT_FOUND"}},
+		{"refused long run", refused, fakeLimit, []string{"--duration", "1h", "--workers", "16"}, []string{"agent " + refused + " unavailable"}},
+		{"silent", silent, fakeLimit, []string{"--duration", "1m", "--workers", "4"}, []string{"agent " + silent, "no answer within --timeout 500ms"}},
+		{"unknown limit", agent, "tenant/missing", []string{"--count", "50", "--workers", "4"}, []string{`limit "tenant/missing" is unknown to agent ` + agent, "NOT_FOUND"}},
 		{"unknown limit json", agent, "tenant/missing", []string{"--json", "--duration", "1m"}, []string{`limit "tenant/missing" is unknown`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -492,7 +492,7 @@ func TestCheckInterrupt(t *testing.T) {
 	defer cancel()
 	var o, e bytes.Buffer
 	start := time.Now()
-	code := run(ctx, []string{"check", "--json", "--agent", addr, "--limit", fakeLimit, "--duration", "1m", "--concurrency", "4"}, &o, &e)
+	code := run(ctx, []string{"check", "--json", "--agent", addr, "--limit", fakeLimit, "--duration", "1m", "--workers", "4"}, &o, &e)
 	if el := time.Since(start); el > 5*time.Second {
 		t.Errorf("took %v after cancel at 400ms", el)
 	}
@@ -536,8 +536,9 @@ func TestCheckUsage(t *testing.T) {
 		{[]string{"--limit", "x", "--cost", "1.5"}, `--cost "1.5"`},
 		{[]string{"--limit", "x", "--count", "0"}, `--count "0": want a whole number, 1 or more`},
 		{[]string{"--limit", "x", "--count", "many"}, `--count "many"`},
+		{[]string{"--limit", "x", "--workers", "0"}, `--workers "0": want a whole number from 1 to 1024`},
+		{[]string{"--limit", "x", "--workers", "1025"}, `--workers "1025": want a whole number from 1 to 1024`},
 		{[]string{"--limit", "x", "--concurrency", "0"}, `--concurrency "0": want a whole number from 1 to 1024`},
-		{[]string{"--limit", "x", "--concurrency", "1025"}, `--concurrency "1025": want a whole number from 1 to 1024`},
 		{[]string{"--limit", "x", "--duration", "5"}, `--duration "5": want a positive duration`},
 		{[]string{"--limit", "x", "--duration", "0s"}, `--duration "0s"`},
 		{[]string{"--limit", "x", "--duration", "-1s"}, `--duration "-1s"`},
@@ -570,7 +571,7 @@ func TestCheckUsage(t *testing.T) {
 		t.Errorf("usage errors sent %d calls", calls)
 	}
 	r := quotactl("check", "--help").want(t, 0)
-	for _, w := range []string{"Usage: quotactl check --limit ID", "--agent ADDR", "--concurrency K", "--rate R", "--timeout DUR"} {
+	for _, w := range []string{"Usage: quotactl check --limit ID", "--agent ADDR", "--workers K", "--rate R", "--timeout DUR"} {
 		if !strings.Contains(r.stdout, w) {
 			t.Errorf("help lacks %q", w)
 		}
