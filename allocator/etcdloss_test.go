@@ -130,7 +130,9 @@ func (g *grantLoad) longestGap(from, to time.Time) time.Duration {
 // election timeout: a follower's randomized timeout is below that) plus
 // what the commit retry adds (its longest backoff interval, 200 ms, and
 // 100 ms for the transaction and the answer). Every grant answered is in
-// etcd.
+// etcd. An election that itself outlasts etcd's bound (seen on a loaded
+// machine) lapses the session: the allocator must then lead again after
+// one new term, and the run says so in its log.
 func TestEtcdRaftLeaderLossKeepsLeadership(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three etcd members with default timings: ~10 s")
@@ -180,19 +182,34 @@ func TestEtcdRaftLeaderLossKeepsLeadership(t *testing.T) {
 		old, election.Round(time.Millisecond), gap.Round(time.Millisecond), len(load.led.byReq), failed,
 		testutil.ToFloat64(a.m.txnRetries), testutil.ToFloat64(a.m.resumes), testutil.ToFloat64(a.m.watchRestarts))
 
-	select {
-	case <-changed:
-		t.Errorf("the allocator's leadership changed when an etcd member died")
-	default:
-	}
-	if got := testutil.ToFloat64(a.m.leaderChanges); got != terms {
-		t.Errorf("%v leadership terms started during the test, want 0", got-terms)
-	}
-	if !a.IsLeader() {
-		t.Errorf("the allocator no longer leads")
+	// The promise rests on etcd electing within its own bound, 2 x the
+	// election timeout. On a loaded machine an election has taken longer
+	// (2.7 s of a 2 s bound, at load average 9): then no keepalive is
+	// answered for longer than the session's 2 s TTL, the session lapses
+	// as it must, and what the allocator owes is to lead again, once,
+	// with every grant durable.
+	if limit := 2 * c.ElectionTimeout(); election > limit {
+		t.Logf("this election took %v, beyond etcd's own bound of %v (a loaded machine): checking only that the allocator "+
+			"leads again after at most one new term, and that every grant is durable", election.Round(time.Millisecond), limit)
+		if got := testutil.ToFloat64(a.m.leaderChanges) - terms; got > 1 {
+			t.Errorf("%v leadership terms started during the test, want at most 1", got)
+		}
+		allocatortest.WaitLeader(t, a.Allocator)
+	} else {
+		select {
+		case <-changed:
+			t.Errorf("the allocator's leadership changed when an etcd member died")
+		default:
+		}
+		if got := testutil.ToFloat64(a.m.leaderChanges); got != terms {
+			t.Errorf("%v leadership terms started during the test, want 0", got-terms)
+		}
+		if !a.IsLeader() {
+			t.Errorf("the allocator no longer leads")
+		}
 	}
 	bound := 2*c.ElectionTimeout() + 200*time.Millisecond + 100*time.Millisecond
-	if gap > bound {
+	if gap > bound && election <= 2*c.ElectionTimeout() {
 		t.Errorf("no grant for %v, more than the longest election (2 x %v) and one commit retry: %v (this election took %v)",
 			gap.Round(time.Millisecond), c.ElectionTimeout(), bound, election.Round(time.Millisecond))
 	}
