@@ -175,7 +175,9 @@ func BenchmarkSpendBatchParallel(b *testing.B) {
 // load drifts moves them alike: compare them within one run. "floor" is
 // a script that returns at once (the round trip and the EVALSHA itself),
 // "keys=1" and "keys=64" one spend call of 1 and of 64 keys; per key =
-// (keys=64 - keys=1) / 63, per call = keys=1 - per key.
+// (keys=64 - keys=1) / 63, per call = keys=1 - per key. The commands the
+// scripts run per key (INFO commandstats, split the same way) are
+// reported as <command>/key.
 func BenchmarkSpendRedisCPU(b *testing.B) {
 	_, rdb := realRedis(b)
 	bk := New(rdb)
@@ -212,8 +214,13 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 		{"keys=64", func() error { _, err := bk.SpendBatch(ctx, ops(64)); return err }},
 	}
 	cpu := make([]float64, len(shapes))
+	calls := make([]map[string]int64, len(shapes))
+	for i := range calls {
+		calls[i] = map[string]int64{}
+	}
 	for b.Loop() {
 		for i, sh := range shapes {
+			n0 := redisCalls(b, rdb)
 			c0 := redisCPU(b, rdb)
 			for range 100 {
 				if err := sh.call(); err != nil {
@@ -221,6 +228,9 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 				}
 			}
 			cpu[i] += redisCPU(b, rdb) - c0
+			for name, n := range redisCalls(b, rdb) {
+				calls[i][name] += n - n0[name]
+			}
 		}
 	}
 	per := func(i int) float64 { return cpu[i] * 1e6 / float64(b.N*100) }
@@ -230,6 +240,39 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 	key := (per(2) - per(1)) / 63
 	b.ReportMetric(key, "redis-cpu-µs/key")
 	b.ReportMetric(per(1)-key, "redis-cpu-µs/call")
+	for name, n := range calls[2] {
+		if perKey := float64(n-calls[1][name]) / float64(63*b.N*100); name != "info" && perKey >= 0.005 {
+			b.ReportMetric(perKey, name+"/key")
+		}
+	}
+}
+
+// redisCalls is how often redis-server has run each command since it
+// started (INFO commandstats), commands called by scripts included.
+func redisCalls(b *testing.B, rdb redis.UniversalClient) map[string]int64 {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	calls := map[string]int64{}
+	for line := range strings.SplitSeq(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
+		if !ok {
+			continue
+		}
+		name, stats, _ := strings.Cut(rest, ":")
+		for f := range strings.SplitSeq(stats, ",") {
+			if v, ok := strings.CutPrefix(f, "calls="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				calls[name] = n
+			}
+		}
+	}
+	return calls
 }
 
 // redisCPU is the CPU seconds redis-server has used since it started.
