@@ -170,15 +170,26 @@ func BenchmarkSpendBatchParallel(b *testing.B) {
 // BenchmarkSpendRedisCPU splits what a spend batch costs redis-server
 // itself into a per-call and a per-key part, from its own CPU counters
 // (INFO cpu, used_cpu_user + used_cpu_sys), for the warm shape: every key
-// of the call a different limit holding one lease (as a warm key does).
+// of the call a different limit holding one lease (as a warm key does),
+// or three.
 // The shapes take turns, 100 calls each per iteration, so a machine whose
 // load drifts moves them alike: compare them within one run. "floor" is
 // a script that returns at once (the round trip and the EVALSHA itself),
 // "keys=1" and "keys=64" one spend call of 1 and of 64 keys; per key =
 // (keys=64 - keys=1) / 63, per call = keys=1 - per key. The commands the
 // scripts run per key (INFO commandstats, split the same way) are
-// reported as <command>/key.
+// reported as <command>/key, and the time Redis spent inside EVALSHA per
+// key (commandstats' usec: no I/O, less moved by load than the CPU
+// counters) as redis-evalsha-µs/key.
 func BenchmarkSpendRedisCPU(b *testing.B) {
+	for _, leases := range []int{1, 3} {
+		b.Run(fmt.Sprintf("leases=%d", leases), func(b *testing.B) { benchSpendRedisCPU(b, leases) })
+	}
+}
+
+// benchSpendRedisCPU is BenchmarkSpendRedisCPU with buckets of n leases
+// (3: a window whose renewals overlap).
+func benchSpendRedisCPU(b *testing.B, n int) {
 	_, rdb := realRedis(b)
 	bk := New(rdb)
 	ctx := context.Background()
@@ -189,9 +200,11 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 	keys := make([]string, 64)
 	for l := range keys {
 		keys[l] = Key("", fmt.Sprint("warm", l), 1)
-		if _, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L", Tokens: 1 << 50, StartMs: now - 1000,
-			DeadlineMs: now + 3_600_000, ExpireAtMs: now + 4*3_600_000}); err != nil {
-			b.Fatal(err)
+		for i := range n {
+			if _, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L" + strconv.Itoa(i), Tokens: 1 << 50,
+				StartMs: now - 1000, DeadlineMs: now + int64(i+1)*3_600_000, ExpireAtMs: now + 4*3_600_000}); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	floor, err := rdb.ScriptLoad(ctx, "return 1").Result()
@@ -241,7 +254,11 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 	b.ReportMetric(key, "redis-cpu-µs/key")
 	b.ReportMetric(per(1)-key, "redis-cpu-µs/call")
 	for name, n := range calls[2] {
-		if perKey := float64(n-calls[1][name]) / float64(63*b.N*100); name != "info" && perKey >= 0.005 {
+		perKey := float64(n-calls[1][name]) / float64(63*b.N*100)
+		switch {
+		case name == "evalsha-usec":
+			b.ReportMetric(perKey, "redis-evalsha-µs/key")
+		case !strings.HasSuffix(name, "-usec") && name != "info" && perKey >= 0.005:
 			b.ReportMetric(perKey, name+"/key")
 		}
 	}
@@ -263,12 +280,14 @@ func redisCalls(b *testing.B, rdb redis.UniversalClient) map[string]int64 {
 		}
 		name, stats, _ := strings.Cut(rest, ":")
 		for f := range strings.SplitSeq(stats, ",") {
-			if v, ok := strings.CutPrefix(f, "calls="); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					b.Fatal(err)
+			for _, m := range []struct{ field, name string }{{"calls=", name}, {"usec=", name + "-usec"}} {
+				if v, ok := strings.CutPrefix(f, m.field); ok {
+					n, err := strconv.ParseInt(v, 10, 64)
+					if err != nil {
+						b.Fatal(err)
+					}
+					calls[m.name] = n
 				}
-				calls[name] = n
 			}
 		}
 	}

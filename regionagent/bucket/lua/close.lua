@@ -24,7 +24,7 @@ else
   local r = redis.call('HGET', key, 'r:' .. id)
   if r then
     unspent = int(r, 'remaining')
-    redis.call('HDEL', key, 'r:' .. id, 's:' .. id, 'd:' .. id)
+    redis.call('HDEL', key, 'r:' .. id, 's:' .. id, 'd:' .. id, SUMMARY)
     redis.call('HSET', key, 'c:' .. id, r)
   else
     unknown = 1

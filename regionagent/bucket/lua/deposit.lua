@@ -46,6 +46,7 @@ else
     redis.call('HINCRBY', key, 'admitted', fmt(pay))
   end
   redis.call('HSET', key, 'r:' .. id, fmt(tokens - pay), 's:' .. id, ARGV[3], 'd:' .. id, ARGV[4])
+  forget(key)
   status = 1
 end
 
