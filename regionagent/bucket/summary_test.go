@@ -319,7 +319,8 @@ func FuzzSpendSummary(f *testing.F) {
 }
 
 // TestSummaryForgotten: every script that changes what a warm spend would
-// read from the summary deletes it, so the next spend sees the change.
+// read from the summary deletes it or writes it again, so the next spend
+// sees the change.
 // Each case builds a summary with a spend, changes the bucket, and
 // spends again: a summary left in place would report (or pay from) the
 // leases as they were.

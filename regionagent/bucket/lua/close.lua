@@ -24,7 +24,7 @@ else
   local r = redis.call('HGET', key, 'r:' .. id)
   if r then
     unspent = int(r, 'remaining')
-    redis.call('HDEL', key, 'r:' .. id, 's:' .. id, 'd:' .. id, SUMMARY)
+    redis.call('HDEL', key, 'r:' .. id, 's:' .. id, 'd:' .. id)
     redis.call('HSET', key, 'c:' .. id, r)
   else
     unknown = 1
@@ -34,4 +34,8 @@ else
 end
 local leases = load(key)
 local bal = spendable(leases, now)
+if already == 0 and unknown == 0 then
+  -- A lease closed: the spend summary is written again without it.
+  redis.call('HSET', key, SUMMARY, summarize(leases, now))
+end
 return {unspent, already, unknown, bal}

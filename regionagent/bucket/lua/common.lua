@@ -19,9 +19,11 @@
 --   g:<res>    a settle-later decision (a reservation): settle by, ms
 --   y:<res>    a settled decision: "actual,charged,refunded,overrun,debt"
 --   z:spend    the spend summary (spend.lua reads it instead of the whole
---              hash): "lo,hi,deadline,rest,head". Every script that changes a lease
---              field (r:, s:, d:, c:) deletes it (forget); spend.lua
---              rebuilds it (summarize) whenever it read the whole hash.
+--              hash): "lo,hi,deadline,rest,head". Every script that changes a
+--              lease field (r:, s:, d:, c:) deletes it (forget) or, when
+--              it reads the leases anyway (deposit, close), writes it
+--              again (summarize); spend.lua writes it whenever it read
+--              the whole hash.
 
 local function int(v, name)
   local n = tonumber(v)

@@ -46,7 +46,6 @@ else
     redis.call('HINCRBY', key, 'admitted', fmt(pay))
   end
   redis.call('HSET', key, 'r:' .. id, fmt(tokens - pay), 's:' .. id, ARGV[3], 'd:' .. id, ARGV[4])
-  forget(key)
   status = 1
 end
 
@@ -59,4 +58,9 @@ end
 
 local leases = load(key)
 local bal = spendable(leases, now)
+if status == 1 then
+  -- The leases changed: the spend summary is written again from them (the
+  -- next spend need not read the whole hash to rebuild it).
+  redis.call('HSET', key, SUMMARY, summarize(leases, now))
+end
 return {status, bal}
