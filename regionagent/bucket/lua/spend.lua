@@ -97,8 +97,11 @@ local function get(i)
     if (tonumber(h[4]) or 0) > 0 then
       spent = 1
     end
+    -- Every field a state gets is named here: Lua then sizes the table
+    -- once instead of growing it field by field.
     st = {key = key, sum = h[1], admitted = 0, denied = 0, base_admitted = tonumber(h[2]) or 0,
-          base_denied = tonumber(h[3]) or 0, spent = spent}
+          base_denied = tonumber(h[3]) or 0, spent = spent, fast = false, exists = false, head = '',
+          r = 0, r0 = 0, bal = 0, earliest = 0, leases = false, written = false}
     if not (h[1] and fast(st, h[1])) then
       full(st)
     end
@@ -169,13 +172,14 @@ for _ = 1, nops do
     else
       st.denied = st.denied + c
     end
-    out[#out + 1] = ok and 0 or 1
-    out[#out + 1] = ok and 1 or 0
-    out[#out + 1] = st.bal
-    out[#out + 1] = st.earliest
-    out[#out + 1] = st.base_admitted + st.admitted
-    out[#out + 1] = st.base_denied + st.denied
-    out[#out + 1] = st.spent
+    local o = #out
+    out[o + 1] = ok and 0 or 1
+    out[o + 2] = ok and 1 or 0
+    out[o + 3] = st.bal
+    out[o + 4] = st.earliest
+    out[o + 5] = st.base_admitted + st.admitted
+    out[o + 6] = st.base_denied + st.denied
+    out[o + 7] = st.spent
   elseif n > 1 then
     local sts, costs, need = {}, {}, {}
     for j = 1, n do
