@@ -30,18 +30,19 @@ local nops = int(ARGV[3], 'spends')
 
 -- A key's state is read one of two ways, with the same results:
 --   fast  from the spend summary (common.lua's summarize) and the head
---         lease's remaining tokens: one HMGET of four fields and one HGET,
---         not the whole hash. Used while the summary is there,
---         lo <= now < hi, and the head lease holds tokens. A fast key pays a cost below the
---         head's tokens from the head alone, as the full path would, and
---         denies a cost above its balance; any other cost first reads the
---         key in full (upgrade), then decides.
+--         lease's remaining tokens: one HMGET of four fields and one
+--         HGET, not the whole hash. Used while the summary is there,
+--         lo <= now < hi, and the head lease holds tokens. A fast key
+--         pays a cost below the head's tokens from the head alone, as the
+--         full path would, and denies a cost above its balance; any other
+--         cost first reads the key in full (upgrade), then decides.
 --   full  from the whole hash (load), as every script reads it; the
---         summary is then rebuilt at the end.
+--         summary is then written again at the end.
 -- The fast path never admits a token that is not in the head lease's r:
 -- field as it reads it in this call: were the summary ever stale (a
--- script that does not delete it), it could only deny more, or pay from
--- a lease other than the earliest, never admit more.
+-- script that does not know it), spends could deny more, report a
+-- balance that is off, or pay from a lease other than the earliest, but
+-- never admit more.
 local state = {} -- key name -> bucket state
 
 -- full reads st's key whole.
