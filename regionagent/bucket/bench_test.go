@@ -170,13 +170,26 @@ func BenchmarkSpendBatchParallel(b *testing.B) {
 // BenchmarkSpendRedisCPU splits what a spend batch costs redis-server
 // itself into a per-call and a per-key part, from its own CPU counters
 // (INFO cpu, used_cpu_user + used_cpu_sys), for the warm shape: every key
-// of the call a different limit holding one lease (as a warm key does).
+// of the call a different limit holding one lease (as a warm key does),
+// or three.
 // The shapes take turns, 100 calls each per iteration, so a machine whose
 // load drifts moves them alike: compare them within one run. "floor" is
 // a script that returns at once (the round trip and the EVALSHA itself),
 // "keys=1" and "keys=64" one spend call of 1 and of 64 keys; per key =
-// (keys=64 - keys=1) / 63, per call = keys=1 - per key.
+// (keys=64 - keys=1) / 63, per call = keys=1 - per key. The commands the
+// scripts run per key (INFO commandstats, split the same way) are
+// reported as <command>/key, and the time Redis spent inside EVALSHA per
+// key (commandstats' usec: no I/O, less moved by load than the CPU
+// counters) as redis-evalsha-µs/key.
 func BenchmarkSpendRedisCPU(b *testing.B) {
+	for _, leases := range []int{1, 3} {
+		b.Run(fmt.Sprintf("leases=%d", leases), func(b *testing.B) { benchSpendRedisCPU(b, leases) })
+	}
+}
+
+// benchSpendRedisCPU is BenchmarkSpendRedisCPU with buckets of n leases
+// (3: a window whose renewals overlap).
+func benchSpendRedisCPU(b *testing.B, n int) {
 	_, rdb := realRedis(b)
 	bk := New(rdb)
 	ctx := context.Background()
@@ -187,9 +200,11 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 	keys := make([]string, 64)
 	for l := range keys {
 		keys[l] = Key("", fmt.Sprint("warm", l), 1)
-		if _, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L", Tokens: 1 << 50, StartMs: now - 1000,
-			DeadlineMs: now + 3_600_000, ExpireAtMs: now + 4*3_600_000}); err != nil {
-			b.Fatal(err)
+		for i := range n {
+			if _, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L" + strconv.Itoa(i), Tokens: 1 << 50,
+				StartMs: now - 1000, DeadlineMs: now + int64(i+1)*3_600_000, ExpireAtMs: now + 4*3_600_000}); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	floor, err := rdb.ScriptLoad(ctx, "return 1").Result()
@@ -212,8 +227,13 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 		{"keys=64", func() error { _, err := bk.SpendBatch(ctx, ops(64)); return err }},
 	}
 	cpu := make([]float64, len(shapes))
+	calls := make([]map[string]int64, len(shapes))
+	for i := range calls {
+		calls[i] = map[string]int64{}
+	}
 	for b.Loop() {
 		for i, sh := range shapes {
+			n0 := redisCalls(b, rdb)
 			c0 := redisCPU(b, rdb)
 			for range 100 {
 				if err := sh.call(); err != nil {
@@ -221,6 +241,9 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 				}
 			}
 			cpu[i] += redisCPU(b, rdb) - c0
+			for name, n := range redisCalls(b, rdb) {
+				calls[i][name] += n - n0[name]
+			}
 		}
 	}
 	per := func(i int) float64 { return cpu[i] * 1e6 / float64(b.N*100) }
@@ -230,6 +253,45 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 	key := (per(2) - per(1)) / 63
 	b.ReportMetric(key, "redis-cpu-µs/key")
 	b.ReportMetric(per(1)-key, "redis-cpu-µs/call")
+	for name, n := range calls[2] {
+		perKey := float64(n-calls[1][name]) / float64(63*b.N*100)
+		switch {
+		case name == "evalsha-usec":
+			b.ReportMetric(perKey, "redis-evalsha-µs/key")
+		case !strings.HasSuffix(name, "-usec") && name != "info" && perKey >= 0.005:
+			b.ReportMetric(perKey, name+"/key")
+		}
+	}
+}
+
+// redisCalls is how often redis-server has run each command since it
+// started (INFO commandstats), commands called by scripts included.
+func redisCalls(b *testing.B, rdb redis.UniversalClient) map[string]int64 {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	calls := map[string]int64{}
+	for line := range strings.SplitSeq(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
+		if !ok {
+			continue
+		}
+		name, stats, _ := strings.Cut(rest, ":")
+		for f := range strings.SplitSeq(stats, ",") {
+			for _, m := range []struct{ field, name string }{{"calls=", name}, {"usec=", name + "-usec"}} {
+				if v, ok := strings.CutPrefix(f, m.field); ok {
+					n, err := strconv.ParseInt(v, 10, 64)
+					if err != nil {
+						b.Fatal(err)
+					}
+					calls[m.name] = n
+				}
+			}
+		}
+	}
+	return calls
 }
 
 // redisCPU is the CPU seconds redis-server has used since it started.

@@ -17,7 +17,12 @@
 //	c:<L>  closed marker: the unspent amount that closing the lease returned
 //
 // and per window the cost counters admitted and denied (plus any counter
-// added with [Buckets.AddCounter]). A lease is spendable at now when
+// added with [Buckets.AddCounter]), and z:spend, the spend summary: the
+// lease a spend pays from first, the tokens of the others and the span of
+// time in which that holds, which a warm spend reads instead of the whole
+// hash (lua/common.lua's summarize says how; every script that changes a
+// lease deletes it or writes it again, and so does a spend that read the
+// whole hash). A lease is spendable at now when
 // start <= now < deadline and it is not closed. The agent converts its lease
 // deadline to Redis's clock with [ClockSync.ToRedis], which rounds so that a
 // Redis deadline is never later in real time than the agent's: no token is

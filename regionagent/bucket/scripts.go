@@ -53,3 +53,7 @@ var (
 	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript,
 		reserveScript, releaseScript, usageScript, fallbackScript, snapshotScript, settleScript, rateScript, slotsScript}
 )
+
+// summaryField is the bucket field of the spend summary (lua/common.lua's
+// SUMMARY): what a warm spend reads instead of the whole bucket.
+const summaryField = "z:spend"

@@ -34,4 +34,8 @@ else
 end
 local leases = load(key)
 local bal = spendable(leases, now)
+if already == 0 and unknown == 0 then
+  -- A lease closed: the spend summary is written again without it.
+  redis.call('HSET', key, SUMMARY, summarize(leases, now))
+end
 return {unspent, already, unknown, bal}

@@ -18,6 +18,12 @@
 --   x:<res>    a released reservation: tokens it returned
 --   g:<res>    a settle-later decision (a reservation): settle by, ms
 --   y:<res>    a settled decision: "actual,charged,refunded,overrun,debt"
+--   z:spend    the spend summary (spend.lua reads it instead of the whole
+--              hash): "lo,hi,deadline,rest,head". Every script that changes a
+--              lease field (r:, s:, d:, c:) deletes it (forget) or, when
+--              it reads the leases anyway (deposit, close), writes it
+--              again (summarize); spend.lua writes it whenever it read
+--              the whole hash.
 
 local function int(v, name)
   local n = tonumber(v)
@@ -66,7 +72,7 @@ local function load(key, counters)
       end
       l[string.sub(f, 1, 1)] = tonumber(flat[i + 1])
     elseif counters and p ~= 'v:' and p ~= 'w:' and p ~= 'x:' and p ~= 'f:' and p ~= 'g:'
-      and p ~= 'y:' then
+      and p ~= 'y:' and p ~= 'z:' then
       counters[f] = tonumber(flat[i + 1])
     end
   end
@@ -109,6 +115,60 @@ local function spendable(leases, now, from)
   return sum, earliest
 end
 
+-- SUMMARY is the field of the spend summary; NEVER is its "no instant"
+-- (2^53: no integer the scripts take is later).
+local SUMMARY = 'z:spend'
+local NEVER = 9007199254740992
+
+-- summarize returns the spend summary of leases (load's) at now:
+-- "lo,hi,deadline,rest,head", where
+--   head  the id of the lease a spend at now takes from first (the first
+--         usable one in (deadline, id) order), '' when none is usable;
+--   deadline  head's deadline (0 when none);
+--   rest  the tokens of the other usable leases;
+--   lo, hi  the instants between which the set of usable leases is the
+--         one at now: for lo <= t < hi, no lease holding tokens starts or
+--         reaches its deadline (lo is the latest start or deadline <= now,
+--         0 if none; hi the earliest after now, NEVER if none).
+-- A lease's usability changes only with time (its start, its deadline) or
+-- with its remaining tokens, which only scripts change: while no script
+-- but spend.lua touched the leases and lo <= now < hi, a spend at now pays
+-- from head first, and the spendable balance is rest plus head's r:.
+-- A lease's s: and d: never change once deposited (deposits are
+-- idempotent) and closing deletes its r:, so while head's r: is there,
+-- head is open, and usable for lo <= now < hi (its start <= lo, its
+-- deadline >= hi) whenever r: > 0.
+local function summarize(leases, now)
+  local lo, hi, d, rest, head = 0, NEVER, 0, 0, ''
+  for _, l in ipairs(leases) do
+    if l.r > 0 then
+      if l.s <= now then
+        if l.s > lo then lo = l.s end
+      elseif l.s < hi then
+        hi = l.s
+      end
+      if l.d <= now then
+        if l.d > lo then lo = l.d end
+      elseif l.d < hi then
+        hi = l.d
+      end
+      if usable(l, now, now) then
+        if head == '' then
+          head, d = l.id, l.d
+        else
+          rest = rest + l.r
+        end
+      end
+    end
+  end
+  return fmt(lo) .. ',' .. fmt(hi) .. ',' .. fmt(d) .. ',' .. fmt(rest) .. ',' .. head
+end
+
+-- forget deletes key's spend summary: the caller changed a lease field.
+local function forget(key)
+  redis.call('HDEL', key, SUMMARY)
+end
+
 -- other_counters appends to out the number of counters other than admitted
 -- and denied, then each one's name and value, sorted by name (the order
 -- must not depend on HGETALL's).
@@ -143,6 +203,7 @@ end
 local function release_reservation(key, id, unspent, deadline, now)
   local returned = 0
   if unspent > 0 then
+    forget(key)
     redis.call('HINCRBY', key, 'released', fmt(unspent))
     local left = unspent
     local from = redis.call('HGET', key, 'f:' .. id)

@@ -58,4 +58,9 @@ end
 
 local leases = load(key)
 local bal = spendable(leases, now)
+if status == 1 then
+  -- The leases changed: the spend summary is written again from them (the
+  -- next spend need not read the whole hash to rebuild it).
+  redis.call('HSET', key, SUMMARY, summarize(leases, now))
+end
 return {status, bal}

@@ -107,5 +107,6 @@ if grace > 0 then
   set[#set + 1] = fmt(now + grace)
 end
 redis.call('HSET', key, unpack(set))
+forget(key)
 redis.call('HINCRBY', key, 'admitted', fmt(take))
 return {take, deadline, bal - take, now, 1}

@@ -80,6 +80,7 @@ else
   end
   if #set > 0 then
     redis.call('HSET', key, unpack(set))
+    forget(key)
   end
   redis.call('HINCRBY', key, 'admitted', fmt(extra))
   overrun = extra - charged
@@ -102,6 +103,7 @@ else
       end
       if #set > 0 then
         redis.call('HSET', nextkey, unpack(set))
+        forget(nextkey)
       end
       redis.call('HINCRBY', nextkey, 'debt_owed', fmt(debt))
       if paid > 0 then

@@ -28,7 +28,64 @@ local now = now_ms(ARGV[1])
 local ttl = int(ARGV[2], 'orphan_ttl_ms')
 local nops = int(ARGV[3], 'spends')
 
+-- A key's state is read one of two ways, with the same results:
+--   fast  from the spend summary (common.lua's summarize) and the head
+--         lease's remaining tokens: one HMGET of four fields and one
+--         HGET, not the whole hash. Used while the summary is there,
+--         lo <= now < hi, and the head lease holds tokens. A fast key
+--         pays a cost below the head's tokens from the head alone, as the
+--         full path would, and denies a cost above its balance; any other
+--         cost first reads the key in full (upgrade), then decides.
+--   full  from the whole hash (load), as every script reads it; the
+--         summary is then written again at the end.
+-- The fast path never admits a token that is not in the head lease's r:
+-- field as it reads it in this call: were the summary ever stale (a
+-- script that does not know it), spends could deny more, report a
+-- balance that is off, or pay from a lease other than the earliest, but
+-- never admit more.
 local state = {} -- key name -> bucket state
+
+-- full reads st's key whole.
+local function full(st)
+  local leases, exists = load(st.key)
+  st.fast, st.leases, st.exists = false, leases, exists
+  st.bal, st.earliest = spendable(leases, now)
+end
+
+-- fast reads st's key from its summary v; false when it cannot.
+local function fast(st, v)
+  local lo, hi, d, rest, head = string.match(v, '^(%d+),(%d+),(%d+),(%d+),(.*)$')
+  if lo == nil or now < tonumber(lo) or now >= tonumber(hi) then
+    return false
+  end
+  local r = 0
+  if head ~= '' then
+    r = tonumber(redis.call('HGET', st.key, 'r:' .. head))
+    if r == nil or r <= 0 then
+      return false
+    end
+  end
+  st.fast, st.exists, st.head = true, true, head
+  st.r, st.r0, st.bal, st.earliest = r, r, tonumber(rest) + r, tonumber(d)
+  return true
+end
+
+-- upgrade reads a fast st in full, keeping what this call spent from its
+-- head (not written yet).
+local function upgrade(st)
+  local r = st.r
+  full(st)
+  for _, l in ipairs(st.leases) do
+    if l.id == st.head then
+      if l.r ~= r then
+        l.r, l.dirty = r, true
+      end
+      break
+    end
+  end
+  st.bal, st.earliest = spendable(st.leases, now)
+end
+
 local function get(i)
   local key = KEYS[i]
   if key == nil then
@@ -36,27 +93,46 @@ local function get(i)
   end
   local st = state[key]
   if st == nil then
-    local counters = {}
-    local leases, exists = load(key, counters)
-    local bal, earliest = spendable(leases, now)
+    local h = redis.call('HMGET', key, SUMMARY, 'admitted', 'denied', 'pool_spent')
     local spent = 0
-    if (counters['pool_spent'] or 0) > 0 then
+    if (tonumber(h[4]) or 0) > 0 then
       spent = 1
     end
-    st = {key = key, leases = leases, bal = bal, earliest = earliest, exists = exists,
-          admitted = 0, denied = 0, base_admitted = counters['admitted'] or 0,
-          base_denied = counters['denied'] or 0,
-          spent = spent}
+    -- Every field a state gets is named here: Lua then sizes the table
+    -- once instead of growing it field by field.
+    st = {key = key, sum = h[1], admitted = 0, denied = 0, base_admitted = tonumber(h[2]) or 0,
+          base_denied = tonumber(h[3]) or 0, spent = spent, fast = false, exists = false, head = '',
+          r = 0, r0 = 0, bal = 0, earliest = 0, leases = false, written = false}
+    if not (h[1] and fast(st, h[1])) then
+      full(st)
+    end
     state[key] = st
   end
   return st
 end
 
+-- prepare makes st able to decide a spend of need tokens (all of the
+-- key's costs in the spend): a fast st decides a need of 0, below its
+-- head's tokens, or above its balance; any other is read in full first.
+local function prepare(st, need)
+  if st.fast and need > 0 and need >= st.r and need <= st.bal then
+    upgrade(st)
+  end
+end
+
 -- charge takes cost from st's spendable leases, earliest deadline first.
--- The caller checked st.bal >= cost.
+-- The caller prepared st and checked st.bal >= cost.
 local function charge(st, cost)
   if cost == 0 then
     return
+  end
+  if st.fast then
+    if cost < st.r then
+      st.r, st.bal = st.r - cost, st.bal - cost
+      st.admitted = st.admitted + cost
+      return
+    end
+    upgrade(st)
   end
   local left = cost
   for _, l in ipairs(st.leases) do
@@ -90,19 +166,21 @@ for _ = 1, nops do
     if c < 0 then
       error('bucket: negative cost')
     end
+    prepare(st, c)
     local ok = st.bal >= c
     if ok then
       charge(st, c)
     else
       st.denied = st.denied + c
     end
-    out[#out + 1] = ok and 0 or 1
-    out[#out + 1] = ok and 1 or 0
-    out[#out + 1] = st.bal
-    out[#out + 1] = st.earliest
-    out[#out + 1] = st.base_admitted + st.admitted
-    out[#out + 1] = st.base_denied + st.denied
-    out[#out + 1] = st.spent
+    local o = #out
+    out[o + 1] = ok and 0 or 1
+    out[o + 2] = ok and 1 or 0
+    out[o + 3] = st.bal
+    out[o + 4] = st.earliest
+    out[o + 5] = st.base_admitted + st.admitted
+    out[o + 6] = st.base_denied + st.denied
+    out[o + 7] = st.spent
   elseif n > 1 then
     local sts, costs, need = {}, {}, {}
     for j = 1, n do
@@ -114,6 +192,9 @@ for _ = 1, nops do
       end
       sts[j], costs[j] = st, c
       need[st] = (need[st] or 0) + c
+    end
+    for j = 1, n do
+      prepare(sts[j], need[sts[j]])
     end
     local failed = 0
     for j = 1, n do
@@ -163,10 +244,17 @@ for i = 1, #KEYS do
   if st ~= nil and not st.written then
     st.written = true
     local set = {}
-    for _, l in ipairs(st.leases) do
-      if l.dirty then
-        set[#set + 1] = 'r:' .. l.id
-        set[#set + 1] = fmt(l.r)
+    if st.fast then
+      if st.r ~= st.r0 then
+        set[#set + 1] = 'r:' .. st.head
+        set[#set + 1] = fmt(st.r)
+      end
+    else
+      for _, l in ipairs(st.leases) do
+        if l.dirty then
+          set[#set + 1] = 'r:' .. l.id
+          set[#set + 1] = fmt(l.r)
+        end
       end
     end
     -- The counters are written with the leases in one HSET: the script
@@ -178,6 +266,15 @@ for i = 1, #KEYS do
     if st.denied > 0 then
       set[#set + 1] = 'denied'
       set[#set + 1] = fmt(st.base_denied + st.denied)
+    end
+    -- A key read in full gets its summary back (unless it does not
+    -- exist and nothing else is written: no key is created for it).
+    if not st.fast and (st.exists or #set > 0) then
+      local sum = summarize(st.leases, now)
+      if sum ~= st.sum then
+        set[#set + 1] = SUMMARY
+        set[#set + 1] = sum
+      end
     end
     if #set > 0 then
       redis.call('HSET', st.key, unpack(set))
