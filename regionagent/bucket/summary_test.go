@@ -277,9 +277,10 @@ func scriptCalls(t testing.TB, ctx context.Context, rdb *redis.Client, cmd strin
 // on two redis-servers, one keeping spend summaries and one whose
 // summaries are deleted before every spend: every reply and every field
 // must be the same. It also checks that the summaries were used: the
-// first server's spends read whole buckets (HGETALL) less than half as
-// often (these sequences drain and change leases far more often than
-// traffic does: a warm key's spends read none).
+// first server's spends read whole buckets (HGETALL) less often, by at
+// least 15 % (these sequences drain and change leases, and deny, far more
+// often than traffic does, and every denial reads the whole bucket: a warm
+// key's admitted spends read none, BenchmarkSpendRedisCPU's count).
 func TestSpendSummaryDifferential(t *testing.T) {
 	ctx := testCtx(t)
 	w := newTwin(t)
@@ -294,7 +295,7 @@ func TestSpendSummaryDifferential(t *testing.T) {
 		all.spends, all.sumReads, all.orcReads = all.spends+st.spends, all.sumReads+st.sumReads, all.orcReads+st.orcReads
 	}
 	t.Logf("%d spend operations; their whole-bucket reads: %d with summaries, %d without", all.spends, all.sumReads, all.orcReads)
-	if all.sumReads*2 > all.orcReads {
+	if all.sumReads*100 > all.orcReads*85 {
 		t.Fatalf("the summaries saved too few whole reads: HGETALL %d with them, %d without", all.sumReads, all.orcReads)
 	}
 }
@@ -402,10 +403,11 @@ func TestSummaryForgotten(t *testing.T) {
 
 // TestSummaryStaleNeverAdmitsMore: a summary left in place by a script
 // that does not know it (an older agent's, during a rolling upgrade) may
-// make spends deny, or pay from another lease than the earliest, but
-// never admit a token the leases do not hold: every token a spend admits
-// leaves an open lease's r:, no r: goes below zero, and no closed lease
-// is written again.
+// make spends pay from another lease than the earliest, but never admit
+// a token the leases do not hold, and never deny a cost they hold: every
+// token a spend admits leaves an open lease's r:, no r: goes below zero,
+// no closed lease is written again, and a denied cost is above what the
+// open leases held.
 func TestSummaryStaleNeverAdmitsMore(t *testing.T) {
 	foreign := []struct {
 		name  string
@@ -480,12 +482,15 @@ func TestSummaryStaleNeverAdmitsMore(t *testing.T) {
 				r := rand.New(rand.NewPCG(7, uint64(len(fw.name))))
 				for i := range 40 {
 					cost := 1 + r.Int64N(12)
+					before := open(t, ctx, be.rdb, key) // every open lease is usable at T0+i
 					res, err := b.Spend(ctx, []string{key}, []int64{cost}, T0+int64(i))
 					if err != nil {
 						t.Fatal(err)
 					}
 					if res.Allowed {
 						admitted += cost
+					} else if cost <= before {
+						t.Fatalf("spend %d (cost %d) denied while the leases hold %d", i, cost, before)
 					}
 					if left := open(t, ctx, be.rdb, key); left+admitted != held {
 						t.Fatalf("spend %d (cost %d): leases hold %d after %d admitted, held %d", i, cost, left, admitted, held)

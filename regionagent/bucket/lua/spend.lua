@@ -34,15 +34,16 @@ local nops = int(ARGV[3], 'spends')
 --         HGET, not the whole hash. Used while the summary is there,
 --         lo <= now < hi, and the head lease holds tokens. A fast key
 --         pays a cost below the head's tokens from the head alone, as the
---         full path would, and denies a cost above its balance; any other
---         cost first reads the key in full (upgrade), then decides.
+--         full path would; any other cost, and so every denial, first
+--         reads the key in full (upgrade), then decides.
 --   full  from the whole hash (load), as every script reads it; the
 --         summary is then written again at the end.
 -- The fast path never admits a token that is not in the head lease's r:
--- field as it reads it in this call: were the summary ever stale (a
--- script that does not know it), spends could deny more, report a
--- balance that is off, or pay from a lease other than the earliest, but
--- never admit more.
+-- field as it reads it in this call, and never denies: were the summary
+-- ever stale (an older agent's script, during a rolling upgrade, does
+-- not know it), spends could report a balance that is off or pay from a
+-- lease other than the earliest, but never admit more, and never deny a
+-- cost the leases hold.
 local state = {} -- key name -> bucket state
 
 -- full reads st's key whole.
@@ -112,10 +113,11 @@ local function get(i)
 end
 
 -- prepare makes st able to decide a spend of need tokens (all of the
--- key's costs in the spend): a fast st decides a need of 0, below its
--- head's tokens, or above its balance; any other is read in full first.
+-- key's costs in the spend): a fast st decides a need of 0 or one below
+-- its head's tokens; any other, a denial included, is read in full
+-- first.
 local function prepare(st, need)
-  if st.fast and need > 0 and need >= st.r and need <= st.bal then
+  if st.fast and need > 0 and need >= st.r then
     upgrade(st)
   end
 end
