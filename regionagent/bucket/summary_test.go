@@ -503,3 +503,39 @@ func TestSummaryStaleNeverAdmitsMore(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryStaleNeverDenies: a lease an older agent's script deposited
+// without writing the summary (a rolling upgrade) is not in it, so the
+// summary's balance is short; a cost above that balance but within what
+// the leases hold is admitted, because a denial is decided on the whole
+// bucket.
+func TestSummaryStaleNeverDenies(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			key := Key("", "stale-deny", 1)
+			d := Deposit{Key: key, LeaseID: "L1", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 1000, ExpireAtMs: farExpiry(), NowMs: T0}
+			if _, err := b.Deposit(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+			if res, err := b.Spend(ctx, []string{key}, []int64{1}, T0); err != nil || !res.Allowed {
+				t.Fatal(res, err)
+			}
+			if sum := be.rdb.HGet(ctx, key, "z:spend").Val(); sum == "" {
+				t.Fatal("no summary after a deposit and a spend: the case tests nothing")
+			}
+			// An older agent's deposit: the lease's fields, no summary.
+			if err := be.rdb.HSet(ctx, key, "r:L0", 30, "s:L0", T0, "d:L0", T0+2000).Err(); err != nil {
+				t.Fatal(err)
+			}
+			res, err := b.Spend(ctx, []string{key}, []int64{10}, T0+1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.Allowed || res.Keys[0].Balance != 24 {
+				t.Fatalf("a cost of 10 with 4 + 30 tokens in open leases, the summary knowing of 4: %+v, want admitted, 24 left", res)
+			}
+		})
+	}
+}
