@@ -518,7 +518,17 @@ func TestPlanDryRun(t *testing.T) {
 	if _, err := a.PutLimit(ctx, ent, Change{Reason: "enterprise"}); err != nil {
 		t.Fatal(err)
 	}
-	waitPlan(t, a.Allocator, "tenant/b", p.Version) // the watch is ordered: ent is in the core too
+	// Until the leader's watch delivers ent's binds, tenant/a is still
+	// pro's (both are version 1): wait for its plan, not a version.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if l, ok := coreLimit(a.Allocator, "tenant/a"); ok && l.Plan == "plans/ent" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("tenant/a never moved to plans/ent")
+		}
+		time.Sleep(2 * time.Millisecond) // polling the watch's effect
+	}
 	ent.LimitTokens = 60
 	er, err = s.PutLimit(ctx, &pb.PutLimitRequest{Limit: ent, Reason: "smaller enterprise", DryRun: true})
 	if err != nil {

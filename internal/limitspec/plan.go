@@ -16,7 +16,7 @@ import (
 // "plans/<name>" and its binds, or, on any other limit, no binds. A
 // plan's hash tag is "{id}" or none (planbind.TenantTag). What this
 // version of plans does not carry to the tenants' limits is refused,
-// naming the field: bucket and concurrency plans.
+// naming the field: concurrency plans.
 func checkPlan(l *pb.Limit) error {
 	if l.Plan != "" {
 		return fieldErr("limit.plan", "is set on limits resolved from a plan, never in requests")
@@ -37,8 +37,8 @@ func checkPlan(l *pb.Limit) error {
 		return fieldErr("limit.hash_tag", "a plan's hash tag is %s (each tenant's keys tagged with its id's last segment) or none: "+
 			"one tag for every tenant would put them all in one Redis Cluster slot", planbind.Placeholder)
 	}
-	if l.Kind != pb.LimitKind_LIMIT_KIND_UNSPECIFIED && l.Kind != pb.LimitKind_LIMIT_KIND_WINDOW {
-		return fieldErr("limit.kind", "plans are window limits in this version")
+	if l.Kind == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
+		return fieldErr("limit.kind", "plans are window or bucket limits in this version")
 	}
 	seen := map[string]int{}
 	for i, b := range l.Binds {
