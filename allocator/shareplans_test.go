@@ -245,3 +245,72 @@ func TestBucketPlanChanges(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrencyPlanForgetsIdleTenants: a tenant of a concurrency plan
+// gets slot shares on first use; a contract's limit_tokens is its own N;
+// a dry run of a lower N names the tenant holding more slots than it; once
+// its last share is past the retention the sweep removes its records and
+// the core keeps nothing of it (slots held at most included); used again,
+// seq 1.
+func TestConcurrencyPlanForgetsIdleTenants(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	const retention = 30 * time.Second
+	a := startAllocator(t, c, "a", clock.opt(), WithRetention(retention, time.Hour))
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	jobs := func(n int64) *pb.Limit {
+		return &pb.Limit{Id: "plans/jobs", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: n, Regions: []string{"eu", "us"},
+			Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(10 * time.Second)}, Binds: []string{"jobs/{id}"},
+			Contracts: map[string]*pb.Contract{"jobs/big": {LimitTokens: 20}}}
+	}
+	if _, err := a.PutLimit(ctx, jobs(3), Change{Reason: "jobs", Effective: pb.Effective_EFFECTIVE_NOW}); err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "jobs/probe", 1)
+	share := func(id, req string, held int64) *pb.RateShare {
+		t.Helper()
+		res, err := a.AcquireShares(ctx, "eu", []*pb.ShareRequest{{RequestId: req, LimitId: id, DemandPerSecond: float64(held + 1), HeldSlots: held}})
+		if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK || res[0].Share.GetSlots() == 0 {
+			t.Fatalf("slot share %s of %s: %v %v", req, id, res, err)
+		}
+		return res[0].Share
+	}
+	if s := share("jobs/newco", "n1", 0); s.Seq != 1 || s.Slots != 3 {
+		t.Fatalf("first slot share: %v", s)
+	}
+	if s := share("jobs/big", "b1", 0); s.Slots != 20 {
+		t.Fatalf("a contract's N: %v", s)
+	}
+	clock.Add(5 * time.Second)
+	if s := share("jobs/newco", "n2", 3); s.Seq != 2 {
+		t.Fatalf("renewal holding 3: %v", s)
+	}
+	resp, err := NewServer(a.Allocator).PutLimit(ctx, &pb.PutLimitRequest{Limit: jobs(2), Reason: "fewer", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := resp.Effect; e.Kind != pb.LimitKind_LIMIT_KIND_CONCURRENCY || e.NewLimitTokens != 2 || e.PlanTenants != 2 ||
+		e.PlanTenantsDenyingCount != 1 || e.PlanTenantsDenying[0] != "jobs/newco" {
+		t.Fatalf("dry run of N 3 -> 2: %v", e)
+	}
+	tm := a.currentTermOrNil()
+	clock.Add(10*time.Second + retention)
+	if err := a.sweepOnce(tm); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.View(func(_ time.Time, c *Core) {
+		for _, id := range []string{"jobs/newco", "jobs/big"} {
+			if kept := shareTenantState(c, id); len(kept) > 0 || c.SharesKept(id) {
+				t.Errorf("after the retention the core keeps %v of %s", kept, id)
+			}
+		}
+	})
+	resp2, err := a.Store().Client().Get(ctx, a.Store().sharesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil || len(resp2.Kvs) != 0 {
+		t.Fatalf("share records after the retention: %d, %v", len(resp2.Kvs), err)
+	}
+	if s := share("jobs/newco", "n3", 0); s.Seq != 1 || s.Slots != 3 {
+		t.Fatalf("the tenant used again: %v (want seq 1)", s)
+	}
+}

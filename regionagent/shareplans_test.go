@@ -2,6 +2,7 @@ package regionagent
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -230,5 +231,178 @@ func TestBucketPlanFirstUseTwoRegionsStrict(t *testing.T) {
 	checkBucketBound(t, R, time.Second, B, last.ms)
 	if len(last.ms) == 0 || last.denied == 0 {
 		t.Fatalf("used a third time: admitted %d, denied %d", len(last.ms), last.denied)
+	}
+}
+
+// jobsPlan is a concurrency plan: every jobs/{id} at most n slots held at
+// once, all regions together, slot shares of 10 s, strict, in regions.
+func jobsPlan(n int64, regions ...string) *pb.Limit {
+	return &pb.Limit{Id: "plans/jobs", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: n, Regions: regions,
+		Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(10 * time.Second)}, Binds: []string{"jobs/{id}"}}
+}
+
+// slotSeq reads the seq of the slot share in force in a region's Redis
+// (0: none).
+func (w *world) slotSeq(t *testing.T, region, id string) int64 {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis[region].Addr()})
+	defer rdb.Close()
+	v, err := rdb.HGet(context.Background(), "lh:{"+id+"}:slots", "seq").Int64()
+	if err == redis.Nil {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// slotHolder is one of the test's holders: it acquires a slot, keeps it
+// (heartbeating) for a while, releases it and starts again.
+type slotHolder struct {
+	region, name string
+	slot         string
+	expires      time.Time // the slot's expiry as the agent last answered
+	until        time.Time // when it releases
+}
+
+// runHolders drives holders for d in steps of 250 ms and returns the most
+// slots they held at once (counted from their own answers: a slot is held
+// from its acquire until its release or its expiry) and the acquires
+// denied.
+func (w *world) runHolders(t *testing.T, agents map[string]*Agent, id string, holders []*slotHolder, d time.Duration) (most, denied int) {
+	t.Helper()
+	ctx := context.Background()
+	const ttl = 2 * time.Second
+	for step := range int(d / (250 * time.Millisecond)) {
+		now := w.clock.Now()
+		for i, h := range holders {
+			a := agents[h.region]
+			switch {
+			case h.slot != "" && !now.Before(h.until):
+				if _, err := a.ReleaseSlot(ctx, id, h.slot); err != nil {
+					t.Fatalf("%s release: %v", h.name, err)
+				}
+				h.slot = ""
+			case h.slot != "" && !now.Before(h.expires):
+				h.slot = "" // lost at its expiry
+			case h.slot != "":
+				left, err := a.HeartbeatSlot(ctx, id, h.slot, ttl)
+				if errorsIs(err, ErrSlotNotHeld) {
+					h.slot = ""
+					break
+				}
+				if err != nil {
+					t.Fatalf("%s heartbeat: %v", h.name, err)
+				}
+				h.expires = now.Add(left)
+			case (step+i)%3 == 0: // each free holder tries every 750 ms
+				dec, err := a.AcquireSlot(ctx, id, h.name, ttl)
+				if err != nil {
+					t.Fatalf("%s acquire: %v", h.name, err)
+				}
+				if dec.Allowed {
+					h.slot, h.expires = dec.SlotID, now.Add(dec.ExpiresIn)
+					h.until = now.Add(time.Duration(1+(step+i)%4) * time.Second)
+				} else {
+					denied++
+				}
+			}
+			a.slotsSettled(t, id)
+		}
+		held := 0
+		for _, h := range holders {
+			if h.slot != "" && now.Before(h.expires) {
+				held++
+			}
+		}
+		most = max(most, held)
+		var reserved int64
+		_ = w.alloc.View(func(now time.Time, c *allocator.Core) { reserved = c.ReservedSlots(id, now) })
+		if held > 3 || reserved > 3 {
+			t.Fatalf("step %d: the holders hold %d slots, the allocator reserves %d; N is 3", step, held, reserved)
+		}
+		w.clock.Add(250 * time.Millisecond)
+	}
+	return most, denied
+}
+
+// TestConcurrencyPlanFirstUseTwoRegionsStrict: a tenant no admin call
+// ever created, on a concurrency plan of 3 slots, acquired by eight
+// holders in two regions: never more than 3 held at once (the holders'
+// own count and the allocator's), and the cap is reached (denials). Then
+// the holders stop: the allocator forgets the tenant once its last slot
+// share is past the retention (core and etcd); used again, its shares
+// start from seq 1, which Redis (still holding the old share's hash) and
+// the agent (still holding its plan) take. Idle past the agents' idle
+// time, they forget their slot plans, and it works once more.
+func TestConcurrencyPlanFirstUseTwoRegionsStrict(t *testing.T) {
+	const id = "jobs/newco"
+	w := newShareWorld(t, "eu", "us")
+	w.putPlan(jobsPlan(3, "eu", "us"), "jobs/probe")
+	agents := map[string]*Agent{"eu": w.agent("eu", "eu1"), "us": w.agent("us", "us1")}
+	var holders []*slotHolder
+	for i := range 8 {
+		r := []string{"eu", "us"}[i%2]
+		holders = append(holders, &slotHolder{region: r, name: fmt.Sprintf("%s-job-%d", r, i)})
+	}
+	most, denied := w.runHolders(t, agents, id, holders, 30*time.Second)
+	t.Logf("8 holders of a plan of 3 slots for 30 s: at most %d held at once, %d acquires denied", most, denied)
+	if most != 3 || denied == 0 {
+		t.Fatalf("at most %d held, %d denied: want the cap of 3 reached, and denials", most, denied)
+	}
+	seqBefore := map[string]int64{"eu": w.slotSeq(t, "eu", id), "us": w.slotSeq(t, "us", id)}
+	if seqBefore["eu"] < 2 && seqBefore["us"] < 2 {
+		t.Fatalf("slot shares in Redis after 30 s: seq %v, want renewals", seqBefore)
+	}
+
+	// The holders stop; the shares expire, the allocator forgets the
+	// tenant the retention later, and the agents their plans once idle.
+	ctx := context.Background()
+	for _, h := range holders {
+		if h.slot != "" {
+			if _, err := agents[h.region].ReleaseSlot(ctx, id, h.slot); err != nil {
+				t.Fatal(err)
+			}
+			h.slot = ""
+		}
+	}
+	w.clock.Add(10*time.Second + shareRetention + time.Second)
+	w.awaitForgotten(t, id)
+	for r, a := range agents {
+		if n := a.slots.forgetIdle(w.clock.Now(), a.opt.idleAfter); n != 1 {
+			t.Fatalf("%s agent keeps %d slot plans %v before its idle time, want 1", r, n, a.opt.idleAfter)
+		}
+	}
+	// Used again before the agents forget it and within the Redis keys'
+	// grace: seq 1, below the old share's seq in Redis and in the agent's
+	// plan, taken by both.
+	seqs := map[string]int64{"eu": w.slotSeq(t, "eu", id), "us": w.slotSeq(t, "us", id)}
+	if seqs["eu"] < 2 {
+		t.Fatalf("eu's Redis holds slot share seq %d before the tenant comes back, want the old share's (> 1)", seqs["eu"])
+	}
+	h := acquireOK(t, agents["eu"], id, "again", 2*time.Second)
+	if h.Slots < 1 || h.Limit != 3 {
+		t.Fatalf("the tenant used again: %+v", h)
+	}
+	if s := w.slotSeq(t, "eu", id); s != 1 {
+		t.Fatalf("eu's Redis holds slot share seq %d after the tenant came back (it held %d before), want 1", s, seqs["eu"])
+	}
+	if _, err := agents["eu"].ReleaseSlot(ctx, id, h.SlotID); err != nil {
+		t.Fatal(err)
+	}
+
+	// Idle again, past the agents' idle time after the share's end:
+	// nothing kept anywhere.
+	w.clock.Add(10*time.Second + 5*time.Minute)
+	w.awaitForgotten(t, id)
+	for r, a := range agents {
+		if n := a.slots.forgetIdle(w.clock.Now(), a.opt.idleAfter); n != 0 {
+			t.Fatalf("%s agent keeps %d slot plans 5 minutes after its share ended, want none", r, n)
+		}
+	}
+	most, denied = w.runHolders(t, agents, id, holders, 10*time.Second)
+	if most == 0 {
+		t.Fatalf("used again: at most %d held, %d denied", most, denied)
 	}
 }

@@ -38,6 +38,9 @@ func TestPlansOverHTTP(t *testing.T) {
 	if got := c.do("PUT", "/v1/limits/plans/free", nil, bucket(`, "contracts": {"free/atlas": {"limit_tokens": "3000"}}`)).field(t); got != "limit.contracts[free/atlas].limit_tokens" {
 		t.Errorf("a G in a bucket plan's contract: names %q", got)
 	}
+	conc := `{"limit": {"binds": ["jobs/{id}"], "kind": "LIMIT_KIND_CONCURRENCY", "limit_tokens": "3", "regions": ["eu"], ` +
+		`"mode": "MODE_STRICT", "contracts": {"jobs/big": {"limit_tokens": "20"}}}, "reason": "jobs"}`
+	mustCode(t, c.do("PUT", "/v1/limits/plans/jobs", nil, conc), 200)
 	for _, tc := range []struct{ path, body, field string }{
 		{"/v1/limits/plans/free", plan(10, `["tenant/{id}"]`, ""), "limit.binds[0]"},
 		{"/v1/limits/plans/free", plan(10, `["tenant/"]`, ""), "limit.binds[0]"},

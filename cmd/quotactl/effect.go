@@ -98,18 +98,26 @@ func writeEffect(w io.Writer, eff *pb.ChangeEffect) {
 	if planbind.IsPlan(eff.GetLimitId()) {
 		// A plan has no windows of its own: its tenants do.
 		over := "admitted more in their last window than the new G"
-		if bucket {
+		conc := eff.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY
+		switch {
+		case bucket:
 			// A bucket plan's tenants have reporting intervals and shares.
 			kv("kind", "bucket (each tenant's changes govern at once, from its next share)")
 			over = "admitted more in their last minute than the new burst + rate x 1 min"
-		} else if eff.GetAction() != "delete" {
+		case conc:
+			kv("kind", "concurrency (each tenant's changes govern at once, from its next share)")
+			if eff.GetAction() != "delete" {
+				kv("new-n", strconv.FormatInt(eff.GetNewLimitTokens(), 10))
+			}
+			over = "hold more slots now than the new N"
+		case eff.GetAction() != "delete":
 			kv("new-g", strconv.FormatInt(eff.GetNewLimitTokens(), 10))
 		}
 		if eff.GetAction() == "delete" {
 			over = "every tenant on the plan: it has no limit left"
 		}
 		used := " (used the plan in the windows the allocator keeps)"
-		if bucket {
+		if bucket || conc {
 			used = " (used the plan in the shares the allocator keeps)"
 		}
 		kv("tenants", strconv.FormatInt(eff.GetPlanTenants(), 10)+used)

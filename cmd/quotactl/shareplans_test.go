@@ -91,3 +91,38 @@ func TestBucketPlansCLI(t *testing.T) {
 		t.Fatalf("export of a bucket plan:\n%s", r.stdout)
 	}
 }
+
+// TestConcurrencyPlansCLI: plans set --concurrency N makes a concurrency
+// plan (limits set's flag); plans get and list show its kind and N; a
+// contract's limit= is a tenant's own N; a dry run of a lower N says so;
+// a limits file holds it with concurrency:.
+func TestConcurrencyPlansCLI(t *testing.T) {
+	ta := startAllocator(t, etcdtest.Start(t, 1))
+	waitLeader(t, ta)
+	q := func(args ...string) result { return quotactl(append([]string{"--allocator", ta.addr}, args...)...) }
+	set := []string{"plans", "set", "jobs", "--concurrency", "3", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "jobs/{id}", "--contract", "jobs/big=20", "--reason", "every tenant: 3 jobs at once"}
+	r := q(set...).want(t, 0)
+	checkKV(t, kv(t, r.stdout), map[string]string{"id": "plans/jobs", "kind": "concurrency", "slots": "3", "version": "1"})
+	r = q("plans", "list").want(t, 0)
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 2 || !strings.Contains(lines[1], "concurrency") ||
+		!strings.Contains(lines[1], "3 slots") {
+		t.Fatalf("plans list:\n%s", r.stdout)
+	}
+	q("plans", "set", "jobs", "--concurrency", "3", "--limit", "5", "--regions", "eu", "--mode", "strict", "--bind", "jobs/{id}", "--reason", "x").want(t, 2)
+	r = q(append(append([]string{}, set[:3]...), append([]string{"--concurrency", "2"}, append(set[5:], "--dry-run")...)...)...).want(t, 0)
+	checkKV(t, kv(t, r.stdout), map[string]string{"new-n": "2", "tenants": "1 (used the plan in the shares the allocator keeps)"})
+	if !strings.Contains(r.stdout, "kind:           concurrency") {
+		t.Fatalf("a dry run of a concurrency plan:\n%s", r.stdout)
+	}
+	file := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(file, []byte("manage: [plans/]\nlimits:\n  - id: plans/jobs\n    binds: [\"jobs/{id}\"]\n"+
+		"    concurrency: 5\n    regions: [eu, us]\n    mode: strict\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	q("limits", "apply", "--reason", "jobs from the file", "-f", file).want(t, 0)
+	checkKV(t, kv(t, q("plans", "get", "jobs").want(t, 0).stdout), map[string]string{"kind": "concurrency", "slots": "5"})
+	if r = q("limits", "export", "--prefix", "plans/").want(t, 0); !strings.Contains(r.stdout, "concurrency: 5") {
+		t.Fatalf("export of a concurrency plan:\n%s", r.stdout)
+	}
+}

@@ -14,9 +14,8 @@ import (
 
 // checkPlan checks what makes a limit a plan (docs/plans.md): an id
 // "plans/<name>" and its binds, or, on any other limit, no binds. A
-// plan's hash tag is "{id}" or none (planbind.TenantTag). What this
-// version of plans does not carry to the tenants' limits is refused,
-// naming the field: concurrency plans.
+// plan's hash tag is "{id}" or none (planbind.TenantTag). A plan may be
+// of any kind: window, bucket or concurrency.
 func checkPlan(l *pb.Limit) error {
 	if l.Plan != "" {
 		return fieldErr("limit.plan", "is set on limits resolved from a plan, never in requests")
@@ -36,9 +35,6 @@ func checkPlan(l *pb.Limit) error {
 	if l.HashTag != "" && l.HashTag != planbind.Placeholder {
 		return fieldErr("limit.hash_tag", "a plan's hash tag is %s (each tenant's keys tagged with its id's last segment) or none: "+
 			"one tag for every tenant would put them all in one Redis Cluster slot", planbind.Placeholder)
-	}
-	if l.Kind == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
-		return fieldErr("limit.kind", "plans are window or bucket limits in this version")
 	}
 	seen := map[string]int{}
 	for i, b := range l.Binds {

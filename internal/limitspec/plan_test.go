@@ -76,9 +76,6 @@ func TestValidatePlan(t *testing.T) {
 		{"limit.binds", func(l *pb.Limit) { l.Id = "tenant/a" }},
 		{"limit.id", func(l *pb.Limit) { l.Id = "plans/a/b" }},
 		{"limit.hash_tag", func(l *pb.Limit) { l.HashTag = "x" }},
-		{"limit.kind", func(l *pb.Limit) {
-			l.Kind, l.Window = pb.LimitKind_LIMIT_KIND_CONCURRENCY, nil
-		}},
 		{"limit.plan", func(l *pb.Limit) { l.Plan = "plans/pro" }},
 		{"limit.contracts[other/a]", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"other/a": {LimitTokens: 5}} }},
 		{"limit.contracts[tenant/a]", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {}} }},
@@ -177,6 +174,39 @@ func TestValidateBucketPlan(t *testing.T) {
 	} {
 		l := plan()
 		l.Contracts = map[string]*pb.Contract{"tenant/a": tc.c}
+		_, err := ValidateLimit(l, []string{"eu", "us"})
+		var fe *vocab.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("contract %v: want an error naming %s, got %v", tc.c, tc.field, err)
+		}
+	}
+}
+
+// TestValidateConcurrencyPlan: a plan of kind concurrency is a
+// concurrency limit for its tenants; a contract's limit_tokens is the
+// tenant's own N; what a concurrency limit has not is refused naming the
+// contract's field.
+func TestValidateConcurrencyPlan(t *testing.T) {
+	plan := func() *pb.Limit {
+		return &pb.Limit{Id: "plans/jobs", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 3,
+			Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Binds: []string{"jobs/{id}"}}
+	}
+	ok := plan()
+	ok.Contracts = map[string]*pb.Contract{"jobs/big": {LimitTokens: 20}, "jobs/eu": {Regions: []string{"eu"}}}
+	if _, err := ValidateLimit(ok, []string{"eu", "us"}); err != nil {
+		t.Fatalf("a concurrency plan with contracts of N and regions: %v", err)
+	}
+	for _, tc := range []struct {
+		field string
+		c     *pb.Contract
+	}{
+		{"limit.contracts[jobs/a].window", &pb.Contract{Window: durationpb.New(time.Minute)}},
+		{"limit.contracts[jobs/a].shadow", &pb.Contract{Shadow: new(true)}},
+		{"limit.contracts[jobs/a].lease.min_chunk", &pb.Contract{Lease: &pb.LeaseSettings{MinChunk: 2}}},
+		{"limit.contracts[jobs/a].limit_tokens", &pb.Contract{LimitTokens: -1}},
+	} {
+		l := plan()
+		l.Contracts = map[string]*pb.Contract{"jobs/a": tc.c}
 		_, err := ValidateLimit(l, []string{"eu", "us"})
 		var fe *vocab.FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field {
