@@ -186,7 +186,8 @@ func TestBucketPlanForgetsIdleTenants(t *testing.T) {
 
 // TestBucketPlanChanges: a change of a bucket plan governs at once
 // (effective unset), for every tenant: a tenant's next share is sized
-// with the new rate and burst and carries the plan's new version, and a
+// with the new rate and burst and carries the plan's new version (a
+// contract's rate and burst are its tenant's own), and a
 // share granted before keeps what it was granted until it expires (the
 // allocator counts it until then). What a bucket limit refuses, a bucket
 // plan refuses, naming the field: a change for the next window, an
@@ -214,8 +215,9 @@ func TestBucketPlanChanges(t *testing.T) {
 	}
 	more := freePlan()
 	more.RateTokens, more.BurstTokens = 30, 90
+	more.Contracts = map[string]*pb.Contract{"tenant/atlas": {RateTokens: 100, BurstTokens: 400}}
 	clock.Add(time.Second)
-	got, err := a.PutLimit(ctx, more, Change{Reason: "free gets more"})
+	got, err := a.PutLimit(ctx, more, Change{Reason: "free gets more, atlas its own rate"})
 	if err != nil || got.Version != 2 || !got.EffectiveFrom.AsTime().Equal(clock.Now()) || got.Previous != nil {
 		t.Fatalf("a change with effective unset: %v, %v", got, err)
 	}
@@ -224,6 +226,11 @@ func TestBucketPlanChanges(t *testing.T) {
 	// numbers (eu alone asks: all of them) with the new version.
 	if s := share("eu", "e2"); s.RateMilliTokens != 30_000 || s.BurstTokens != 90 || s.LimitVersion != 2 {
 		t.Fatalf("eu's share after the change: %v", s)
+	}
+	// A contract's rate and burst are the tenant's own.
+	res, err := a.AcquireShares(ctx, "eu", []*pb.ShareRequest{{RequestId: "a1", LimitId: "tenant/atlas", DemandPerSecond: 500}})
+	if err != nil || res[0].Share.GetRateMilliTokens() != 100_000 || res[0].Share.GetBurstTokens() != 400 {
+		t.Fatalf("atlas's share under its contract: %v %v", res, err)
 	}
 	for _, tc := range []struct {
 		name  string

@@ -54,7 +54,7 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	var period time.Duration
 	if plan {
 		l.Contracts = map[string]*pb.Contract{}
-		f.value("contract", "`TENANT=N|TENANT=FIELD=VALUE ...`: a tenant's contract: what it replaces of the plan for that tenant, its G (tenant/atlas=3000) or any of limit, mode, regions, fallback, window, ttl, min-chunk, max-chunk, shadow ('tenant/atlas=limit=3000 mode=bounded fallback=eu=local:50'); the tenant must be bound to the plan; repeatable", func(s string) error {
+		f.value("contract", "`TENANT=N|TENANT=FIELD=VALUE ...`: a tenant's contract: what it replaces of the plan for that tenant, its G (tenant/atlas=3000) or any of limit, rate, burst, mode, regions, fallback, window, ttl, min-chunk, max-chunk, shadow ('tenant/atlas=limit=3000 mode=bounded fallback=eu=local:50'; a bucket plan's 'tenant/atlas=rate=100 burst=300'); the tenant must be bound to the plan; repeatable", func(s string) error {
 			return parseContract(s, l.Contracts)
 		})
 		f.listVar(&l.Binds, "bind", "`PATTERN|ID,...`: the ids the plan defines: a pattern, e.g. tenant/{id} (every id tenant/X without a limit of its own is on the plan from its first request), or one tenant's id, e.g. tenant/bigco (on this plan whatever pattern names it); repeatable")

@@ -33,8 +33,12 @@ func TestBucketPlansCLI(t *testing.T) {
 		!strings.HasPrefix(lines[1], "free ") || !strings.Contains(lines[1], "bucket") || !strings.Contains(lines[1], "10/s burst 50") {
 		t.Fatalf("plans list:\n%s", r.stdout)
 	}
-	// Contracts: what a bucket limit has is taken; a G is not.
-	q(append(append([]string{}, set...), "--contract", "tenant/euco=regions=eu", "--effective", "now")...).want(t, 0)
+	// Contracts: what a bucket limit has is taken (its own rate and
+	// burst too); a G is not.
+	r = q(append(append([]string{}, set...), "--contract", "tenant/euco=regions=eu", "--contract", "tenant/big=burst=200 rate=40")...).want(t, 0)
+	if c := kv(t, r.stdout)["contracts"]; !strings.Contains(c, "tenant/big=rate=40 burst=200") || !strings.Contains(c, "tenant/euco=regions=eu") {
+		t.Fatalf("a bucket plan's contracts: %q", c)
+	}
 	r = q(append(append([]string{}, set...), "--contract", "tenant/atlas=limit=3000")...).want(t, 1)
 	if !strings.Contains(r.stderr, "limit.contracts[tenant/atlas].limit_tokens") {
 		t.Fatalf("a G in a bucket plan's contract: %q", r.stderr)
@@ -70,9 +74,10 @@ func TestBucketPlansCLI(t *testing.T) {
 		t.Fatalf("windows --json of a tenant of a bucket plan:\n%s", r.stdout)
 	}
 	dry := []string{"plans", "set", "free", "--rate", "2/s", "--burst", "10", "--regions", "eu,us", "--mode", "strict",
-		"--bind", "tenant/{id}", "--ttl", "10s", "--contract", "tenant/euco=regions=eu", "--reason", "cheaper", "--dry-run"}
+		"--bind", "tenant/{id}", "--ttl", "10s", "--contract", "tenant/euco=regions=eu", "--contract", "tenant/big=burst=200 rate=40",
+		"--reason", "cheaper", "--dry-run"}
 	r = q(dry...).want(t, 0)
-	checkKV(t, kv(t, r.stdout), map[string]string{"limit": "plans/free", "tenants": "2 (used the plan in the shares the allocator keeps)",
+	checkKV(t, kv(t, r.stdout), map[string]string{"limit": "plans/free", "tenants": "3 (used the plan in the shares the allocator keeps)",
 		"denying": "1: tenant/newco (admitted more in their last minute than the new burst + rate x 1 min)"})
 	if !strings.Contains(r.stdout, "rate:         10/s -> 2/s") {
 		t.Fatalf("a dry run of a bucket plan's rate:\n%s", r.stdout)

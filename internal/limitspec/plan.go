@@ -71,7 +71,20 @@ func checkContracts(l *pb.Limit) error {
 			return fieldErr(f, "required")
 		}
 		if contractEmpty(c) {
-			return fieldErr(f, "replaces nothing: set at least one of limit_tokens, mode, regions, fallback, lease, shadow, window")
+			return fieldErr(f, "replaces nothing: set at least one of limit_tokens, rate_tokens, burst_tokens, mode, regions, fallback, lease, shadow, window")
+		}
+		// A bucket plan's rate and burst: checked here for their sign (0
+		// keeps the plan's), then with the tenant's limit as any limit's
+		// (a window or concurrency plan refuses them there).
+		if c.RateTokens != 0 {
+			if err := vocab.ValidateTokens(f+".rate_tokens", c.RateTokens, 1); err != nil {
+				return err
+			}
+		}
+		if c.BurstTokens != 0 {
+			if err := vocab.ValidateTokens(f+".burst_tokens", c.BurstTokens, 1); err != nil {
+				return err
+			}
 		}
 		if c.LimitTokens != 0 {
 			if err := vocab.ValidateTokens(f+".limit_tokens", c.LimitTokens, 1); err != nil {
@@ -87,7 +100,7 @@ func checkContracts(l *pb.Limit) error {
 
 func contractEmpty(c *pb.Contract) bool {
 	return c.LimitTokens == 0 && c.Mode == pb.Mode_MODE_UNSPECIFIED && len(c.Regions) == 0 && len(c.Fallback) == 0 &&
-		c.Lease == nil && c.Shadow == nil && c.Window == nil
+		c.Lease == nil && c.Shadow == nil && c.Window == nil && c.RateTokens == 0 && c.BurstTokens == 0
 }
 
 // checkContractLimits validates each tenant's limit as its contract makes

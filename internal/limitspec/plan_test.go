@@ -80,6 +80,8 @@ func TestValidatePlan(t *testing.T) {
 		{"limit.contracts[other/a]", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"other/a": {LimitTokens: 5}} }},
 		{"limit.contracts[tenant/a]", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {}} }},
 		{"limit.contracts[tenant/a].limit_tokens", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {LimitTokens: -1}} }},
+		{"limit.contracts[tenant/a].rate_tokens", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {RateTokens: 10}} }},
+		{"limit.contracts[tenant/a].burst_tokens", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {BurstTokens: 10}} }},
 		// Each field a contract replaces is checked with the tenant's
 		// resolved limit, as a limit's.
 		{"limit.contracts[tenant/a].mode", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {Mode: 7}} }},
@@ -153,6 +155,7 @@ func TestValidateBucketPlan(t *testing.T) {
 	}
 	ok := plan()
 	ok.Contracts = map[string]*pb.Contract{
+		"tenant/atlas": {RateTokens: 100, BurstTokens: 300},
 		"tenant/euco":  {Regions: []string{"eu"}},
 		"tenant/ttl":   {Lease: &pb.LeaseSettings{Ttl: durationpb.New(30 * time.Second)}},
 		"tenant/loose": {Mode: pb.Mode_MODE_BOUNDED},
@@ -165,6 +168,9 @@ func TestValidateBucketPlan(t *testing.T) {
 		c     *pb.Contract
 	}{
 		{"limit.contracts[tenant/a].limit_tokens", &pb.Contract{LimitTokens: 5}},
+		{"limit.contracts[tenant/a].rate_tokens", &pb.Contract{RateTokens: -5}},
+		{"limit.contracts[tenant/a].burst_tokens", &pb.Contract{BurstTokens: 1 << 60}},
+		{"limit.contracts[tenant/a].burst_tokens", &pb.Contract{RateTokens: 5, BurstTokens: 1 << 45}}, // above lease.MaxBurst for 1s
 		{"limit.contracts[tenant/a].window", &pb.Contract{Window: durationpb.New(time.Minute)}},
 		{"limit.contracts[tenant/a].shadow", &pb.Contract{Shadow: new(true)}},
 		{"limit.contracts[tenant/a].lease.ttl", &pb.Contract{Lease: &pb.LeaseSettings{Ttl: durationpb.New(time.Hour)}}},
@@ -204,6 +210,8 @@ func TestValidateConcurrencyPlan(t *testing.T) {
 		{"limit.contracts[jobs/a].shadow", &pb.Contract{Shadow: new(true)}},
 		{"limit.contracts[jobs/a].lease.min_chunk", &pb.Contract{Lease: &pb.LeaseSettings{MinChunk: 2}}},
 		{"limit.contracts[jobs/a].limit_tokens", &pb.Contract{LimitTokens: -1}},
+		{"limit.contracts[jobs/a].rate_tokens", &pb.Contract{RateTokens: 5}},
+		{"limit.contracts[jobs/a].burst_tokens", &pb.Contract{BurstTokens: 5}},
 	} {
 		l := plan()
 		l.Contracts = map[string]*pb.Contract{"jobs/a": tc.c}
