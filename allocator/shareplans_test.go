@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -319,5 +322,107 @@ func TestConcurrencyPlanForgetsIdleTenants(t *testing.T) {
 	}
 	if s := share("jobs/newco", "n3", 0); s.Seq != 1 || s.Slots != 3 {
 		t.Fatalf("the tenant used again: %v (want seq 1)", s)
+	}
+}
+
+// TestShareTenantsCostOnlyWhenUsed: 100,000 ids bound to a bucket plan
+// and to a concurrency plan, 500 of each used: etcd grows by one share
+// record per used tenant and no key names an unused one; the core keeps
+// share state (and a cached resolution) for the used tenants only; once
+// their shares are past the retention, nothing at all.
+func TestShareTenantsCostOnlyWhenUsed(t *testing.T) {
+	const tenants, used = 100_000, 500
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	const retention = 30 * time.Second
+	a := startAllocator(t, c, "a", clock.opt(), WithRetention(retention, time.Hour))
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	jobs := &pb.Limit{Id: "plans/jobs", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 3, Regions: []string{"eu", "us"},
+		Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(10 * time.Second)}, Binds: []string{"jobs/{id}"}}
+	for _, p := range []*pb.Limit{freePlan(), jobs} {
+		if _, err := a.PutLimit(ctx, p, Change{Reason: "for everyone", Effective: pb.Effective_EFFECTIVE_NOW}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitPlan(t, a.Allocator, "tenant/t0", 1)
+	waitPlan(t, a.Allocator, "jobs/t0", 1)
+	cli := c.Client(t)
+	keys := func() (n int, unused []string) {
+		t.Helper()
+		resp, err := cli.Get(ctx, a.Store().sharesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range resp.Kvs {
+			// shares/<limit>!/<region>/<request id>, <limit> = tenant/tN or jobs/tN
+			id, _, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), a.Store().sharesPrefix()), "!")
+			_, n, _ := strings.Cut(id, "/t")
+			i, err := strconv.Atoi(n)
+			if err != nil || i%(tenants/used) != 0 {
+				unused = append(unused, string(kv.Key))
+			}
+		}
+		return len(resp.Kvs), unused[:min(len(unused), 5)]
+	}
+	for i := range tenants {
+		if _, ok := coreLimit(a.Allocator, fmt.Sprintf("tenant/t%d", i)); !ok {
+			t.Fatalf("tenant/t%d does not resolve", i)
+		}
+	}
+	kept := func() (n int) {
+		_ = a.View(func(_ time.Time, c *Core) {
+			for i := range tenants {
+				for _, p := range []string{"tenant/t", "jobs/t"} {
+					if c.SharesKept(fmt.Sprintf("%s%d", p, i)) {
+						n++
+					}
+				}
+			}
+		})
+		return n
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	heap0 := heap()
+	const batch = 100
+	for i := 0; i < used; i += batch {
+		for _, p := range []string{"tenant/t", "jobs/t"} {
+			var reqs []*pb.ShareRequest
+			for j := i; j < i+batch; j++ {
+				reqs = append(reqs, &pb.ShareRequest{RequestId: fmt.Sprintf("r%s%d", p[:1], j), LimitId: fmt.Sprintf("%s%d", p, j*(tenants/used)),
+					DemandPerSecond: 5, HeldSlots: 1})
+			}
+			res, err := a.AcquireShares(ctx, "eu", reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range res {
+				if r.Code != pb.ItemCode_ITEM_CODE_OK || r.Share.GetSeq() != 1 {
+					t.Fatalf("share: %v", r)
+				}
+			}
+		}
+	}
+	heap1 := heap()
+	n, unused := keys()
+	t.Logf("%d ids bound to each of two plans, %d of each used: %d share records, core keeps %d tenants, heap %+.1f MiB (%.0f B per used tenant)",
+		tenants, used, n, kept(), float64(int64(heap1)-int64(heap0))/(1<<20), float64(int64(heap1)-int64(heap0))/(2*used))
+	if n != 2*used || len(unused) > 0 {
+		t.Fatalf("%d share records (want one per used tenant, %d), keys naming no used tenant: %q", n, 2*used, unused)
+	}
+	if k := kept(); k != 2*used {
+		t.Fatalf("the core keeps share state of %d tenants, want the %d used", k, 2*used)
+	}
+	clock.Add(10*time.Second + retention)
+	if err := a.sweepOnce(a.currentTermOrNil()); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := keys(); n != 0 || kept() != 0 {
+		t.Fatalf("after the retention: %d share records, core keeps %d tenants; want nothing", n, kept())
 	}
 }
