@@ -346,6 +346,25 @@ func (c *Core) summaryWindows(id string) []int64 {
 // DropSummaries forgets id's summaries (IdleTenants).
 func (c *Core) DropSummaries(id string) { delete(c.summaries, id) }
 
+// ForgetDemand forgets the demand reports of ids (idle tenants of plans,
+// IdleTenants): stale for sizing long since (demandTTL), they would
+// otherwise stay for every tenant that ever used a plan. One pass over
+// the reports for the whole batch.
+func (c *Core) ForgetDemand(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	drop := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		drop[id] = true
+	}
+	for k := range c.demand {
+		if drop[k.limit] {
+			delete(c.demand, k)
+		}
+	}
+}
+
 // tenantG is G of tenant id under plan p: its contract's, else the plan's.
 func tenantG(p *pb.Limit, id string) int64 {
 	if c := p.Contracts[id]; c.GetLimitTokens() > 0 {
