@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -266,7 +267,8 @@ func TestConcurrencyPlanForgetsIdleTenants(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
 	const retention = 30 * time.Second
-	a := startAllocator(t, c, "a", clock.opt(), WithRetention(retention, time.Hour))
+	reg := prometheus.NewRegistry()
+	a := startAllocatorReg(t, c, "a", reg, clock.opt(), WithRetention(retention, time.Hour))
 	allocatortest.WaitLeader(t, a)
 	ctx := context.Background()
 	jobs := func(n int64) *pb.Limit {
@@ -303,6 +305,27 @@ func TestConcurrencyPlanForgetsIdleTenants(t *testing.T) {
 	if e := resp.Effect; e.Kind != pb.LimitKind_LIMIT_KIND_CONCURRENCY || e.NewLimitTokens != 2 || e.PlanTenants != 2 ||
 		e.PlanTenantsDenyingCount != 1 || e.PlanTenantsDenying[0] != "jobs/newco" {
 		t.Fatalf("dry run of N 3 -> 2: %v", e)
+	}
+	// The slot metrics and ListWindows show the used tenants (not the
+	// plan's record), each with its own N.
+	bounds := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "leasehold_concurrency_bound_slots" {
+			for _, m := range mf.GetMetric() {
+				bounds[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if len(bounds) != 2 || bounds["jobs/newco"] != 3 || bounds["jobs/big"] != 20 {
+		t.Fatalf("leasehold_concurrency_bound_slots: %v, want jobs/newco 3 and jobs/big 20", bounds)
+	}
+	lw, err := NewServer(a.Allocator).ListWindows(ctx, &pb.ListWindowsRequest{LimitId: "jobs/newco"})
+	if err != nil || lw.Kind != pb.LimitKind_LIMIT_KIND_CONCURRENCY || lw.LimitSlots != 3 || lw.Plan != "plans/jobs" || len(lw.Shares) != 2 {
+		t.Fatalf("ListWindows of a concurrency plan's tenant: %v %v", lw, err)
 	}
 	tm := a.currentTermOrNil()
 	clock.Add(10*time.Second + retention)

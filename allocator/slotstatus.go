@@ -48,7 +48,7 @@ func (a *Allocator) SlotStatus(limit string) (SlotStatus, error) {
 }
 
 func (c *Core) slotStatus(now time.Time, limit string) (SlotStatus, error) {
-	l, ok := c.limits[limit]
+	l, ok := c.limit(limit) // a tenant of a plan too; a plan is not a limit
 	if !ok || !l.At(now).IsConcurrency() {
 		return SlotStatus{}, fmt.Errorf("%w: concurrency limit %q", ErrNotFound, limit)
 	}

@@ -120,6 +120,23 @@ func TestConcurrencyPlansCLI(t *testing.T) {
 	if !strings.Contains(r.stdout, "kind:           concurrency") {
 		t.Fatalf("a dry run of a concurrency plan:\n%s", r.stdout)
 	}
+	// A tenant's slot shares name its plan.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		res, err := ta.a.AcquireShares(context.Background(), "eu", []*pb.ShareRequest{{RequestId: "s1", LimitId: "jobs/newco", DemandPerSecond: 1, HeldSlots: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Code == pb.ItemCode_ITEM_CODE_OK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a slot share of jobs/newco: %v", res)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the watch's effect
+	}
+	if r = q("windows", "jobs/newco").want(t, 0); !strings.Contains(r.stdout, "limit of plan plans/jobs") || !strings.Contains(r.stdout, "N 3") {
+		t.Fatalf("windows of a tenant of a concurrency plan:\n%s", r.stdout)
+	}
 	file := filepath.Join(t.TempDir(), "limits.yaml")
 	if err := os.WriteFile(file, []byte("manage: [plans/]\nlimits:\n  - id: plans/jobs\n    binds: [\"jobs/{id}\"]\n"+
 		"    concurrency: 5\n    regions: [eu, us]\n    mode: strict\n"), 0o600); err != nil {
