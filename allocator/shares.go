@@ -394,9 +394,10 @@ func (c *Core) ForgetShare(g *ShareGrant) {
 }
 
 // SharesKept reports whether the core keeps any share state of limit:
-// shares, the holders' seq, reporting intervals, the most slots held,
-// demand reports, or a cached resolution from a plan (for tests and the
-// plans' memory claims: a tenant of a plan costs nothing once idle).
+// shares or the holders' seq (with them the regions' demand reports),
+// reporting intervals, the most slots held, or a cached resolution from
+// a plan (for tests and the plans' memory claims: a tenant of a plan
+// costs nothing once idle).
 func (c *Core) SharesKept(limit string) bool {
 	_, resolved := c.resolved[limit]
 	_, heldMax := c.heldMax[limit]
