@@ -214,7 +214,8 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 	}
 	if ss, err := s.a.SlotStatus(req.LimitId); err == nil {
 		// A concurrency limit: its slot shares in force, no windows.
-		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitSlots: ss.N}
+		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitSlots: ss.N,
+			Plan: s.a.planOf(req.LimitId)}
 		for _, sh := range ss.Shares {
 			out.Shares = append(out.Shares, sh.ToProto())
 		}
@@ -224,7 +225,7 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 	}
 	if bs, err := s.a.BucketStatus(req.LimitId, last); err == nil {
 		// A bucket limit: reporting intervals and shares, no windows.
-		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_BUCKET}
+		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_BUCKET, Plan: s.a.planOf(req.LimitId)}
 		for _, r := range bs.Intervals {
 			out.Intervals = append(out.Intervals, r.ToProto())
 		}

@@ -702,6 +702,7 @@ func (a *Allocator) sweepIdleTenants(t *term) error {
 		for _, id := range ids[:n] {
 			t.core.DropSummaries(id)
 		}
+		t.core.ForgetDemand(ids[:n])
 		t.mu.Unlock()
 		ids = ids[n:]
 	}

@@ -100,7 +100,8 @@ func (u *bucketUsage) running() BucketReport {
 // observeBucket records a holder's admitted counter, reported at now.
 // The first count of a holder the Core has no shares of is counted whole
 // (its bucket began with its first share); a holder with shares but no
-// count (a new leader) starts from its first count.
+// count (a new leader), or of a tenant of a plan (whose state the core
+// forgets when it is idle), starts from its first count.
 func (c *Core) observeBucket(now time.Time, l *Limit, hk string, admitted int64) {
 	u := c.bucketUse[l.ID]
 	if u == nil {
@@ -112,7 +113,10 @@ func (c *Core) observeBucket(now time.Time, l *Limit, hk string, admitted int64)
 	u.slack = max(u.slack, bucketSlack(l))
 	prev, known := u.seen[hk]
 	if !known {
-		if st := c.shares[l.ID]; st != nil && st.seq[hk] > 0 {
+		// A tenant of a plan whose state was forgotten (forgetShareTenant)
+		// may come back with a counter from before, still in its agent or
+		// its region's store: unknown to this core too.
+		if st := c.shares[l.ID]; st != nil && st.seq[hk] > 0 || l.Proto.GetPlan() != "" {
 			u.seen[hk] = max(admitted, 0) // a count from before: unknown to this leader
 			return
 		}

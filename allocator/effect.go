@@ -166,6 +166,17 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 	}
 	if planbind.IsPlan(id) {
 		c.planEffect(now, e, id, next, deleting)
+		if windowless(stored) || windowless(next) {
+			// Its tenants' limits have no windows: no G, no window bound.
+			e.NewLimitTokens, e.Bound, e.BoundInfinite = 0, 0, false
+			e.Kind = pb.LimitKind_LIMIT_KIND_BUCKET
+			if isConcurrency(stored) || isConcurrency(next) {
+				e.Kind = pb.LimitKind_LIMIT_KIND_CONCURRENCY
+				if next != nil {
+					e.NewLimitTokens = next.LimitTokens // N
+				}
+			}
+		}
 		return e
 	}
 	if windowless(stored) || windowless(next) {

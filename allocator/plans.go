@@ -11,6 +11,7 @@ import (
 
 	"leasehold/internal/planbind"
 	"leasehold/internal/vocab"
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 )
 
@@ -100,6 +101,20 @@ func (c *Core) eachLimit(fn func(id string, l *Limit)) {
 	for id := range c.summaries {
 		visit(id)
 	}
+	for id := range c.shares {
+		visit(id) // tenants of bucket and concurrency plans with shares kept
+	}
+}
+
+// planOf names the plan the leader resolves id from ("" for a limit
+// with a record of its own, or when this allocator does not lead).
+func (a *Allocator) planOf(id string) (plan string) {
+	_ = a.View(func(_ time.Time, c *Core) {
+		if l, ok := c.limit(id); ok {
+			plan = l.Proto.GetPlan()
+		}
+	})
+	return plan
 }
 
 // Resolved counts the limits the core keeps resolved from plans (for
@@ -201,6 +216,12 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 		}
 		counted[id] = true
 		e.PlanTenants++
+		if l.Windowless() {
+			if admitted, over := c.shareTenantOver(now, id, next, deleting); over {
+				denying = append(denying, tenant{id, admitted})
+			}
+			return
+		}
 		cur := l.At(now).Windows().Of(now).Index
 		rep, ok := c.report(now, id, cur-1)
 		if !ok {
@@ -256,6 +277,33 @@ func (c *Core) planEffect(now time.Time, e *pb.ChangeEffect, plan string, next *
 	}
 }
 
+// shareTenantOver says whether a tenant of a bucket or concurrency plan
+// would start being refused under next (nil: deleted, every tenant is):
+// a bucket tenant whose last closed reporting interval (else the running
+// one) admitted more than next allows in an interval of that length
+// (its B + R x the interval, lease.BucketBound), a concurrency tenant
+// whose holders reported more slots held now than next's N. It returns
+// what was admitted (or held), for the order of the list.
+func (c *Core) shareTenantOver(now time.Time, id string, next *pb.Limit, deleting bool) (int64, bool) {
+	var used, allowed int64
+	if next != nil {
+		r := decodeLimit(planbind.Resolve(next, id))
+		switch {
+		case r.IsConcurrency():
+			used, allowed = c.HeldSlots(id, now), r.Tokens
+		case r.IsBucket():
+			rep, ok := c.BucketReport(id, now)
+			if !ok {
+				if reps := c.BucketReports(id, now, 1); len(reps) == 1 {
+					rep = reps[0]
+				}
+			}
+			used, allowed = rep.Admitted, lease.BucketBound(r.Rate, r.RatePeriod, r.Burst, BucketInterval, 0)
+		}
+	}
+	return used, deleting || next != nil && used > allowed
+}
+
 // IdleTenants returns the tenants of plans (ids with no record of their
 // own, whose summaries name a plan) with no window in progress and whose
 // newest kept window ended keep of its windows ago or more: their
@@ -297,6 +345,25 @@ func (c *Core) summaryWindows(id string) []int64 {
 
 // DropSummaries forgets id's summaries (IdleTenants).
 func (c *Core) DropSummaries(id string) { delete(c.summaries, id) }
+
+// ForgetDemand forgets the demand reports of ids (idle tenants of plans,
+// IdleTenants): stale for sizing long since (demandTTL), they would
+// otherwise stay for every tenant that ever used a plan. One pass over
+// the reports for the whole batch.
+func (c *Core) ForgetDemand(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	drop := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		drop[id] = true
+	}
+	for k := range c.demand {
+		if drop[k.limit] {
+			delete(c.demand, k)
+		}
+	}
+}
 
 // tenantG is G of tenant id under plan p: its contract's, else the plan's.
 func tenantG(p *pb.Limit, id string) int64 {

@@ -420,6 +420,10 @@ func TestPlanTenantsCostOnlyWhenUsed(t *testing.T) {
 		})
 		return
 	}
+	demand := func() (n int) {
+		_ = a.View(func(_ time.Time, core *Core) { n = len(core.demand) })
+		return n
+	}
 	clock.Set(t0.Add(2 * time.Minute))
 	sweep()
 	noUnused()
@@ -432,9 +436,9 @@ func TestPlanTenantsCostOnlyWhenUsed(t *testing.T) {
 	}
 	clock.Set(t0.Add((2 + keep) * time.Minute))
 	sweep()
-	if r, w, sm := state(); r != 0 || w != 0 || sm != 0 || countKeys() != keys0 {
-		t.Fatalf("after %d idle windows: resolved %d, windows %d, summaries %d, etcd keys +%d; want nothing (keys naming no tenant: %q)",
-			keep, r, w, sm, countKeys()-keys0, others())
+	if r, w, sm := state(); r != 0 || w != 0 || sm != 0 || countKeys() != keys0 || demand() != 0 {
+		t.Fatalf("after %d idle windows: resolved %d, windows %d, summaries %d, demand reports %d, etcd keys +%d; want nothing (keys naming no tenant: %q)",
+			keep, r, w, sm, demand(), countKeys()-keys0, others())
 	}
 	t.Logf("after %d idle windows: etcd keys %d (as before any use), no tenant state", keep, countKeys())
 	resp, err := cli.Get(ctx, "", clientv3.WithPrefix(), clientv3.WithKeysOnly())
@@ -518,7 +522,17 @@ func TestPlanDryRun(t *testing.T) {
 	if _, err := a.PutLimit(ctx, ent, Change{Reason: "enterprise"}); err != nil {
 		t.Fatal(err)
 	}
-	waitPlan(t, a.Allocator, "tenant/b", p.Version) // the watch is ordered: ent is in the core too
+	// Until the leader's watch delivers ent's binds, tenant/a is still
+	// pro's (both are version 1): wait for its plan, not a version.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if l, ok := coreLimit(a.Allocator, "tenant/a"); ok && l.Plan == "plans/ent" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("tenant/a never moved to plans/ent")
+		}
+		time.Sleep(2 * time.Millisecond) // polling the watch's effect
+	}
 	ent.LimitTokens = 60
 	er, err = s.PutLimit(ctx, &pb.PutLimitRequest{Limit: ent, Reason: "smaller enterprise", DryRun: true})
 	if err != nil {

@@ -76,6 +76,7 @@ func (g *ShareGrant) inForce(now time.Time) bool { return now.UnixNano() < g.Exp
 type shareState struct {
 	byRegion map[string][]*ShareGrant // granted, not yet forgotten, oldest first, by holder key
 	seq      map[string]int64         // the latest seq granted per holder key
+	asked    []string                 // the regions whose demand the core keeps (c.demand)
 }
 
 // holderKey names the bucket a share is spent from: the region's shared
@@ -201,11 +202,11 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_CONFLICT,
 			Message: fmt.Sprintf("request id %q was used for a lease of limit %q", r.RequestID, g.Limit)}
 	}
-	l, ok := c.limit(r.Limit)
+	resolved, ok := c.limit(r.Limit)
 	if !ok {
 		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_NOT_FOUND, Message: fmt.Sprintf("no limit %q", r.Limit)}
 	}
-	l = l.At(now)
+	l := resolved.At(now)
 	if !l.Windowless() {
 		return ShareDecision{Code: pb.ItemCode_ITEM_CODE_WRONG_KIND,
 			Message: fmt.Sprintf("limit %q is a window limit: acquire leases", r.Limit)}
@@ -231,6 +232,18 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 
 	hk := holderKey(region, r.Holder)
 	st := c.shareState(l.ID)
+	if !slices.Contains(st.asked, region) {
+		st.asked = append(st.asked, region)
+	}
+	// A tenant of a plan keeps its resolution while it has shares (so a
+	// busy tenant is resolved once), and nothing once it has none: a
+	// request granted nothing leaves no state (forgetShareTenant).
+	defer func() {
+		if resolved.Proto.GetPlan() != "" && len(st.byRegion) > 0 {
+			c.resolved[l.ID] = resolved
+		}
+		c.forgetShareTenant(l.ID)
+	}()
 	if l.IsConcurrency() {
 		return c.acquireSlots(now, region, hk, l, st, r)
 	}
@@ -377,6 +390,54 @@ func (c *Core) ForgetShare(g *ShareGrant) {
 	if c.shareReq[rk] == g {
 		delete(c.shareReq, rk)
 	}
+	c.forgetShareTenant(g.Limit)
+}
+
+// SharesKept reports whether the core keeps any share state of limit:
+// shares or the holders' seq (with them the regions' demand reports),
+// reporting intervals, the most slots held, or a cached resolution from
+// a plan (for tests and the plans' memory claims: a tenant of a plan
+// costs nothing once idle).
+func (c *Core) SharesKept(limit string) bool {
+	_, resolved := c.resolved[limit]
+	_, heldMax := c.heldMax[limit]
+	return c.shares[limit] != nil || c.bucketUse[limit] != nil || heldMax || resolved && c.windowless(limit)
+}
+
+// windowless reports whether the cached resolution of id is a bucket or
+// concurrency limit.
+func (c *Core) windowless(id string) bool {
+	l, ok := c.resolved[id]
+	return ok && l.Windowless()
+}
+
+// forgetShareTenant forgets everything the core keeps of a bucket or
+// concurrency limit with no record of its own (a tenant of a plan, or a
+// limit deleted) once none of its shares is kept: the holders' seq, the
+// reporting intervals, the most slots held, the demand reports and the
+// cached resolution. Otherwise every tenant that ever used a bucket or
+// concurrency plan would cost memory for good. Its next share starts at
+// seq 1 again, which is safe: a share is forgotten only the retention
+// after its ExpiresAt, and no holder spends a share past its deadline,
+// which is never after ExpiresAt (docs/design.md, "Plans": forgetting a
+// tenant's shares). A limit with a record keeps its state (its seq and
+// its intervals) as before plans.
+func (c *Core) forgetShareTenant(id string) {
+	if _, own := c.limits[id]; own {
+		return
+	}
+	if st := c.shares[id]; st != nil && len(st.byRegion) > 0 {
+		return
+	}
+	delete(c.heldMax, id)
+	delete(c.bucketUse, id)
+	delete(c.resolved, id) // a share limit has no windows: nothing else uses it
+	if st := c.shares[id]; st != nil {
+		for _, region := range st.asked {
+			delete(c.demand, demandKey{id, region})
+		}
+	}
+	delete(c.shares, id)
 }
 
 // ToProto renders a share as the agent receives it at now: expires_in is

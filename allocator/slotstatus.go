@@ -48,7 +48,7 @@ func (a *Allocator) SlotStatus(limit string) (SlotStatus, error) {
 }
 
 func (c *Core) slotStatus(now time.Time, limit string) (SlotStatus, error) {
-	l, ok := c.limits[limit]
+	l, ok := c.limit(limit) // a tenant of a plan too; a plan is not a limit
 	if !ok || !l.At(now).IsConcurrency() {
 		return SlotStatus{}, fmt.Errorf("%w: concurrency limit %q", ErrNotFound, limit)
 	}
@@ -88,12 +88,12 @@ func (c *slotCollector) Collect(ch chan<- prometheus.Metric) {
 	var rows []SlotStatus
 	var ids []string
 	err := c.a.View(func(now time.Time, core *Core) {
-		for id, l := range core.limits {
+		core.eachLimit(func(id string, l *Limit) { // tenants of concurrency plans too, not the plans
 			if l.At(now).IsConcurrency() {
 				st, _ := core.slotStatus(now, id)
 				rows, ids = append(rows, st), append(ids, id)
 			}
-		}
+		})
 	})
 	if err != nil {
 		return // a follower exports none

@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"leasehold/allocator"
+	"leasehold/lease"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent/core"
 )
@@ -140,4 +143,82 @@ func agentG(a *Agent, id string) int64 {
 		g = l.Tokens
 	})
 	return g
+}
+
+// TestBucketPlanGroupsFirstUse: with two allocator groups, a bucket plan
+// written to both limits first-use tenants of either group in two
+// regions: each tenant admits at most B + R x the run (demand is several
+// times R), and each tenant's rate shares are granted and kept by its own
+// group only (the agents route each tenant's share requests to its group,
+// and a group resolves only the tenants it owns).
+func TestBucketPlanGroupsFirstUse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two allocator groups and two agents on the wall clock: about 5 s")
+	}
+	regions := []string{"eu", "us"}
+	gw := startGroups(t, 5*time.Second, regions...)
+	const R, B = 20, 10
+	plan := &pb.Limit{Id: "plans/free", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: R, BurstTokens: B,
+		RatePeriod: durationpb.New(time.Second), Regions: regions, Mode: pb.Mode_MODE_STRICT,
+		Lease: &pb.LeaseSettings{Ttl: durationpb.New(2 * time.Second)}, Binds: []string{"tenant/{id}"}}
+	for _, g := range []string{"a", "b"} {
+		if _, err := gw.allocs[g].PutLimit(context.Background(), plan, allocator.Change{Reason: "test"}); err != nil {
+			t.Fatalf("group %s: %v", g, err)
+		}
+	}
+	byGroup := map[string][]string{}
+	for i := 0; len(byGroup["a"]) < 2 || len(byGroup["b"]) < 2; i++ {
+		id := fmt.Sprintf("tenant/t%d", i)
+		o, _, _ := gw.m.Owner(id, time.Now())
+		if len(byGroup[o]) < 2 {
+			byGroup[o] = append(byGroup[o], id)
+		}
+	}
+	tenants := append(append([]string{}, byGroup["a"]...), byGroup["b"]...)
+	agents := map[string]*Agent{}
+	for _, r := range regions {
+		agents[r] = gw.agent(r)
+	}
+	admitted, denied := map[string]int64{}, 0
+	start := time.Now()
+	end := start.Add(4 * time.Second)
+	for n := 0; n < 4000 && time.Now().Before(end); n++ {
+		id := tenants[n%len(tenants)]
+		r := regions[(n/len(tenants))%2]
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		d, err := agents[r].Check(ctx, id, 1)
+		cancel()
+		if err != nil {
+			t.Fatalf("check %s in %s: %v", id, r, err)
+		}
+		if d.Allowed {
+			admitted[id]++
+		} else {
+			denied++
+		}
+		if n%4 == 0 {
+			time.Sleep(2 * time.Millisecond) // pacing the demand (several times R per tenant), not ordering
+		}
+	}
+	elapsed := time.Since(start)
+	bound := lease.BucketBound(R, time.Second, B, elapsed+time.Second, 0) // a second for the checks' own latency
+	for _, id := range tenants {
+		t.Logf("%s: admitted %d in %v (bound %d)", id, admitted[id], elapsed.Round(time.Millisecond), bound)
+		if admitted[id] == 0 || admitted[id] > bound {
+			t.Errorf("%s admitted %d in %v, want some and at most B + R x (run + 1 s) = %d", id, admitted[id], elapsed, bound)
+		}
+	}
+	if denied == 0 {
+		t.Errorf("no Check was denied: the demand was not above the rate")
+	}
+	for _, id := range tenants {
+		owner, _, _ := gw.m.Owner(id, time.Now())
+		for g, a := range gw.allocs {
+			var kept bool
+			_ = a.View(func(_ time.Time, c *allocator.Core) { kept = c.SharesKept(id) })
+			if kept != (g == owner) {
+				t.Errorf("group %s keeps share state of %s: %v (its owner is %s)", g, id, kept, owner)
+			}
+		}
+	}
 }

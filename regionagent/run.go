@@ -97,6 +97,7 @@ func (a *Agent) syncLoop(ctx context.Context) {
 			a.notes.callFailed(a.log, "limit sync", 1, err)
 		}
 		a.local.sweep(a.opt.now())
+		a.slots.forgetIdle(a.opt.now(), a.opt.idleAfter)
 		if !t.Stop() {
 			select {
 			case <-t.C:

@@ -71,6 +71,21 @@ type slotPlan struct {
 	done chan struct{} // closed when the request in flight ends
 }
 
+// forgetIdle forgets the slot plans idle for after at now
+// (core.SlotPlan.Idle): a replica keeps a concurrency limit's plan while
+// it is used, not for every limit (or tenant of a plan) it ever served.
+// It returns how many it keeps.
+func (s *slotPlans) forgetIdle(now time.Time, after time.Duration) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, p := range s.plans {
+		if p.Idle(now, after) {
+			delete(s.plans, id)
+		}
+	}
+	return len(s.plans)
+}
+
 func (s *slotPlans) plan(limit string) *slotPlan {
 	if s.plans == nil {
 		s.plans = map[string]*slotPlan{}
@@ -127,7 +142,7 @@ func (a *Agent) slotLimit(limit string) (core.Limit, error) {
 		ok     bool
 		synced bool
 	)
-	a.withCore(func(c *core.Core) { l, ok = c.Limit(limit); synced = c.IsSynced() })
+	a.withCore(func(c *core.Core) { l, ok = c.Resolve(limit); synced = c.IsSynced() }) // a plan's tenant too
 	switch {
 	case !ok && !synced:
 		return core.Limit{}, fmt.Errorf("%w: the agent has no limits from the allocator yet", errNotSynced)
@@ -182,6 +197,7 @@ func (a *Agent) acquireSlot(ctx context.Context, limit, holder string, ttl time.
 		a.slots.mu.Lock()
 		p := a.slots.plan(l.ID)
 		p.held = r.Held
+		p.Used(a.opt.now())
 		if !r.Allowed {
 			p.Denied++
 		}
@@ -310,6 +326,7 @@ func redisFailed(ctx context.Context, err error) error {
 func (a *Agent) renewSlots(l core.Limit) {
 	a.slots.mu.Lock()
 	p := a.slots.plan(l.ID)
+	p.Used(a.opt.now())
 	var ask slotAsk
 	start := p.ShouldAsk(a.opt.now())
 	if start {

@@ -118,3 +118,18 @@ func TestShareRate(t *testing.T) {
 		}
 	}
 }
+
+// TestBucketPlanTenantOnStatus: a tenant of a bucket plan is listed as a
+// bucket limit, naming its plan beside its mode, on the index and on its
+// page.
+func TestBucketPlanTenantOnStatus(t *testing.T) {
+	src := bucketSource()
+	tenant := bucketLimit("free/newco", 10, 50, "eu", "us")
+	tenant.Plan = "plans/free"
+	src.limits = append(src.limits, tenant)
+	src.buckets["free/newco"] = src.buckets["backend/search"]
+	_, _, body := serve(t, src, "/status")
+	mustContain(t, body, "free/newco", "bucket 10/s, burst 50", "strict · plans/free")
+	_, _, body = serve(t, src, "/status?limit=free/newco")
+	mustContain(t, body, "bucket: 10/s, burst 50, all regions together", "plans/free")
+}

@@ -89,17 +89,38 @@ func writeEffect(w io.Writer, eff *pb.ChangeEffect) {
 	} else {
 		kv("effective-from", cell(formatTS(eff.GetEffectiveFrom()), "-"))
 	}
-	if eff.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
+	bucket := eff.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET
+	if bucket && !planbind.IsPlan(eff.GetLimitId()) {
 		// No window, pool or window bound: the changes govern at once.
 		kv("kind", "bucket (no windows: quotactl windows shows its intervals and shares)")
 		return
 	}
 	if planbind.IsPlan(eff.GetLimitId()) {
 		// A plan has no windows of its own: its tenants do.
-		if eff.GetAction() != "delete" {
+		over := "admitted more in their last window than the new G"
+		conc := eff.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY
+		switch {
+		case bucket:
+			// A bucket plan's tenants have reporting intervals and shares.
+			kv("kind", "bucket (each tenant's changes govern at once, from its next share)")
+			over = "admitted more in their last minute than the new burst + rate x 1 min"
+		case conc:
+			kv("kind", "concurrency (each tenant's changes govern at once, from its next share)")
+			if eff.GetAction() != "delete" {
+				kv("new-n", strconv.FormatInt(eff.GetNewLimitTokens(), 10))
+			}
+			over = "hold more slots now than the new N"
+		case eff.GetAction() != "delete":
 			kv("new-g", strconv.FormatInt(eff.GetNewLimitTokens(), 10))
 		}
-		kv("tenants", strconv.FormatInt(eff.GetPlanTenants(), 10)+" (used the plan in the windows the allocator keeps)")
+		if eff.GetAction() == "delete" {
+			over = "every tenant on the plan: it has no limit left"
+		}
+		used := " (used the plan in the windows the allocator keeps)"
+		if bucket || conc {
+			used = " (used the plan in the shares the allocator keeps)"
+		}
+		kv("tenants", strconv.FormatInt(eff.GetPlanTenants(), 10)+used)
 		denying := "none"
 		if n := eff.GetPlanTenantsDenyingCount(); n > 0 {
 			denying = strconv.FormatInt(n, 10) + ": " + oneLine(strings.Join(eff.GetPlanTenantsDenying(), ","))
@@ -107,7 +128,7 @@ func writeEffect(w io.Writer, eff *pb.ChangeEffect) {
 				denying += ", ..."
 			}
 		}
-		kv("denying", denying+" (admitted more in their last window than the new G)")
+		kv("denying", denying+" ("+over+")")
 		return
 	}
 	if eff.GetWindowStart() == nil {

@@ -32,8 +32,8 @@ agent).`,
 }
 
 // setLimitFlags declares the flags of limits set, or (plan) of plans set:
-// a plan is a window limit named plans/NAME that binds ids (--bind), with
-// no rate, burst or hash tag.
+// a plan is a limit named plans/NAME that binds ids (--bind) and has
+// contracts (--contract), with no hash tag but {id}.
 func setLimitFlags(f *flagSet, plan bool) action {
 	l := &pb.Limit{Lease: &pb.LeaseSettings{}}
 	var window, phase, ttl, grace time.Duration
@@ -54,19 +54,18 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	var period time.Duration
 	if plan {
 		l.Contracts = map[string]*pb.Contract{}
-		f.value("contract", "`TENANT=N|TENANT=FIELD=VALUE ...`: a tenant's contract: what it replaces of the plan for that tenant, its G (tenant/atlas=3000) or any of limit, mode, regions, fallback, window, ttl, min-chunk, max-chunk, shadow ('tenant/atlas=limit=3000 mode=bounded fallback=eu=local:50'); the tenant must be bound to the plan; repeatable", func(s string) error {
+		f.value("contract", "`TENANT=N|TENANT=FIELD=VALUE ...`: a tenant's contract: what it replaces of the plan for that tenant, its G (tenant/atlas=3000) or any of limit, rate, burst, mode, regions, fallback, window, ttl, min-chunk, max-chunk, shadow ('tenant/atlas=limit=3000 mode=bounded fallback=eu=local:50'; a bucket plan's 'tenant/atlas=rate=100 burst=300'); the tenant must be bound to the plan; repeatable", func(s string) error {
 			return parseContract(s, l.Contracts)
 		})
 		f.listVar(&l.Binds, "bind", "`PATTERN|ID,...`: the ids the plan defines: a pattern, e.g. tenant/{id} (every id tenant/X without a limit of its own is on the plan from its first request), or one tenant's id, e.g. tenant/bigco (on this plan whatever pattern names it); repeatable")
-	} else {
-		f.value("rate", "`N/PERIOD`: a bucket limit's rate R, all regions together, e.g. 100/s or 5/250ms; with --burst, instead of --limit and --window", func(s string) error {
-			n, p, err := limitspec.ParseRate(s)
-			rate, period = n, p
-			return err
-		})
-		f.tokensVar(&l.BurstTokens, "burst", "`N`: a bucket limit's burst B, all regions together (required with --rate)", 1)
-		f.tokensVar(&slots, "concurrency", "`N`: a concurrency limit: at most N slots held at once, all regions together; instead of --limit and --window (--ttl is then its slot shares' ttl, 1s..10m, default 10s)", 1)
 	}
+	f.value("rate", "`N/PERIOD`: a bucket limit's rate R, all regions together, e.g. 100/s or 5/250ms; with --burst, instead of --limit and --window", func(s string) error {
+		n, p, err := limitspec.ParseRate(s)
+		rate, period = n, p
+		return err
+	})
+	f.tokensVar(&l.BurstTokens, "burst", "`N`: a bucket limit's burst B, all regions together (required with --rate)", 1)
+	f.tokensVar(&slots, "concurrency", "`N`: a concurrency limit: at most N slots held at once, all regions together; instead of --limit and --window (--ttl is then its slot shares' ttl, 1s..10m, default 10s)", 1)
 	f.listVar(&l.Regions, "regions", "`R,...`: regions that spend the limit, e.g. eu,us (required; repeatable)")
 	f.value("mode", "`strict|bounded`: strict admits only leased tokens; bounded allows fallbacks (required)", func(s string) error {
 		m, err := parseMode(s)

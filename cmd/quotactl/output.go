@@ -330,7 +330,7 @@ func (e *env) printPlans(ls []*pb.Limit) error {
 		return e.printLimits(ls)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	head := "PLAN\tG\tWINDOW\tREGIONS\tMODE\tSHADOW\tBINDS\tVERSION"
+	head := "PLAN\tKIND\tLIMIT\tWINDOW\tREGIONS\tMODE\tSHADOW\tBINDS\tVERSION"
 	if e.planGroupRows != nil {
 		head += "\tGROUPS"
 	}
@@ -340,8 +340,15 @@ func (e *env) printPlans(ls []*pb.Limit) error {
 		if l.GetShadow() {
 			shadow = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d",
-			cell(strings.TrimPrefix(l.GetId(), "plans/"), "-"), l.GetLimitTokens(), cell(formatDuration(l.GetWindow()), "-"),
+		kind, limit := "window", strconv.FormatInt(l.GetLimitTokens(), 10)
+		switch l.GetKind() {
+		case pb.LimitKind_LIMIT_KIND_BUCKET:
+			kind, limit = "bucket", formatRate(l)+" burst "+strconv.FormatInt(l.GetBurstTokens(), 10)
+		case pb.LimitKind_LIMIT_KIND_CONCURRENCY:
+			kind, limit = "concurrency", limit+" slots"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d",
+			cell(strings.TrimPrefix(l.GetId(), "plans/"), "-"), kind, limit, cell(formatDuration(l.GetWindow()), "-"),
 			cell(strings.Join(l.GetRegions(), ","), "-"), limitspec.ModeName(l.GetMode()), shadow,
 			cell(strings.Join(l.GetBinds(), ","), "-"), l.GetVersion())
 		if e.planGroupRows != nil {

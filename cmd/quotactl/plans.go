@@ -41,7 +41,7 @@ func planID(name string) (string, error) {
 
 var plansSetCmd = &command{
 	name:    "set",
-	args:    "NAME --limit N --window DUR --regions R[,R...] --mode strict|bounded --bind PATTERN [flags]",
+	args:    "NAME (--limit N --window DUR | --rate N/PERIOD --burst N) --regions R[,R...] --mode strict|bounded --bind PATTERN [flags]",
 	summary: "create or replace a plan and print it with its new version",
 	detail: `set writes the whole plan, as limits set writes a limit. A change governs
 every tenant on the plan from the next window boundary unless --effective
@@ -50,7 +50,9 @@ one plan: the allocator refuses a second. A tenant with a limit of its own
 keeps it: an explicit limit wins over the plan. --shadow tries a plan on
 real traffic before it is enforced. --dry-run writes nothing and says how
 many tenants used the plan recently and which of them admitted more in
-their last window than the new limit (they would start being denied).`,
+their last window than the new limit (they would start being denied).
+--rate and --burst make a bucket plan: every tenant it binds is a bucket
+limit of that rate and burst; its changes govern at once.`,
 	flags: func(f *flagSet) action { return setLimitFlags(f, true) },
 }
 

@@ -89,11 +89,13 @@ shares) instead of an array of windows.`,
 				ws = append(ws, resp.GetWindows()...)
 				if resp.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
 					bk.concurrency = true
+					bk.plan = cell(bk.plan, resp.GetPlan())
 					bk.limitSlots = max(bk.limitSlots, resp.GetLimitSlots())
 					bk.shares = append(bk.shares, resp.GetShares()...)
 				}
 				if resp.GetKind() == pb.LimitKind_LIMIT_KIND_BUCKET {
 					bk.bucket = true
+					bk.plan = cell(bk.plan, resp.GetPlan())
 					bk.intervals = append(bk.intervals, resp.GetIntervals()...)
 					bk.shares = append(bk.shares, resp.GetShares()...)
 				}

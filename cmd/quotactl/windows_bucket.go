@@ -25,6 +25,17 @@ type bucketWindows struct {
 	// concurrency: a concurrency limit (N limitSlots): its slot shares.
 	concurrency bool
 	limitSlots  int64
+	// plan names the plan the limit was resolved from ("": a limit of
+	// its own).
+	plan string
+}
+
+// planLine is the line that says a tenant's limit is its plan's.
+func (bk bucketWindows) planLine() string {
+	if bk.plan == "" {
+		return ""
+	}
+	return "limit of plan " + oneLine(bk.plan) + ": the tenant has no limit of its own\n"
 }
 
 // orderIntervals returns is oldest first, at most the newest last of them.
@@ -88,6 +99,7 @@ type shareJSON struct {
 type bucketWindowsJSON struct {
 	Limit     string               `json:"limit"`
 	Kind      string               `json:"kind"`
+	Plan      string               `json:"plan,omitempty"`
 	Intervals []bucketIntervalJSON `json:"intervals"`
 	Shares    []shareJSON          `json:"shares"`
 }
@@ -102,7 +114,7 @@ func (e *env) printBucketWindows(id string, bk bucketWindows) error {
 		period = bk.intervals[n-1].GetRatePeriod().AsDuration()
 	}
 	if e.json {
-		out := bucketWindowsJSON{Limit: id, Kind: "bucket", Intervals: []bucketIntervalJSON{}, Shares: []shareJSON{}}
+		out := bucketWindowsJSON{Limit: id, Kind: "bucket", Plan: bk.plan, Intervals: []bucketIntervalJSON{}, Shares: []shareJSON{}}
 		for _, r := range bk.intervals {
 			adm := maps.Clone(r.GetAdmitted())
 			if adm == nil {
@@ -164,6 +176,9 @@ func (e *env) printBucketWindows(id string, bk bucketWindows) error {
 	}
 	if over {
 		b.WriteString("! admitted_total above bound: a bug, please report it (docs/overshoot.md)\n")
+	}
+	if l := bk.planLine(); l != "" {
+		b.WriteString("\n" + l)
 	}
 	_, err := io.Copy(e.stdout, &b)
 	return err

@@ -21,6 +21,7 @@ type slotShareJSON struct {
 type slotWindowsJSON struct {
 	Limit      string          `json:"limit"`
 	Kind       string          `json:"kind"`
+	Plan       string          `json:"plan,omitempty"`
 	LimitSlots int64           `json:"limit_slots"`
 	Shares     []slotShareJSON `json:"shares"`
 }
@@ -30,7 +31,7 @@ type slotWindowsJSON struct {
 // object.
 func (e *env) printSlotWindows(id string, bk bucketWindows) error {
 	if e.json {
-		out := slotWindowsJSON{Limit: id, Kind: "concurrency", LimitSlots: bk.limitSlots, Shares: []slotShareJSON{}}
+		out := slotWindowsJSON{Limit: id, Kind: "concurrency", Plan: bk.plan, LimitSlots: bk.limitSlots, Shares: []slotShareJSON{}}
 		for _, s := range bk.shares {
 			out.Shares = append(out.Shares, slotShareJSON{Region: s.GetRegion(), Holder: s.GetHolder(), Slots: s.GetSlots(),
 				AdmitSlots: s.GetAdmitSlots(), HeldSlots: s.GetHeldSlots(), ExpiresAt: formatTS(s.GetExpiresAt()), Seq: s.GetSeq()})
@@ -58,6 +59,9 @@ func (e *env) printSlotWindows(id string, bk bucketWindows) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if l := bk.planLine(); l != "" {
+		b.WriteString("\n" + l)
 	}
 	_, err := io.Copy(e.stdout, &b)
 	return err

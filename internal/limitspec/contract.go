@@ -21,6 +21,7 @@ import (
 //
 //	limit=3000 mode=bounded regions=eu,us fallback=eu=local:50,us=closed
 //	window=1h ttl=15s min-chunk=1 max-chunk=0 shadow=true
+//	rate=20 burst=100 (a bucket plan's: tokens per the plan's rate period)
 //
 // ttl, min-chunk and max-chunk are the contract's lease settings, which
 // replace the plan's together (one given, the others take their
@@ -40,6 +41,12 @@ func FormatContract(c *pb.Contract) string {
 	var parts []string
 	if c.LimitTokens != 0 {
 		parts = append(parts, "limit="+strconv.FormatInt(c.LimitTokens, 10))
+	}
+	if c.RateTokens != 0 {
+		parts = append(parts, "rate="+strconv.FormatInt(c.RateTokens, 10))
+	}
+	if c.BurstTokens != 0 {
+		parts = append(parts, "burst="+strconv.FormatInt(c.BurstTokens, 10))
 	}
 	if c.Mode != pb.Mode_MODE_UNSPECIFIED {
 		parts = append(parts, "mode="+ModeName(c.Mode))
@@ -72,7 +79,7 @@ func FormatContract(c *pb.Contract) string {
 // gOnly reports whether c replaces G and nothing else.
 func gOnly(c *pb.Contract) bool {
 	return c.LimitTokens != 0 && c.Mode == pb.Mode_MODE_UNSPECIFIED && len(c.Regions) == 0 && len(c.Fallback) == 0 &&
-		c.Lease == nil && c.Shadow == nil && c.Window == nil
+		c.Lease == nil && c.Shadow == nil && c.Window == nil && c.RateTokens == 0 && c.BurstTokens == 0
 }
 
 func shortDuration(d time.Duration) string {
@@ -125,6 +132,10 @@ func ParseContract(s string) (*pb.Contract, error) {
 		switch key {
 		case "limit":
 			c.LimitTokens, err = positive(val)
+		case "rate":
+			c.RateTokens, err = positive(val)
+		case "burst":
+			c.BurstTokens, err = positive(val)
 		case "mode":
 			switch val {
 			case "strict":
@@ -175,7 +186,7 @@ func ParseContract(s string) (*pb.Contract, error) {
 				c.Shadow = &b
 			}
 		default:
-			return nil, fmt.Errorf("unknown field %q: want limit, mode, regions, fallback, window, ttl, min-chunk, max-chunk or shadow", clipSpec(key))
+			return nil, fmt.Errorf("unknown field %q: want limit, rate, burst, mode, regions, fallback, window, ttl, min-chunk, max-chunk or shadow", clipSpec(key))
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s=%s: %v", key, clipSpec(val), err)

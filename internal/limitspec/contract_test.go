@@ -15,6 +15,9 @@ func TestParseContract(t *testing.T) {
 		{in: "limit=3000 mode=bounded regions=eu,us fallback=us=open,eu=local:50 window=1h ttl=90s min-chunk=2 max-chunk=0 shadow=true",
 			out: "limit=3000 mode=bounded regions=eu,us fallback=eu=local:50,us=open window=1h ttl=1m30s min-chunk=2 max-chunk=0 shadow=true"},
 		{in: "mode=strict", out: "mode=strict"},
+		{in: "burst=100 rate=20 regions=eu", out: "rate=20 burst=100 regions=eu"},
+		{in: "rate=0", err: ">= 1"},
+		{in: "burst=-1", err: ">= 1"},
 		{in: "shadow=false", out: "shadow=false"},
 		{in: "min-chunk=5", out: "min-chunk=5 max-chunk=0"},
 		{in: "", err: "empty"},
@@ -57,6 +60,7 @@ func FuzzParseContract(f *testing.F) {
 	f.Add("3000")
 	f.Add("limit=3000 mode=bounded regions=eu,us fallback=eu=local:50 window=1h ttl=15s min-chunk=1 max-chunk=0 shadow=true")
 	f.Add("fallback=a=b=c")
+	f.Add("rate=20 burst=100 ttl=30s")
 	f.Fuzz(func(t *testing.T, s string) {
 		c, err := ParseContract(s)
 		if err != nil {

@@ -14,9 +14,8 @@ import (
 
 // checkPlan checks what makes a limit a plan (docs/plans.md): an id
 // "plans/<name>" and its binds, or, on any other limit, no binds. A
-// plan's hash tag is "{id}" or none (planbind.TenantTag). What this
-// version of plans does not carry to the tenants' limits is refused,
-// naming the field: bucket and concurrency plans.
+// plan's hash tag is "{id}" or none (planbind.TenantTag). A plan may be
+// of any kind: window, bucket or concurrency.
 func checkPlan(l *pb.Limit) error {
 	if l.Plan != "" {
 		return fieldErr("limit.plan", "is set on limits resolved from a plan, never in requests")
@@ -36,9 +35,6 @@ func checkPlan(l *pb.Limit) error {
 	if l.HashTag != "" && l.HashTag != planbind.Placeholder {
 		return fieldErr("limit.hash_tag", "a plan's hash tag is %s (each tenant's keys tagged with its id's last segment) or none: "+
 			"one tag for every tenant would put them all in one Redis Cluster slot", planbind.Placeholder)
-	}
-	if l.Kind != pb.LimitKind_LIMIT_KIND_UNSPECIFIED && l.Kind != pb.LimitKind_LIMIT_KIND_WINDOW {
-		return fieldErr("limit.kind", "plans are window limits in this version")
 	}
 	seen := map[string]int{}
 	for i, b := range l.Binds {
@@ -75,7 +71,20 @@ func checkContracts(l *pb.Limit) error {
 			return fieldErr(f, "required")
 		}
 		if contractEmpty(c) {
-			return fieldErr(f, "replaces nothing: set at least one of limit_tokens, mode, regions, fallback, lease, shadow, window")
+			return fieldErr(f, "replaces nothing: set at least one of limit_tokens, rate_tokens, burst_tokens, mode, regions, fallback, lease, shadow, window")
+		}
+		// A bucket plan's rate and burst: checked here for their sign (0
+		// keeps the plan's), then with the tenant's limit as any limit's
+		// (a window or concurrency plan refuses them there).
+		if c.RateTokens != 0 {
+			if err := vocab.ValidateTokens(f+".rate_tokens", c.RateTokens, 1); err != nil {
+				return err
+			}
+		}
+		if c.BurstTokens != 0 {
+			if err := vocab.ValidateTokens(f+".burst_tokens", c.BurstTokens, 1); err != nil {
+				return err
+			}
 		}
 		if c.LimitTokens != 0 {
 			if err := vocab.ValidateTokens(f+".limit_tokens", c.LimitTokens, 1); err != nil {
@@ -91,7 +100,7 @@ func checkContracts(l *pb.Limit) error {
 
 func contractEmpty(c *pb.Contract) bool {
 	return c.LimitTokens == 0 && c.Mode == pb.Mode_MODE_UNSPECIFIED && len(c.Regions) == 0 && len(c.Fallback) == 0 &&
-		c.Lease == nil && c.Shadow == nil && c.Window == nil
+		c.Lease == nil && c.Shadow == nil && c.Window == nil && c.RateTokens == 0 && c.BurstTokens == 0
 }
 
 // checkContractLimits validates each tenant's limit as its contract makes

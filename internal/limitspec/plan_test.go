@@ -76,11 +76,12 @@ func TestValidatePlan(t *testing.T) {
 		{"limit.binds", func(l *pb.Limit) { l.Id = "tenant/a" }},
 		{"limit.id", func(l *pb.Limit) { l.Id = "plans/a/b" }},
 		{"limit.hash_tag", func(l *pb.Limit) { l.HashTag = "x" }},
-		{"limit.kind", func(l *pb.Limit) { l.Kind = pb.LimitKind_LIMIT_KIND_BUCKET }},
 		{"limit.plan", func(l *pb.Limit) { l.Plan = "plans/pro" }},
 		{"limit.contracts[other/a]", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"other/a": {LimitTokens: 5}} }},
 		{"limit.contracts[tenant/a]", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {}} }},
 		{"limit.contracts[tenant/a].limit_tokens", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {LimitTokens: -1}} }},
+		{"limit.contracts[tenant/a].rate_tokens", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {RateTokens: 10}} }},
+		{"limit.contracts[tenant/a].burst_tokens", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {BurstTokens: 10}} }},
 		// Each field a contract replaces is checked with the tenant's
 		// resolved limit, as a limit's.
 		{"limit.contracts[tenant/a].mode", func(l *pb.Limit) { l.Contracts = map[string]*pb.Contract{"tenant/a": {Mode: 7}} }},
@@ -130,6 +131,94 @@ func TestValidatePlan(t *testing.T) {
 		var fe *vocab.FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field {
 			t.Errorf("want an error naming %s, got %v", tc.field, err)
+		}
+	}
+}
+
+// TestValidateBucketPlan: a plan of kind bucket is a bucket limit for
+// its tenants: accepted with its rate, burst and share ttl; a contract
+// replaces only what a bucket limit has (regions, mode, closed
+// fallbacks, the share ttl), and anything else is refused naming the
+// contract's field, as the tenant's limit would be.
+func TestValidateBucketPlan(t *testing.T) {
+	plan := func() *pb.Limit {
+		return &pb.Limit{Id: "plans/free", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: 10, BurstTokens: 50,
+			RatePeriod: durationpb.New(time.Second), Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT,
+			Binds: []string{"tenant/{id}"}}
+	}
+	v, err := ValidateLimit(plan(), []string{"eu", "us"})
+	if err != nil {
+		t.Fatalf("a bucket plan: %v", err)
+	}
+	if v.GetLease().GetTtl().AsDuration() != DefaultShareTTL {
+		t.Fatalf("the plan's share ttl: %v", v.GetLease().GetTtl())
+	}
+	ok := plan()
+	ok.Contracts = map[string]*pb.Contract{
+		"tenant/atlas": {RateTokens: 100, BurstTokens: 300},
+		"tenant/euco":  {Regions: []string{"eu"}},
+		"tenant/ttl":   {Lease: &pb.LeaseSettings{Ttl: durationpb.New(30 * time.Second)}},
+		"tenant/loose": {Mode: pb.Mode_MODE_BOUNDED},
+	}
+	if _, err := ValidateLimit(ok, []string{"eu", "us"}); err != nil {
+		t.Fatalf("a bucket plan's contracts of regions, lease ttl and mode: %v", err)
+	}
+	for _, tc := range []struct {
+		field string
+		c     *pb.Contract
+	}{
+		{"limit.contracts[tenant/a].limit_tokens", &pb.Contract{LimitTokens: 5}},
+		{"limit.contracts[tenant/a].rate_tokens", &pb.Contract{RateTokens: -5}},
+		{"limit.contracts[tenant/a].burst_tokens", &pb.Contract{BurstTokens: 1 << 60}},
+		{"limit.contracts[tenant/a].burst_tokens", &pb.Contract{RateTokens: 5, BurstTokens: 1 << 45}}, // above lease.MaxBurst for 1s
+		{"limit.contracts[tenant/a].window", &pb.Contract{Window: durationpb.New(time.Minute)}},
+		{"limit.contracts[tenant/a].shadow", &pb.Contract{Shadow: new(true)}},
+		{"limit.contracts[tenant/a].lease.ttl", &pb.Contract{Lease: &pb.LeaseSettings{Ttl: durationpb.New(time.Hour)}}},
+		{"limit.contracts[tenant/a].lease.min_chunk", &pb.Contract{Lease: &pb.LeaseSettings{MinChunk: 2}}},
+		{"limit.contracts[tenant/a].fallback[eu]", &pb.Contract{Mode: pb.Mode_MODE_BOUNDED,
+			Fallback: map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 5}}}},
+	} {
+		l := plan()
+		l.Contracts = map[string]*pb.Contract{"tenant/a": tc.c}
+		_, err := ValidateLimit(l, []string{"eu", "us"})
+		var fe *vocab.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("contract %v: want an error naming %s, got %v", tc.c, tc.field, err)
+		}
+	}
+}
+
+// TestValidateConcurrencyPlan: a plan of kind concurrency is a
+// concurrency limit for its tenants; a contract's limit_tokens is the
+// tenant's own N; what a concurrency limit has not is refused naming the
+// contract's field.
+func TestValidateConcurrencyPlan(t *testing.T) {
+	plan := func() *pb.Limit {
+		return &pb.Limit{Id: "plans/jobs", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 3,
+			Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Binds: []string{"jobs/{id}"}}
+	}
+	ok := plan()
+	ok.Contracts = map[string]*pb.Contract{"jobs/big": {LimitTokens: 20}, "jobs/eu": {Regions: []string{"eu"}}}
+	if _, err := ValidateLimit(ok, []string{"eu", "us"}); err != nil {
+		t.Fatalf("a concurrency plan with contracts of N and regions: %v", err)
+	}
+	for _, tc := range []struct {
+		field string
+		c     *pb.Contract
+	}{
+		{"limit.contracts[jobs/a].window", &pb.Contract{Window: durationpb.New(time.Minute)}},
+		{"limit.contracts[jobs/a].shadow", &pb.Contract{Shadow: new(true)}},
+		{"limit.contracts[jobs/a].lease.min_chunk", &pb.Contract{Lease: &pb.LeaseSettings{MinChunk: 2}}},
+		{"limit.contracts[jobs/a].limit_tokens", &pb.Contract{LimitTokens: -1}},
+		{"limit.contracts[jobs/a].rate_tokens", &pb.Contract{RateTokens: 5}},
+		{"limit.contracts[jobs/a].burst_tokens", &pb.Contract{BurstTokens: 5}},
+	} {
+		l := plan()
+		l.Contracts = map[string]*pb.Contract{"jobs/a": tc.c}
+		_, err := ValidateLimit(l, []string{"eu", "us"})
+		var fe *vocab.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("contract %v: want an error naming %s, got %v", tc.c, tc.field, err)
 		}
 	}
 }

@@ -210,6 +210,12 @@ func ApplyContract(v *pb.Limit, c *pb.Contract) {
 	if c.LimitTokens > 0 {
 		v.LimitTokens = c.LimitTokens
 	}
+	if c.RateTokens > 0 {
+		v.RateTokens = c.RateTokens
+	}
+	if c.BurstTokens > 0 {
+		v.BurstTokens = c.BurstTokens
+	}
 	if c.Mode != pb.Mode_MODE_UNSPECIFIED {
 		v.Mode = c.Mode
 	}

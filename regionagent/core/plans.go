@@ -63,6 +63,26 @@ func (c *Core) unbind(id string) {
 	}
 }
 
+// Resolve returns the limit of id: the snapshot's (or one a Check
+// bound), else the one a plan of the snapshot gives it, which is not
+// kept. Concurrency limits use it: their state is the shell's slot
+// plans (regionagent/slots.go), not the core's, so a tenant of a
+// concurrency plan is resolved on each slot call and the core keeps
+// nothing of it.
+func (c *Core) Resolve(id string) (Limit, bool) {
+	if l, ok := c.limits[id]; ok {
+		return *l, true
+	}
+	if c.resolver == nil {
+		return Limit{}, false
+	}
+	l, ok := c.resolver(id)
+	if !ok || l.ID != id {
+		return Limit{}, false
+	}
+	return l, true
+}
+
 // Bound counts the ids resolved from plans the core keeps (used ones).
 func (c *Core) Bound() int { return len(c.bound) }
 

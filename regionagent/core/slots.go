@@ -38,6 +38,34 @@ type SlotPlan struct {
 	// AskedAt: the demand beyond what is held.
 	Denied  int64
 	AskedAt time.Time
+	UsedAt  time.Time // the last acquire or heartbeat (Used)
+}
+
+// Used records an acquire or a heartbeat at now.
+func (p *SlotPlan) Used(now time.Time) { p.UsedAt = later(p.UsedAt, now) }
+
+// Idle reports whether a replica may forget the plan at now: no request
+// in flight, no share in force, and no use, request or answer for after.
+// Forgetting it loses nothing: with no share in force the region holds
+// no slot (every slot's expiry is capped by its share's deadline), its
+// seq is only the one to beat until that share ended (Answered takes a
+// lower one then), and the next acquire asks for a share as a new
+// plan's would. The allocator forgets a tenant of a plan on its side
+// too (its seq restarts at 1 once its last share is past the
+// retention).
+func (p *SlotPlan) Idle(now time.Time, after time.Duration) bool {
+	if p.Pending || p.InForce(now) {
+		return false
+	}
+	last := later(later(p.Deadline, p.AskedAt), later(later(p.EmptyAt, p.FailedAt), p.UsedAt))
+	return now.Sub(last) >= after
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // SlotRetry is how long a replica waits before asking again after an

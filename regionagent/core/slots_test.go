@@ -88,3 +88,38 @@ func TestSlotDemandIsARate(t *testing.T) {
 		t.Errorf("a request 100ms after the last: demand %v, want 5", got)
 	}
 }
+
+// TestSlotPlanIdle: a replica forgets a slot plan only with no request in
+// flight, no share in force, and nothing used, asked or answered for the
+// idle time (counted from the latest of them, the share's end included);
+// a plan answered again after it was forgotten takes seq 1.
+func TestSlotPlanIdle(t *testing.T) {
+	const idle = 5 * time.Minute
+	for _, tc := range []struct {
+		name string
+		p    SlotPlan
+		at   time.Time
+		want bool
+	}{
+		{"never used", SlotPlan{}, t0, true},
+		{"in flight", SlotPlan{Pending: true}, t0.Add(time.Hour), false},
+		{"share in force", SlotPlan{Seq: 4, N: 3, Deadline: t0.Add(time.Hour)}, t0.Add(time.Hour - time.Millisecond), false},
+		{"share ended, not long ago", SlotPlan{Seq: 4, N: 3, Deadline: t0}, t0.Add(idle - time.Millisecond), false},
+		{"share ended idle ago", SlotPlan{Seq: 4, N: 3, Deadline: t0}, t0.Add(idle), true},
+		{"used after the share", SlotPlan{Seq: 4, Deadline: t0, UsedAt: t0.Add(time.Minute)}, t0.Add(idle), false},
+		{"asked after the share", SlotPlan{Seq: 4, Deadline: t0, AskedAt: t0.Add(time.Minute)}, t0.Add(idle), false},
+		{"an empty answer after", SlotPlan{Deadline: t0, EmptyAt: t0.Add(time.Minute)}, t0.Add(idle), false},
+		{"a failure after", SlotPlan{Deadline: t0, FailedAt: t0.Add(time.Minute)}, t0.Add(idle + time.Minute), true},
+	} {
+		if got := tc.p.Idle(tc.at, idle); got != tc.want {
+			t.Errorf("%s: Idle = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// A plan kept past its share's end takes a lower seq (the allocator
+	// forgot the tenant and restarted it at 1).
+	p := SlotPlan{Seq: 9, N: 3, Admit: 3, Deadline: t0}
+	d, install := p.Answered(t0.Add(time.Minute), t0.Add(time.Minute), SlotReply{OK: true, Seq: 1, N: 2, Admit: 2, ExpiresIn: 10 * time.Second}, 0)
+	if !install || p.Seq != 1 || p.N != 2 || !p.Deadline.Equal(d) || !p.InForce(t0.Add(time.Minute)) {
+		t.Fatalf("seq 1 after the old share ended: %+v, install %v", p, install)
+	}
+}

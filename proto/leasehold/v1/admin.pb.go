@@ -1991,10 +1991,15 @@ type ListWindowsResponse struct {
 	// regions' rate shares in force come instead of windows. A
 	// CONCURRENCY limit has neither windows nor intervals: its slot shares
 	// in force (shares) come alone, and limit_slots is its N.
-	Kind          LimitKind               `protobuf:"varint,3,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
-	Intervals     []*BucketIntervalReport `protobuf:"bytes,4,rep,name=intervals,proto3" json:"intervals,omitempty"`
-	Shares        []*ShareInForce         `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty"`
-	LimitSlots    int64                   `protobuf:"varint,50,opt,name=limit_slots,json=limitSlots,proto3" json:"limit_slots,omitempty"`
+	Kind       LimitKind               `protobuf:"varint,3,opt,name=kind,proto3,enum=leasehold.v1.LimitKind" json:"kind,omitempty"`
+	Intervals  []*BucketIntervalReport `protobuf:"bytes,4,rep,name=intervals,proto3" json:"intervals,omitempty"`
+	Shares     []*ShareInForce         `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty"`
+	LimitSlots int64                   `protobuf:"varint,50,opt,name=limit_slots,json=limitSlots,proto3" json:"limit_slots,omitempty"`
+	// plan names the plan (plans/NAME) a bucket or concurrency limit was
+	// resolved from: a tenant with no limit of its own. Empty for a limit
+	// with a record of its own, and for a window limit (each of its
+	// windows carries WindowReport.plan).
+	Plan          string `protobuf:"bytes,33,opt,name=plan,proto3" json:"plan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2069,6 +2074,13 @@ func (x *ListWindowsResponse) GetLimitSlots() int64 {
 		return x.LimitSlots
 	}
 	return 0
+}
+
+func (x *ListWindowsResponse) GetPlan() string {
+	if x != nil {
+		return x.Plan
+	}
+	return ""
 }
 
 // BucketIntervalReport is one reporting interval of a bucket limit: what
@@ -2783,7 +2795,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x06region\x18\x05 \x01(\tR\x06region\"C\n" +
 	"\x12ListWindowsRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
-	"\x04last\x18\x02 \x01(\x05R\x04last\"\xa5\x02\n" +
+	"\x04last\x18\x02 \x01(\x05R\x04last\"\xb9\x02\n" +
 	"\x13ListWindowsResponse\x124\n" +
 	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12+\n" +
@@ -2791,7 +2803,8 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\tintervals\x18\x04 \x03(\v2\".leasehold.v1.BucketIntervalReportR\tintervals\x122\n" +
 	"\x06shares\x18\x05 \x03(\v2\x1a.leasehold.v1.ShareInForceR\x06shares\x12\x1f\n" +
 	"\vlimit_slots\x182 \x01(\x03R\n" +
-	"limitSlots\"\xa2\x04\n" +
+	"limitSlots\x12\x12\n" +
+	"\x04plan\x18! \x01(\tR\x04plan\"\xa2\x04\n" +
 	"\x14BucketIntervalReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +

@@ -776,7 +776,14 @@ type Contract struct {
 	Shadow *bool `protobuf:"varint,47,opt,name=shadow,proto3,oneof" json:"shadow,omitempty"`
 	// window replaces the plan's window W (>= 1s, whole milliseconds, more
 	// than the plan's window_phase); unset keeps it.
-	Window        *durationpb.Duration `protobuf:"bytes,48,opt,name=window,proto3" json:"window,omitempty"`
+	Window *durationpb.Duration `protobuf:"bytes,48,opt,name=window,proto3" json:"window,omitempty"`
+	// rate_tokens replaces a bucket plan's rate R for the tenant (tokens
+	// per the plan's rate_period, >= 1); 0 keeps it. Refused on a plan of
+	// another kind.
+	RateTokens int64 `protobuf:"varint,33,opt,name=rate_tokens,json=rateTokens,proto3" json:"rate_tokens,omitempty"`
+	// burst_tokens replaces a bucket plan's burst B for the tenant (>= 1);
+	// 0 keeps it. Refused on a plan of another kind.
+	BurstTokens   int64 `protobuf:"varint,34,opt,name=burst_tokens,json=burstTokens,proto3" json:"burst_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -858,6 +865,20 @@ func (x *Contract) GetWindow() *durationpb.Duration {
 		return x.Window
 	}
 	return nil
+}
+
+func (x *Contract) GetRateTokens() int64 {
+	if x != nil {
+		return x.RateTokens
+	}
+	return 0
+}
+
+func (x *Contract) GetBurstTokens() int64 {
+	if x != nil {
+		return x.BurstTokens
+	}
+	return 0
 }
 
 // LimitOverride is the end of an emergency change (Limit.override).
@@ -982,7 +1003,7 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.ContractR\x05value:\x028\x01\"9\n" +
 	"\x0fCalendarWindows\x12\x12\n" +
 	"\x04unit\x18\x01 \x01(\tR\x04unit\x12\x12\n" +
-	"\x04zone\x18\x02 \x01(\tR\x04zone\"\x94\x03\n" +
+	"\x04zone\x18\x02 \x01(\tR\x04zone\"\xd8\x03\n" +
 	"\bContract\x12!\n" +
 	"\flimit_tokens\x18\x01 \x01(\x03R\vlimitTokens\x12&\n" +
 	"\x04mode\x18+ \x01(\x0e2\x12.leasehold.v1.ModeR\x04mode\x12\x18\n" +
@@ -990,7 +1011,10 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\bfallback\x18- \x03(\v2$.leasehold.v1.Contract.FallbackEntryR\bfallback\x121\n" +
 	"\x05lease\x18. \x01(\v2\x1b.leasehold.v1.LeaseSettingsR\x05lease\x12\x1b\n" +
 	"\x06shadow\x18/ \x01(\bH\x00R\x06shadow\x88\x01\x01\x121\n" +
-	"\x06window\x180 \x01(\v2\x19.google.protobuf.DurationR\x06window\x1aS\n" +
+	"\x06window\x180 \x01(\v2\x19.google.protobuf.DurationR\x06window\x12\x1f\n" +
+	"\vrate_tokens\x18! \x01(\x03R\n" +
+	"rateTokens\x12!\n" +
+	"\fburst_tokens\x18\" \x01(\x03R\vburstTokens\x1aS\n" +
 	"\rFallbackEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.leasehold.v1.FallbackR\x05value:\x028\x01B\t\n" +
