@@ -220,7 +220,14 @@ func TestGroupsRouteEveryWindowToOneGroup(t *testing.T) {
 				defer wg.Done()
 				rng := rand.New(rand.NewPCG(uint64(len(r)), uint64(c)))
 				for n := 0; n < 20_000 && time.Now().Before(end); n++ {
+					// Half the calls go to one limit, which spends its
+					// windows however slow the machine: a CI run at load 9
+					// made 435 Checks in all, and 100 limits with a G of
+					// 40 each were never spent.
 					id := ids[rng.IntN(len(ids))]
+					if rng.IntN(2) == 0 {
+						id = ids[0]
+					}
 					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 					d, err := agents[r].Check(ctx, id, 1)
 					recv := time.Now()
