@@ -6,6 +6,7 @@ import (
 	"math"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/ports"
@@ -66,6 +68,61 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 }
 
+// startAllocatorProc starts `leasehold allocator` (bin) with extra flags
+// on fresh loopback ports and its own data directory, and waits until it
+// serves gRPC health. A port that another process bound between
+// ports.Addr and the allocator's bind is not the test's failure: the
+// allocator exits ("address already in use") and starts again on fresh
+// ports, at most three times (a CI run once waited 90 s for agents whose
+// allocator had died so).
+func startAllocatorProc(t *testing.T, bin string, extra ...string) (grpcAddr string, p *proc) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		grpcAddr = ports.Addr(t)
+		args := append([]string{"allocator", "--grpc-addr", grpcAddr, "--http-addr", ports.Addr(t),
+			"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t)},
+			extra...)
+		p = startProc(t, bin, args...)
+		err := p.waitServing(grpcAddr, 90*time.Second)
+		if err == nil {
+			return grpcAddr, p
+		}
+		if attempt < 3 && strings.Contains(p.stderr.String(), "address already in use") {
+			t.Logf("the allocator found a port taken (%v): starting it again on fresh ports", err)
+			continue
+		}
+		t.Fatalf("the allocator did not serve: %v\n%s", err, p.stderr.String())
+	}
+}
+
+// waitServing waits until p serves gRPC health at addr, for at most d; it
+// returns an error at once if p exits.
+func (p *proc) waitServing(addr string, d time.Duration) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	for deadline := time.Now().Add(d); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("it exited: %v", p.cmd.ProcessState)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not serving after %v: %v", d, err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling readiness
+	}
+}
+
 // tally is the test's own count of admitted tokens per window and region,
 // from the Check answers it received.
 type tally struct {
@@ -114,11 +171,7 @@ func TestFallbackBoundEndToEnd(t *testing.T) {
 
 func runFallbackScenario(t *testing.T, leasehold string, fallback map[string]*pb.Fallback, infinite bool) {
 	const W = 10 * time.Second
-	allocAddr, allocHTTP := ports.Addr(t), ports.Addr(t)
-	allocArgs := []string{"allocator", "--grpc-addr", allocAddr, "--http-addr", allocHTTP,
-		"--data-dir", filepath.Join(t.TempDir(), "alloc"), "--etcd-client-addr", ports.Addr(t), "--etcd-peer-addr", ports.Addr(t),
-		"--regions", "eu,us", "--session-ttl", "1s"}
-	alloc := startProc(t, leasehold, allocArgs...)
+	allocAddr, alloc := startAllocatorProc(t, leasehold, "--regions", "eu,us", "--session-ttl", "1s")
 	agents := map[string]string{}
 	for _, region := range []string{"eu", "us"} {
 		rs := redistest.Start(t)
