@@ -167,30 +167,12 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 	if planbind.IsPlan(id) {
 		c.planEffect(now, e, id, next, deleting)
 		if windowless(stored) || windowless(next) {
-			// Its tenants' limits have no windows: no G, no window bound.
-			e.NewLimitTokens, e.Bound, e.BoundInfinite = 0, 0, false
-			e.Kind = pb.LimitKind_LIMIT_KIND_BUCKET
-			if isConcurrency(stored) || isConcurrency(next) {
-				e.Kind = pb.LimitKind_LIMIT_KIND_CONCURRENCY
-				if next != nil {
-					e.NewLimitTokens = next.LimitTokens // N
-				}
-			}
+			windowlessEffect(e, stored, next) // its tenants' limits have no windows
 		}
 		return e
 	}
 	if windowless(stored) || windowless(next) {
-		// A bucket or concurrency limit has no window, pool or window
-		// bound: the effect is its changes and when they govern (at
-		// once).
-		e.NewLimitTokens, e.Bound, e.BoundInfinite = 0, 0, false
-		e.Kind = pb.LimitKind_LIMIT_KIND_BUCKET
-		if isConcurrency(stored) || isConcurrency(next) {
-			e.Kind = pb.LimitKind_LIMIT_KIND_CONCURRENCY
-			if next != nil {
-				e.NewLimitTokens = next.LimitTokens // N
-			}
-		}
+		windowlessEffect(e, stored, next)
 		return e
 	}
 	if stored == nil {
@@ -292,4 +274,19 @@ func started(before, after []string) []string {
 		}
 	}
 	return out
+}
+
+// windowlessEffect sets what the effect of a change of a bucket or
+// concurrency limit (or plan) says: such a limit has no window, pool or
+// window bound, so no G and no bound; its kind, and a concurrency
+// limit's new N. The rest is its changes and when they govern (at once).
+func windowlessEffect(e *pb.ChangeEffect, stored, next *pb.Limit) {
+	e.NewLimitTokens, e.Bound, e.BoundInfinite = 0, 0, false
+	e.Kind = pb.LimitKind_LIMIT_KIND_BUCKET
+	if isConcurrency(stored) || isConcurrency(next) {
+		e.Kind = pb.LimitKind_LIMIT_KIND_CONCURRENCY
+		if next != nil {
+			e.NewLimitTokens = next.LimitTokens // N
+		}
+	}
 }

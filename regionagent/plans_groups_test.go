@@ -44,16 +44,7 @@ func TestPlanGroupsFirstUse(t *testing.T) {
 	}
 	put("a", plan(G))
 	put("b", plan(G))
-	// Two tenants of each group.
-	byGroup := map[string][]string{}
-	for i := 0; len(byGroup["a"]) < 2 || len(byGroup["b"]) < 2; i++ {
-		id := fmt.Sprintf("tenant/t%d", i)
-		o, _, _ := gw.m.Owner(id, time.Now())
-		if len(byGroup[o]) < 2 {
-			byGroup[o] = append(byGroup[o], id)
-		}
-	}
-	tenants := append(append([]string{}, byGroup["a"]...), byGroup["b"]...)
+	byGroup, tenants := twoTenantsPerGroup(gw)
 	agents := map[string]*Agent{}
 	for _, r := range regions {
 		agents[r] = gw.agent(r)
@@ -166,15 +157,7 @@ func TestBucketPlanGroupsFirstUse(t *testing.T) {
 			t.Fatalf("group %s: %v", g, err)
 		}
 	}
-	byGroup := map[string][]string{}
-	for i := 0; len(byGroup["a"]) < 2 || len(byGroup["b"]) < 2; i++ {
-		id := fmt.Sprintf("tenant/t%d", i)
-		o, _, _ := gw.m.Owner(id, time.Now())
-		if len(byGroup[o]) < 2 {
-			byGroup[o] = append(byGroup[o], id)
-		}
-	}
-	tenants := append(append([]string{}, byGroup["a"]...), byGroup["b"]...)
+	_, tenants := twoTenantsPerGroup(gw)
 	agents := map[string]*Agent{}
 	for _, r := range regions {
 		agents[r] = gw.agent(r)
@@ -221,4 +204,19 @@ func TestBucketPlanGroupsFirstUse(t *testing.T) {
 			}
 		}
 	}
+}
+
+// twoTenantsPerGroup picks the first two ids tenant/t<i> that group a
+// owns now and the first two that group b owns: byGroup by group, and
+// tenants, a's then b's.
+func twoTenantsPerGroup(gw *groupWorld) (byGroup map[string][]string, tenants []string) {
+	byGroup = map[string][]string{}
+	for i := 0; len(byGroup["a"]) < 2 || len(byGroup["b"]) < 2; i++ {
+		id := fmt.Sprintf("tenant/t%d", i)
+		o, _, _ := gw.m.Owner(id, time.Now())
+		if len(byGroup[o]) < 2 {
+			byGroup[o] = append(byGroup[o], id)
+		}
+	}
+	return byGroup, append(append([]string{}, byGroup["a"]...), byGroup["b"]...)
 }
