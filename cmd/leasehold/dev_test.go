@@ -85,36 +85,9 @@ func TestDevServesTheDemoLimit(t *testing.T) {
 		Lease: &pb.LeaseSettings{MinChunk: 3}}}); err != nil {
 		t.Fatal(err)
 	}
-	// Wait until the eu agent knows the limit, without spending from it:
-	// a cost above G is refused as invalid once the limit is known.
-	euAgent := pb.NewRegionAgentClient(dial(t, eu))
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		_, err := euAgent.Check(ctx, &pb.CheckRequest{LimitId: "demo/small", Cost: 4})
-		if status.Code(err) == codes.InvalidArgument {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent never learned demo/small: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the agent's limit sync
-	}
-	gw := "http://" + argValue(args, "--eu-gateway") + "/orders"
-	var got []int
-	var retryAfter string
-	for range 4 {
-		req, _ := http.NewRequest(http.MethodGet, gw, nil)
-		req.Header.Set("X-Tenant", "small")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		got = append(got, resp.StatusCode)
-		if resp.StatusCode == http.StatusTooManyRequests {
-			retryAfter = resp.Header.Get("Retry-After")
-		}
-	}
-	if fmt.Sprint(got) != "[200 200 200 429]" || retryAfter == "" {
+	waitAgentKnows(t, pb.NewRegionAgentClient(dial(t, eu)), "demo/small", 4)
+	got, last := gatewayGets(t, "http://"+argValue(args, "--eu-gateway")+"/orders", "small", 4)
+	if retryAfter := last.Get("Retry-After"); fmt.Sprint(got) != "[200 200 200 429]" || retryAfter == "" {
 		t.Fatalf("through the gateway: %v (Retry-After %q), want 3 x 200 then 429", got, retryAfter)
 	}
 	// The gateway counted them on its own /metrics.
@@ -219,32 +192,10 @@ func TestDevCalendarLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	euAgent := pb.NewRegionAgentClient(dial(t, eu))
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		_, err := euAgent.Check(ctx, &pb.CheckRequest{LimitId: "demo/daily", Cost: 4})
-		if status.Code(err) == codes.InvalidArgument {
-			break // known: a cost above G is refused
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent never learned demo/daily: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the agent's limit sync
-	}
-	gw := "http://" + argValue(args, "--eu-gateway") + "/orders"
-	var got []int
-	var policy string
-	for range 4 {
-		req, _ := http.NewRequest(http.MethodGet, gw, nil)
-		req.Header.Set("X-Tenant", "daily")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		got = append(got, resp.StatusCode)
-		policy = resp.Header.Get("RateLimit-Policy")
-	}
-	if fmt.Sprint(got) != "[200 200 200 429]" || !strings.Contains(policy, "q=3") || !strings.Contains(policy, "w=86400") {
-		t.Fatalf("through the gateway: %v, RateLimit-Policy %q; want 3 x 200 then 429, q=3, w=86400", got, policy)
+	waitAgentKnows(t, euAgent, "demo/daily", 4)
+	got, last := gatewayGets(t, "http://"+argValue(args, "--eu-gateway")+"/orders", "daily", 4)
+	if policy := last.Get("RateLimit-Policy"); fmt.Sprint(got) != "[200 200 200 429]" || !strings.Contains(policy, "q=3") || !strings.Contains(policy, "w=86400") {
+		t.Fatalf("through the gateway: %v, RateLimit-Policy %q; want 3 x 200 then 429, q=3, w=86400", got, last.Get("RateLimit-Policy"))
 	}
 
 	before := time.Now()
@@ -267,4 +218,39 @@ func TestDevCalendarLimit(t *testing.T) {
 	if want, reset := midnight.Sub(before), resp.GetResetAfter().AsDuration(); reset > want+time.Second || reset < want-5*time.Second {
 		t.Fatalf("reset_after %v, want about %v (to %s's next midnight, %v)", reset, want, zone, midnight.UTC())
 	}
+}
+
+// waitAgentKnows waits until an agent knows limit id, without spending
+// from it: a Check of a cost above its G is refused as invalid once the
+// limit is known.
+func waitAgentKnows(t *testing.T, agent pb.RegionAgentClient, id string, aboveG int64) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		_, err := agent.Check(context.Background(), &pb.CheckRequest{LimitId: id, Cost: aboveG})
+		if status.Code(err) == codes.InvalidArgument {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent never learned %s: %v", id, err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the agent's limit sync
+	}
+}
+
+// gatewayGets sends n GETs to url through a gateway with X-Tenant:
+// tenant, one after another, and returns their statuses and the last
+// answer's headers.
+func gatewayGets(t *testing.T, url, tenant string, n int) (statuses []int, last http.Header) {
+	t.Helper()
+	for range n {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Header.Set("X-Tenant", tenant)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		statuses, last = append(statuses, resp.StatusCode), resp.Header
+	}
+	return statuses, last
 }
