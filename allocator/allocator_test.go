@@ -359,24 +359,14 @@ func TestGrantRecordsExpire(t *testing.T) {
 		}
 		return resp.Count
 	}
-	sweep := func() {
-		t.Helper()
-		tm := a.currentTermOrNil()
-		if tm == nil {
-			t.Fatal("not leading")
-		}
-		if err := a.sweepOnce(tm); err != nil {
-			t.Fatal(err)
-		}
-	}
 	before := count()
 	clock.Set(t0.Add(time.Minute + 29*time.Second)) // within retention: kept
-	sweep()
+	sweepNow(t, a.Allocator)
 	if got := count(); got != before {
 		t.Fatalf("records removed within retention: %d -> %d", before, got)
 	}
 	clock.Set(t0.Add(time.Minute + 31*time.Second))
-	sweep()
+	sweepNow(t, a.Allocator)
 	if got := count(); got != before-1 {
 		t.Fatalf("after retention: %d keys, want %d (grant and usage replaced by one window summary)", got, before-1)
 	}

@@ -404,16 +404,6 @@ func TestPlanTenantsCostOnlyWhenUsed(t *testing.T) {
 	// After the window: the grants are swept into one summary per used
 	// tenant (reports), and those go once the tenant has been idle for
 	// the windows reports keep. A tenant used again comes back.
-	sweep := func() {
-		t.Helper()
-		tm := a.currentTermOrNil()
-		if tm == nil {
-			t.Fatal("not leading")
-		}
-		if err := a.sweepOnce(tm); err != nil {
-			t.Fatal(err)
-		}
-	}
 	state := func() (resolved, windows, summaries int) {
 		_ = a.View(func(_ time.Time, core *Core) {
 			resolved, windows, summaries = core.Resolved(), len(core.windows), len(core.summaries)
@@ -425,7 +415,7 @@ func TestPlanTenantsCostOnlyWhenUsed(t *testing.T) {
 		return n
 	}
 	clock.Set(t0.Add(2 * time.Minute))
-	sweep()
+	sweepNow(t, a.Allocator)
 	noUnused()
 	if r, w, sm := state(); r != 0 || w != 0 || sm != used || countKeys() != keys0+used {
 		t.Fatalf("after the window: resolved %d, windows %d, summaries %d, etcd keys +%d; want 0, 0, %d, +%d (keys naming no tenant: %q)",
@@ -435,7 +425,7 @@ func TestPlanTenantsCostOnlyWhenUsed(t *testing.T) {
 		t.Fatalf("tenant/t0's report after its window: %+v %v", reps, err)
 	}
 	clock.Set(t0.Add((2 + keep) * time.Minute))
-	sweep()
+	sweepNow(t, a.Allocator)
 	if r, w, sm := state(); r != 0 || w != 0 || sm != 0 || countKeys() != keys0 || demand() != 0 {
 		t.Fatalf("after %d idle windows: resolved %d, windows %d, summaries %d, demand reports %d, etcd keys +%d; want nothing (keys naming no tenant: %q)",
 			keep, r, w, sm, demand(), countKeys()-keys0, others())

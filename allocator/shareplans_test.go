@@ -96,16 +96,6 @@ func TestBucketPlanForgetsIdleTenants(t *testing.T) {
 		_ = a.View(func(_ time.Time, c *Core) { kept = shareTenantState(c, "tenant/newco") })
 		return kept
 	}
-	sweep := func(a *Allocator) {
-		t.Helper()
-		tm := a.currentTermOrNil()
-		if tm == nil {
-			t.Fatal("not leading")
-		}
-		if err := a.sweepOnce(tm); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	// First use: eu alone asks, the whole rate and burst, seq 1.
 	if s := share(a.Allocator, "eu", "e1", 0); s.Seq != 1 || s.RateMilliTokens != 10_000 || s.BurstTokens != 50 {
@@ -159,7 +149,7 @@ func TestBucketPlanForgetsIdleTenants(t *testing.T) {
 	if kept := state(b.Allocator); len(kept) != 1 {
 		t.Fatalf("the new leader keeps %v of the tenant, want its shares", kept)
 	}
-	sweep(b.Allocator) // nothing expired yet
+	sweepNow(t, b.Allocator) // nothing expired yet
 	if n := shareKeys(); n != 2 {
 		t.Fatalf("%d share records before they expired, want 2", n)
 	}
@@ -170,12 +160,12 @@ func TestBucketPlanForgetsIdleTenants(t *testing.T) {
 	// Idle: the last share expires at +16 s; the sweep forgets it the
 	// retention later, not before.
 	clock.Add(10*time.Second + retention - time.Millisecond)
-	sweep(b.Allocator)
+	sweepNow(t, b.Allocator)
 	if n := shareKeys(); n != 1 || len(state(b.Allocator)) == 0 {
 		t.Fatalf("a millisecond before the last share's retention ends: %d records, state %v; want 1 and kept", n, state(b.Allocator))
 	}
 	clock.Add(time.Millisecond)
-	sweep(b.Allocator)
+	sweepNow(t, b.Allocator)
 	if n, kept := shareKeys(), state(b.Allocator); n != 0 || len(kept) != 0 {
 		t.Fatalf("after the retention: %d share records, core keeps %v; want nothing", n, kept)
 	}
@@ -327,11 +317,8 @@ func TestConcurrencyPlanForgetsIdleTenants(t *testing.T) {
 	if err != nil || lw.Kind != pb.LimitKind_LIMIT_KIND_CONCURRENCY || lw.LimitSlots != 3 || lw.Plan != "plans/jobs" || len(lw.Shares) != 2 {
 		t.Fatalf("ListWindows of a concurrency plan's tenant: %v %v", lw, err)
 	}
-	tm := a.currentTermOrNil()
 	clock.Add(10*time.Second + retention)
-	if err := a.sweepOnce(tm); err != nil {
-		t.Fatal(err)
-	}
+	sweepNow(t, a.Allocator)
 	_ = a.View(func(_ time.Time, c *Core) {
 		for _, id := range []string{"jobs/newco", "jobs/big"} {
 			if kept := shareTenantState(c, id); len(kept) > 0 || c.SharesKept(id) {
@@ -447,5 +434,17 @@ func TestShareTenantsCostOnlyWhenUsed(t *testing.T) {
 	}
 	if n, _ := keys(); n != 0 || kept() != 0 {
 		t.Fatalf("after the retention: %d share records, core keeps %d tenants; want nothing", n, kept())
+	}
+}
+
+// sweepNow runs the leader a's sweep of expired state once, now.
+func sweepNow(t *testing.T, a *Allocator) {
+	t.Helper()
+	tm := a.currentTermOrNil()
+	if tm == nil {
+		t.Fatal("not leading")
+	}
+	if err := a.sweepOnce(tm); err != nil {
+		t.Fatal(err)
 	}
 }
