@@ -332,7 +332,10 @@ func TestBucketLimitChanges(t *testing.T) {
 		field string
 	}{
 		{"next window", bucket(30), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW}, "effective"},
-		{"override", bucket(30), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "override_for"},
+		{"override of the period", func() *pb.Limit { l := bucket(30); l.RatePeriod = durationpb.New(time.Minute); return l }(),
+			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "limit.rate_period"},
+		{"override of the regions", func() *pb.Limit { l := bucket(30); l.Regions = []string{"eu"}; return l }(),
+			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "limit.regions"},
 		{"kind", &pb.Limit{Id: "b/c", LimitTokens: 10, Window: durationpb.New(time.Minute), Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT},
 			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}, "limit.kind"},
 	} {
