@@ -338,3 +338,54 @@ func TestBucketPlanOverride(t *testing.T) {
 		return l.GetRateTokens() == 10 && l.GetBurstTokens() == 50 && l.GetContracts()["tenant/atlas"].GetRateTokens() == 100
 	})
 }
+
+// TestConcurrencyPlanOverride: an override of a concurrency plan's N
+// reaches a tenant first used during it; a tenant with a contract keeps
+// its own N; from the end a tenant's next slot share has the plan's N
+// again.
+func TestConcurrencyPlanOverride(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	jobs := func(n int64) *pb.Limit {
+		return &pb.Limit{Id: "plans/jobs", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: n, Regions: []string{"eu", "us"},
+			Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(10 * time.Second)}, Binds: []string{"jobs/{id}"},
+			Contracts: map[string]*pb.Contract{"jobs/big": {LimitTokens: 20}}}
+	}
+	p, err := a.PutLimit(ctx, jobs(3), Change{Reason: "jobs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "jobs/probe", p.Version)
+	o, err := a.PutLimit(ctx, jobs(8), Change{Reason: "incident 49: backlog", OverrideFor: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "jobs/probe", o.Version)
+	slots := func(id, req string) int64 {
+		t.Helper()
+		res, err := a.AcquireShares(ctx, "eu", []*pb.ShareRequest{{RequestId: req, LimitId: id, DemandPerSecond: 50}})
+		if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK {
+			t.Fatalf("slot share %s of %s: %v %v", req, id, res, err)
+		}
+		return res[0].Share.GetSlots()
+	}
+	if n := slots("jobs/newco", "n1"); n != 8 {
+		t.Fatalf("a first-use tenant under the override: %d slots, want 8", n)
+	}
+	if n := slots("jobs/big", "b1"); n != 20 {
+		t.Fatalf("a contracted tenant under the override: %d slots, want its own 20", n)
+	}
+	clock.Set(t0.Add(61 * time.Second)) // the end; the shares above expired at 11 s
+	if n := slots("jobs/later", "l1"); n != 3 {
+		t.Fatalf("a tenant first used at the end: %d slots, want the plan's 3", n)
+	}
+	if n := slots("jobs/newco", "n2"); n != 3 {
+		t.Fatalf("newco at the end: %d slots, want the plan's 3", n)
+	}
+	checkOverrideEndRecorded(t, a.Allocator, o, "incident 49: backlog", func(l *pb.Limit) bool {
+		return l.GetLimitTokens() == 3 && l.GetContracts()["jobs/big"].GetLimitTokens() == 20
+	})
+}

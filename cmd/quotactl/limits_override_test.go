@@ -68,7 +68,11 @@ func TestLimitsOverrideShares(t *testing.T) {
 	q("limits", "set", "--reason", "contract", "c/exports", "--concurrency", "2", "--regions", "eu,us",
 		"--mode", "strict").want(t, 0)
 
-	r := q("limits", "override", "b/api", "--rate", "300/s", "--for", "2h", "--reason", "launch day").want(t, 0)
+	r := q("limits", "override", "b/api", "--rate", "300/s", "--for", "2h", "--reason", "launch day", "--dry-run").want(t, 0)
+	if !strings.Contains(r.stdout, "100/s -> 300/s") || !strings.Contains(r.stdout, "override: (none) -> ") || !strings.Contains(r.stdout, "nothing was written") {
+		t.Fatalf("dry run of an override of R:\n%s", r.stdout)
+	}
+	r = q("limits", "override", "b/api", "--rate", "300/s", "--for", "2h", "--reason", "launch day").want(t, 0)
 	got := kv(t, r.stdout)
 	if got["rate"] != "300/s" || got["burst"] != "200" || !strings.Contains(got["override"], "(launch day); then rate 100/s burst 200") || got["version"] != "2" {
 		t.Fatalf("override of R:\n%s", r.stdout)
