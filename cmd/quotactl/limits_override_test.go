@@ -101,6 +101,17 @@ func TestLimitsOverrideShares(t *testing.T) {
 		t.Fatalf("override of N:\n%s", r.stdout)
 	}
 
+	// A bucket plan: overridden as a limit, shown by plans get.
+	q("plans", "set", "free", "--rate", "10/s", "--burst", "50", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/{id}", "--contract", "tenant/atlas=rate=100 burst=300", "--reason", "free").want(t, 0)
+	q("limits", "override", "plans/free", "--rate", "50/s", "--for", "2h", "--reason", "free tier launch").want(t, 0)
+	r = q("plans", "get", "free").want(t, 0)
+	got = kv(t, r.stdout)
+	if got["rate"] != "50/s" || !strings.Contains(got["override"], "(free tier launch); then rate 10/s burst 50") ||
+		!strings.Contains(got["contracts"], "tenant/atlas=") {
+		t.Fatalf("plans get under the override:\n%s", r.stdout)
+	}
+
 	for _, c := range []struct {
 		id   string
 		args []string
