@@ -296,7 +296,8 @@ func TestListWindowsBucket(t *testing.T) {
 
 // TestBucketLimitChanges: through PutLimit, a bucket limit is created and
 // a change governs at once (no window to wait for); a change for the next
-// window, an override and a change of kind are refused naming the field.
+// window, an override of the rate period or the regions and a change of
+// kind are refused naming the field.
 func TestBucketLimitChanges(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
