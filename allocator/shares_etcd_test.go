@@ -339,6 +339,8 @@ func TestBucketLimitChanges(t *testing.T) {
 			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "limit.regions"},
 		{"kind", &pb.Limit{Id: "b/c", LimitTokens: 10, Window: durationpb.New(time.Minute), Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT},
 			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}, "limit.kind"},
+		{"override of the kind", &pb.Limit{Id: "b/c", LimitTokens: 10, Window: durationpb.New(time.Minute), Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT},
+			Change{Reason: "test", OverrideFor: time.Minute}, "limit.kind"},
 	} {
 		_, err := a.PutLimit(ctx, tc.l, tc.ch)
 		var fe *vocab.FieldError

@@ -112,6 +112,13 @@ func TestLimitsOverrideShares(t *testing.T) {
 		t.Fatalf("plans get under the override:\n%s", r.stdout)
 	}
 
+	q("plans", "set", "jobs", "--concurrency", "3", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "jobs/{id}", "--reason", "jobs").want(t, 0)
+	q("limits", "override", "plans/jobs", "--concurrency", "8", "--for", "1h", "--reason", "backlog").want(t, 0)
+	if got = kv(t, q("plans", "get", "jobs").want(t, 0).stdout); got["slots"] != "8" || !strings.Contains(got["override"], "(backlog); then slots 3") {
+		t.Fatalf("plans get of a concurrency plan under the override:\n%v", got)
+	}
+
 	for _, c := range []struct {
 		id   string
 		args []string
