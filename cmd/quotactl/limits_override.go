@@ -23,8 +23,10 @@ from the version the override replaces (an override of an override keeps
 the first one's version to return to and its own end time), changes only
 what the flags say (--limit, --shadow or --enforce for a window limit;
 --rate and --burst for a bucket limit; --concurrency for a concurrency
-limit), and is recorded with
---reason in the limit's history and the audit log like any change. limits
+limit), and is recorded with --reason in the limit's history and the
+audit log like any change. A bucket or concurrency limit's shares granted
+during it are sized by it; those granted before keep what they were
+granted until they expire (one share ttl). limits
 get, the status page and the allocator's answers show it in force and its
 end. --end ends an override now (the version before it governs again). A
 later limits set or limits apply with --effective now also replaces it; one
