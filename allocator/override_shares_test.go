@@ -389,3 +389,53 @@ func TestConcurrencyPlanOverride(t *testing.T) {
 		return l.GetLimitTokens() == 3 && l.GetContracts()["jobs/big"].GetLimitTokens() == 20
 	})
 }
+
+// TestBucketOverrideEndBoundAfterFailover: a leader elected at the end of
+// an override that raised R restores the shares granted under it from
+// their records; the reporting interval's bound counts them at the R and
+// B they were granted under until they expire, not at the old R the new
+// leader grants by.
+func TestBucketOverrideEndBoundAfterFailover(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt(), WithSessionTTL(time.Second))
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	bucket := func(rate, burst int64) *pb.Limit {
+		return &pb.Limit{Id: "b/o", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: burst,
+			Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(10 * time.Second)}}
+	}
+	if _, err := a.PutLimit(ctx, bucket(100, 200), Change{Reason: "contract"}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := a.PutLimit(ctx, bucket(300, 600), Change{Reason: "launch", OverrideFor: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLimit(t, a.Allocator, o.Id, o.Version)
+	share := func(a *Allocator, region, req string) *pb.RateShare {
+		t.Helper()
+		res, err := a.AcquireShares(ctx, region, []*pb.ShareRequest{{RequestId: req, LimitId: "b/o", DemandPerSecond: 300}})
+		if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK {
+			t.Fatalf("share %s %s: %v %v", region, req, res, err)
+		}
+		return res[0].Share
+	}
+	clock.Set(t0.Add(60 * time.Second))
+	if s := share(a.Allocator, "eu", "e1"); s.RateMilliTokens != 300_000 { // in force until 70 s
+		t.Fatalf("eu's share a second before the end: %v", s)
+	}
+	b := startAllocator(t, c, "b", clock.opt(), WithSessionTTL(time.Second))
+	a.Stop()
+	allocatortest.WaitLeader(t, b)
+	waitLimit(t, b.Allocator, o.Id, o.Version)
+	clock.Set(o.Override.EndsAt.AsTime())
+	if s := share(b.Allocator, "us", "u1"); s.GetRateMilliTokens() != 0 {
+		t.Fatalf("us at the end on the new leader, eu's override share in force: %v", s)
+	}
+	var reps []BucketReport
+	_ = b.View(func(now time.Time, core *Core) { reps = core.BucketReports("b/o", now, 1) })
+	if len(reps) != 1 || reps[0].Rate != 300 || reps[0].Burst != 600 {
+		t.Fatalf("the new leader's running interval: %+v, want R 300, B 600 (eu's share granted under the override)", reps)
+	}
+}
