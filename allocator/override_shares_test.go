@@ -272,6 +272,11 @@ func TestConcurrencyOverrideEndsAcrossFailover(t *testing.T) {
 	if held != 5 {
 		t.Fatalf("slots reserved at the end: %d, want the override share's 5 until it expires", held)
 	}
+	// The status: N and the bound are 2 again; 4 held under the override's
+	// 5 are not over the bound in force when they were held.
+	if st, err := b.SlotStatus("c/o"); err != nil || st.N != 2 || st.Bound != 2 || st.HeldMax != 4 || st.BoundMax != 5 {
+		t.Fatalf("slot status at the end: %+v, %v; want N 2, bound 2, held at most 4, bound at most 5", st, err)
+	}
 	clock.Set(t0.Add(65 * time.Second))
 	_ = b.View(func(now time.Time, core *Core) { held = core.ReservedSlots("c/o", now) })
 	if held != 2 {
