@@ -499,16 +499,17 @@ func (a *Allocator) recordOverrideEnds(t *term) {
 // overrideRecord makes next (the record a put stores over stored) an
 // override that ends by itself at now + cs.overrideFor: from then on the
 // version in force now governs again. An override of an override keeps
-// the first one's version to return to. It may change G, the mode, the
-// fallbacks, the lease settings and shadow mode; not the window or the
+// the first one's version to return to. It may change G (a bucket
+// limit's R and B, a concurrency limit's N), the mode, the fallbacks, the
+// lease settings and shadow mode; not the window, the rate period or the
 // regions (a window that changes length and back mid-window has no
-// meaning).
+// meaning). A bucket or concurrency limit has no windows: its override
+// governs the shares granted from now until its end, the version it
+// returns to those granted from then (Limit.At), each share counted at
+// what it was granted under until it expires.
 func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *changeSet) (*pb.Limit, error) {
 	if stored == nil {
 		return nil, fieldErr("override_for", "an override changes an existing limit: %q does not exist", it.id())
-	}
-	if windowless(stored) {
-		return nil, fieldErr("override_for", "overrides are for window limits only in this version: change the %s limit %q with effective NOW", kindName(stored), it.id())
 	}
 	if scheduled(stored, now) {
 		// Its end would return to the version in force now and lose the
@@ -538,6 +539,12 @@ func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *c
 	}
 	if !slices.Equal(slices.Sorted(slices.Values(next.Regions)), slices.Sorted(slices.Values(after.Regions))) {
 		return nil, fieldErr(it.field+".regions", "an override keeps the regions (%s)", strings.Join(after.Regions, ","))
+	}
+	if next.GetRatePeriod().AsDuration() != after.GetRatePeriod().AsDuration() {
+		// R is tokens per period: a share granted under one period and
+		// counted under another would be a different rate.
+		return nil, fieldErr(it.field+".rate_period", "an override keeps the rate period (%v), got %v",
+			after.GetRatePeriod().AsDuration(), next.GetRatePeriod().AsDuration())
 	}
 	if planbind.IsPlan(next.Id) {
 		if err := checkPlanOverride(it.field, after, next); err != nil {

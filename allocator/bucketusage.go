@@ -111,6 +111,22 @@ func (c *Core) observeBucket(now time.Time, l *Limit, hk string, admitted int64)
 	u.roll(now)
 	u.rate, u.burst, u.period = max(u.rate, l.Rate), max(u.burst, l.Burst), l.RatePeriod
 	u.slack = max(u.slack, bucketSlack(l))
+	if st := c.shares[l.ID]; st != nil {
+		// Shares granted under a larger R or B (before a change made now,
+		// or an override that ended) may still be spent, or have been
+		// within the slack: the interval's bound counts them at what
+		// they were granted under, on a leader that restored them from
+		// their records too. Shares of another rate period (a change of
+		// the period) are left to the limit's own R, as before.
+		since := now.Add(-u.slack).UnixNano()
+		for _, gs := range st.byRegion {
+			for _, g := range gs {
+				if g.ExpiresAt > since && g.PeriodMs == l.RatePeriod.Milliseconds() {
+					u.rate, u.burst = max(u.rate, g.LimitRate), max(u.burst, g.LimitBurst)
+				}
+			}
+		}
+	}
 	prev, known := u.seen[hk]
 	if !known {
 		// A tenant of a plan whose state was forgotten (forgetShareTenant)

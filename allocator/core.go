@@ -171,6 +171,7 @@ type Core struct {
 	shares    map[string]*shareState     // rate shares of bucket limits, per limit (shares.go)
 	shareReq  map[requestKey]*ShareGrant // rate shares by request id
 	heldMax   map[string]int64           // concurrency limits: the most slots reported held together (HeldSlotsMax)
+	boundMax  map[string]int64           // concurrency limits: the largest bound in force when held slots were recorded (slotBoundNow)
 	bucketUse map[string]*bucketUsage    // bucket limits' admitted counts per reporting interval (bucketusage.go)
 	// bind are the plans' patterns (plans.go); resolved caches the limits
 	// resolved from plans for the ids granted since the last plan change,
@@ -191,6 +192,7 @@ func NewCore() *Core {
 		shares:    map[string]*shareState{},
 		shareReq:  map[requestKey]*ShareGrant{},
 		heldMax:   map[string]int64{},
+		boundMax:  map[string]int64{},
 		bucketUse: map[string]*bucketUsage{},
 		resolved:  map[string]*Limit{},
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/internal/allocatortest"
@@ -233,7 +234,18 @@ func TestBucketPlanChanges(t *testing.T) {
 		field string
 	}{
 		{"next window", freePlan(), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW}, "effective"},
-		{"override", freePlan(), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "override_for"},
+		{"override of the binds", func() *pb.Limit {
+			l := proto.Clone(more).(*pb.Limit)
+			l.Binds = append(l.Binds, "tenant/bigco")
+			return l
+		}(),
+			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "limit.binds"},
+		{"override of the period", func() *pb.Limit {
+			l := proto.Clone(more).(*pb.Limit)
+			l.RatePeriod = durationpb.New(time.Minute)
+			return l
+		}(),
+			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "limit.rate_period"},
 		{"kind", proPlan(100), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}, "limit.kind"},
 	} {
 		if tc.name == "kind" {

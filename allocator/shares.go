@@ -312,6 +312,7 @@ func (c *Core) acquireSlots(now time.Time, region, hk string, l *Limit, st *shar
 	st.byRegion[hk] = append(st.byRegion[hk], g)
 	c.shareReq[requestKey{region, r.RequestID}] = g
 	c.heldMax[l.ID] = max(c.heldMax[l.ID], c.HeldSlots(l.ID, now))
+	c.boundMax[l.ID] = max(c.boundMax[l.ID], slotBoundNow(l, st, now))
 	return ShareDecision{Grant: g, New: true}
 }
 
@@ -430,6 +431,7 @@ func (c *Core) forgetShareTenant(id string) {
 		return
 	}
 	delete(c.heldMax, id)
+	delete(c.boundMax, id)
 	delete(c.bucketUse, id)
 	delete(c.resolved, id) // a share limit has no windows: nothing else uses it
 	if st := c.shares[id]; st != nil {

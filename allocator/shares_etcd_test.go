@@ -296,7 +296,8 @@ func TestListWindowsBucket(t *testing.T) {
 
 // TestBucketLimitChanges: through PutLimit, a bucket limit is created and
 // a change governs at once (no window to wait for); a change for the next
-// window, an override and a change of kind are refused naming the field.
+// window, an override of the rate period or the regions and a change of
+// kind are refused naming the field.
 func TestBucketLimitChanges(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
@@ -332,9 +333,14 @@ func TestBucketLimitChanges(t *testing.T) {
 		field string
 	}{
 		{"next window", bucket(30), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW}, "effective"},
-		{"override", bucket(30), Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "override_for"},
+		{"override of the period", func() *pb.Limit { l := bucket(30); l.RatePeriod = durationpb.New(time.Minute); return l }(),
+			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "limit.rate_period"},
+		{"override of the regions", func() *pb.Limit { l := bucket(30); l.Regions = []string{"eu"}; return l }(),
+			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW, OverrideFor: time.Minute}, "limit.regions"},
 		{"kind", &pb.Limit{Id: "b/c", LimitTokens: 10, Window: durationpb.New(time.Minute), Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT},
 			Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}, "limit.kind"},
+		{"override of the kind", &pb.Limit{Id: "b/c", LimitTokens: 10, Window: durationpb.New(time.Minute), Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT},
+			Change{Reason: "test", OverrideFor: time.Minute}, "limit.kind"},
 	} {
 		_, err := a.PutLimit(ctx, tc.l, tc.ch)
 		var fe *vocab.FieldError

@@ -82,14 +82,15 @@ func TestSlotSharesOnEtcd(t *testing.T) {
 		}
 	}
 
-	// Changes: no windows, no kind change, no overrides.
+	// Changes: no windows, no kind change, an override keeps the regions.
 	next := &pb.Limit{Id: "c/e", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 4, Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT}
 	for _, tc := range []struct {
 		req   *pb.PutLimitRequest
 		field string
 	}{
 		{&pb.PutLimitRequest{Reason: "t", Limit: next, Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW}, "effective"},
-		{&pb.PutLimitRequest{Reason: "t", Limit: next, OverrideFor: durationpb.New(time.Hour)}, "override_for"},
+		{&pb.PutLimitRequest{Reason: "t", Limit: &pb.Limit{Id: "c/e", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 4, Regions: []string{"eu"},
+			Mode: pb.Mode_MODE_STRICT}, OverrideFor: durationpb.New(time.Hour)}, "limit.regions"},
 		{&pb.PutLimitRequest{Reason: "t", Limit: &pb.Limit{Id: "c/e", LimitTokens: 4, Window: durationpb.New(time.Minute),
 			Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT}}, "kind"},
 	} {

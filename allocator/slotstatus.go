@@ -18,8 +18,15 @@ type SlotStatus struct {
 	// the A of every region whose fallback is local:A (a region cut off
 	// from the allocator holds at most A of its own; closed regions add
 	// nothing).
-	Bound  int64
-	Shares []ShareInForce
+	Bound int64
+	// BoundMax is the largest bound in force whenever this leader
+	// recorded slots held (with N the largest of the version in force and
+	// of the slot shares still in force, each granted under its own N):
+	// after N was lowered (a change, or the end of an override that raised
+	// it) slots held under the old N are not taken back, so HeldMax may be
+	// above Bound; above BoundMax it is a bug.
+	BoundMax int64
+	Shares   []ShareInForce
 }
 
 // slotBound is N plus every region's local fallback A.
@@ -31,6 +38,22 @@ func slotBound(l *Limit) int64 {
 		}
 	}
 	return b
+}
+
+// slotBoundNow is the bound at now of a concurrency limit whose version
+// in force is l and whose shares are st: slotBound(l), with N the largest
+// of l's and of the N every slot share still in force was granted under
+// (slots held under a larger N are not taken back when N is lowered).
+func slotBoundNow(l *Limit, st *shareState, now time.Time) int64 {
+	n := l.Tokens
+	for _, gs := range st.byRegion {
+		for _, g := range gs {
+			if g.inForce(now) {
+				n = max(n, g.LimitN)
+			}
+		}
+	}
+	return slotBound(l) + n - l.Tokens
 }
 
 // SlotStatus returns a concurrency limit's slot shares in force now. It
@@ -53,15 +76,15 @@ func (c *Core) slotStatus(now time.Time, limit string) (SlotStatus, error) {
 		return SlotStatus{}, fmt.Errorf("%w: concurrency limit %q", ErrNotFound, limit)
 	}
 	return SlotStatus{N: l.At(now).Tokens, Bound: slotBound(l.At(now)), Leased: c.ReservedSlots(limit, now), Held: c.HeldSlots(limit, now),
-		HeldMax: c.HeldSlotsMax(limit), Shares: c.SharesInForce(limit, now)}, nil
+		HeldMax: c.HeldSlotsMax(limit), BoundMax: max(slotBound(l.At(now)), c.boundMax[limit]), Shares: c.SharesInForce(limit, now)}, nil
 }
 
 // slotCollector exports each concurrency limit's bound (N plus the local
 // fallbacks' A), the slots its shares in force lease,
 // and the slots held as the holders reported, now and at most.
 type slotCollector struct {
-	a                             *Allocator
-	bound, leased, held, heldMost *prometheus.Desc
+	a                                        *Allocator
+	bound, leased, held, heldMost, boundMost *prometheus.Desc
 }
 
 func newSlotCollector(a *Allocator) *slotCollector {
@@ -73,7 +96,9 @@ func newSlotCollector(a *Allocator) *slotCollector {
 		held: prometheus.NewDesc("leasehold_concurrency_held_slots",
 			"Slots of a concurrency limit held, all regions, as the regions last reported with their share requests (up to half a share's life old).", []string{"limit"}, nil),
 		heldMost: prometheus.NewDesc("leasehold_concurrency_held_max_slots",
-			"The most slots of a concurrency limit reported held together since this leader started: above the bound is a bug.", []string{"limit"}, nil),
+			"The most slots of a concurrency limit reported held together since this leader started: above leasehold_concurrency_bound_max_slots is a bug.", []string{"limit"}, nil),
+		boundMost: prometheus.NewDesc("leasehold_concurrency_bound_max_slots",
+			"The largest bound of a concurrency limit in force when this leader recorded slots held (N of the version or of a slot share in force, plus the local fallbacks' A): after N was lowered, held slots above the new bound are not taken back.", []string{"limit"}, nil),
 	}
 }
 
@@ -82,6 +107,7 @@ func (c *slotCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.leased
 	ch <- c.held
 	ch <- c.heldMost
+	ch <- c.boundMost
 }
 
 func (c *slotCollector) Collect(ch chan<- prometheus.Metric) {
@@ -103,5 +129,6 @@ func (c *slotCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.leased, prometheus.GaugeValue, float64(r.Leased), ids[i])
 		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(r.Held), ids[i])
 		ch <- prometheus.MustNewConstMetric(c.heldMost, prometheus.GaugeValue, float64(r.HeldMax), ids[i])
+		ch <- prometheus.MustNewConstMetric(c.boundMost, prometheus.GaugeValue, float64(r.BoundMax), ids[i])
 	}
 }

@@ -742,6 +742,28 @@ func TestOverrideOverHTTP(t *testing.T) {
 	}
 }
 
+// TestBucketOverrideOverHTTP: override_for on a bucket limit stores an
+// override of R and B with the version it returns to; one that changes
+// the rate period is a 400 naming limit.rate_period.
+func TestBucketOverrideOverHTTP(t *testing.T) {
+	c, _ := newAPI(t, nil)
+	body := func(rate, period, extra string) string {
+		return `{"limit": {"kind": "LIMIT_KIND_BUCKET", "rate_tokens": ` + rate + `, "rate_period": "` + period +
+			`", "burst_tokens": 200, "regions": ["eu", "us"], "mode": "MODE_STRICT"}, "reason": "test"` + extra + `}`
+	}
+	mustCode(t, c.do("PUT", "/v1/limits/b/api", nil, body("100", "1s", "")), 200)
+	r := c.do("PUT", "/v1/limits/b/api", nil, body("300", "1s", `, "override_for": "7200s"`))
+	mustCode(t, r, 200)
+	for _, want := range []string{`"rate_tokens":"300"`, `"override":{"reason":"test","ends_at":`, `"rate_tokens":"100"`} {
+		if !strings.Contains(string(r.body), want) {
+			t.Fatalf("override answer lacks %s: %s", want, r.body)
+		}
+	}
+	if got := c.do("PUT", "/v1/limits/b/api", nil, body("300", "60s", `, "override_for": "7200s"`)).field(t); got != "limit.rate_period" {
+		t.Errorf("an override of the rate period: 400 names %q, want limit.rate_period", got)
+	}
+}
+
 // TestCalendarOverHTTP: a limit with calendar windows is stored and read
 // back over HTTP; a bad unit or zone, or a window beside them, is 400
 // naming the field; a change of zone for the next window that never

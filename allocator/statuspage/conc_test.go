@@ -2,6 +2,7 @@ package statuspage
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,6 +55,12 @@ func TestConcurrencyLimitOnStatus(t *testing.T) {
 	src.slots["tenant/exports"] = allocator.SlotStatus{N: 3, Bound: 5, HeldMax: 6}
 	_, _, body = serve(t, src, "/status")
 	mustContain(t, body, "held &gt; bound")
+	// Held under a larger N (before N was lowered, or an override that
+	// raised it ended): not a bug, not flagged.
+	src.slots["tenant/exports"] = allocator.SlotStatus{N: 3, Bound: 5, HeldMax: 6, BoundMax: 8}
+	if _, _, body = serve(t, src, "/status"); strings.Contains(body, "held &gt; bound") {
+		t.Fatal("held under an earlier, larger N flagged as over the bound")
+	}
 
 	// A follower does not know the slots: it says so.
 	src.leader, src.reportsErr = false, allocator.ErrNotLeader

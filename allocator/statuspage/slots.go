@@ -58,7 +58,7 @@ func slotsRow(rw *row, st allocator.SlotStatus, ok bool) {
 	if !ok {
 		return
 	}
-	s := slotSummary{Bound: st.Bound, Leased: st.Leased, Held: st.Held, HeldMax: st.HeldMax, OverBound: st.HeldMax > st.Bound}
+	s := slotSummary{Bound: st.Bound, Leased: st.Leased, Held: st.Held, HeldMax: st.HeldMax, OverBound: st.HeldMax > max(st.Bound, st.BoundMax)}
 	rw.SlotsNow = &s
 	if s.OverBound {
 		rw.Alerts, rw.Level = append(rw.Alerts, alertTag{"held > bound", "crit"}), "crit"

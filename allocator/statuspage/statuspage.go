@@ -561,7 +561,7 @@ func newRow(v view, l *pb.Limit, reps []allocator.WindowReport) *row {
 	if o := l.GetOverride(); o != nil {
 		// An emergency change in force: it ends by itself.
 		rw.Alerts = append(rw.Alerts, alertTag{"override until " + o.GetEndsAt().AsTime().UTC().Format("2006-01-02 15:04:05") +
-			" UTC, then G " + fmtInt(o.GetAfter().GetLimitTokens()), "warn"})
+			" UTC, then " + afterDesc(o.GetAfter()), "warn"})
 		if rw.Level == "" {
 			rw.Level = "warn"
 		}
@@ -576,6 +576,18 @@ func newRow(v view, l *pb.Limit, reps []allocator.WindowReport) *row {
 		}
 	}
 	return rw
+}
+
+// afterDesc is what the version an override returns to allows, by kind:
+// "G 100", "rate 100/s, burst 200" or "N 2".
+func afterDesc(l *pb.Limit) string {
+	switch {
+	case isBucket(l):
+		return "rate " + rateDesc(l)
+	case isConcurrency(l):
+		return "N " + fmtInt(l.GetLimitTokens())
+	}
+	return "G " + fmtInt(l.GetLimitTokens())
 }
 
 func newWindowRow(v view, rep allocator.WindowReport, regions []string) windowRow {

@@ -639,7 +639,7 @@ func TestShadowShown(t *testing.T) {
 }
 
 // TestOverrideShown: an override in force is an attention tag with its
-// end and the G it returns to.
+// end and the G (R and B, N) it returns to.
 func TestOverrideShown(t *testing.T) {
 	l := limit("tenant/o", 300, "eu")
 	l.Override = &pb.LimitOverride{Reason: "incident", EndsAt: timestamppb.New(time.Date(2026, 12, 3, 9, 30, 0, 0, time.UTC)),
@@ -647,6 +647,23 @@ func TestOverrideShown(t *testing.T) {
 	rw := newRow(late, l, nil)
 	if rw.Level != "warn" || len(rw.Alerts) != 1 || rw.Alerts[0].Text != "override until 2026-12-03 09:30:00 UTC, then G 100" {
 		t.Fatalf("level %q alerts %+v", rw.Level, rw.Alerts)
+	}
+	// A bucket and a concurrency limit name what they return to.
+	b := &pb.Limit{Id: "b/o", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: 300, BurstTokens: 600, Regions: []string{"eu"}}
+	b.Override = &pb.LimitOverride{Reason: "incident", EndsAt: l.Override.EndsAt,
+		After: &pb.Limit{Id: "b/o", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: 100, BurstTokens: 200, Regions: []string{"eu"}}}
+	rw = newRow(late, b, nil)
+	bucketRow(rw, b, allocator.BucketStatus{})
+	if rw.Level != "warn" || len(rw.Alerts) != 1 || rw.Alerts[0].Text != "override until 2026-12-03 09:30:00 UTC, then rate 100/s, burst 200" {
+		t.Fatalf("bucket: level %q alerts %+v", rw.Level, rw.Alerts)
+	}
+	c := &pb.Limit{Id: "c/o", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 5, Regions: []string{"eu"}}
+	c.Override = &pb.LimitOverride{Reason: "incident", EndsAt: l.Override.EndsAt,
+		After: &pb.Limit{Id: "c/o", Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitTokens: 2, Regions: []string{"eu"}}}
+	rw = newRow(late, c, nil)
+	slotsRow(rw, allocator.SlotStatus{}, false)
+	if rw.Level != "warn" || len(rw.Alerts) != 1 || rw.Alerts[0].Text != "override until 2026-12-03 09:30:00 UTC, then N 2" {
+		t.Fatalf("concurrency: level %q alerts %+v", rw.Level, rw.Alerts)
 	}
 }
 

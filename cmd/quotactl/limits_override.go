@@ -14,15 +14,19 @@ import (
 
 var limitsOverrideCmd = &command{
 	name:    "override",
-	args:    "ID (--limit N | --shadow | --enforce) --for DUR --reason TEXT [--dry-run] | ID --end --reason TEXT",
-	summary: "an emergency change that ends by itself: raise or cut G, or switch shadow mode, for a while",
+	args:    "ID (--limit N | --rate N/PERIOD | --burst N | --concurrency N | --shadow | --enforce) --for DUR --reason TEXT [--dry-run] | ID --end --reason TEXT",
+	summary: "an emergency change that ends by itself: raise or cut G (R and B, N), or switch shadow mode, for a while",
 	detail: `override changes a limit at once for --for (1s to 31 days) and then the
 version in force before it governs again by itself, at its end time, on
 whichever allocator leads then: nothing has to run at the end. It starts
 from the version the override replaces (an override of an override keeps
 the first one's version to return to and its own end time), changes only
-what the flags say (--limit, --shadow or --enforce), and is recorded with
---reason in the limit's history and the audit log like any change. limits
+what the flags say (--limit, --shadow or --enforce for a window limit;
+--rate and --burst for a bucket limit; --concurrency for a concurrency
+limit), and is recorded with --reason in the limit's history and the
+audit log like any change. A bucket or concurrency limit's shares granted
+during it are sized by it; those granted before keep what they were
+granted until they expire (one share ttl). limits
 get, the status page and the allocator's answers show it in force and its
 end. --end ends an override now (the version before it governs again). A
 later limits set or limits apply with --effective now also replaces it; one
@@ -32,6 +36,15 @@ for the next window is refused while an override is in force.`,
 		var dur time.Duration
 		var shadow, enforce, end bool
 		f.tokensVar(&g, "limit", "`N`: G while the override is in force", 1)
+		var rate, burst, slots int64
+		var period time.Duration
+		f.value("rate", "`N/PERIOD`: a bucket limit's R while the override is in force, in the limit's own period, e.g. 300/s", func(s string) error {
+			n, p, err := limitspec.ParseRate(s)
+			rate, period = n, p
+			return err
+		})
+		f.tokensVar(&burst, "burst", "`N`: a bucket limit's B while the override is in force", 1)
+		f.tokensVar(&slots, "concurrency", "`N`: a concurrency limit's N while the override is in force", 1)
 		f.boolVar(&shadow, "shadow", "shadow mode while the override is in force (every request admitted, would-deny counted)")
 		f.boolVar(&enforce, "enforce", "enforce while the override is in force (a limit in shadow mode)")
 		f.durationVar(&dur, "for", "`DUR`: how long the override is in force, e.g. 30m, 2h (1s to 31 days)")
@@ -46,18 +59,18 @@ for the next window is refused while an override is in force.`,
 				return err
 			}
 			changes := 0
-			for _, n := range []string{"limit", "shadow", "enforce"} {
+			for _, n := range []string{"limit", "rate", "burst", "concurrency", "shadow", "enforce"} {
 				if f.isSet(n) {
 					changes++
 				}
 			}
 			switch {
 			case end && (changes > 0 || f.isSet("for")):
-				return usagef("--end takes no --limit, --shadow, --enforce or --for")
+				return usagef("--end takes no --limit, --rate, --burst, --concurrency, --shadow, --enforce or --for")
 			case shadow && enforce:
 				return usagef("--shadow and --enforce: one or the other")
 			case !end && changes == 0:
-				return usagef("say what the override changes: --limit, --shadow or --enforce (or --end to end one)")
+				return usagef("say what the override changes: --limit, --rate, --burst, --concurrency, --shadow or --enforce (or --end to end one)")
 			case !end && !f.isSet("for"):
 				return usagef("--for is required: how long the override is in force")
 			case !end && (dur < time.Second || dur > limitspec.MaxWindow):
@@ -71,10 +84,24 @@ for the next window is refused while an override is in force.`,
 				} else if end {
 					return nil, usagef("%s has no override in force", oneLine(id))
 				}
+				if err := overrideFlagsFit(f, base.GetKind(), id); err != nil {
+					return nil, err
+				}
 				next := proto.Clone(base).(*pb.Limit)
 				next.Id, next.Version, next.EffectiveFrom, next.Previous, next.Override = id, 0, nil, nil, nil
 				if f.isSet("limit") {
 					next.LimitTokens = g
+				}
+				if f.isSet("concurrency") {
+					next.LimitTokens = slots
+				}
+				if f.isSet("rate") {
+					// In another period than the limit's, the allocator
+					// refuses it naming limit.rate_period.
+					next.RateTokens, next.RatePeriod = rate, durationpb.New(period)
+				}
+				if f.isSet("burst") {
+					next.BurstTokens = burst
 				}
 				if shadow || enforce {
 					next.Shadow = shadow
@@ -149,4 +176,46 @@ for the next window is refused while an override is in force.`,
 			return e.printLimit(resp.GetLimit())
 		}
 	},
+}
+
+// overrideFlagsFit reports, as a usage error, an override flag that the
+// kind of the limit id (as stored) has no use for.
+func overrideFlagsFit(f *flagSet, kind pb.LimitKind, id string) error {
+	var wrong []string
+	switch kind {
+	case pb.LimitKind_LIMIT_KIND_BUCKET:
+		wrong = []string{"limit", "concurrency"}
+	case pb.LimitKind_LIMIT_KIND_CONCURRENCY:
+		wrong = []string{"limit", "rate", "burst"}
+	default:
+		wrong = []string{"rate", "burst", "concurrency"}
+	}
+	for _, n := range wrong {
+		if f.isSet(n) {
+			return usagef("--%s: %s is a %s limit: override %s", n, oneLine(id), kindWord(kind), kindFlags(kind))
+		}
+	}
+	return nil
+}
+
+// kindWord names a limit kind as quotactl prints it.
+func kindWord(k pb.LimitKind) string {
+	switch k {
+	case pb.LimitKind_LIMIT_KIND_BUCKET:
+		return "bucket"
+	case pb.LimitKind_LIMIT_KIND_CONCURRENCY:
+		return "concurrency"
+	}
+	return "window"
+}
+
+// kindFlags names the override flags that change a limit's numbers.
+func kindFlags(k pb.LimitKind) string {
+	switch k {
+	case pb.LimitKind_LIMIT_KIND_BUCKET:
+		return "--rate and --burst"
+	case pb.LimitKind_LIMIT_KIND_CONCURRENCY:
+		return "--concurrency"
+	}
+	return "--limit"
 }

@@ -54,3 +54,86 @@ func TestLimitsOverride(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitsOverrideShares: a bucket limit's R and B and a concurrency
+// limit's N are overridden for a while, shown with what they return to;
+// flags of another kind exit 2 with one line; what the allocator refuses
+// (another rate period) exits 1 naming the field.
+func TestLimitsOverrideShares(t *testing.T) {
+	ta := startAllocator(t, etcdtest.Start(t, 1))
+	waitLeader(t, ta)
+	q := func(args ...string) result { return quotactl(append([]string{"--allocator", ta.addr}, args...)...) }
+	q("limits", "set", "--reason", "contract", "b/api", "--rate", "100/s", "--burst", "200", "--regions", "eu,us",
+		"--mode", "strict").want(t, 0)
+	q("limits", "set", "--reason", "contract", "c/exports", "--concurrency", "2", "--regions", "eu,us",
+		"--mode", "strict").want(t, 0)
+
+	r := q("limits", "override", "b/api", "--rate", "300/s", "--for", "2h", "--reason", "launch day", "--dry-run").want(t, 0)
+	if !strings.Contains(r.stdout, "100/s -> 300/s") || !strings.Contains(r.stdout, "override: (none) -> ") || !strings.Contains(r.stdout, "nothing was written") {
+		t.Fatalf("dry run of an override of R:\n%s", r.stdout)
+	}
+	r = q("limits", "override", "b/api", "--rate", "300/s", "--for", "2h", "--reason", "launch day").want(t, 0)
+	got := kv(t, r.stdout)
+	if got["rate"] != "300/s" || got["burst"] != "200" || !strings.Contains(got["override"], "(launch day); then rate 100/s burst 200") || got["version"] != "2" {
+		t.Fatalf("override of R:\n%s", r.stdout)
+	}
+	r = q("limits", "override", "b/api", "--burst", "50", "--for", "30m", "--reason", "cut the burst").want(t, 0)
+	got = kv(t, r.stdout)
+	if got["rate"] != "100/s" || got["burst"] != "50" || !strings.Contains(got["override"], "then rate 100/s burst 200") {
+		t.Fatalf("second override, from the base:\n%s", r.stdout)
+	}
+	r = q("limits", "get", "b/api").want(t, 0)
+	if !strings.Contains(kv(t, r.stdout)["override"], "in force until ") {
+		t.Fatalf("get shows no override:\n%s", r.stdout)
+	}
+	r = q("limits", "override", "b/api", "--rate", "5/m", "--for", "1h", "--reason", "r").want(t, 1)
+	if !strings.Contains(r.stderr, "limit.rate_period") {
+		t.Fatalf("another rate period: stderr %q, want limit.rate_period", r.stderr)
+	}
+	r = q("limits", "override", "b/api", "--end", "--reason", "over").want(t, 0)
+	if got = kv(t, r.stdout); got["rate"] != "100/s" || got["burst"] != "200" || got["override"] != "" {
+		t.Fatalf("--end:\n%s", r.stdout)
+	}
+
+	r = q("limits", "override", "c/exports", "--concurrency", "6", "--for", "2h", "--reason", "backlog").want(t, 0)
+	got = kv(t, r.stdout)
+	if got["slots"] != "6" || !strings.Contains(got["override"], "(backlog); then slots 2") {
+		t.Fatalf("override of N:\n%s", r.stdout)
+	}
+
+	// A bucket plan: overridden as a limit, shown by plans get.
+	q("plans", "set", "free", "--rate", "10/s", "--burst", "50", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "tenant/{id}", "--contract", "tenant/atlas=rate=100 burst=300", "--reason", "free").want(t, 0)
+	q("limits", "override", "plans/free", "--rate", "50/s", "--for", "2h", "--reason", "free tier launch").want(t, 0)
+	r = q("plans", "get", "free").want(t, 0)
+	got = kv(t, r.stdout)
+	if got["rate"] != "50/s" || !strings.Contains(got["override"], "(free tier launch); then rate 10/s burst 50") ||
+		!strings.Contains(got["contracts"], "tenant/atlas=") {
+		t.Fatalf("plans get under the override:\n%s", r.stdout)
+	}
+
+	q("plans", "set", "jobs", "--concurrency", "3", "--regions", "eu,us", "--mode", "strict",
+		"--bind", "jobs/{id}", "--reason", "jobs").want(t, 0)
+	q("limits", "override", "plans/jobs", "--concurrency", "8", "--for", "1h", "--reason", "backlog").want(t, 0)
+	if got = kv(t, q("plans", "get", "jobs").want(t, 0).stdout); got["slots"] != "8" || !strings.Contains(got["override"], "(backlog); then slots 3") {
+		t.Fatalf("plans get of a concurrency plan under the override:\n%v", got)
+	}
+
+	for _, c := range []struct {
+		id   string
+		args []string
+		msg  string
+	}{
+		{"b/api", []string{"--limit", "5", "--for", "1h", "--reason", "r"}, "--limit: b/api is a bucket limit: override --rate and --burst"},
+		{"b/api", []string{"--concurrency", "5", "--for", "1h", "--reason", "r"}, "--concurrency: b/api is a bucket limit"},
+		{"c/exports", []string{"--rate", "5/s", "--for", "1h", "--reason", "r"}, "--rate: c/exports is a concurrency limit: override --concurrency"},
+		{"c/exports", []string{"--limit", "5", "--for", "1h", "--reason", "r"}, "--limit: c/exports is a concurrency limit"},
+		{"b/api", []string{"--rate", "5", "--for", "1h", "--reason", "r"}, "--rate"},
+		{"b/api", []string{"--rate", "5/s", "--reason", "r"}, "--for is required"},
+	} {
+		r := q(append([]string{"limits", "override", c.id}, c.args...)...).want(t, 2)
+		if !strings.Contains(r.stderr, c.msg) || strings.Count(strings.TrimSpace(r.stderr), "\n") > 0 {
+			t.Errorf("%s %v: stderr %q, want one line with %q", c.id, c.args, r.stderr, c.msg)
+		}
+	}
+}

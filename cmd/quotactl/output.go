@@ -118,8 +118,8 @@ func (e *env) printLimit(l *pb.Limit) error {
 		rows = append(rows, [2]string{"plan", p})
 	}
 	if o := l.GetOverride(); o != nil {
-		rows = append(rows, [2]string{"override", fmt.Sprintf("in force until %s (%s); then limit %d%s", formatTS(o.GetEndsAt()),
-			oneLine(o.GetReason()), o.GetAfter().GetLimitTokens(), shadowSuffix(o.GetAfter()))})
+		rows = append(rows, [2]string{"override", fmt.Sprintf("in force until %s (%s); then %s%s", formatTS(o.GetEndsAt()),
+			oneLine(o.GetReason()), numbersOf(o.GetAfter()), shadowSuffix(o.GetAfter()))})
 	}
 	rows = append(rows, [2]string{"version", strconv.FormatInt(l.GetVersion(), 10)})
 	if e.planGroups != "" {
@@ -316,6 +316,18 @@ func shadowSuffix(l *pb.Limit) string {
 }
 
 // formatRate writes a bucket limit's rate as --rate takes it: "100/s".
+// numbersOf is what a version of a limit allows, by its kind: "limit G",
+// "rate R/P burst B" or "slots N".
+func numbersOf(l *pb.Limit) string {
+	switch l.GetKind() {
+	case pb.LimitKind_LIMIT_KIND_BUCKET:
+		return "rate " + formatRate(l) + " burst " + strconv.FormatInt(l.GetBurstTokens(), 10)
+	case pb.LimitKind_LIMIT_KIND_CONCURRENCY:
+		return "slots " + strconv.FormatInt(l.GetLimitTokens(), 10)
+	}
+	return "limit " + strconv.FormatInt(l.GetLimitTokens(), 10)
+}
+
 func formatRate(l *pb.Limit) string {
 	p := time.Second
 	if l.GetRatePeriod() != nil {
