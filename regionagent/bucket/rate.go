@@ -51,7 +51,7 @@ func (b *Buckets) InstallShare(ctx context.Context, key string, in ShareInstall)
 		return ShareResult{}, invalid("now %d", in.NowMs)
 	}
 	v, err := b.eval(ctx, rateScript, []string{key}, "install", in.NowMs, b.ttlArg,
-		s.Seq, s.Rate, s.Burst, s.Unit, s.DeadlineMs, in.ExpireAtMs)
+		s.Seq, s.Rate, s.Burst, s.Unit, s.DeadlineMs, in.ExpireAtMs, boolArg(in.Shadow))
 	if err != nil {
 		return ShareResult{}, err
 	}
@@ -89,9 +89,21 @@ func (b *Buckets) Take(ctx context.Context, key string, cost, nowMs int64) (Take
 	return parseTake(v)
 }
 
-// parseTake parses {allowed, tokens, wait, deadline, admitted, denied}.
+// boolArg is a script's 0/1 flag.
+func boolArg(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// takeReply is the number of values in one take's reply.
+const takeReply = 8
+
+// parseTake parses {allowed, tokens, wait, deadline, admitted, denied,
+// would_deny, would_deny_checks}.
 func parseTake(v any) (TakeResult, error) {
-	a, err := replyArray(v, 6)
+	a, err := replyArray(v, takeReply)
 	if err != nil {
 		return TakeResult{}, err
 	}
@@ -99,24 +111,24 @@ func parseTake(v any) (TakeResult, error) {
 	if r.Allowed, err = asBool(a[0]); err != nil {
 		return TakeResult{}, err
 	}
-	if err := ints(a[1:], &r.Tokens, &r.WaitMs, &r.DeadlineMs, &r.Admitted, &r.Denied); err != nil {
+	if err := ints(a[1:], &r.Tokens, &r.WaitMs, &r.DeadlineMs, &r.Admitted, &r.Denied, &r.WouldDeny, &r.WouldDenyChecks); err != nil {
 		return TakeResult{}, err
 	}
-	if r.Tokens < 0 || r.WaitMs < -1 {
+	if r.Tokens < 0 || r.WaitMs < -1 || r.WouldDeny < 0 || r.WouldDenyChecks < 0 {
 		return TakeResult{}, ErrBadReply
 	}
 	return r, nil
 }
 
-// parseTakeCall parses one 'takes' reply: 6 values per take of idx, in
+// parseTakeCall parses one 'takes' reply: takeReply values per take of idx, in
 // order, into res[idx[j]].Take (and Allowed).
 func parseTakeCall(v any, idx []int, res []SpendResult) error {
-	a, err := replyArray(v, 6*len(idx))
+	a, err := replyArray(v, takeReply*len(idx))
 	if err != nil {
 		return err
 	}
 	for j, i := range idx {
-		t, err := parseTake(a[6*j : 6*j+6])
+		t, err := parseTake(a[takeReply*j : takeReply*j+takeReply])
 		if err != nil {
 			return err
 		}

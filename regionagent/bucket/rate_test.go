@@ -15,11 +15,12 @@ import (
 // rstep is one call of a token bucket step table at an explicit Redis
 // instant: install a share, or take cost tokens.
 type rstep struct {
-	op    string // install, take
-	now   int64
-	share lease.BucketShare
-	cost  int64
-	want  any // ShareResult or TakeResult
+	op     string // install, take
+	now    int64
+	share  lease.BucketShare
+	shadow bool // install: a shadow share
+	cost   int64
+	want   any // ShareResult or TakeResult
 }
 
 // u is the unit of a 1 s rate period: a token is 1,000,000 units, and a
@@ -37,6 +38,23 @@ func install(now int64, s lease.BucketShare, status ShareStatus, tokens int64) r
 func take(now, cost int64, allowed bool, tokens, wait, deadline, admitted, denied int64) rstep {
 	return rstep{op: "take", now: now, cost: cost, want: TakeResult{Allowed: allowed, Tokens: tokens, WaitMs: wait,
 		DeadlineMs: deadline, Admitted: admitted, Denied: denied}}
+}
+
+// shadowInstall installs a share of a limit in shadow mode.
+func shadowInstall(now int64, s lease.BucketShare, status ShareStatus, tokens int64) rstep {
+	st := install(now, s, status, tokens)
+	st.shadow = true
+	return st
+}
+
+// shadowTake is a take under a shadow share: wd and wdc are the shadow
+// counters after it.
+func shadowTake(now, cost int64, allowed bool, tokens, wait, deadline, admitted, denied, wd, wdc int64) rstep {
+	st := take(now, cost, allowed, tokens, wait, deadline, admitted, denied)
+	r := st.want.(TakeResult)
+	r.WouldDeny, r.WouldDenyChecks = wd, wdc
+	st.want = r
+	return st
 }
 
 // rateCases are the token bucket's behaviours (lua/rate.lua), as step
@@ -111,6 +129,24 @@ var rateCases = []struct {
 		install(T0+500, share(2, 0, 20, T0+60_000), ShareInstalled, 5),
 		take(T0+10_000, 5, true, 0, -1, T0+60_000, 5, 0),
 	}},
+	{"shadow: the enforcing decision, a would-be denial charges nothing and is counted instead", []rstep{
+		shadowInstall(T0, share(1, 10_000, 20, T0+60_000), ShareInstalled, 0),
+		shadowTake(T0+99, 1, false, 0, 1, T0+60_000, 0, 0, 1, 1),     // empty: would deny, not denied
+		shadowTake(T0+100, 1, true, 0, 100, T0+60_000, 1, 0, 1, 1),   // refilled: charged as ever
+		shadowTake(T0+550, 7, false, 4, 250, T0+60_000, 1, 0, 8, 2),  // 4 held, 7 asked: the 4 stay
+		shadowTake(T0+550, 4, true, 0, 350, T0+60_000, 5, 0, 8, 2),   // so enforcement's next take still finds them
+		shadowTake(T0+550, 21, false, 0, -1, T0+60_000, 5, 0, 29, 3), // above the burst: never, counted
+		install(T0+600, share(2, 10_000, 20, T0+60_000), ShareInstalled, 1),
+		shadowTake(T0+600, 2, false, 1, 100, T0+60_000, 5, 2, 29, 3), // the next share enforces: denied
+		shadowInstall(T0+600, share(2, 10_000, 20, T0+60_000), ShareStale, 1),
+		shadowTake(T0+600, 2, false, 1, 100, T0+60_000, 5, 4, 29, 3), // a retry of the share in force keeps its mode
+		shadowInstall(T0+700, share(3, 10_000, 20, T0+60_000), ShareInstalled, 2),
+		shadowTake(T0+700, 3, false, 2, 100, T0+60_000, 5, 4, 32, 4), // shadow again from seq 3
+	}},
+	{"shadow past the deadline: would deny, counted", []rstep{
+		shadowInstall(T0, share(1, 10_000, 20, T0+1_000), ShareInstalled, 0),
+		shadowTake(T0+1_000, 1, false, 0, -1, T0+1_000, 0, 0, 1, 1),
+	}},
 	{"sub-token rates: 1 token per second split in thirds", []rstep{
 		install(T0, share(1, 333, 1, T0+60_000), ShareInstalled, 0),
 		take(T0+3_003, 1, false, 0, 1, T0+60_000, 0, 1),   // 999,999 units: one short
@@ -121,7 +157,7 @@ var rateCases = []struct {
 func (s rstep) run(t *testing.T, b *Buckets, key string) (any, error) {
 	switch s.op {
 	case "install":
-		return b.InstallShare(testCtx(t), key, ShareInstall{Share: s.share, ExpireAtMs: farExpiry(), NowMs: s.now})
+		return b.InstallShare(testCtx(t), key, ShareInstall{Share: s.share, ExpireAtMs: farExpiry(), NowMs: s.now, Shadow: s.shadow})
 	case "take":
 		return b.Take(testCtx(t), key, s.cost, s.now)
 	}
@@ -131,7 +167,7 @@ func (s rstep) run(t *testing.T, b *Buckets, key string) (any, error) {
 func (s rstep) runMem(m *store.Mem, key store.RateKey) (any, error) {
 	switch s.op {
 	case "install":
-		return m.InstallShare(store.ShareInstall{Key: key, Share: s.share, ExpireAtMs: farExpiry(), NowMs: s.now})
+		return m.InstallShare(store.ShareInstall{Key: key, Share: s.share, ExpireAtMs: farExpiry(), NowMs: s.now, Shadow: s.shadow})
 	case "take":
 		return m.Take(key, s.cost, s.now)
 	}

@@ -17,6 +17,12 @@ type ShareInstall struct {
 	Share      lease.BucketShare
 	ExpireAtMs int64 // the key's expiry (only ever extended), >= Share.DeadlineMs
 	NowMs      int64
+	// Shadow: the limit is in shadow mode under this share. A take the
+	// bucket cannot pay is then still Allowed false (the enforcing
+	// decision), charges nothing and counts WouldDeny instead of Denied;
+	// the caller admits it. It changes with the share (a new Seq): a
+	// retry of the share in force keeps the mode it was installed with.
+	Shadow bool
 }
 
 // ShareStatus says what installing a share did.
@@ -52,12 +58,18 @@ type TakeResult struct {
 	DeadlineMs int64
 	// Admitted and Denied are the bucket's cost counters after the take.
 	Admitted, Denied int64
+	// WouldDeny and WouldDenyChecks are the bucket's shadow counters
+	// after the take: the cost and the number of takes a shadow share
+	// could not pay (what Denied would have counted if enforced).
+	WouldDeny, WouldDenyChecks int64
 }
 
 // memRate is one token bucket key of a [Mem].
 type memRate struct {
 	b                lease.TokenBucket
 	admitted, denied int64
+	shadow           bool  // the share in force is a shadow one
+	wd, wdc          int64 // would_deny, would_deny_checks
 	expireAt         int64 // ms; 0: no expiry
 }
 
@@ -98,6 +110,9 @@ func (b *Mem) InstallShare(in ShareInstall) (ShareResult, error) {
 	if st == lease.ShareInstalled && (r.expireAt == 0 || r.expireAt < in.ExpireAtMs) {
 		r.expireAt = in.ExpireAtMs
 	}
+	if st == lease.ShareInstalled {
+		r.shadow = in.Shadow
+	}
 	status := ShareInstalled
 	if st != lease.ShareInstalled {
 		status = ShareStale
@@ -128,12 +143,17 @@ func (b *Mem) Take(key RateKey, cost, nowMs int64) (TakeResult, error) {
 		b.rates[key] = r
 	}
 	ok := r.b.Take(nowMs, cost)
-	if ok {
+	switch {
+	case ok:
 		r.admitted += cost
-	} else {
+	case r.b.Share.Seq > 0 && r.shadow:
+		r.wd += cost
+		r.wdc++
+	default:
 		r.denied += cost
 	}
-	res := TakeResult{Allowed: ok, Tokens: r.b.Tokens(), WaitMs: r.b.WaitMs(cost), Admitted: r.admitted, Denied: r.denied}
+	res := TakeResult{Allowed: ok, Tokens: r.b.Tokens(), WaitMs: r.b.WaitMs(cost), Admitted: r.admitted, Denied: r.denied,
+		WouldDeny: r.wd, WouldDenyChecks: r.wdc}
 	if r.b.Share.Seq > 0 {
 		res.DeadlineMs = r.b.Share.DeadlineMs
 	}

@@ -6,25 +6,32 @@
 -- ARGV[1]  op: 'install', 'take' or 'takes'
 -- ARGV[2]  now ms (0 = Redis TIME)
 -- ARGV[3]  orphan TTL ms for a key 'take' creates (denied counter)
--- install: ARGV[4..9] seq (> 0), rate (units per ms, >= 0), burst (tokens,
+-- install: ARGV[4..10] seq (> 0), rate (units per ms, >= 0), burst (tokens,
 --          >= 0), unit (units per token, >= 1), deadline ms (exclusive),
---          key expire-at ms (PEXPIREAT; only ever extended, >= deadline)
+--          key expire-at ms (PEXPIREAT; only ever extended, >= deadline),
+--          shadow (1: the limit is in shadow mode under this share, 0 not)
 --   Reply {status, tokens}: status 1 installed, 2 stale (the share in
 --   force has this seq or a greater one: nothing changed), 4 expired
 --   (expire-at is not after Redis's TIME: nothing written); tokens the
 --   whole tokens the bucket holds after the call.
 -- take:    ARGV[4] cost (tokens, >= 0)
---   Reply {allowed, tokens, wait_ms, deadline, admitted, denied}: tokens
---   after the take, wait_ms how long until the bucket would hold cost (0:
---   now, -1: never under this share), deadline the share's (0: none),
---   admitted and denied the cost counters (tokens) after the take.
+--   Reply {allowed, tokens, wait_ms, deadline, admitted, denied,
+--   would_deny, would_deny_checks}: tokens after the take, wait_ms how
+--   long until the bucket would hold cost (0: now, -1: never under this
+--   share), deadline the share's (0: none), admitted and denied the cost
+--   counters (tokens) after the take, would_deny and would_deny_checks
+--   the shadow counters after it. allowed is the enforcing decision: under
+--   a shadow share a take the bucket cannot pay is allowed=0, charges
+--   nothing, and counts its cost in would_deny (and 1 in
+--   would_deny_checks) instead of denied; the caller admits it.
 -- takes:   ARGV[4] n, then n pairs (key index into KEYS, cost >= 0):
 --   the takes decided in order, each as 'take' would, later ones seeing
---   earlier ones; the reply is the n replies of 'take', flattened (6
+--   earlier ones; the reply is the n replies of 'take', flattened (8
 --   values each). Every argument is checked before anything is written.
 --
 -- Hash fields: seq, rate, burst, unit, d (the share in force), lvl (units),
--- t (ms: the latest instant seen; time never goes back), admitted, denied.
+-- t (ms: the latest instant seen; time never goes back), admitted, denied,
+-- shadow (of the share in force), wd and wdc (would_deny, would_deny_checks).
 -- Tokens only come from refill, at rate units per ms up to burst*unit,
 -- until the deadline; at or after it the bucket is empty. A share installed
 -- over one still in force keeps the level (capped at its burst); over an
@@ -36,10 +43,12 @@ local MAX = 4503599627370496 -- 2^52, lease.MaxBucketUnits
 
 -- load reads a bucket's state.
 local function load(key)
-  local h = redis.call('HMGET', key, 'seq', 'rate', 'burst', 'unit', 'd', 'lvl', 't', 'admitted', 'denied')
+  local h = redis.call('HMGET', key, 'seq', 'rate', 'burst', 'unit', 'd', 'lvl', 't', 'admitted', 'denied',
+    'shadow', 'wd', 'wdc')
   return {key = key, seq = tonumber(h[1]) or 0, rate = tonumber(h[2]) or 0, burst = tonumber(h[3]) or 0,
           unit = tonumber(h[4]) or 1, d = tonumber(h[5]) or 0, lvl = tonumber(h[6]) or 0,
-          t = tonumber(h[7]) or 0, admitted = tonumber(h[8]) or 0, denied = tonumber(h[9]) or 0}
+          t = tonumber(h[7]) or 0, admitted = tonumber(h[8]) or 0, denied = tonumber(h[9]) or 0,
+          shadow = tonumber(h[10]) or 0, wd = tonumber(h[11]) or 0, wdc = tonumber(h[12]) or 0}
 end
 
 -- advance: bring the bucket to now (never backward); returns max(now, t).
@@ -121,6 +130,13 @@ local function take(st, cost, out)
     st.lvl = st.lvl - cost * st.unit
     st.admitted = st.admitted + cost
     st.dadm = (st.dadm or 0) + cost
+  elseif st.seq > 0 and st.shadow == 1 then
+    -- shadow: the enforcing decision is a denial; nothing is charged and
+    -- nothing denied, the would-be denial is counted.
+    st.wd = st.wd + cost
+    st.wdc = st.wdc + 1
+    st.dwd = (st.dwd or 0) + cost
+    st.dwdc = (st.dwdc or 0) + 1
   else
     st.denied = st.denied + cost
     st.dden = (st.dden or 0) + cost
@@ -135,6 +151,8 @@ local function take(st, cost, out)
   out[#out + 1] = dl
   out[#out + 1] = st.admitted
   out[#out + 1] = st.denied
+  out[#out + 1] = st.wd
+  out[#out + 1] = st.wdc
 end
 
 -- save writes what takes changed.
@@ -144,6 +162,10 @@ local function save(st)
   end
   if (st.dden or 0) > 0 then
     redis.call('HINCRBY', st.key, 'denied', fmt(st.dden))
+  end
+  if (st.dwdc or 0) > 0 then
+    redis.call('HINCRBY', st.key, 'wd', fmt(st.dwd))
+    redis.call('HINCRBY', st.key, 'wdc', fmt(st.dwdc))
   end
   if st.seq > 0 then
     redis.call('HSET', st.key, 'lvl', fmt(st.lvl), 't', fmt(st.t))
@@ -161,6 +183,10 @@ if op == 'install' then
   local unit = int(ARGV[7], 'unit')
   local d = int(ARGV[8], 'deadline_ms')
   local expire_at = int(ARGV[9], 'expire_at_ms')
+  local shadow = int(ARGV[10], 'shadow')
+  if shadow ~= 0 and shadow ~= 1 then
+    error('bucket: bad share')
+  end
   if seq <= 0 or rate < 0 or rate > MAX or burst < 0 or unit < 1 or unit > MAX or
      burst > math.floor(MAX / unit) or d <= 0 or d > MAX or expire_at < d then
     error('bucket: bad share')
@@ -177,6 +203,7 @@ if op == 'install' then
     st.lvl = 0
   end
   st.seq, st.rate, st.burst, st.unit, st.d = seq, rate, burst, unit, d
+  st.shadow = shadow
   if st.lvl > burst * unit then
     st.lvl = burst * unit
   end
@@ -184,7 +211,7 @@ if op == 'install' then
     st.lvl = 0
   end
   redis.call('HSET', key, 'seq', fmt(seq), 'rate', fmt(rate), 'burst', fmt(burst), 'unit', fmt(unit),
-    'd', fmt(d), 'lvl', fmt(st.lvl), 't', fmt(st.t))
+    'd', fmt(d), 'lvl', fmt(st.lvl), 't', fmt(st.t), 'shadow', fmt(shadow))
   local cur = redis.call('PEXPIRETIME', key)
   if cur == -1 or (cur >= 0 and cur < expire_at) then
     redis.call('PEXPIREAT', key, fmt(expire_at))
