@@ -752,7 +752,7 @@ func (a *Allocator) AcquireShares(ctx context.Context, region string, reqs []*pb
 	t.mu.Lock()
 	for i, r := range reqs {
 		d := t.core.AcquireShare(now, region, ShareAcquire{RequestID: r.RequestId, Limit: r.LimitId, Demand: r.DemandPerSecond, Holder: r.Holder,
-			Admitted: r.AdmittedTokens, HeldSlots: r.HeldSlots})
+			Admitted: r.AdmittedTokens, HeldSlots: r.HeldSlots, WouldDeny: r.WouldDenyTokens, WouldDenyChecks: r.WouldDenyChecks})
 		results[i] = &pb.ShareResult{RequestId: r.RequestId, Code: d.Code, Message: d.Message, Replayed: d.Replayed, OwnerGroup: d.OwnerGroup}
 		decs[i] = d
 		switch {

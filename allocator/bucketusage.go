@@ -60,6 +60,15 @@ type BucketReport struct {
 	Slack  time.Duration
 	// Closed is false for the running interval (BucketReports only).
 	Closed bool
+	// WouldDeny is, for a limit in shadow mode, the cost of the Checks
+	// admitted although enforcement would have denied them (not in
+	// Admitted), counted as Admitted is; WouldDenyByRegion per region,
+	// WouldDenyChecks how many Checks.
+	WouldDeny, WouldDenyChecks int64
+	WouldDenyByRegion          map[string]int64
+	// Shadow: the limit was in shadow mode when a holder reported in
+	// the interval (tried, not enforced).
+	Shadow bool
 }
 
 // Start is the first instant of the interval on the allocator's clock.
@@ -69,9 +78,14 @@ func (r BucketReport) Start() time.Time { return time.Unix(0, r.Interval*int64(r
 // the Core keeps for quotactl windows and the status page: an hour.
 const bucketHistory = 60
 
+// holderCounts are a holder's bucket's cumulative counters.
+type holderCounts struct {
+	admitted, wd, wdc int64
+}
+
 // bucketUsage is what the Core adds up for one bucket limit.
 type bucketUsage struct {
-	seen     map[string]int64 // holder key -> the largest admitted count reported
+	seen     map[string]holderCounts // holder key -> the largest counts reported
 	index    int64            // the running interval
 	admitted int64            // counted in the running interval
 	rate     int64            // the largest R in force in it
@@ -79,7 +93,11 @@ type bucketUsage struct {
 	burst    int64 // the largest B in force in it
 	slack    time.Duration
 	byRegion map[string]int64 // counted in the running interval, per region
-	closed   []BucketReport   // the last closed intervals, oldest first, at most bucketHistory
+	// wd, wdc and wdByRegion: would-deny counts of the running interval.
+	wd, wdc    int64
+	wdByRegion map[string]int64
+	shadow     bool
+	closed     []BucketReport // the last closed intervals, oldest first, at most bucketHistory
 }
 
 // push keeps r as the newest closed interval.
@@ -94,23 +112,26 @@ func (u *bucketUsage) push(r BucketReport) {
 func (u *bucketUsage) running() BucketReport {
 	return BucketReport{Interval: u.index, Length: BucketInterval, Admitted: u.admitted,
 		Bound:    lease.BucketBound(u.rate, u.period, u.burst, BucketInterval+u.slack, 0),
-		ByRegion: maps.Clone(u.byRegion), Rate: u.rate, Period: u.period, Burst: u.burst, Slack: u.slack}
+		ByRegion: maps.Clone(u.byRegion), Rate: u.rate, Period: u.period, Burst: u.burst, Slack: u.slack,
+		WouldDeny: u.wd, WouldDenyChecks: u.wdc, WouldDenyByRegion: maps.Clone(u.wdByRegion), Shadow: u.shadow}
 }
 
-// observeBucket records a holder's admitted counter, reported at now.
+// observeBucket records a holder's counters (admitted, and the would-deny
+// ones of shadow mode), reported at now.
 // The first count of a holder the Core has no shares of is counted whole
 // (its bucket began with its first share); a holder with shares but no
 // count (a new leader), or of a tenant of a plan (whose state the core
 // forgets when it is idle), starts from its first count.
-func (c *Core) observeBucket(now time.Time, l *Limit, hk string, admitted int64) {
+func (c *Core) observeBucket(now time.Time, l *Limit, hk string, n holderCounts) {
 	u := c.bucketUse[l.ID]
 	if u == nil {
-		u = &bucketUsage{seen: map[string]int64{}, index: lease.WindowOf(now, BucketInterval).Index}
+		u = &bucketUsage{seen: map[string]holderCounts{}, index: lease.WindowOf(now, BucketInterval).Index}
 		c.bucketUse[l.ID] = u
 	}
 	u.roll(now)
 	u.rate, u.burst, u.period = max(u.rate, l.Rate), max(u.burst, l.Burst), l.RatePeriod
 	u.slack = max(u.slack, bucketSlack(l))
+	u.shadow = u.shadow || l.Proto.GetShadow()
 	if st := c.shares[l.ID]; st != nil {
 		// Shares granted under a larger R or B (before a change made now,
 		// or an override that ended) may still be spent, or have been
@@ -133,19 +154,29 @@ func (c *Core) observeBucket(now time.Time, l *Limit, hk string, admitted int64)
 		// may come back with a counter from before, still in its agent or
 		// its region's store: unknown to this core too.
 		if st := c.shares[l.ID]; st != nil && st.seq[hk] > 0 || l.Proto.GetPlan() != "" {
-			u.seen[hk] = max(admitted, 0) // a count from before: unknown to this leader
+			u.seen[hk] = holderCounts{max(n.admitted, 0), max(n.wd, 0), max(n.wdc, 0)} // counts from before: unknown to this leader
 			return
 		}
 	}
-	if admitted > prev {
-		u.admitted += admitted - prev
-		region, _, _ := strings.Cut(hk, "/")
+	region, _, _ := strings.Cut(hk, "/")
+	if n.admitted > prev.admitted {
+		u.admitted += n.admitted - prev.admitted
 		if u.byRegion == nil {
 			u.byRegion = map[string]int64{}
 		}
-		u.byRegion[region] += admitted - prev
+		u.byRegion[region] += n.admitted - prev.admitted
 	}
-	u.seen[hk] = max(prev, admitted)
+	if n.wd > prev.wd {
+		u.wd += n.wd - prev.wd
+		if u.wdByRegion == nil {
+			u.wdByRegion = map[string]int64{}
+		}
+		u.wdByRegion[region] += n.wd - prev.wd
+	}
+	if n.wdc > prev.wdc {
+		u.wdc += n.wdc - prev.wdc
+	}
+	u.seen[hk] = holderCounts{max(prev.admitted, n.admitted), max(prev.wd, n.wd), max(prev.wdc, n.wdc)}
 }
 
 // roll closes the running interval if now is past it.
@@ -167,6 +198,7 @@ func (u *bucketUsage) roll(now time.Time) {
 			Rate:  u.rate, Period: u.period, Burst: u.burst, Slack: u.slack})
 	}
 	u.index, u.admitted, u.byRegion = idx, 0, nil
+	u.wd, u.wdc, u.wdByRegion, u.shadow = 0, 0, nil, false
 }
 
 // BucketReport returns the last closed reporting interval of a bucket
@@ -197,7 +229,7 @@ func (c *Core) BucketReports(limit string, now time.Time, last int) []BucketRepo
 	u.roll(now)
 	out := make([]BucketReport, 0, min(last, len(u.closed)+1))
 	for _, r := range u.closed[max(0, len(u.closed)-(last-1)):] {
-		r.Limit, r.ByRegion = limit, maps.Clone(r.ByRegion)
+		r.Limit, r.ByRegion, r.WouldDenyByRegion = limit, maps.Clone(r.ByRegion), maps.Clone(r.WouldDenyByRegion)
 		out = append(out, r)
 	}
 	r := u.running()
@@ -245,6 +277,9 @@ type bucketCollector struct {
 	a               *Allocator
 	admitted, bound *prometheus.Desc
 	intervalSeconds *prometheus.Desc
+	// wouldDeny, wouldDenyChecks: a limit in shadow mode (exported for a
+	// limit whose interval had would-deny Checks).
+	wouldDeny, wouldDenyChecks *prometheus.Desc
 }
 
 func newBucketCollector(a *Allocator) *bucketCollector {
@@ -255,6 +290,10 @@ func newBucketCollector(a *Allocator) *bucketCollector {
 			"The bound on what a bucket limit may admit in its last closed reporting interval: B + R x (interval + slack). Admitted above it is a bug.", []string{"limit"}, nil),
 		intervalSeconds: prometheus.NewDesc("leasehold_bucket_interval_seconds",
 			"The reporting interval of bucket limits.", nil, nil),
+		wouldDeny: prometheus.NewDesc("leasehold_bucket_would_deny_tokens",
+			"Cost a bucket limit in shadow mode admitted in its last closed reporting interval although enforcement would have denied it, per region (not in leasehold_bucket_admitted_tokens).", []string{"limit", "region"}, nil),
+		wouldDenyChecks: prometheus.NewDesc("leasehold_bucket_would_deny_checks",
+			"Checks a bucket limit in shadow mode admitted in its last closed reporting interval although enforcement would have denied them, all regions.", []string{"limit"}, nil),
 	}
 }
 
@@ -262,6 +301,8 @@ func (c *bucketCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.admitted
 	ch <- c.bound
 	ch <- c.intervalSeconds
+	ch <- c.wouldDeny
+	ch <- c.wouldDenyChecks
 }
 
 func (c *bucketCollector) Collect(ch chan<- prometheus.Metric) {
@@ -280,6 +321,12 @@ func (c *bucketCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range reps {
 		ch <- prometheus.MustNewConstMetric(c.admitted, prometheus.GaugeValue, float64(r.Admitted), r.Limit)
 		ch <- prometheus.MustNewConstMetric(c.bound, prometheus.GaugeValue, float64(r.Bound), r.Limit)
+		if r.WouldDenyChecks > 0 {
+			ch <- prometheus.MustNewConstMetric(c.wouldDenyChecks, prometheus.GaugeValue, float64(r.WouldDenyChecks), r.Limit)
+			for region, n := range r.WouldDenyByRegion {
+				ch <- prometheus.MustNewConstMetric(c.wouldDeny, prometheus.GaugeValue, float64(n), r.Limit, region)
+			}
+		}
 	}
 }
 
@@ -332,7 +379,8 @@ func (r BucketReport) ToProto() *pb.BucketIntervalReport {
 	start := r.Start()
 	return &pb.BucketIntervalReport{LimitId: r.Limit, Start: timestamppb.New(start), End: timestamppb.New(start.Add(r.Length)),
 		Closed: r.Closed, Admitted: maps.Clone(r.ByRegion), AdmittedTotal: r.Admitted, Bound: r.Bound,
-		RateTokens: r.Rate, RatePeriod: durationpb.New(r.Period), BurstTokens: r.Burst, Slack: durationpb.New(r.Slack)}
+		RateTokens: r.Rate, RatePeriod: durationpb.New(r.Period), BurstTokens: r.Burst, Slack: durationpb.New(r.Slack),
+		WouldDeny: maps.Clone(r.WouldDenyByRegion), WouldDenyTotal: r.WouldDeny, WouldDenyChecks: r.WouldDenyChecks, Shadow: r.Shadow}
 }
 
 // ToProto is the share as ListWindows sends it.

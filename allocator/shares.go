@@ -162,6 +162,9 @@ type ShareAcquire struct {
 	// holds now: its next share is never sized below it while the others
 	// leave room. Demand is then the slots it wants (held + waiting).
 	HeldSlots int64
+	// WouldDeny and WouldDenyChecks are the holder's bucket's would-deny
+	// counters (cumulative; a bucket limit in shadow mode).
+	WouldDeny, WouldDenyChecks int64
 }
 
 // ShareDecision is the core's answer to one ShareAcquire.
@@ -247,7 +250,7 @@ func (c *Core) AcquireShare(now time.Time, region string, r ShareAcquire) ShareD
 	if l.IsConcurrency() {
 		return c.acquireSlots(now, region, hk, l, st, r)
 	}
-	c.observeBucket(now, l, hk, r.Admitted)
+	c.observeBucket(now, l, hk, holderCounts{admitted: r.Admitted, wd: r.WouldDeny, wdc: r.WouldDenyChecks})
 	var othersRate, othersBurst int64
 	for other := range st.byRegion {
 		if other != hk {

@@ -96,6 +96,12 @@ func ValidateAcquireShares(req *pb.AcquireSharesRequest) error {
 		if r.AdmittedTokens < 0 {
 			return fieldErr(f+".admitted_tokens", "must be >= 0, got %d", r.AdmittedTokens)
 		}
+		if r.WouldDenyTokens < 0 {
+			return fieldErr(f+".would_deny_tokens", "must be >= 0, got %d", r.WouldDenyTokens)
+		}
+		if r.WouldDenyChecks < 0 {
+			return fieldErr(f+".would_deny_checks", "must be >= 0, got %d", r.WouldDenyChecks)
+		}
 		if r.HeldSlots < 0 || r.HeldSlots > vocab.MaxTokens {
 			return fieldErr(f+".held_slots", "must be 0..%d, got %d", vocab.MaxTokens, r.HeldSlots)
 		}

@@ -62,7 +62,7 @@ func (s *redisStore) install(ctx context.Context, in core.Install) (store.ShareR
 	sh := in.Share
 	sh.DeadlineMs = max(1, cs.ToRedis(in.Deadline))
 	r, err := s.b.InstallShare(ctx, bucket.RateKeyOf(in.Key), bucket.ShareInstall{Share: sh,
-		ExpireAtMs: max(cs.ToRedis(in.Deadline.Add(s.a.opt.keyGrace)), sh.DeadlineMs), NowMs: s.nowMs()})
+		ExpireAtMs: max(cs.ToRedis(in.Deadline.Add(s.a.opt.keyGrace)), sh.DeadlineMs), NowMs: s.nowMs(), Shadow: in.Shadow})
 	s.a.observeRedis(err)
 	return r, err
 }
@@ -82,7 +82,7 @@ func (s *memStore) install(in core.Install, grace time.Duration) (store.ShareRes
 	nowMs := s.ms(s.clockNow())
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mem.InstallShare(store.ShareInstall{Key: in.Key, Share: sh, ExpireAtMs: sh.DeadlineMs + max(grace.Milliseconds(), 1), NowMs: nowMs})
+	return s.mem.InstallShare(store.ShareInstall{Key: in.Key, Share: sh, ExpireAtMs: sh.DeadlineMs + max(grace.Milliseconds(), 1), NowMs: nowMs, Shadow: in.Shadow})
 }
 
 // sendShares asks the allocator for rate shares in one call; with
@@ -121,7 +121,7 @@ func (a *Agent) sharesFrom(ctx context.Context, group string, cl *allocClient, r
 	in := make([]*pb.ShareRequest, len(reqs))
 	for i, r := range reqs {
 		in[i] = &pb.ShareRequest{RequestId: r.RequestID, LimitId: r.Limit, DemandPerSecond: r.Demand, Holder: r.Holder,
-			AdmittedTokens: r.Admitted}
+			AdmittedTokens: r.Admitted, WouldDenyTokens: r.WouldDeny, WouldDenyChecks: r.WouldDenyChecks}
 	}
 	sent := a.opt.now()
 	var resp *pb.AcquireSharesResponse

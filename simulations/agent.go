@@ -329,7 +329,7 @@ func (a *agent) execute(rd core.Ready) {
 		sh := in.Share
 		sh.DeadlineMs = max(1, a.cs.ToRedis(in.Deadline))
 		res, err := a.bucket.InstallShare(store.ShareInstall{Key: in.Key, Share: sh,
-			ExpireAtMs: max(a.cs.ToRedis(in.Deadline.Add(time.Minute)), sh.DeadlineMs), NowMs: ms})
+			ExpireAtMs: max(a.cs.ToRedis(in.Deadline.Add(time.Minute)), sh.DeadlineMs), NowMs: ms, Shadow: in.Shadow})
 		a.core.ShareInstalled(now, in, res, err)
 	}
 	if len(rd.Acquires) > 0 {

@@ -38,6 +38,9 @@ type intervalRow struct {
 	Bound         int64
 	Slack         string
 	OverBound     bool
+	// WouldDeny: shadow mode, "12 checks (340 tokens)"; "" for none.
+	WouldDeny       string
+	WouldDenyChecks int64
 }
 
 func newIntervalRow(r allocator.BucketReport, regions []string) intervalRow {
@@ -48,6 +51,10 @@ func newIntervalRow(r allocator.BucketReport, regions []string) intervalRow {
 	}
 	for _, reg := range regions {
 		ir.Admitted = append(ir.Admitted, r.ByRegion[reg])
+	}
+	if r.WouldDenyChecks > 0 {
+		ir.WouldDenyChecks = r.WouldDenyChecks
+		ir.WouldDeny = fmtInt(r.WouldDenyChecks) + " checks (" + fmtInt(r.WouldDeny) + " tokens)"
 	}
 	return ir
 }
@@ -103,6 +110,10 @@ func bucketRow(rw *row, l *pb.Limit, st allocator.BucketStatus) {
 	}
 	if rw.LastInterval != nil && rw.LastInterval.OverBound {
 		rw.Alerts, rw.Level = append(rw.Alerts, alertTag{"admitted > bound", "crit"}), "crit"
+	}
+	if rw.LastInterval != nil && (l.GetShadow() || rw.LastInterval.WouldDenyChecks > 0) {
+		// Shadow mode: not enforced; what enforcement would have denied.
+		rw.Alerts = append(rw.Alerts, alertTag{"shadow: would deny " + fmtInt(rw.LastInterval.WouldDenyChecks) + " checks", "info"})
 	}
 }
 

@@ -30,7 +30,6 @@ func TestBucketFlags(t *testing.T) {
 		code int
 		text string
 	}{
-		{set("--rate", "100/s", "--burst", "200", "--shadow"), 1, ": limit.shadow: shadow mode is for window limits only"},
 		{set("--rate", "100/s", "--burst", "200", "--min-chunk", "5"), 1, ": limit.lease.min_chunk: bucket limits are granted as rate shares"},
 		{set("--rate", "100/s", "--burst", "200", "--ttl", "100ms"), 1, ": limit.lease.ttl: a bucket limit's share ttl must be"},
 		{set("--rate", "100/s", "--burst", "99999999999999"), 1, ": limit.burst_tokens: must be <= 4503599627 for a rate period of 1s"},

@@ -135,7 +135,6 @@ func TestDecodeLimitsFileErrors(t *testing.T) {
 		{"tab indent", "limits:\n\t- id: x\n", "invalid YAML", 2},
 		{"not utf8", "limits: []\n# \xff\n", "not UTF-8", 2},
 		// Bucket limits: rate and burst instead of limit and window.
-		{"bucket in shadow mode", bucket + "    shadow: true\n", "tenant/b: shadow: shadow mode is for window limits only in this version", 7},
 		{"bucket with chunks", bucket + "    lease: {max_chunk: 5}\n", "tenant/b: lease.max_chunk: bucket limits are granted as rate shares", 7},
 		{"bucket bad rate", strings.Replace(bucket, "100/s", "100/d", 1), `tenant/b: rate: "100/d": want a period after the /`, 3},
 		{"bucket burst zero", strings.Replace(bucket, "burst: 200", "burst: 0", 1), "tenant/b: burst: must be >= 1, got 0", 4},

@@ -84,6 +84,11 @@ type bucketIntervalJSON struct {
 	Admitted      map[string]int64 `json:"admitted"`
 	AdmittedTotal int64            `json:"admitted_total"`
 	Bound         int64            `json:"bound"`
+	// Shadow mode: Checks admitted that enforcement would have denied.
+	Shadow          bool             `json:"shadow,omitempty"`
+	WouldDeny       map[string]int64 `json:"would_deny,omitempty"`
+	WouldDenyTotal  int64            `json:"would_deny_total,omitempty"`
+	WouldDenyChecks int64            `json:"would_deny_checks,omitempty"`
 }
 
 type shareJSON struct {
@@ -123,7 +128,8 @@ func (e *env) printBucketWindows(id string, bk bucketWindows) error {
 			out.Intervals = append(out.Intervals, bucketIntervalJSON{Limit: r.GetLimitId(), IntervalStart: formatTS(r.GetStart()),
 				IntervalEnd: formatTS(r.GetEnd()), Closed: r.GetClosed(), Rate: rateText(r.GetRateTokens(), r.GetRatePeriod().AsDuration()),
 				Burst: r.GetBurstTokens(), SlackSeconds: r.GetSlack().AsDuration().Seconds(), Admitted: adm,
-				AdmittedTotal: r.GetAdmittedTotal(), Bound: r.GetBound()})
+				AdmittedTotal: r.GetAdmittedTotal(), Bound: r.GetBound(), Shadow: r.GetShadow(), WouldDeny: maps.Clone(r.GetWouldDeny()),
+				WouldDenyTotal: r.GetWouldDenyTotal(), WouldDenyChecks: r.GetWouldDenyChecks()})
 		}
 		for _, s := range bk.shares {
 			out.Shares = append(out.Shares, shareJSON{Region: s.GetRegion(), Holder: s.GetHolder(), RateMilliTokens: s.GetRateMilliTokens(),
@@ -138,7 +144,15 @@ func (e *env) printBucketWindows(id string, bk bucketWindows) error {
 	}
 	var b bytes.Buffer
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "LIMIT\tINTERVAL_START\tINTERVAL_END\tRATE\tBURST\tADMITTED\tADMITTED_TOTAL\tBOUND")
+	shadow := false // the WOULD_DENY columns, only when some interval has them
+	for _, r := range bk.intervals {
+		shadow = shadow || r.GetShadow() || r.GetWouldDenyChecks() > 0
+	}
+	head := "LIMIT\tINTERVAL_START\tINTERVAL_END\tRATE\tBURST\tADMITTED\tADMITTED_TOTAL\tBOUND"
+	if shadow {
+		head += "\tWOULD_DENY\tWOULD_DENY_CHECKS"
+	}
+	fmt.Fprintln(tw, head)
 	running, over := false, false
 	for _, r := range bk.intervals {
 		end := cell(formatTS(r.GetEnd()), "-")
@@ -151,9 +165,13 @@ func (e *env) printBucketWindows(id string, bk bucketWindows) error {
 			total += "!"
 			over = true
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\n", cell(r.GetLimitId(), "-"), cell(formatTS(r.GetStart()), "-"), end,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d", cell(r.GetLimitId(), "-"), cell(formatTS(r.GetStart()), "-"), end,
 			rateText(r.GetRateTokens(), r.GetRatePeriod().AsDuration()), r.GetBurstTokens(), cell(formatAdmitted(r.GetAdmitted()), "-"),
 			total, r.GetBound())
+		if shadow {
+			fmt.Fprintf(tw, "\t%s\t%d", cell(formatAdmitted(r.GetWouldDeny()), "-"), r.GetWouldDenyChecks())
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -168,11 +186,14 @@ func (e *env) printBucketWindows(id string, bk bucketWindows) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if running || over {
+	if running || over || shadow {
 		b.WriteByte('\n')
 	}
 	if running {
 		b.WriteString("* running interval: its count still grows\n")
+	}
+	if shadow {
+		b.WriteString("shadow mode: nothing denied; WOULD_DENY is what enforcement would have denied (not in ADMITTED)\n")
 	}
 	if over {
 		b.WriteString("! admitted_total above bound: a bug, please report it (docs/overshoot.md)\n")

@@ -112,8 +112,6 @@ func checkBucketOnly(l *pb.Limit) error {
 		return fieldErr("limit.calendar", "bucket limits have a rate period (rate_period), not calendar windows")
 	case l.WindowPhase != nil:
 		return fieldErr("limit.window_phase", "bucket limits have no windows to shift (window limits only)")
-	case l.Shadow:
-		return fieldErr("limit.shadow", "shadow mode is for window limits only in this version")
 	case l.SettleGrace != nil:
 		return fieldErr("limit.settle_grace", "settle-later Checks are for window limits only in this version")
 	case l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED:

@@ -51,7 +51,6 @@ func TestValidateBucketNamesTheField(t *testing.T) {
 		{"calendar on a bucket limit", "limit.calendar", "not calendar windows", bucket(func(l *pb.Limit) {
 			l.Calendar = &pb.CalendarWindows{Unit: "month", Zone: "UTC"}
 		})},
-		{"shadow bucket", "limit.shadow", "window limits only", bucket(func(l *pb.Limit) { l.Shadow = true })},
 		{"settle grace on a bucket", "limit.settle_grace", "window limits only", bucket(func(l *pb.Limit) { l.SettleGrace = durationpb.New(time.Second) })},
 		{"debt policy on a bucket", "limit.debt_policy", "window limits only", bucket(func(l *pb.Limit) { l.DebtPolicy = pb.DebtPolicy_DEBT_POLICY_FORGIVE })},
 		{"local fallback on a bucket", "limit.fallback[eu]", "closed only", bucket(func(l *pb.Limit) {
@@ -144,4 +143,15 @@ func FuzzParseRate(f *testing.F) {
 			t.Fatalf("FormatRate(%d, %v) = %q parses as %d, %v, %v", n, p, FormatRate(n, p), n2, p2, err)
 		}
 	})
+}
+
+// TestValidateShadowBucket: a bucket limit may be in shadow mode (tried on
+// real traffic, not enforced).
+func TestValidateShadowBucket(t *testing.T) {
+	l := &pb.Limit{Id: "tenant/a", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: 100, BurstTokens: 200,
+		Regions: []string{"eu"}, Mode: pb.Mode_MODE_STRICT, Shadow: true}
+	v, err := ValidateLimit(l, []string{"eu"})
+	if err != nil || !v.GetShadow() {
+		t.Fatalf("a shadow bucket limit: %v (shadow %v)", err, v.GetShadow())
+	}
 }

@@ -22,7 +22,7 @@ func checkConcurrencyOnly(l *pb.Limit) error {
 	case l.WindowPhase != nil:
 		return fieldErr("limit.window_phase", "concurrency limits have no windows to shift (window limits only)")
 	case l.Shadow:
-		return fieldErr("limit.shadow", "shadow mode is for window limits only in this version")
+		return fieldErr("limit.shadow", "shadow mode is for window and bucket limits: a slot is held state, not a count, and admitting beyond N would hold slots beyond N")
 	case l.SettleGrace != nil:
 		return fieldErr("limit.settle_grace", "settle-later Checks are for window limits only in this version")
 	case l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_UNSPECIFIED:

@@ -48,7 +48,7 @@ func TestValidateConcurrency(t *testing.T) {
 		{"window phase", "limit.window_phase", "no windows to shift", conc(func(l *pb.Limit) { l.WindowPhase = durationpb.New(time.Second) })},
 		{"rate", "limit.rate_tokens", "only bucket", conc(func(l *pb.Limit) { l.RateTokens = 5 })},
 		{"burst", "limit.burst_tokens", "only bucket", conc(func(l *pb.Limit) { l.BurstTokens = 5 })},
-		{"shadow", "limit.shadow", "window limits only", conc(func(l *pb.Limit) { l.Shadow = true })},
+		{"shadow", "limit.shadow", "held state, not a count", conc(func(l *pb.Limit) { l.Shadow = true })},
 		{"settle grace", "limit.settle_grace", "window limits only", conc(func(l *pb.Limit) { l.SettleGrace = durationpb.New(time.Second) })},
 		{"debt policy", "limit.debt_policy", "window limits only", conc(func(l *pb.Limit) { l.DebtPolicy = pb.DebtPolicy_DEBT_POLICY_CARRY })},
 		{"local fallback in strict mode", "limit.fallback[eu]", "use mode bounded", conc(func(l *pb.Limit) {

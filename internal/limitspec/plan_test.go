@@ -159,9 +159,10 @@ func TestValidateBucketPlan(t *testing.T) {
 		"tenant/euco":  {Regions: []string{"eu"}},
 		"tenant/ttl":   {Lease: &pb.LeaseSettings{Ttl: durationpb.New(30 * time.Second)}},
 		"tenant/loose": {Mode: pb.Mode_MODE_BOUNDED},
+		"tenant/try":   {Shadow: new(true)},
 	}
 	if _, err := ValidateLimit(ok, []string{"eu", "us"}); err != nil {
-		t.Fatalf("a bucket plan's contracts of regions, lease ttl and mode: %v", err)
+		t.Fatalf("a bucket plan's contracts of regions, lease ttl, mode and shadow: %v", err)
 	}
 	for _, tc := range []struct {
 		field string
@@ -172,7 +173,6 @@ func TestValidateBucketPlan(t *testing.T) {
 		{"limit.contracts[tenant/a].burst_tokens", &pb.Contract{BurstTokens: 1 << 60}},
 		{"limit.contracts[tenant/a].burst_tokens", &pb.Contract{RateTokens: 5, BurstTokens: 1 << 45}}, // above lease.MaxBurst for 1s
 		{"limit.contracts[tenant/a].window", &pb.Contract{Window: durationpb.New(time.Minute)}},
-		{"limit.contracts[tenant/a].shadow", &pb.Contract{Shadow: new(true)}},
 		{"limit.contracts[tenant/a].lease.ttl", &pb.Contract{Lease: &pb.LeaseSettings{Ttl: durationpb.New(time.Hour)}}},
 		{"limit.contracts[tenant/a].lease.min_chunk", &pb.Contract{Lease: &pb.LeaseSettings{MinChunk: 2}}},
 		{"limit.contracts[tenant/a].fallback[eu]", &pb.Contract{Mode: pb.Mode_MODE_BOUNDED,

@@ -100,7 +100,8 @@ func boolArg(b bool) int64 {
 // takeReply is the number of values in one take's reply.
 const takeReply = 8
 
-// parseTake parses {allowed, tokens, wait, deadline, admitted, denied,
+// parseTake parses {allowed (0, 1, or 2: a shadow share's would-be
+// denial), tokens, wait, deadline, admitted, denied,
 // would_deny, would_deny_checks}.
 func parseTake(v any) (TakeResult, error) {
 	a, err := replyArray(v, takeReply)
@@ -108,8 +109,18 @@ func parseTake(v any) (TakeResult, error) {
 		return TakeResult{}, err
 	}
 	var r TakeResult
-	if r.Allowed, err = asBool(a[0]); err != nil {
+	allowed, err := asInt(a[0])
+	if err != nil {
 		return TakeResult{}, err
+	}
+	switch allowed {
+	case 0:
+	case 1:
+		r.Allowed = true
+	case 2:
+		r.Shadowed = true
+	default:
+		return TakeResult{}, ErrBadReply
 	}
 	if err := ints(a[1:], &r.Tokens, &r.WaitMs, &r.DeadlineMs, &r.Admitted, &r.Denied, &r.WouldDeny, &r.WouldDenyChecks); err != nil {
 		return TakeResult{}, err

@@ -57,6 +57,16 @@ func shadowTake(now, cost int64, allowed bool, tokens, wait, deadline, admitted,
 	return st
 }
 
+// wouldDeny is a take a shadow share could not pay: not allowed (the
+// enforcing decision), Shadowed (counted in WouldDeny, uncharged).
+func wouldDeny(now, cost, tokens, wait, deadline, admitted, denied, wd, wdc int64) rstep {
+	st := shadowTake(now, cost, false, tokens, wait, deadline, admitted, denied, wd, wdc)
+	r := st.want.(TakeResult)
+	r.Shadowed = true
+	st.want = r
+	return st
+}
+
 // rateCases are the token bucket's behaviours (lua/rate.lua), as step
 // tables at fixed instants. TestRateScript runs each on redis-server and
 // on miniredis, TestMemRate on the in-memory bucket (lease.TokenBucket),
@@ -131,21 +141,21 @@ var rateCases = []struct {
 	}},
 	{"shadow: the enforcing decision, a would-be denial charges nothing and is counted instead", []rstep{
 		shadowInstall(T0, share(1, 10_000, 20, T0+60_000), ShareInstalled, 0),
-		shadowTake(T0+99, 1, false, 0, 1, T0+60_000, 0, 0, 1, 1),     // empty: would deny, not denied
-		shadowTake(T0+100, 1, true, 0, 100, T0+60_000, 1, 0, 1, 1),   // refilled: charged as ever
-		shadowTake(T0+550, 7, false, 4, 250, T0+60_000, 1, 0, 8, 2),  // 4 held, 7 asked: the 4 stay
-		shadowTake(T0+550, 4, true, 0, 350, T0+60_000, 5, 0, 8, 2),   // so enforcement's next take still finds them
-		shadowTake(T0+550, 21, false, 0, -1, T0+60_000, 5, 0, 29, 3), // above the burst: never, counted
+		wouldDeny(T0+99, 1, 0, 1, T0+60_000, 0, 0, 1, 1),           // empty: would deny, not denied
+		shadowTake(T0+100, 1, true, 0, 100, T0+60_000, 1, 0, 1, 1), // refilled: charged as ever
+		wouldDeny(T0+550, 7, 4, 250, T0+60_000, 1, 0, 8, 2),        // 4 held, 7 asked: the 4 stay
+		shadowTake(T0+550, 4, true, 0, 350, T0+60_000, 5, 0, 8, 2), // so enforcement's next take still finds them
+		wouldDeny(T0+550, 21, 0, -1, T0+60_000, 5, 0, 29, 3),       // above the burst: never, counted
 		install(T0+600, share(2, 10_000, 20, T0+60_000), ShareInstalled, 1),
 		shadowTake(T0+600, 2, false, 1, 100, T0+60_000, 5, 2, 29, 3), // the next share enforces: denied
 		shadowInstall(T0+600, share(2, 10_000, 20, T0+60_000), ShareStale, 1),
 		shadowTake(T0+600, 2, false, 1, 100, T0+60_000, 5, 4, 29, 3), // a retry of the share in force keeps its mode
 		shadowInstall(T0+700, share(3, 10_000, 20, T0+60_000), ShareInstalled, 2),
-		shadowTake(T0+700, 3, false, 2, 100, T0+60_000, 5, 4, 32, 4), // shadow again from seq 3
+		wouldDeny(T0+700, 3, 2, 100, T0+60_000, 5, 4, 32, 4), // shadow again from seq 3
 	}},
 	{"shadow past the deadline: would deny, counted", []rstep{
 		shadowInstall(T0, share(1, 10_000, 20, T0+1_000), ShareInstalled, 0),
-		shadowTake(T0+1_000, 1, false, 0, -1, T0+1_000, 0, 0, 1, 1),
+		wouldDeny(T0+1_000, 1, 0, -1, T0+1_000, 0, 0, 1, 1),
 	}},
 	{"sub-token rates: 1 token per second split in thirds", []rstep{
 		install(T0, share(1, 333, 1, T0+60_000), ShareInstalled, 0),

@@ -42,6 +42,9 @@ type ShareAcquire struct {
 	// (cumulative): the allocator counts admits per reporting interval
 	// from it.
 	Admitted int64
+	// WouldDeny and WouldDenyChecks are the holder's bucket's would-deny
+	// counters as last read (cumulative; shadow mode).
+	WouldDeny, WouldDenyChecks int64
 }
 
 // ShareReply is the allocator's answer to one ShareAcquire.
@@ -64,6 +67,12 @@ type Install struct {
 	Key      store.RateKey
 	Share    lease.BucketShare
 	Deadline time.Time // agent clock
+	// Shadow: the limit is in shadow mode under this share (the limit
+	// as the agent knew it when the share came): the store admits
+	// nothing itself but counts a take the share cannot pay as a
+	// would-deny (store.TakeResult.Shadowed), which the Core admits.
+	// Turning shadow on or off takes effect with the next share.
+	Shadow bool
 }
 
 // bucketState is what a limitState knows of its bucket limit's share.
@@ -75,6 +84,7 @@ type bucketState struct {
 	emptyAt  time.Time     // the allocator said nothing was free (zero: no)
 	failedAt time.Time     // a request failed for good (zero: no)
 	admitted [2]int64      // the largest admitted counter a take returned, by Store
+	wd, wdc  [2]int64      // the largest would-deny counters a take returned, by Store
 }
 
 // IsBucket reports whether l is a bucket limit.
@@ -115,7 +125,7 @@ func (c *Core) kickShare(st *limitState, now time.Time) {
 		d = st.localDemand
 	}
 	req := ShareAcquire{Limit: st.id, RequestID: c.requestID(), Demand: d.Rate(now), Holder: c.holder(s), Store: s,
-		Admitted: st.bucket.admitted[s]}
+		Admitted: st.bucket.admitted[s], WouldDeny: st.bucket.wd[s], WouldDenyChecks: st.bucket.wdc[s]}
 	st.bucket.pending = &req
 	c.byRequest[req.RequestID] = st
 	c.ready.Shares = append(c.ready.Shares, req)
@@ -151,7 +161,7 @@ func (c *Core) SharesAcquired(sent, recv time.Time, reqs []ShareAcquire, replies
 			st.bucket.renewAt = sent.Add(r.ExpiresIn / 2)
 			c.ready.Installs = append(c.ready.Installs, Install{Limit: st.id, Store: req.Store, Key: st.l.rateKey(),
 				Share:    lease.BucketShare{Seq: r.Seq, Rate: r.Rate, Burst: r.Burst, Unit: lease.BucketUnit(st.l.RatePeriod)},
-				Deadline: deadline})
+				Deadline: deadline, Shadow: st.l.Shadow})
 		}
 		c.schedule(st, recv)
 	}
@@ -205,6 +215,29 @@ func (c *Core) beginTake(chk *Check) {
 // Taken hands a Check the result of its take (err: the store did not
 // decide it).
 func (c *Core) Taken(now time.Time, chk *Check, res store.TakeResult, err error) {
+	c.taken(now, chk, res, err)
+	c.shadowTake(chk, res, err)
+}
+
+// shadowTake turns the final denial of a take that the store counted as
+// a would-deny (a shadow share could not pay it) into an admission that
+// says what enforcement would have answered: over the limit, or
+// unavailable where the enforcing Core would answer that. The decision
+// is exactly the enforcing one (waits for a share included) and the
+// bucket was charged nothing: the store counted the would-deny in the
+// same script call. A take the store did not count (an error, no share
+// in force, a share installed before shadow mode was turned on) is
+// answered as enforced: the agent does not know it may admit it.
+func (c *Core) shadowTake(chk *Check, res store.TakeResult, err error) {
+	if err != nil || !res.Shadowed || chk.Step != StepDone || len(chk.Answers) != 1 || chk.Answers[0].Allowed {
+		return
+	}
+	a := &chk.Answers[0]
+	a.Allowed, a.WouldDeny, a.Reason, a.RetryAfter = true, a.Reason, ReasonOK, 0
+	chk.Result = ResultWouldDeny
+}
+
+func (c *Core) taken(now time.Time, chk *Check, res store.TakeResult, err error) {
 	st := chk.sts[0]
 	if err != nil {
 		chk.StoreErr = true
@@ -215,8 +248,10 @@ func (c *Core) Taken(now time.Time, chk *Check, res store.TakeResult, err error)
 	if chk.Store == Local {
 		d = st.localDemand
 	}
-	d.Observe(now, 0, res.Admitted+res.Denied)
+	d.Observe(now, 0, res.Admitted+res.Denied+res.WouldDeny)
 	st.bucket.admitted[chk.Store] = max(st.bucket.admitted[chk.Store], res.Admitted)
+	st.bucket.wd[chk.Store] = max(st.bucket.wd[chk.Store], res.WouldDeny)
+	st.bucket.wdc[chk.Store] = max(st.bucket.wdc[chk.Store], res.WouldDenyChecks)
 	// chk.Demand stays 0: the agent's hot-limit chunks are sub-leases,
 	// which bucket limits do not have.
 	inForce := st.bucket.inForce(chk.Store, now)

@@ -62,6 +62,10 @@ type TakeResult struct {
 	// after the take: the cost and the number of takes a shadow share
 	// could not pay (what Denied would have counted if enforced).
 	WouldDeny, WouldDenyChecks int64
+	// Shadowed: this take was one a shadow share could not pay (Allowed
+	// false): nothing was charged or denied, it was counted in WouldDeny
+	// and WouldDenyChecks, and the caller admits it.
+	Shadowed bool
 }
 
 // memRate is one token bucket key of a [Mem].
@@ -143,17 +147,18 @@ func (b *Mem) Take(key RateKey, cost, nowMs int64) (TakeResult, error) {
 		b.rates[key] = r
 	}
 	ok := r.b.Take(nowMs, cost)
+	shadowed := !ok && r.b.Share.Seq > 0 && r.shadow
 	switch {
 	case ok:
 		r.admitted += cost
-	case r.b.Share.Seq > 0 && r.shadow:
+	case shadowed:
 		r.wd += cost
 		r.wdc++
 	default:
 		r.denied += cost
 	}
 	res := TakeResult{Allowed: ok, Tokens: r.b.Tokens(), WaitMs: r.b.WaitMs(cost), Admitted: r.admitted, Denied: r.denied,
-		WouldDeny: r.wd, WouldDenyChecks: r.wdc}
+		WouldDeny: r.wd, WouldDenyChecks: r.wdc, Shadowed: shadowed}
 	if r.b.Share.Seq > 0 {
 		res.DeadlineMs = r.b.Share.DeadlineMs
 	}

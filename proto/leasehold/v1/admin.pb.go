@@ -2104,7 +2104,17 @@ type BucketIntervalReport struct {
 	BurstTokens int64                `protobuf:"varint,10,opt,name=burst_tokens,json=burstTokens,proto3" json:"burst_tokens,omitempty"`
 	// slack is how much earlier than the interval a counted token may have
 	// been admitted: the bound covers interval + slack.
-	Slack         *durationpb.Duration `protobuf:"bytes,11,opt,name=slack,proto3" json:"slack,omitempty"`
+	Slack *durationpb.Duration `protobuf:"bytes,11,opt,name=slack,proto3" json:"slack,omitempty"`
+	// would_deny per region: the cost of Checks of a limit in shadow mode
+	// admitted although enforcement would have denied them (not in
+	// admitted, which counts what enforcement would have admitted);
+	// would_deny_total all regions, would_deny_checks how many Checks.
+	WouldDeny       map[string]int64 `protobuf:"bytes,35,rep,name=would_deny,json=wouldDeny,proto3" json:"would_deny,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	WouldDenyTotal  int64            `protobuf:"varint,36,opt,name=would_deny_total,json=wouldDenyTotal,proto3" json:"would_deny_total,omitempty"`
+	WouldDenyChecks int64            `protobuf:"varint,37,opt,name=would_deny_checks,json=wouldDenyChecks,proto3" json:"would_deny_checks,omitempty"`
+	// shadow: the limit was in shadow mode (tried, not enforced) at some
+	// point of the interval: its Checks were all admitted.
+	Shadow        bool `protobuf:"varint,38,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2214,6 +2224,34 @@ func (x *BucketIntervalReport) GetSlack() *durationpb.Duration {
 		return x.Slack
 	}
 	return nil
+}
+
+func (x *BucketIntervalReport) GetWouldDeny() map[string]int64 {
+	if x != nil {
+		return x.WouldDeny
+	}
+	return nil
+}
+
+func (x *BucketIntervalReport) GetWouldDenyTotal() int64 {
+	if x != nil {
+		return x.WouldDenyTotal
+	}
+	return 0
+}
+
+func (x *BucketIntervalReport) GetWouldDenyChecks() int64 {
+	if x != nil {
+		return x.WouldDenyChecks
+	}
+	return 0
+}
+
+func (x *BucketIntervalReport) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
 }
 
 // ShareInForce is a rate share of a bucket limit that may still be spent.
@@ -2804,7 +2842,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x06shares\x18\x05 \x03(\v2\x1a.leasehold.v1.ShareInForceR\x06shares\x12\x1f\n" +
 	"\vlimit_slots\x182 \x01(\x03R\n" +
 	"limitSlots\x12\x12\n" +
-	"\x04plan\x18! \x01(\tR\x04plan\"\xa2\x04\n" +
+	"\x04plan\x18! \x01(\tR\x04plan\"\xa0\x06\n" +
 	"\x14BucketIntervalReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -2819,8 +2857,16 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"ratePeriod\x12!\n" +
 	"\fburst_tokens\x18\n" +
 	" \x01(\x03R\vburstTokens\x12/\n" +
-	"\x05slack\x18\v \x01(\v2\x19.google.protobuf.DurationR\x05slack\x1a;\n" +
+	"\x05slack\x18\v \x01(\v2\x19.google.protobuf.DurationR\x05slack\x12P\n" +
+	"\n" +
+	"would_deny\x18# \x03(\v21.leasehold.v1.BucketIntervalReport.WouldDenyEntryR\twouldDeny\x12(\n" +
+	"\x10would_deny_total\x18$ \x01(\x03R\x0ewouldDenyTotal\x12*\n" +
+	"\x11would_deny_checks\x18% \x01(\x03R\x0fwouldDenyChecks\x12\x16\n" +
+	"\x06shadow\x18& \x01(\bR\x06shadow\x1a;\n" +
 	"\rAdmittedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a<\n" +
+	"\x0eWouldDenyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xb0\x02\n" +
 	"\fShareInForce\x12\x16\n" +
@@ -2920,7 +2966,7 @@ func file_leasehold_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_leasehold_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_leasehold_v1_admin_proto_goTypes = []any{
 	(Effective)(0),                 // 0: leasehold.v1.Effective
 	(AuditOutcome)(0),              // 1: leasehold.v1.AuditOutcome
@@ -2957,89 +3003,91 @@ var file_leasehold_v1_admin_proto_goTypes = []any{
 	(*BoundTerms)(nil),             // 32: leasehold.v1.BoundTerms
 	nil,                            // 33: leasehold.v1.ChangeGroupMapRequest.PlaceEntry
 	nil,                            // 34: leasehold.v1.BucketIntervalReport.AdmittedEntry
-	nil,                            // 35: leasehold.v1.WindowReport.AdmittedEntry
-	nil,                            // 36: leasehold.v1.WindowReport.FallbackEntry
-	nil,                            // 37: leasehold.v1.WindowReport.WouldDenyEntry
-	(*Limit)(nil),                  // 38: leasehold.v1.Limit
-	(*durationpb.Duration)(nil),    // 39: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 40: google.protobuf.Timestamp
-	(LimitKind)(0),                 // 41: leasehold.v1.LimitKind
-	(*CalendarWindows)(nil),        // 42: leasehold.v1.CalendarWindows
-	(FallbackKind)(0),              // 43: leasehold.v1.FallbackKind
+	nil,                            // 35: leasehold.v1.BucketIntervalReport.WouldDenyEntry
+	nil,                            // 36: leasehold.v1.WindowReport.AdmittedEntry
+	nil,                            // 37: leasehold.v1.WindowReport.FallbackEntry
+	nil,                            // 38: leasehold.v1.WindowReport.WouldDenyEntry
+	(*Limit)(nil),                  // 39: leasehold.v1.Limit
+	(*durationpb.Duration)(nil),    // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 41: google.protobuf.Timestamp
+	(LimitKind)(0),                 // 42: leasehold.v1.LimitKind
+	(*CalendarWindows)(nil),        // 43: leasehold.v1.CalendarWindows
+	(FallbackKind)(0),              // 44: leasehold.v1.FallbackKind
 }
 var file_leasehold_v1_admin_proto_depIdxs = []int32{
 	4,  // 0: leasehold.v1.ChangeGroupMapRequest.groups:type_name -> leasehold.v1.GroupSpec
 	33, // 1: leasehold.v1.ChangeGroupMapRequest.place:type_name -> leasehold.v1.ChangeGroupMapRequest.PlaceEntry
-	38, // 2: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
+	39, // 2: leasehold.v1.PutLimitRequest.limit:type_name -> leasehold.v1.Limit
 	0,  // 3: leasehold.v1.PutLimitRequest.effective:type_name -> leasehold.v1.Effective
-	39, // 4: leasehold.v1.PutLimitRequest.override_for:type_name -> google.protobuf.Duration
-	38, // 5: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
+	40, // 4: leasehold.v1.PutLimitRequest.override_for:type_name -> google.protobuf.Duration
+	39, // 5: leasehold.v1.PutLimitResponse.limit:type_name -> leasehold.v1.Limit
 	19, // 6: leasehold.v1.PutLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	38, // 7: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
-	38, // 8: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	39, // 7: leasehold.v1.GetLimitResponse.limit:type_name -> leasehold.v1.Limit
+	39, // 8: leasehold.v1.ListLimitsResponse.limits:type_name -> leasehold.v1.Limit
 	19, // 9: leasehold.v1.DeleteLimitResponse.effect:type_name -> leasehold.v1.ChangeEffect
-	38, // 10: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
+	39, // 10: leasehold.v1.LimitChange.put:type_name -> leasehold.v1.Limit
 	15, // 11: leasehold.v1.ApplyLimitsRequest.changes:type_name -> leasehold.v1.LimitChange
 	0,  // 12: leasehold.v1.ApplyLimitsRequest.effective:type_name -> leasehold.v1.Effective
-	38, // 13: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
+	39, // 13: leasehold.v1.ApplyLimitsResponse.limits:type_name -> leasehold.v1.Limit
 	19, // 14: leasehold.v1.ApplyLimitsResponse.effects:type_name -> leasehold.v1.ChangeEffect
 	18, // 15: leasehold.v1.ChangeEffect.changes:type_name -> leasehold.v1.FieldChange
-	40, // 16: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
-	40, // 17: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
-	41, // 18: leasehold.v1.ChangeEffect.kind:type_name -> leasehold.v1.LimitKind
+	41, // 16: leasehold.v1.ChangeEffect.effective_from:type_name -> google.protobuf.Timestamp
+	41, // 17: leasehold.v1.ChangeEffect.window_start:type_name -> google.protobuf.Timestamp
+	42, // 18: leasehold.v1.ChangeEffect.kind:type_name -> leasehold.v1.LimitKind
 	24, // 19: leasehold.v1.LimitHistoryResponse.events:type_name -> leasehold.v1.AuditEvent
-	40, // 20: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	41, // 20: leasehold.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	24, // 21: leasehold.v1.ListAuditResponse.events:type_name -> leasehold.v1.AuditEvent
-	40, // 22: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	41, // 22: leasehold.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	1,  // 23: leasehold.v1.AuditEvent.outcome:type_name -> leasehold.v1.AuditOutcome
-	38, // 24: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
-	38, // 25: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
-	40, // 26: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
+	39, // 24: leasehold.v1.AuditEvent.old:type_name -> leasehold.v1.Limit
+	39, // 25: leasehold.v1.AuditEvent.new:type_name -> leasehold.v1.Limit
+	41, // 26: leasehold.v1.AuditEvent.effective_from:type_name -> google.protobuf.Timestamp
 	31, // 27: leasehold.v1.ListWindowsResponse.windows:type_name -> leasehold.v1.WindowReport
-	41, // 28: leasehold.v1.ListWindowsResponse.kind:type_name -> leasehold.v1.LimitKind
+	42, // 28: leasehold.v1.ListWindowsResponse.kind:type_name -> leasehold.v1.LimitKind
 	29, // 29: leasehold.v1.ListWindowsResponse.intervals:type_name -> leasehold.v1.BucketIntervalReport
 	30, // 30: leasehold.v1.ListWindowsResponse.shares:type_name -> leasehold.v1.ShareInForce
-	40, // 31: leasehold.v1.BucketIntervalReport.start:type_name -> google.protobuf.Timestamp
-	40, // 32: leasehold.v1.BucketIntervalReport.end:type_name -> google.protobuf.Timestamp
+	41, // 31: leasehold.v1.BucketIntervalReport.start:type_name -> google.protobuf.Timestamp
+	41, // 32: leasehold.v1.BucketIntervalReport.end:type_name -> google.protobuf.Timestamp
 	34, // 33: leasehold.v1.BucketIntervalReport.admitted:type_name -> leasehold.v1.BucketIntervalReport.AdmittedEntry
-	39, // 34: leasehold.v1.BucketIntervalReport.rate_period:type_name -> google.protobuf.Duration
-	39, // 35: leasehold.v1.BucketIntervalReport.slack:type_name -> google.protobuf.Duration
-	40, // 36: leasehold.v1.ShareInForce.expires_at:type_name -> google.protobuf.Timestamp
-	40, // 37: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
-	40, // 38: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
-	35, // 39: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
-	32, // 40: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
-	36, // 41: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
-	37, // 42: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
-	42, // 43: leasehold.v1.WindowReport.calendar:type_name -> leasehold.v1.CalendarWindows
-	43, // 44: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	7,  // 45: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	9,  // 46: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	11, // 47: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	13, // 48: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	27, // 49: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	16, // 50: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
-	20, // 51: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
-	22, // 52: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
-	25, // 53: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
-	2,  // 54: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
-	5,  // 55: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
-	8,  // 56: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	10, // 57: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	12, // 58: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	14, // 59: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	28, // 60: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	17, // 61: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
-	21, // 62: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
-	23, // 63: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
-	26, // 64: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
-	3,  // 65: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
-	6,  // 66: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
-	56, // [56:67] is the sub-list for method output_type
-	45, // [45:56] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	40, // 34: leasehold.v1.BucketIntervalReport.rate_period:type_name -> google.protobuf.Duration
+	40, // 35: leasehold.v1.BucketIntervalReport.slack:type_name -> google.protobuf.Duration
+	35, // 36: leasehold.v1.BucketIntervalReport.would_deny:type_name -> leasehold.v1.BucketIntervalReport.WouldDenyEntry
+	41, // 37: leasehold.v1.ShareInForce.expires_at:type_name -> google.protobuf.Timestamp
+	41, // 38: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	41, // 39: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	36, // 40: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
+	32, // 41: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
+	37, // 42: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
+	38, // 43: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
+	43, // 44: leasehold.v1.WindowReport.calendar:type_name -> leasehold.v1.CalendarWindows
+	44, // 45: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	7,  // 46: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	9,  // 47: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	11, // 48: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	13, // 49: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	27, // 50: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	16, // 51: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	20, // 52: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	22, // 53: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	25, // 54: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	2,  // 55: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
+	5,  // 56: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
+	8,  // 57: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	10, // 58: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	12, // 59: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	14, // 60: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	28, // 61: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	17, // 62: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	21, // 63: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	23, // 64: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	26, // 65: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	3,  // 66: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
+	6,  // 67: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
+	57, // [57:68] is the sub-list for method output_type
+	46, // [46:57] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
@@ -3060,7 +3108,7 @@ func file_leasehold_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_admin_proto_rawDesc), len(file_leasehold_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1329,9 +1329,15 @@ type ShareRequest struct {
 	// holds now (>= 0): the allocator never sizes its next share below it
 	// while the others leave room (a running job keeps its slot). 0 for
 	// other kinds.
-	HeldSlots     int64 `protobuf:"varint,50,opt,name=held_slots,json=heldSlots,proto3" json:"held_slots,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HeldSlots int64 `protobuf:"varint,50,opt,name=held_slots,json=heldSlots,proto3" json:"held_slots,omitempty"`
+	// would_deny_tokens and would_deny_checks are, for a bucket limit in
+	// shadow mode, the holder's bucket's would-deny counters as the agent
+	// last read them (cumulative, >= 0): the cost and the number of Checks
+	// admitted although enforcement would have denied them.
+	WouldDenyTokens int64 `protobuf:"varint,35,opt,name=would_deny_tokens,json=wouldDenyTokens,proto3" json:"would_deny_tokens,omitempty"`
+	WouldDenyChecks int64 `protobuf:"varint,36,opt,name=would_deny_checks,json=wouldDenyChecks,proto3" json:"would_deny_checks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ShareRequest) Reset() {
@@ -1402,6 +1408,20 @@ func (x *ShareRequest) GetAdmittedTokens() int64 {
 func (x *ShareRequest) GetHeldSlots() int64 {
 	if x != nil {
 		return x.HeldSlots
+	}
+	return 0
+}
+
+func (x *ShareRequest) GetWouldDenyTokens() int64 {
+	if x != nil {
+		return x.WouldDenyTokens
+	}
+	return 0
+}
+
+func (x *ShareRequest) GetWouldDenyChecks() int64 {
+	if x != nil {
+		return x.WouldDenyChecks
 	}
 	return 0
 }
@@ -1788,7 +1808,7 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x12group_map_revision\x18\a \x01(\x03R\x10groupMapRevision\"f\n" +
 	"\x14AcquireSharesRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x126\n" +
-	"\brequests\x18\x02 \x03(\v2\x1a.leasehold.v1.ShareRequestR\brequests\"\xd4\x01\n" +
+	"\brequests\x18\x02 \x03(\v2\x1a.leasehold.v1.ShareRequestR\brequests\"\xac\x02\n" +
 	"\fShareRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x19\n" +
@@ -1797,7 +1817,9 @@ const file_leasehold_v1_allocator_proto_rawDesc = "" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12'\n" +
 	"\x0fadmitted_tokens\x18\x05 \x01(\x03R\x0eadmittedTokens\x12\x1d\n" +
 	"\n" +
-	"held_slots\x182 \x01(\x03R\theldSlots\"\xab\x03\n" +
+	"held_slots\x182 \x01(\x03R\theldSlots\x12*\n" +
+	"\x11would_deny_tokens\x18# \x01(\x03R\x0fwouldDenyTokens\x12*\n" +
+	"\x11would_deny_checks\x18$ \x01(\x03R\x0fwouldDenyChecks\"\xab\x03\n" +
 	"\tRateShare\x12\x19\n" +
 	"\bshare_id\x18\x01 \x01(\tR\ashareId\x12\x19\n" +
 	"\blimit_id\x18\x02 \x01(\tR\alimitId\x12\x16\n" +

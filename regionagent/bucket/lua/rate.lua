@@ -20,9 +20,10 @@
 --   long until the bucket would hold cost (0: now, -1: never under this
 --   share), deadline the share's (0: none), admitted and denied the cost
 --   counters (tokens) after the take, would_deny and would_deny_checks
---   the shadow counters after it. allowed is the enforcing decision: under
---   a shadow share a take the bucket cannot pay is allowed=0, charges
---   nothing, and counts its cost in would_deny (and 1 in
+--   the shadow counters after it. allowed is 1 (admitted, charged), 0
+--   (denied, counted in denied) or 2: under a shadow share, a take the
+--   bucket cannot pay (the enforcing decision is a denial) charges
+--   nothing and counts its cost in would_deny (and 1 in
 --   would_deny_checks) instead of denied; the caller admits it.
 -- takes:   ARGV[4] n, then n pairs (key index into KEYS, cost >= 0):
 --   the takes decided in order, each as 'take' would, later ones seeing
@@ -126,11 +127,12 @@ end
 local function take(st, cost, out)
   local at = advance(st)
   local ok = st.seq > 0 and at < st.d and cost <= st.burst and cost * st.unit <= st.lvl
+  local shadowed = not ok and st.seq > 0 and st.shadow == 1
   if ok then
     st.lvl = st.lvl - cost * st.unit
     st.admitted = st.admitted + cost
     st.dadm = (st.dadm or 0) + cost
-  elseif st.seq > 0 and st.shadow == 1 then
+  elseif shadowed then
     -- shadow: the enforcing decision is a denial; nothing is charged and
     -- nothing denied, the would-be denial is counted.
     st.wd = st.wd + cost
@@ -145,7 +147,13 @@ local function take(st, cost, out)
   if st.seq > 0 then
     dl = st.d
   end
-  out[#out + 1] = ok and 1 or 0
+  if ok then
+    out[#out + 1] = 1
+  elseif shadowed then
+    out[#out + 1] = 2
+  else
+    out[#out + 1] = 0
+  end
   out[#out + 1] = tokens(st)
   out[#out + 1] = wait(st, cost)
   out[#out + 1] = dl
