@@ -86,9 +86,9 @@ type holderCounts struct {
 // bucketUsage is what the Core adds up for one bucket limit.
 type bucketUsage struct {
 	seen     map[string]holderCounts // holder key -> the largest counts reported
-	index    int64            // the running interval
-	admitted int64            // counted in the running interval
-	rate     int64            // the largest R in force in it
+	index    int64                   // the running interval
+	admitted int64                   // counted in the running interval
+	rate     int64                   // the largest R in force in it
 	period   time.Duration
 	burst    int64 // the largest B in force in it
 	slack    time.Duration
