@@ -469,7 +469,7 @@ func (a *Agent) step(ctx context.Context, chk *core.Check) error {
 	case core.StepWait:
 		return a.wait(ctx, chk)
 	case core.StepTake:
-		res, err := a.take(ctx, chk.Store, chk.RateKey, chk.Costs[0])
+		res, err := a.take(ctx, chk.Store, chk.RateKey, chk.Costs[0], chk.TakeShadow)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -537,7 +537,7 @@ func (a *Agent) beginBatch(reqs []*spendReq) {
 		chk := cs.chk
 		if chk.Step == core.StepTake && chk.Store == core.Shared {
 			// A bucket limit's take rides in the same pipeline.
-			r.op = bucket.SpendOp{Keys: []string{bucket.RateKeyOf(chk.RateKey)}, Costs: chk.Costs[:1], NowMs: a.shared.nowMs(), Take: true}
+			r.op = bucket.SpendOp{Keys: []string{bucket.RateKeyOf(chk.RateKey)}, Costs: chk.Costs[:1], NowMs: a.shared.nowMs(), Take: true, Shadow: chk.TakeShadow}
 			r.at = now
 			continue
 		}

@@ -19,13 +19,13 @@ import (
 // installed in the store they were asked for.
 
 // take carries out a Check's StepTake on store s.
-func (a *Agent) take(ctx context.Context, s core.Store, key store.RateKey, cost int64) (store.TakeResult, error) {
+func (a *Agent) take(ctx context.Context, s core.Store, key store.RateKey, cost int64, shadow bool) (store.TakeResult, error) {
 	if s == core.Local {
-		return a.local.take(key, cost)
+		return a.local.take(key, cost, shadow)
 	}
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
 	defer cancel()
-	r, err := a.shared.b.Take(rctx, bucket.RateKeyOf(key), cost, a.shared.nowMs())
+	r, err := a.shared.b.Take(rctx, bucket.RateKeyOf(key), cost, a.shared.nowMs(), shadow)
 	a.observeRedis(err)
 	return r, err
 }
@@ -62,17 +62,17 @@ func (s *redisStore) install(ctx context.Context, in core.Install) (store.ShareR
 	sh := in.Share
 	sh.DeadlineMs = max(1, cs.ToRedis(in.Deadline))
 	r, err := s.b.InstallShare(ctx, bucket.RateKeyOf(in.Key), bucket.ShareInstall{Share: sh,
-		ExpireAtMs: max(cs.ToRedis(in.Deadline.Add(s.a.opt.keyGrace)), sh.DeadlineMs), NowMs: s.nowMs(), Shadow: in.Shadow})
+		ExpireAtMs: max(cs.ToRedis(in.Deadline.Add(s.a.opt.keyGrace)), sh.DeadlineMs), NowMs: s.nowMs()})
 	s.a.observeRedis(err)
 	return r, err
 }
 
 // take spends from the replica's in-process token bucket.
-func (s *memStore) take(key store.RateKey, cost int64) (store.TakeResult, error) {
+func (s *memStore) take(key store.RateKey, cost int64, shadow bool) (store.TakeResult, error) {
 	nowMs := s.ms(s.clockNow())
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mem.Take(key, cost, nowMs)
+	return s.mem.Take(key, cost, nowMs, shadow)
 }
 
 // install puts a share in force in the replica's in-process bucket.
@@ -82,7 +82,7 @@ func (s *memStore) install(in core.Install, grace time.Duration) (store.ShareRes
 	nowMs := s.ms(s.clockNow())
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mem.InstallShare(store.ShareInstall{Key: in.Key, Share: sh, ExpireAtMs: sh.DeadlineMs + max(grace.Milliseconds(), 1), NowMs: nowMs, Shadow: in.Shadow})
+	return s.mem.InstallShare(store.ShareInstall{Key: in.Key, Share: sh, ExpireAtMs: sh.DeadlineMs + max(grace.Milliseconds(), 1), NowMs: nowMs})
 }
 
 // sendShares asks the allocator for rate shares in one call; with

@@ -196,7 +196,7 @@ func (a *agent) step(w *waiter) {
 			}
 			a.core.Spent(a.clock.At(t), chk, res, err)
 		case core.StepTake:
-			res, err := a.bucket.Take(chk.RateKey, chk.Costs[0], a.redis.Ms(t))
+			res, err := a.bucket.Take(chk.RateKey, chk.Costs[0], a.redis.Ms(t), chk.TakeShadow)
 			a.core.Taken(a.clock.At(t), chk, res, err)
 		case core.StepCount:
 			ok, vals, err := a.bucket.AdmitFallback(chk.Count, a.redis.Ms(t))
@@ -329,7 +329,7 @@ func (a *agent) execute(rd core.Ready) {
 		sh := in.Share
 		sh.DeadlineMs = max(1, a.cs.ToRedis(in.Deadline))
 		res, err := a.bucket.InstallShare(store.ShareInstall{Key: in.Key, Share: sh,
-			ExpireAtMs: max(a.cs.ToRedis(in.Deadline.Add(time.Minute)), sh.DeadlineMs), NowMs: ms, Shadow: in.Shadow})
+			ExpireAtMs: max(a.cs.ToRedis(in.Deadline.Add(time.Minute)), sh.DeadlineMs), NowMs: ms})
 		a.core.ShareInstalled(now, in, res, err)
 	}
 	if len(rd.Acquires) > 0 {

@@ -449,7 +449,7 @@ func BenchmarkTake(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		r, err := bk.Take(ctx, key, 1, 0)
+		r, err := bk.Take(ctx, key, 1, 0, false)
 		if err != nil || !r.Allowed {
 			b.Fatal(r, err)
 		}
@@ -467,7 +467,7 @@ func BenchmarkTakeParallel(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, err := bk.Take(ctx, key, 1, 0); err != nil {
+			if _, err := bk.Take(ctx, key, 1, 0, false); err != nil {
 				b.Error(err)
 				return
 			}

@@ -91,6 +91,8 @@ type SpendOp struct {
 	// (Keys[0], a RateKey; Costs[0]), as Take does; its result is the
 	// SpendResult's Take.
 	Take bool
+	// Shadow: a take of a limit in shadow mode (Buckets.Take's shadow).
+	Shadow bool
 }
 
 // Spend takes costs[i] tokens from keys[i] for every i, or nothing at all.
@@ -294,6 +296,9 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 			idx = len(c.keys) - 1
 		}
 		c.args = append(c.args, int64(idx+1), op.Costs[j])
+		if c.take {
+			c.args = append(c.args, boolArg(op.Shadow))
+		}
 	}
 	return calls
 }

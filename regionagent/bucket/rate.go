@@ -51,7 +51,7 @@ func (b *Buckets) InstallShare(ctx context.Context, key string, in ShareInstall)
 		return ShareResult{}, invalid("now %d", in.NowMs)
 	}
 	v, err := b.eval(ctx, rateScript, []string{key}, "install", in.NowMs, b.ttlArg,
-		s.Seq, s.Rate, s.Burst, s.Unit, s.DeadlineMs, in.ExpireAtMs, boolArg(in.Shadow))
+		s.Seq, s.Rate, s.Burst, s.Unit, s.DeadlineMs, in.ExpireAtMs)
 	if err != nil {
 		return ShareResult{}, err
 	}
@@ -72,8 +72,10 @@ func (b *Buckets) InstallShare(ctx context.Context, key string, in ShareInstall)
 // Take spends cost tokens from a token bucket (key: RateKey) if it holds
 // them at now, all or nothing, and counts the cost as admitted or denied.
 // With no share in force (none yet, or past its deadline) it is denied. A
-// denial is a result, not an error.
-func (b *Buckets) Take(ctx context.Context, key string, cost, nowMs int64) (TakeResult, error) {
+// denial is a result, not an error. In shadow mode (shadow: the limit is
+// tried, not enforced) a take it cannot pay charges nothing and is counted
+// in WouldDeny instead of Denied (Shadowed: the caller admits it).
+func (b *Buckets) Take(ctx context.Context, key string, cost, nowMs int64, shadow bool) (TakeResult, error) {
 	switch {
 	case key == "":
 		return TakeResult{}, invalid("empty key")
@@ -82,7 +84,7 @@ func (b *Buckets) Take(ctx context.Context, key string, cost, nowMs int64) (Take
 	case nowMs < 0 || !checkInt(nowMs):
 		return TakeResult{}, invalid("now %d", nowMs)
 	}
-	v, err := b.eval(ctx, rateScript, []string{key}, "take", nowMs, b.ttlArg, cost)
+	v, err := b.eval(ctx, rateScript, []string{key}, "take", nowMs, b.ttlArg, cost, boolArg(shadow))
 	if err != nil {
 		return TakeResult{}, err
 	}

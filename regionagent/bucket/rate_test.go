@@ -18,7 +18,7 @@ type rstep struct {
 	op     string // install, take
 	now    int64
 	share  lease.BucketShare
-	shadow bool // install: a shadow share
+	shadow bool // take: the limit is in shadow mode
 	cost   int64
 	want   any // ShareResult or TakeResult
 }
@@ -40,16 +40,17 @@ func take(now, cost int64, allowed bool, tokens, wait, deadline, admitted, denie
 		DeadlineMs: deadline, Admitted: admitted, Denied: denied}}
 }
 
-// shadowInstall installs a share of a limit in shadow mode.
-func shadowInstall(now int64, s lease.BucketShare, status ShareStatus, tokens int64) rstep {
-	st := install(now, s, status, tokens)
+// shadowTake is a take of a limit in shadow mode: wd and wdc are the
+// shadow counters after it.
+func shadowTake(now, cost int64, allowed bool, tokens, wait, deadline, admitted, denied, wd, wdc int64) rstep {
+	st := enforcedTake(now, cost, allowed, tokens, wait, deadline, admitted, denied, wd, wdc)
 	st.shadow = true
 	return st
 }
 
-// shadowTake is a take under a shadow share: wd and wdc are the shadow
-// counters after it.
-func shadowTake(now, cost int64, allowed bool, tokens, wait, deadline, admitted, denied, wd, wdc int64) rstep {
+// enforcedTake is a take of an enforced limit on a bucket with shadow
+// counters (wd, wdc) from before.
+func enforcedTake(now, cost int64, allowed bool, tokens, wait, deadline, admitted, denied, wd, wdc int64) rstep {
 	st := take(now, cost, allowed, tokens, wait, deadline, admitted, denied)
 	r := st.want.(TakeResult)
 	r.WouldDeny, r.WouldDenyChecks = wd, wdc
@@ -57,8 +58,9 @@ func shadowTake(now, cost int64, allowed bool, tokens, wait, deadline, admitted,
 	return st
 }
 
-// wouldDeny is a take a shadow share could not pay: not allowed (the
-// enforcing decision), Shadowed (counted in WouldDeny, uncharged).
+// wouldDeny is a take in shadow mode the bucket could not pay: not
+// allowed (the enforcing decision), Shadowed (counted in WouldDeny,
+// uncharged, not denied).
 func wouldDeny(now, cost, tokens, wait, deadline, admitted, denied, wd, wdc int64) rstep {
 	st := shadowTake(now, cost, false, tokens, wait, deadline, admitted, denied, wd, wdc)
 	r := st.want.(TakeResult)
@@ -140,22 +142,19 @@ var rateCases = []struct {
 		take(T0+10_000, 5, true, 0, -1, T0+60_000, 5, 0),
 	}},
 	{"shadow: the enforcing decision, a would-be denial charges nothing and is counted instead", []rstep{
-		shadowInstall(T0, share(1, 10_000, 20, T0+60_000), ShareInstalled, 0),
-		wouldDeny(T0+99, 1, 0, 1, T0+60_000, 0, 0, 1, 1),           // empty: would deny, not denied
-		shadowTake(T0+100, 1, true, 0, 100, T0+60_000, 1, 0, 1, 1), // refilled: charged as ever
-		wouldDeny(T0+550, 7, 4, 250, T0+60_000, 1, 0, 8, 2),        // 4 held, 7 asked: the 4 stay
-		shadowTake(T0+550, 4, true, 0, 350, T0+60_000, 5, 0, 8, 2), // so enforcement's next take still finds them
-		wouldDeny(T0+550, 21, 0, -1, T0+60_000, 5, 0, 29, 3),       // above the burst: never, counted
-		install(T0+600, share(2, 10_000, 20, T0+60_000), ShareInstalled, 1),
-		shadowTake(T0+600, 2, false, 1, 100, T0+60_000, 5, 2, 29, 3), // the next share enforces: denied
-		shadowInstall(T0+600, share(2, 10_000, 20, T0+60_000), ShareStale, 1),
-		shadowTake(T0+600, 2, false, 1, 100, T0+60_000, 5, 4, 29, 3), // a retry of the share in force keeps its mode
-		shadowInstall(T0+700, share(3, 10_000, 20, T0+60_000), ShareInstalled, 2),
-		wouldDeny(T0+700, 3, 2, 100, T0+60_000, 5, 4, 32, 4), // shadow again from seq 3
+		install(T0, share(1, 10_000, 20, T0+60_000), ShareInstalled, 0),
+		wouldDeny(T0+99, 1, 0, 1, T0+60_000, 0, 0, 1, 1),               // empty: would deny, not denied
+		shadowTake(T0+100, 1, true, 0, 100, T0+60_000, 1, 0, 1, 1),     // refilled: charged as ever
+		wouldDeny(T0+550, 7, 4, 250, T0+60_000, 1, 0, 8, 2),            // 4.5 held, 7 asked: the 4.5 stay
+		shadowTake(T0+550, 4, true, 0, 350, T0+60_000, 5, 0, 8, 2),     // so the next take still finds them
+		wouldDeny(T0+550, 21, 0, -1, T0+60_000, 5, 0, 29, 3),           // above the burst: never, counted
+		enforcedTake(T0+600, 2, false, 1, 100, T0+60_000, 5, 2, 29, 3), // enforced again: denied
+		enforcedTake(T0+700, 2, true, 0, 200, T0+60_000, 7, 2, 29, 3),
 	}},
-	{"shadow past the deadline: would deny, counted", []rstep{
-		shadowInstall(T0, share(1, 10_000, 20, T0+1_000), ShareInstalled, 0),
-		wouldDeny(T0+1_000, 1, 0, -1, T0+1_000, 0, 0, 1, 1),
+	{"shadow with no share, or past its deadline: would deny, counted", []rstep{
+		wouldDeny(T0, 3, 0, -1, 0, 0, 0, 3, 1),
+		install(T0, share(1, 10_000, 20, T0+1_000), ShareInstalled, 0),
+		wouldDeny(T0+1_000, 1, 0, -1, T0+1_000, 0, 0, 4, 2),
 	}},
 	{"sub-token rates: 1 token per second split in thirds", []rstep{
 		install(T0, share(1, 333, 1, T0+60_000), ShareInstalled, 0),
@@ -167,9 +166,9 @@ var rateCases = []struct {
 func (s rstep) run(t *testing.T, b *Buckets, key string) (any, error) {
 	switch s.op {
 	case "install":
-		return b.InstallShare(testCtx(t), key, ShareInstall{Share: s.share, ExpireAtMs: farExpiry(), NowMs: s.now, Shadow: s.shadow})
+		return b.InstallShare(testCtx(t), key, ShareInstall{Share: s.share, ExpireAtMs: farExpiry(), NowMs: s.now})
 	case "take":
-		return b.Take(testCtx(t), key, s.cost, s.now)
+		return b.Take(testCtx(t), key, s.cost, s.now, s.shadow)
 	}
 	return nil, fmt.Errorf("unknown op %q", s.op)
 }
@@ -177,9 +176,9 @@ func (s rstep) run(t *testing.T, b *Buckets, key string) (any, error) {
 func (s rstep) runMem(m *store.Mem, key store.RateKey) (any, error) {
 	switch s.op {
 	case "install":
-		return m.InstallShare(store.ShareInstall{Key: key, Share: s.share, ExpireAtMs: farExpiry(), NowMs: s.now, Shadow: s.shadow})
+		return m.InstallShare(store.ShareInstall{Key: key, Share: s.share, ExpireAtMs: farExpiry(), NowMs: s.now})
 	case "take":
-		return m.Take(key, s.cost, s.now)
+		return m.Take(key, s.cost, s.now, s.shadow)
 	}
 	return nil, fmt.Errorf("unknown op %q", s.op)
 }
@@ -262,7 +261,7 @@ func TestRateRandomAgainstModel(t *testing.T) {
 				now -= rng.Int63n(1_000)
 				continue
 			default:
-				s = rstep{op: "take", now: now, cost: rng.Int63n(maxBurst/4 + 1)}
+				s = rstep{op: "take", now: now, cost: rng.Int63n(maxBurst/4 + 1), shadow: rng.Intn(3) == 0}
 			}
 			want, err := s.runMem(m, mkey)
 			if err != nil {
@@ -294,7 +293,7 @@ func TestRateRedisClock(t *testing.T) {
 	var r TakeResult
 	for range 1000 {
 		var err error
-		if r, err = b.Take(testCtx(t), key, 1, 0); err != nil {
+		if r, err = b.Take(testCtx(t), key, 1, 0, false); err != nil {
 			t.Fatal(err)
 		}
 		if r.Allowed {
@@ -330,7 +329,7 @@ func TestRateInvalid(t *testing.T) {
 		key       string
 		cost, now int64
 	}{{"", 1, 0}, {key, -1, 0}, {key, maxExact + 1, 0}, {key, 1, -1}} {
-		if _, err := b.Take(testCtx(t), c.key, c.cost, c.now); !errors.Is(err, ErrInvalid) {
+		if _, err := b.Take(testCtx(t), c.key, c.cost, c.now, false); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Take(%q, %d, %d): %v, want ErrInvalid", c.key, c.cost, c.now, err)
 		}
 	}
@@ -358,12 +357,13 @@ func TestTakeBatch(t *testing.T) {
 			}
 			now := T0 + 700 // 7 tokens in each bucket
 			takes := []struct {
-				key  int
-				cost int64
-			}{{0, 3}, {1, 1}, {0, 5}, {0, 4}, {0, 0}, {1, 9}}
+				key    int
+				cost   int64
+				shadow bool
+			}{{0, 3, false}, {1, 1, true}, {0, 5, true}, {0, 4, false}, {0, 0, false}, {1, 9, true}}
 			var ops []SpendOp
 			for i, tk := range takes {
-				ops = append(ops, SpendOp{Keys: []string{batchKeys[tk.key]}, Costs: []int64{tk.cost}, NowMs: now, Take: true})
+				ops = append(ops, SpendOp{Keys: []string{batchKeys[tk.key]}, Costs: []int64{tk.cost}, NowMs: now, Take: true, Shadow: tk.shadow})
 				if i == 1 {
 					ops = append(ops, SpendOp{Keys: []string{Key("", "tbw", 1)}, Costs: []int64{2}, NowMs: now})
 				}
@@ -375,7 +375,7 @@ func TestTakeBatch(t *testing.T) {
 			}
 			j := 0
 			for i, tk := range takes {
-				want, err := b.Take(ctx, oneKeys[tk.key], tk.cost, now)
+				want, err := b.Take(ctx, oneKeys[tk.key], tk.cost, now, tk.shadow)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -67,12 +67,6 @@ type Install struct {
 	Key      store.RateKey
 	Share    lease.BucketShare
 	Deadline time.Time // agent clock
-	// Shadow: the limit is in shadow mode under this share (the limit
-	// as the agent knew it when the share came): the store admits
-	// nothing itself but counts a take the share cannot pay as a
-	// would-deny (store.TakeResult.Shadowed), which the Core admits.
-	// Turning shadow on or off takes effect with the next share.
-	Shadow bool
 }
 
 // bucketState is what a limitState knows of its bucket limit's share.
@@ -161,7 +155,7 @@ func (c *Core) SharesAcquired(sent, recv time.Time, reqs []ShareAcquire, replies
 			st.bucket.renewAt = sent.Add(r.ExpiresIn / 2)
 			c.ready.Installs = append(c.ready.Installs, Install{Limit: st.id, Store: req.Store, Key: st.l.rateKey(),
 				Share:    lease.BucketShare{Seq: r.Seq, Rate: r.Rate, Burst: r.Burst, Unit: lease.BucketUnit(st.l.RatePeriod)},
-				Deadline: deadline, Shadow: st.l.Shadow})
+				Deadline: deadline})
 		}
 		c.schedule(st, recv)
 	}
@@ -208,6 +202,7 @@ func (c *Core) ShareInstalled(now time.Time, in Install, res store.ShareResult, 
 func (c *Core) beginTake(chk *Check) {
 	chk.Step, chk.Store = StepTake, c.store()
 	chk.RateKey = chk.sts[0].l.rateKey()
+	chk.TakeShadow = chk.sts[0].l.Shadow
 	chk.Keys = chk.Keys[:1]
 	chk.Keys[0] = store.Key{Limit: chk.RateKey.Limit, HashTag: chk.RateKey.HashTag}
 }
@@ -225,9 +220,8 @@ func (c *Core) Taken(now time.Time, chk *Check, res store.TakeResult, err error)
 // unavailable where the enforcing Core would answer that. The decision
 // is exactly the enforcing one (waits for a share included) and the
 // bucket was charged nothing: the store counted the would-deny in the
-// same script call. A take the store did not count (an error, no share
-// in force, a share installed before shadow mode was turned on) is
-// answered as enforced: the agent does not know it may admit it.
+// same script call. A take the store did not decide (an error) is
+// answered as enforced, UNAVAILABLE: nothing was counted.
 func (c *Core) shadowTake(chk *Check, res store.TakeResult, err error) {
 	if err != nil || !res.Shadowed || chk.Step != StepDone || len(chk.Answers) != 1 || chk.Answers[0].Allowed {
 		return

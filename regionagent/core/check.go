@@ -90,6 +90,9 @@ type Check struct {
 	Until   time.Time           // StepWait
 	Count   []store.FallbackAdd // StepCount
 	RateKey store.RateKey       // StepTake
+	// TakeShadow: the take is of a limit in shadow mode (StepTake): the
+	// store counts a take it cannot pay as a would-deny, uncharged.
+	TakeShadow bool
 	// StepDone:
 	Answers  []Answer
 	Result   Result

@@ -357,7 +357,7 @@ func (w *world) checkMulti(items ...Item) ([]Answer, *Check) {
 				w.c.Taken(w.now, chk, store.TakeResult{}, fmt.Errorf("redis down"))
 				break
 			}
-			res, err := w.mem(chk.Store).Take(chk.RateKey, chk.Costs[0], ms(w.now))
+			res, err := w.mem(chk.Store).Take(chk.RateKey, chk.Costs[0], ms(w.now), chk.TakeShadow)
 			w.c.Taken(w.now, chk, res, err)
 		case StepDone:
 			w.drain()

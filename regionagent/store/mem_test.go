@@ -46,14 +46,14 @@ func TestMemCloneRates(t *testing.T) {
 	if _, err := m.InstallShare(ShareInstall{Key: k, Share: share, ExpireAtMs: 200_000, NowMs: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := m.Take(k, 3, 1_000); !r.Allowed || r.Tokens != 2 {
+	if r, _ := m.Take(k, 3, 1_000, false); !r.Allowed || r.Tokens != 2 {
 		t.Fatalf("take: %+v", r)
 	}
 	c := m.Clone()
-	if r, _ := m.Take(k, 2, 1_000); !r.Allowed || r.Tokens != 0 {
+	if r, _ := m.Take(k, 2, 1_000, false); !r.Allowed || r.Tokens != 0 {
 		t.Fatalf("take on the original: %+v", r)
 	}
-	if r, _ := c.Take(k, 2, 1_000); !r.Allowed || r.Tokens != 0 || r.Admitted != 5 {
+	if r, _ := c.Take(k, 2, 1_000, false); !r.Allowed || r.Tokens != 0 || r.Admitted != 5 {
 		t.Fatalf("take on the clone (the spend lost in the failover is admitted again): %+v", r)
 	}
 	if NewMem(0).Clone().rates == nil {

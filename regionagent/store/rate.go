@@ -17,12 +17,6 @@ type ShareInstall struct {
 	Share      lease.BucketShare
 	ExpireAtMs int64 // the key's expiry (only ever extended), >= Share.DeadlineMs
 	NowMs      int64
-	// Shadow: the limit is in shadow mode under this share. A take the
-	// bucket cannot pay is then still Allowed false (the enforcing
-	// decision), charges nothing and counts WouldDeny instead of Denied;
-	// the caller admits it. It changes with the share (a new Seq): a
-	// retry of the share in force keeps the mode it was installed with.
-	Shadow bool
 }
 
 // ShareStatus says what installing a share did.
@@ -72,7 +66,6 @@ type TakeResult struct {
 type memRate struct {
 	b                lease.TokenBucket
 	admitted, denied int64
-	shadow           bool  // the share in force is a shadow one
 	wd, wdc          int64 // would_deny, would_deny_checks
 	expireAt         int64 // ms; 0: no expiry
 }
@@ -114,9 +107,6 @@ func (b *Mem) InstallShare(in ShareInstall) (ShareResult, error) {
 	if st == lease.ShareInstalled && (r.expireAt == 0 || r.expireAt < in.ExpireAtMs) {
 		r.expireAt = in.ExpireAtMs
 	}
-	if st == lease.ShareInstalled {
-		r.shadow = in.Shadow
-	}
 	status := ShareInstalled
 	if st != lease.ShareInstalled {
 		status = ShareStale
@@ -127,8 +117,11 @@ func (b *Mem) InstallShare(in ShareInstall) (ShareResult, error) {
 // Take spends cost tokens from a token bucket if it holds them, as
 // rate.lua's take does, and counts the cost as admitted or denied. A take
 // on a bucket with no share is denied and creates the key, with the
-// orphan TTL, for its denied counter.
-func (b *Mem) Take(key RateKey, cost, nowMs int64) (TakeResult, error) {
+// orphan TTL, for its denied counter. In shadow mode (shadow: the limit
+// is tried, not enforced) a take the bucket cannot pay charges nothing
+// and is counted in WouldDeny instead of Denied (Shadowed: the caller
+// admits it).
+func (b *Mem) Take(key RateKey, cost, nowMs int64, shadow bool) (TakeResult, error) {
 	if cost < 0 {
 		return TakeResult{}, errMem
 	}
@@ -147,7 +140,7 @@ func (b *Mem) Take(key RateKey, cost, nowMs int64) (TakeResult, error) {
 		b.rates[key] = r
 	}
 	ok := r.b.Take(nowMs, cost)
-	shadowed := !ok && r.b.Share.Seq > 0 && r.shadow
+	shadowed := !ok && shadow
 	switch {
 	case ok:
 		r.admitted += cost

@@ -6,33 +6,34 @@
 -- ARGV[1]  op: 'install', 'take' or 'takes'
 -- ARGV[2]  now ms (0 = Redis TIME)
 -- ARGV[3]  orphan TTL ms for a key 'take' creates (denied counter)
--- install: ARGV[4..10] seq (> 0), rate (units per ms, >= 0), burst (tokens,
+-- install: ARGV[4..9] seq (> 0), rate (units per ms, >= 0), burst (tokens,
 --          >= 0), unit (units per token, >= 1), deadline ms (exclusive),
---          key expire-at ms (PEXPIREAT; only ever extended, >= deadline),
---          shadow (1: the limit is in shadow mode under this share, 0 not)
+--          key expire-at ms (PEXPIREAT; only ever extended, >= deadline)
 --   Reply {status, tokens}: status 1 installed, 2 stale (the share in
 --   force has this seq or a greater one: nothing changed), 4 expired
 --   (expire-at is not after Redis's TIME: nothing written); tokens the
 --   whole tokens the bucket holds after the call.
--- take:    ARGV[4] cost (tokens, >= 0)
+-- take:    ARGV[4] cost (tokens, >= 0), ARGV[5] shadow (1: the limit is
+--          in shadow mode, 0 enforced)
 --   Reply {allowed, tokens, wait_ms, deadline, admitted, denied,
 --   would_deny, would_deny_checks}: tokens after the take, wait_ms how
 --   long until the bucket would hold cost (0: now, -1: never under this
 --   share), deadline the share's (0: none), admitted and denied the cost
 --   counters (tokens) after the take, would_deny and would_deny_checks
 --   the shadow counters after it. allowed is 1 (admitted, charged), 0
---   (denied, counted in denied) or 2: under a shadow share, a take the
+--   (denied, counted in denied) or 2: in shadow mode, a take the
 --   bucket cannot pay (the enforcing decision is a denial) charges
 --   nothing and counts its cost in would_deny (and 1 in
 --   would_deny_checks) instead of denied; the caller admits it.
--- takes:   ARGV[4] n, then n pairs (key index into KEYS, cost >= 0):
+-- takes:   ARGV[4] n, then n triples (key index into KEYS, cost >= 0,
+--   shadow 0 or 1):
 --   the takes decided in order, each as 'take' would, later ones seeing
 --   earlier ones; the reply is the n replies of 'take', flattened (8
 --   values each). Every argument is checked before anything is written.
 --
 -- Hash fields: seq, rate, burst, unit, d (the share in force), lvl (units),
 -- t (ms: the latest instant seen; time never goes back), admitted, denied,
--- shadow (of the share in force), wd and wdc (would_deny, would_deny_checks).
+-- wd and wdc (would_deny, would_deny_checks: shadow mode).
 -- Tokens only come from refill, at rate units per ms up to burst*unit,
 -- until the deadline; at or after it the bucket is empty. A share installed
 -- over one still in force keeps the level (capped at its burst); over an
@@ -45,11 +46,11 @@ local MAX = 4503599627370496 -- 2^52, lease.MaxBucketUnits
 -- load reads a bucket's state.
 local function load(key)
   local h = redis.call('HMGET', key, 'seq', 'rate', 'burst', 'unit', 'd', 'lvl', 't', 'admitted', 'denied',
-    'shadow', 'wd', 'wdc')
+    'wd', 'wdc')
   return {key = key, seq = tonumber(h[1]) or 0, rate = tonumber(h[2]) or 0, burst = tonumber(h[3]) or 0,
           unit = tonumber(h[4]) or 1, d = tonumber(h[5]) or 0, lvl = tonumber(h[6]) or 0,
           t = tonumber(h[7]) or 0, admitted = tonumber(h[8]) or 0, denied = tonumber(h[9]) or 0,
-          shadow = tonumber(h[10]) or 0, wd = tonumber(h[11]) or 0, wdc = tonumber(h[12]) or 0}
+          wd = tonumber(h[10]) or 0, wdc = tonumber(h[11]) or 0}
 end
 
 -- advance: bring the bucket to now (never backward); returns max(now, t).
@@ -124,10 +125,10 @@ local function wait(st, cost)
 end
 
 -- take decides one take on st (in memory) and appends its reply to out.
-local function take(st, cost, out)
+local function take(st, cost, shadow, out)
   local at = advance(st)
   local ok = st.seq > 0 and at < st.d and cost <= st.burst and cost * st.unit <= st.lvl
-  local shadowed = not ok and st.seq > 0 and st.shadow == 1
+  local shadowed = not ok and shadow == 1
   if ok then
     st.lvl = st.lvl - cost * st.unit
     st.admitted = st.admitted + cost
@@ -191,10 +192,6 @@ if op == 'install' then
   local unit = int(ARGV[7], 'unit')
   local d = int(ARGV[8], 'deadline_ms')
   local expire_at = int(ARGV[9], 'expire_at_ms')
-  local shadow = int(ARGV[10], 'shadow')
-  if shadow ~= 0 and shadow ~= 1 then
-    error('bucket: bad share')
-  end
   if seq <= 0 or rate < 0 or rate > MAX or burst < 0 or unit < 1 or unit > MAX or
      burst > math.floor(MAX / unit) or d <= 0 or d > MAX or expire_at < d then
     error('bucket: bad share')
@@ -211,7 +208,6 @@ if op == 'install' then
     st.lvl = 0
   end
   st.seq, st.rate, st.burst, st.unit, st.d = seq, rate, burst, unit, d
-  st.shadow = shadow
   if st.lvl > burst * unit then
     st.lvl = burst * unit
   end
@@ -219,7 +215,7 @@ if op == 'install' then
     st.lvl = 0
   end
   redis.call('HSET', key, 'seq', fmt(seq), 'rate', fmt(rate), 'burst', fmt(burst), 'unit', fmt(unit),
-    'd', fmt(d), 'lvl', fmt(st.lvl), 't', fmt(st.t), 'shadow', fmt(shadow))
+    'd', fmt(d), 'lvl', fmt(st.lvl), 't', fmt(st.t))
   local cur = redis.call('PEXPIRETIME', key)
   if cur == -1 or (cur >= 0 and cur < expire_at) then
     redis.call('PEXPIREAT', key, fmt(expire_at))
@@ -228,8 +224,8 @@ if op == 'install' then
 elseif op == 'take' or op == 'takes' then
   local pairs_ = {}
   if op == 'take' then
-    pairs_[1] = {1, int(ARGV[4], 'cost')}
-    if ARGV[5] ~= nil then
+    pairs_[1] = {1, int(ARGV[4], 'cost'), int(ARGV[5], 'shadow')}
+    if ARGV[6] ~= nil then
       error('bucket: trailing arguments')
     end
   else
@@ -238,9 +234,9 @@ elseif op == 'take' or op == 'takes' then
       error('bucket: no takes')
     end
     for i = 1, n do
-      pairs_[i] = {int(ARGV[3 + 2 * i], 'key index'), int(ARGV[4 + 2 * i], 'cost')}
+      pairs_[i] = {int(ARGV[2 + 3 * i], 'key index'), int(ARGV[3 + 3 * i], 'cost'), int(ARGV[4 + 3 * i], 'shadow')}
     end
-    if ARGV[5 + 2 * n] ~= nil then
+    if ARGV[5 + 3 * n] ~= nil then
       error('bucket: trailing arguments')
     end
   end
@@ -250,6 +246,9 @@ elseif op == 'take' or op == 'takes' then
     end
     if p[2] < 0 then
       error('bucket: negative cost')
+    end
+    if p[3] ~= 0 and p[3] ~= 1 then
+      error('bucket: bad shadow flag')
     end
   end
   local states, order, out = {}, {}, {}
@@ -261,7 +260,7 @@ elseif op == 'take' or op == 'takes' then
       states[key] = st
       order[#order + 1] = st
     end
-    take(st, p[2], out)
+    take(st, p[2], p[3], out)
   end
   for _, st in ipairs(order) do
     save(st)
