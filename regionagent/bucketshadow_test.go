@@ -186,7 +186,8 @@ func TestBucketPlanShadow(t *testing.T) {
 	tried := map[string]*shadowTally{"eu": {}, "us": {}}
 	strict := map[string]*shadowTally{"eu": {}, "us": {}}
 	first := map[string]*shadowTally{} // each region's first Check of tenant/newco
-	for range 400 {                    // 20 s, 40 Checks of 1 a second per region and tenant
+	// 20 s, 40 Checks of 1 a second per region and tenant.
+	for range 400 {
 		for _, r := range sortedRegions(agents) {
 			for range 2 {
 				d, err := agents[r].Check(ctx, "tenant/newco", 1)
