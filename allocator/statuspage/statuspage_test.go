@@ -638,6 +638,25 @@ func TestShadowShown(t *testing.T) {
 	}
 }
 
+// TestBucketShadowShown: a bucket limit in shadow mode reads so in its
+// mode; its last closed interval's would-deny Checks are an attention tag
+// and each interval's row says them.
+func TestBucketShadowShown(t *testing.T) {
+	b := &pb.Limit{Id: "b/try", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: 100, BurstTokens: 200, Regions: []string{"eu", "us"},
+		Mode: pb.Mode_MODE_STRICT, Shadow: true}
+	iv := allocator.BucketReport{Limit: "b/try", Length: allocator.BucketInterval, Closed: true, Admitted: 6000,
+		ByRegion: map[string]int64{"eu": 6000}, Bound: 7300, Rate: 100, Period: time.Second, Burst: 200,
+		WouldDeny: 37, WouldDenyChecks: 15, WouldDenyByRegion: map[string]int64{"eu": 30, "us": 7}, Shadow: true}
+	rw := newRow(late, b, nil)
+	bucketRow(rw, b, allocator.BucketStatus{Intervals: []allocator.BucketReport{iv}})
+	if rw.Mode != "strict · shadow" || rw.Level != "" || len(rw.Alerts) != 1 || rw.Alerts[0].Text != "shadow: would deny 15 checks" {
+		t.Fatalf("mode %q level %q alerts %+v", rw.Mode, rw.Level, rw.Alerts)
+	}
+	if got := newIntervalRow(iv, []string{"eu", "us"}).WouldDeny; got != "15 checks (37 tokens)" {
+		t.Fatalf("interval row %q", got)
+	}
+}
+
 // TestOverrideShown: an override in force is an attention tag with its
 // end and the G (R and B, N) it returns to.
 func TestOverrideShown(t *testing.T) {
