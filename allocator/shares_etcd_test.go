@@ -157,6 +157,8 @@ func TestValidateAcquireShares(t *testing.T) {
 		"requests[0].limit_id":          func(r *pb.AcquireSharesRequest) { r.Requests[0].LimitId = "" },
 		"requests[0].demand_per_second": func(r *pb.AcquireSharesRequest) { r.Requests[0].DemandPerSecond = -1 },
 		"requests[0].holder":            func(r *pb.AcquireSharesRequest) { r.Requests[0].Holder = "eu 1" },
+		"requests[0].would_deny_tokens": func(r *pb.AcquireSharesRequest) { r.Requests[0].WouldDenyTokens = -1 },
+		"requests[0].would_deny_checks": func(r *pb.AcquireSharesRequest) { r.Requests[0].WouldDenyChecks = -1 },
 	} {
 		req := ok()
 		edit(req)
@@ -177,18 +179,19 @@ func TestBucketMetrics(t *testing.T) {
 	a := startAllocatorReg(t, c, "a", reg, clock.opt())
 	allocatortest.WaitLeader(t, a)
 	putBucketLimitRaw(t, a.Allocator, "b/e", 100, 200, 10*time.Second)
-	ask := func(req string, admitted int64) {
+	ask := func(req string, admitted, wd, wdc int64) {
 		t.Helper()
-		res, err := a.AcquireShares(context.Background(), "eu", []*pb.ShareRequest{{RequestId: req, LimitId: "b/e", DemandPerSecond: 50, AdmittedTokens: admitted}})
+		res, err := a.AcquireShares(context.Background(), "eu", []*pb.ShareRequest{{RequestId: req, LimitId: "b/e", DemandPerSecond: 50,
+			AdmittedTokens: admitted, WouldDenyTokens: wd, WouldDenyChecks: wdc}})
 		if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK {
 			t.Fatalf("AcquireShares: %v, %v", res, err)
 		}
 	}
-	ask("r1", 0)
+	ask("r1", 0, 0, 0)
 	clock.Add(10 * time.Second)
-	ask("r2", 120)
+	ask("r2", 120, 45, 20)      // shadow mode: would-deny counters grow beside admitted
 	clock.Add(50 * time.Second) // the next interval
-	ask("r3", 150)
+	ask("r3", 150, 50, 22)
 	got := map[string]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -202,7 +205,7 @@ func TestBucketMetrics(t *testing.T) {
 		}
 	}
 	want := map[string]float64{"leasehold_bucket_admitted_tokens": 120, "leasehold_bucket_bound_tokens": 200 + 100*71,
-		"leasehold_bucket_interval_seconds": 60}
+		"leasehold_bucket_interval_seconds": 60, "leasehold_bucket_would_deny_tokens": 45, "leasehold_bucket_would_deny_checks": 20}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
