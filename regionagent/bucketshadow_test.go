@@ -165,6 +165,23 @@ func TestBucketShadowCountsExactly(t *testing.T) {
 	if checks != total {
 		t.Errorf("the allocator counted %d would-deny checks; the Checks said %d", checks, total)
 	}
+
+	// Over gRPC: the bucket emptied by a Check of its burst, the next one
+	// is allowed with would_deny OVER_LIMIT.
+	srv := NewServer(agents["eu"])
+	var would int
+	for range 3 {
+		resp, err := srv.Check(ctx, &pb.CheckRequest{LimitId: "b/shadow", Cost: B})
+		if err != nil || !resp.GetAllowed() || resp.GetReason() != pb.Reason_REASON_OK {
+			t.Fatalf("gRPC Check of a shadow bucket limit: %v, %v", resp, err)
+		}
+		if resp.GetWouldDeny() == pb.Reason_REASON_OVER_LIMIT {
+			would++
+		}
+	}
+	if would == 0 {
+		t.Fatal("gRPC: three Checks of the whole burst at one instant, none said it would be denied")
+	}
 }
 
 // TestBucketPlanShadow: a bucket plan in shadow mode limits nothing for
