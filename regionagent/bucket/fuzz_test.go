@@ -109,7 +109,7 @@ func FuzzParse(f *testing.F) {
 		check("bool", err)
 		tr, err := parseTake(v)
 		check("take", err)
-		if err == nil && (tr.Tokens < 0 || tr.WaitMs < -1) {
+		if err == nil && (tr.Tokens < 0 || tr.WaitMs < -1 || tr.WouldDeny < 0 || tr.WouldDenyChecks < 0 || tr.Allowed && tr.Shadowed) {
 			t.Fatalf("parseTake accepted %+v", tr)
 		}
 	})
