@@ -425,8 +425,9 @@ type Limit struct {
 	// if enforced (leases, pools and fallbacks as usual) and then admitted;
 	// a Check that enforcement would have denied is answered allowed with
 	// CheckResponse.would_deny set, and counted per window and region
-	// (WindowReport.would_deny). Turning it off enforces from the next
-	// Check.
+	// (WindowReport.would_deny; a bucket limit's per reporting interval and
+	// region, BucketIntervalReport.would_deny). Refused on a concurrency
+	// limit. Turning it off enforces from the next Check.
 	Shadow bool `protobuf:"varint,25,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	// override, when set, makes this version an emergency change that ends
 	// by itself: from override.ends_at, override.after governs again, on
