@@ -672,7 +672,7 @@ func (a *Allocator) sweepOnce(t *term) error {
 	return a.sweepShares(t)
 }
 
-// sweepIdleTenants removes the window summaries of plan tenants idle for
+// sweepIdleTenants removes the window summaries of plan tenants and deleted limits idle for
 // as many windows as reports keep (Core.IdleTenants), fenced and batched.
 func (a *Allocator) sweepIdleTenants(t *term) error {
 	t.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -378,5 +379,63 @@ func TestGrantRecordsExpire(t *testing.T) {
 	res, err := a.AcquireLeases(ctx, "eu", []*pb.LeaseRequest{{RequestId: "r", LimitId: l.Id, WantTokens: 7}})
 	if err != nil || res[0].Replayed || res[0].Lease.WindowIndex == lease.WindowOf(t0, time.Minute).Index {
 		t.Fatalf("retry after retention: %v %v", res, err)
+	}
+}
+
+// TestDeletedLimitSummariesExpire: a deleted limit's window summaries go
+// once its newest window ended as many windows ago as reports keep, in
+// memory and in etcd, as an idle plan tenant's do; a limit with a record
+// keeps its own however long it is idle.
+func TestDeletedLimitSummariesExpire(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	const keep = 3
+	a := startAllocator(t, c, "a", clock.opt(), WithRetention(30*time.Second, time.Hour), WithReports(keep, 1000)) // the test sweeps
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	var ls []*pb.Limit
+	for _, id := range []string{"tenant/deleted", "tenant/kept"} {
+		l := putLimit(t, a.Allocator, id, 100, time.Minute, 15*time.Second, 0)
+		waitLimit(t, a.Allocator, l.Id, l.Version)
+		if _, err := a.AcquireLeases(ctx, "eu", []*pb.LeaseRequest{{RequestId: "r-" + id, LimitId: id, WantTokens: 7}}); err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	summaries := func(id string) (mem int, stored int64) {
+		_ = a.View(func(_ time.Time, core *Core) { mem = len(core.summaries[id]) })
+		resp, err := c.Client(t).Get(ctx, a.Store().summariesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range resp.Kvs {
+			if strings.Contains(string(kv.Key), id) {
+				stored++
+			}
+		}
+		return mem, stored
+	}
+	clock.Set(t0.Add(time.Minute + 31*time.Second)) // the first window past the retention: summarized
+	sweepNow(t, a.Allocator)
+	for _, l := range ls {
+		if mem, stored := summaries(l.Id); mem != 1 || stored != 1 {
+			t.Fatalf("%s: %d summaries in memory, %d in etcd after its window closed, want 1 and 1", l.Id, mem, stored)
+		}
+	}
+	if err := a.DeleteLimit(ctx, "tenant/deleted", Change{Reason: "customer left"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(t0.Add(keep*time.Minute + 59*time.Second)) // its window ended keep windows ago, less a second
+	sweepNow(t, a.Allocator)
+	if mem, stored := summaries("tenant/deleted"); mem != 1 || stored != 1 {
+		t.Fatalf("tenant/deleted within the kept windows: %d summaries in memory, %d in etcd, want 1 and 1", mem, stored)
+	}
+	clock.Set(t0.Add((keep+1)*time.Minute + time.Second))
+	sweepNow(t, a.Allocator)
+	if mem, stored := summaries("tenant/deleted"); mem != 0 || stored != 0 {
+		t.Fatalf("tenant/deleted after the kept windows: %d summaries in memory, %d in etcd, want none", mem, stored)
+	}
+	if mem, stored := summaries("tenant/kept"); mem != 1 || stored != 1 {
+		t.Fatalf("tenant/kept, a limit with a record: %d summaries in memory, %d in etcd, want its 1 kept", mem, stored)
 	}
 }

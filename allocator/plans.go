@@ -304,13 +304,13 @@ func (c *Core) shareTenantOver(now time.Time, id string, next *pb.Limit, deletin
 	return used, deleting || next != nil && used > allowed
 }
 
-// IdleTenants returns the tenants of plans (ids with no record of their
-// own, whose summaries name a plan) with no window in progress and whose
+// IdleTenants returns the ids with no record of their own (tenants of
+// plans, and limits deleted since) with no window in progress and whose
 // newest kept window ended keep of its windows ago or more: their
-// summaries are dropped, so that the allocator keeps what tenants of a
-// plan used for as long as reports show (keep windows), not for every
-// tenant that ever used a plan. A limit with a record keeps its last
-// windows however long it is idle, as before plans.
+// summaries are dropped, so that the allocator keeps what such an id used
+// for as long as reports show (keep windows), not for every tenant that
+// ever used a plan or every limit ever deleted. A limit with a record
+// keeps its last windows however long it is idle, as before plans.
 func (c *Core) IdleTenants(now time.Time, keep int) []string {
 	live := map[string]bool{}
 	for k := range c.windows {
@@ -322,9 +322,6 @@ func (c *Core) IdleTenants(now time.Time, keep int) []string {
 			continue
 		}
 		last := ss[len(ss)-1]
-		if last.Plan == "" {
-			continue
-		}
 		w := schedOf(last.WindowMs, last.PhaseMs, last.Cal).ByIndex(last.Window)
 		if !now.Before(w.End().Add(time.Duration(keep) * w.Length)) {
 			out = append(out, id)
