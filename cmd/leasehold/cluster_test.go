@@ -112,9 +112,16 @@ func TestClusterSurvivesKills(t *testing.T) {
 			t.Fatalf("cluster.json: %s missing or not running: %+v", name, p)
 		}
 	}
+	// The table is printed as the state file is written: the test may
+	// read the state before the pipe has brought the whole table (a CI
+	// run saw the first two lines only), so it waits for it, bounded.
 	for _, want := range []string{"gateway-eu", procs["gateway-eu"].HTTP, procs["allocator-1"].GRPC, "demo limit demo/tenant"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("the cluster's output does not show %q:\n%s", want, stdout.String())
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stdout.String(), want); {
+			if time.Now().After(deadline) {
+				t.Errorf("the cluster's output does not show %q:\n%s", want, stdout.String())
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // polling the output the process writes
 		}
 	}
 
