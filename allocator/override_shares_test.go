@@ -61,10 +61,7 @@ func TestBucketOverrideEndsAcrossFailover(t *testing.T) {
 	a := startAllocatorReg(t, c, "a", reg, clock.opt(), WithSessionTTL(time.Second))
 	allocatortest.WaitLeader(t, a)
 	ctx := context.Background()
-	bucket := func(rate, burst int64) *pb.Limit {
-		return &pb.Limit{Id: "b/o", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: burst,
-			Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(10 * time.Second)}}
-	}
+	bucket := func(rate, burst int64) *pb.Limit { return bucketProto("b/o", rate, burst, 10*time.Second, "eu", "us") }
 	if _, err := a.PutLimit(ctx, bucket(100, 200), Change{Reason: "contract"}); err != nil {
 		t.Fatal(err)
 	}
@@ -406,10 +403,7 @@ func TestBucketOverrideEndBoundAfterFailover(t *testing.T) {
 	a := startAllocator(t, c, "a", clock.opt(), WithSessionTTL(time.Second))
 	allocatortest.WaitLeader(t, a)
 	ctx := context.Background()
-	bucket := func(rate, burst int64) *pb.Limit {
-		return &pb.Limit{Id: "b/o", Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: burst,
-			Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(10 * time.Second)}}
-	}
+	bucket := func(rate, burst int64) *pb.Limit { return bucketProto("b/o", rate, burst, 10*time.Second, "eu", "us") }
 	if _, err := a.PutLimit(ctx, bucket(100, 200), Change{Reason: "contract"}); err != nil {
 		t.Fatal(err)
 	}

@@ -13,13 +13,20 @@ import (
 	pb "leasehold/proto/leasehold/v1"
 )
 
+// bucketProto is a strict bucket limit's record: R per second, burst B,
+// its shares living ttl, in regions.
+func bucketProto(id string, rate, burst int64, ttl time.Duration, regions ...string) *pb.Limit {
+	return &pb.Limit{Id: id, Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: burst,
+		Regions: regions, Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(ttl)}}
+}
+
 // bucketLimit is a bucket limit of rate tokens per second and burst, its
 // shares living ttl. Validation refuses bucket limits until they are
 // enforced end to end, so the test checks the fields (ValidateBucket) and
 // decodes the limit itself.
 func bucketLimit(id string, rate, burst int64, ttl time.Duration, regions ...string) *Limit {
-	p := &pb.Limit{Id: id, Kind: pb.LimitKind_LIMIT_KIND_BUCKET, RateTokens: rate, BurstTokens: burst,
-		Regions: regions, Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(ttl)}, Version: 1}
+	p := bucketProto(id, rate, burst, ttl, regions...)
+	p.Version = 1
 	if err := limitspec.ValidateBucket(p); err != nil {
 		panic(err)
 	}
