@@ -3,6 +3,7 @@ package regionagent
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -356,7 +357,11 @@ func TestPlanContractAtAgents(t *testing.T) {
 					t.Fatalf("step %d, %s: %v", step, r, err)
 				}
 				if d.Allowed {
-					admitted[win]++
+					// The answer's own window (its end is now plus
+					// reset_after, rounded): the world may have moved its
+					// clock while a stuck Check waited.
+					end := w.clock.Now().Add(d.ResetAfter)
+					admitted[int64(math.Round(float64(end.UnixNano())/float64(10*time.Second)))-1]++
 				}
 			}
 			agents[r].tick(ctx)
