@@ -385,7 +385,8 @@ func TestWorldMovesItsClockForAStuckCheck(t *testing.T) {
 	before := w.clock.Now()
 	d, err := a.Check(ctx, l.Id, 1)
 	if err != nil {
-		t.Fatalf("the Check behind another replica's lock: %v (the clock moved %v)", err, w.clock.Now().Sub(before))
+		t.Fatalf("the Check behind another replica's lock: %v (the clock moved %v); the agent's goroutines:\n%s",
+			err, w.clock.Now().Sub(before), agentStacks())
 	}
 	if !d.Allowed {
 		t.Fatalf("the Check after the dead replica's lock expired: %+v", d)
