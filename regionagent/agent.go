@@ -72,10 +72,17 @@ type options struct {
 	snapshotFile  string
 	chunks        ChunkConfig
 	hist          *history.Recorder // nil: no history (history.go)
+	onWait        func(*core.Check) // nil: none (withWaitObserver)
 }
 
 // Option changes an optional setting.
 type Option func(*options)
+
+// withWaitObserver has fn called each time a Check begins a wait on the
+// agent's clock. The tests' world uses it to see a Check that waits, in
+// a burst of waits too short to catch in a.waiters, for a moment its
+// standing clock never reaches (harness_test.go, watchStuckChecks).
+func withWaitObserver(fn func(*core.Check)) Option { return func(o *options) { o.onWait = fn } }
 
 // WithClock replaces the agent's clock (tests drive leases with it).
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
@@ -158,9 +165,19 @@ type Agent struct {
 	shared *redisStore
 	local  *memStore
 
-	mu      sync.Mutex // protects core, waiters
+	mu      sync.Mutex // protects core, waiters, wokeSeq
 	core    *core.Core
 	waiters map[string][]*waiter // Checks waiting for a limit's state to change
+	// A Check decides to wait under a.mu and begins its wait under a.mu
+	// again, a moment later; the work loop takes a Ready's wakes under
+	// a.mu and delivers them after carrying the Ready out. A wake
+	// delivered between the Check's two moments would be lost, and the
+	// Check would sleep to its deadline. So each Ready with wakes takes a
+	// number (wakeSeq, counted under a.mu), wokeSeq is the highest whose
+	// wakes were delivered, and a Check that finds a Ready taken after
+	// its decision delivered already looks again at once (wait).
+	wakeSeq atomic.Uint64
+	wokeSeq uint64
 
 	// rh is Redis's health; while it is down, Checks are decided from
 	// the leases this replica holds in process.
@@ -366,7 +383,7 @@ func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) 
 	if err != nil {
 		return Decision{}, err
 	}
-	spendAt, err = a.runCheck(ctx, start, chk, spendAt)
+	spendAt, err = a.runCheck(ctx, start, chk, spendAt, cs.seq)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -435,7 +452,7 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 	if err != nil {
 		return nil, err
 	}
-	spendAt, err = a.runCheck(ctx, start, chk, spendAt)
+	spendAt, err = a.runCheck(ctx, start, chk, spendAt, cs.seq)
 	if err != nil {
 		return nil, err
 	}
@@ -456,8 +473,9 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 	return out, nil
 }
 
-// step carries out one step of a Check.
-func (a *Agent) step(ctx context.Context, chk *core.Check) error {
+// step carries out one step of a Check; seq is a.wakeSeq from before
+// the step that decided a wait.
+func (a *Agent) step(ctx context.Context, chk *core.Check, seq uint64) error {
 	switch chk.Step {
 	case core.StepSpend:
 		res, err := a.store(chk.Store).spend(ctx, chk.Keys, chk.Costs)
@@ -467,7 +485,7 @@ func (a *Agent) step(ctx context.Context, chk *core.Check) error {
 		now := a.opt.now()
 		a.withCore(func(c *core.Core) { c.Spent(now, chk, res, err) })
 	case core.StepWait:
-		return a.wait(ctx, chk)
+		return a.wait(ctx, chk, seq)
 	case core.StepTake:
 		res, err := a.take(ctx, chk.Store, chk.RateKey, chk.Costs[0], chk.TakeShadow)
 		if ctx.Err() != nil {
@@ -498,12 +516,14 @@ type checkStart struct {
 	one      [1]core.Item // items of a Check of one limit
 	deadline time.Time    // zero: none
 	chk      *core.Check  // set by the batch
+	seq      uint64       // a.wakeSeq before the Check began (wait)
 }
 
 // startCheck begins a Check and carries out its first spend with a batch;
 // spendAt is when the batch was sent (zero when the Check did not spend
 // in Redis: it goes on in runCheck).
 func (a *Agent) startCheck(ctx context.Context, cs *checkStart) (*core.Check, time.Time, error) {
+	cs.seq = a.wakeSeq.Load()
 	r, err := a.shared.spender.start(ctx, cs)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -600,15 +620,18 @@ func (a *Agent) unlockCore() {
 
 // runCheck carries a begun Check through its steps to its answer, counts
 // it, and maps its error; spendAt is when its last spend was sent (for
-// the history, only when one is recorded).
-func (a *Agent) runCheck(ctx context.Context, start time.Time, chk *core.Check, spendAt time.Time) (time.Time, error) {
+// the history, only when one is recorded); seq is a.wakeSeq from before
+// the Check began.
+func (a *Agent) runCheck(ctx context.Context, start time.Time, chk *core.Check, spendAt time.Time, seq uint64) (time.Time, error) {
 	for chk.Step != core.StepDone {
 		if a.opt.hist != nil && chk.Step == core.StepSpend {
 			spendAt = a.opt.now()
 		}
-		if err := a.step(ctx, chk); err != nil {
+		next := a.wakeSeq.Load() // before this step, which may decide a wait
+		if err := a.step(ctx, chk, seq); err != nil {
 			return spendAt, err
 		}
+		seq = next
 	}
 	if chk.StoreErr {
 		a.m.checked(core.ResultStoreError)
@@ -642,11 +665,22 @@ type waiter struct {
 }
 
 // wait blocks until one of the Check's limits changes (a Ready names it in
-// Wake), its Until passes, or ctx ends; then the Check resumes.
-func (a *Agent) wait(ctx context.Context, chk *core.Check) error {
+// Wake), its Until passes, or ctx ends; then the Check resumes. seq is
+// a.wakeSeq from before the step that decided the wait: if wakes of a
+// Ready taken since were delivered already, one may have been the
+// Check's, and it resumes at once.
+func (a *Agent) wait(ctx context.Context, chk *core.Check, seq uint64) error {
+	if a.opt.onWait != nil {
+		a.opt.onWait(chk)
+	}
+	a.mu.Lock()
+	if a.wokeSeq > seq {
+		a.core.Woke(a.opt.now(), chk)
+		a.mu.Unlock()
+		return nil
+	}
 	wt := &waiter{ch: make(chan struct{}), chk: chk}
 	ch := wt.ch
-	a.mu.Lock()
 	for _, k := range chk.Keys {
 		a.waiters[k.Limit] = append(a.waiters[k.Limit], wt)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"leasehold/lease"
 	"leasehold/regionagent/bucket"
+	"leasehold/regionagent/core"
 )
 
 // balance reads a bucket at the fake clock.
@@ -286,4 +287,56 @@ func TestCheckBadInput(t *testing.T) {
 		t.Error("oversized CheckMulti accepted")
 	}
 	_ = fmt.Sprint
+}
+
+// TestCheckSeesAWakeDeliveredBeforeItsWait: a cold Check decides to wait
+// for its limit's first lease, and the lease lands, its wake delivered,
+// before the Check begins its wait (the observer holds it until then, as
+// a preempted goroutine would be held). The Check must spend at once,
+// with the clock where it stands: it used to miss the wake and sleep to
+// its deadline (here the world's watch moved the clock 9 s for it).
+func TestCheckSeesAWakeDeliveredBeforeItsWait(t *testing.T) {
+	w := newWorld(t, "eu")
+	l := w.putLimit(limit("tenant/late-waiter", 100, time.Minute, time.Minute, "eu"))
+	var a *Agent
+	var held atomic.Int32
+	hold := func(*core.Check) {
+		if held.Add(1) != 1 {
+			return // the first wait only
+		}
+		// Hold the Check until its lease is in the bucket and the wakes
+		// of the work that put it there were delivered.
+		win := lease.WindowOf(w.clock.Now(), time.Minute).Index
+		deadline := time.Now().Add(10 * time.Second)
+		for balance(t, a, l.Id, win, w.clock.Now()).Spendable == 0 {
+			if time.Now().After(deadline) {
+				t.Error("the Check's first lease never landed")
+				return
+			}
+			time.Sleep(time.Millisecond) // polling Redis for the deposit
+		}
+		seq := a.wakeSeq.Load() // the deposit's Ready took its number already
+		for {
+			a.mu.Lock()
+			woke := a.wokeSeq >= seq
+			a.mu.Unlock()
+			if woke || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(time.Millisecond) // polling the work loop's delivery
+		}
+	}
+	a = w.agent("eu", "r1", WithColdWait(10*time.Second), withWaitObserver(hold))
+	runWork(t, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	before := w.clock.Now()
+	d, err := a.Check(ctx, l.Id, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Allowed || w.clock.Now() != before {
+		t.Fatalf("the Check whose lease landed before its wait: %+v after %d waits, the clock moved %v (the world rescued it: %v)",
+			d, held.Load(), w.clock.Now().Sub(before), time.Duration(w.rescued.Load()))
+	}
 }

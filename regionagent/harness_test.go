@@ -59,6 +59,30 @@ type world struct {
 	agents   []*Agent
 	driving  atomic.Int32
 	rescued  atomic.Int64 // ns the watch moved the clock, for the tests' logs
+	// waitsMu protects waits: the Checks that began a wait since the
+	// watch last looked, with the real time of the last (nil: no watch).
+	waitsMu sync.Mutex
+	waits   map[*core.Check]sawWait
+}
+
+// sawWait is when a Check last began a wait, and on which limit.
+type sawWait struct {
+	at    time.Time
+	limit string
+}
+
+// observeWait is the world's agents' wait observer (withWaitObserver),
+// called on the Check's own goroutine.
+func (w *world) observeWait(chk *core.Check) {
+	limit := ""
+	if len(chk.Keys) > 0 {
+		limit = chk.Keys[0].Limit
+	}
+	w.waitsMu.Lock()
+	if w.waits != nil {
+		w.waits[chk] = sawWait{time.Now(), limit}
+	}
+	w.waitsMu.Unlock()
 }
 
 func newWorld(t testing.TB, regions ...string) *world {
@@ -120,6 +144,7 @@ const stuckAfter = time.Second
 // it is stuck, so it cannot carry a test far into its next window. Each
 // move is logged, so a test that depends on one shows it.
 func (w *world) watchStuckChecks() {
+	w.waits = map[*core.Check]sawWait{}
 	done, stopped := make(chan struct{}), make(chan struct{})
 	var first atomic.Pointer[string] // the first stuck Check, for the log
 	go func() {
@@ -130,8 +155,24 @@ func (w *world) watchStuckChecks() {
 		// Check waiting on the agent's clock wakes and waits again (a
 		// new waiter) every few ms of real time: it is kept by its Check.
 		// Between two waits it spends, or looks at its bucket, for a few
-		// ms: it is forgotten only once not seen waiting for 100 ms.
+		// ms: it is forgotten only once not seen waiting for 100 ms. A
+		// Check is seen waiting while it is among its agent's waiters,
+		// and when it began a wait since the last look (observeWait): one
+		// waiting for a moment a hair ahead of the standing clock wakes
+		// at once and spends again, thousands of times a second, and is
+		// hardly ever found among the waiters.
 		since, lastSeen := map[*core.Check]time.Time{}, map[*core.Check]time.Time{}
+		see := func(chk *core.Check, at, now time.Time) bool {
+			if at.After(lastSeen[chk]) {
+				lastSeen[chk] = at
+			}
+			first, ok := since[chk]
+			if !ok {
+				since[chk] = at
+				return false
+			}
+			return now.Sub(first) >= stuckAfter
+		}
 		last := time.Now()
 		for {
 			select {
@@ -146,15 +187,19 @@ func (w *world) watchStuckChecks() {
 			agents := slices.Clone(w.agents)
 			w.agentsMu.Unlock()
 			stuck := ""
+			w.waitsMu.Lock()
+			for chk, sw := range w.waits {
+				if see(chk, sw.at, now) {
+					stuck = "a Check of " + sw.limit
+				}
+			}
+			clear(w.waits)
+			w.waitsMu.Unlock()
 			for _, a := range agents {
 				a.mu.Lock()
 				for id, ws := range a.waiters {
 					for _, wt := range ws {
-						lastSeen[wt.chk] = now
-						first, ok := since[wt.chk]
-						if !ok {
-							since[wt.chk] = now
-						} else if now.Sub(first) >= stuckAfter {
+						if see(wt.chk, now, now) {
 							stuck = a.ReplicaID() + ": " + id
 						}
 					}
@@ -242,7 +287,7 @@ func (w *world) agentDial(region, replica string, dial []grpc.DialOption, opts .
 // agentOn is agentDial on a Redis of the test's (a Cluster, a wrapper).
 func (w *world) agentOn(rdb redis.UniversalClient, region, replica string, dial []grpc.DialOption, opts ...Option) *Agent {
 	w.t.Helper()
-	opts = append([]Option{WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0),
+	opts = append([]Option{WithClock(w.clock.Now), WithRedisClock(w.clock.Now), WithColdWait(0), withWaitObserver(w.observeWait),
 		WithTimeouts(2*time.Second, 5*time.Second, 2*time.Second)}, opts...)
 	a, err := New(Config{Region: region, Allocators: []string{w.addr},
 		DialOptions: append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...),

@@ -61,6 +61,10 @@ func (a *Agent) work(ctx context.Context) {
 		if !rd.Empty() {
 			a.inflight.add() // under the lock: settle never sees it taken but not begun
 		}
+		var seq uint64
+		if len(rd.Wake) > 0 {
+			seq = a.wakeSeq.Add(1) // a Check deciding to wait from now on may miss these wakes (wait)
+		}
 		a.mu.Unlock()
 		if rd.Empty() {
 			return
@@ -70,6 +74,7 @@ func (a *Agent) work(ctx context.Context) {
 		// Wake names a limit whose lease this very batch deposits.
 		a.mu.Lock()
 		a.wakeLocked(rd.Wake)
+		a.wokeSeq = max(a.wokeSeq, seq)
 		a.mu.Unlock()
 		a.inflight.done()
 	}
