@@ -264,8 +264,12 @@ func overrideJSONOf(l *pb.Limit) *overrideJSON {
 	if o == nil {
 		return nil
 	}
+	ch := overrideChanges(l)
+	if ch == nil {
+		ch = []fieldDiff{} // a tenant whose contract keeps all the override changes: [], not null
+	}
 	return &overrideJSON{EndsAt: formatTS(o.GetEndsAt()), Reason: o.GetReason(),
-		ReturnsTo: numbersOf(o.GetAfter()) + shadowSuffix(o.GetAfter()), Changes: overrideChanges(l)}
+		ReturnsTo: numbersOf(o.GetAfter()) + shadowSuffix(o.GetAfter()), Changes: ch}
 }
 
 // overrideLine is the line under windows' tables that names the override

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,17 +64,19 @@ func TestWindowsOverride(t *testing.T) {
 	q(0, "limits", "set", "--reason", "contract", "tenant/atlas", "--limit", "1000", "--window", "1h", "--regions", "eu,us", "--mode", "strict")
 	q(0, "limits", "set", "--reason", "contract", "b/api", "--rate", "100/s", "--burst", "200", "--regions", "eu,us", "--mode", "strict")
 	q(0, "limits", "set", "--reason", "contract", "c/exports", "--concurrency", "2", "--regions", "eu,us", "--mode", "strict")
-	q(0, "plans", "set", "pro", "--limit", "100", "--window", "1h", "--regions", "eu,us", "--mode", "strict", "--bind", "tenant/{id}", "--reason", "pro")
+	q(0, "plans", "set", "pro", "--limit", "100", "--window", "1h", "--regions", "eu,us", "--mode", "strict", "--bind", "tenant/{id}",
+		"--contract", "tenant/vip=500", "--reason", "pro")
 	q(0, "plans", "set", "free", "--rate", "10/s", "--burst", "50", "--regions", "eu,us", "--mode", "strict", "--bind", "free/{id}", "--reason", "free")
 	q(0, "plans", "set", "jobs", "--concurrency", "3", "--regions", "eu,us", "--mode", "strict", "--bind", "jobs/{id}", "--reason", "jobs")
 	for _, id := range []string{"tenant/atlas", "b/api", "c/exports"} {
 		waitVersion(id, 1)
 	}
-	for _, id := range []string{"tenant/newco", "free/newco", "jobs/newco"} {
+	for _, id := range []string{"tenant/newco", "tenant/vip", "free/newco", "jobs/newco"} {
 		waitVersion(id, 1)
 	}
 	lease("tenant/atlas")
 	lease("tenant/newco")
+	lease("tenant/vip")
 	share("b/api", 0)
 	share("free/newco", 0)
 	share("c/exports", 1)
@@ -90,35 +93,39 @@ func TestWindowsOverride(t *testing.T) {
 	}
 
 	for _, c := range []struct {
-		id, version string // the limit (or plan) overridden and its version then
-		args        []string
-		tenants     []string // the ids windows is asked about
-		changes     string   // the line's list of changes
-		returnsTo   string
-		json        []fieldDiff
+		id        string // the limit (or plan) overridden
+		args      []string
+		tenants   []string // the ids windows is asked about
+		changes   string   // the line's list of changes
+		returnsTo string
+		json      []fieldDiff
 	}{
-		{"tenant/atlas", "2", []string{"--limit", "3000", "--mode", "bounded"}, []string{"tenant/atlas"},
+		{"tenant/atlas", []string{"--limit", "3000", "--mode", "bounded"}, []string{"tenant/atlas"},
 			"limit 1000 -> 3000, mode strict -> bounded", "limit 1000",
 			[]fieldDiff{{"limit", "1000", "3000"}, {"mode", "strict", "bounded"}}},
-		{"b/api", "2", []string{"--rate", "300/s", "--ttl", "5s"}, []string{"b/api"},
+		{"b/api", []string{"--rate", "300/s", "--ttl", "5s"}, []string{"b/api"},
 			"rate 100/s -> 300/s, lease.ttl 10s -> 5s", "rate 100/s burst 200",
 			[]fieldDiff{{"rate", "100/s", "300/s"}, {"lease.ttl", "10s", "5s"}}},
-		{"c/exports", "2", []string{"--concurrency", "6"}, []string{"c/exports"},
+		{"c/exports", []string{"--concurrency", "6"}, []string{"c/exports"},
 			"limit 2 -> 6", "slots 2", []fieldDiff{{"limit", "2", "6"}}},
-		{"plans/pro", "2", []string{"--limit", "200", "--shadow"}, []string{"tenant/newco"},
+		{"plans/pro", []string{"--limit", "200", "--shadow"}, []string{"tenant/newco"},
 			"limit 100 -> 200, shadow (none) -> true", "limit 100", []fieldDiff{{"limit", "100", "200"}, {"shadow", "", "true"}}},
-		{"plans/free", "2", []string{"--burst", "80"}, []string{"free/newco", "free/other"},
+		// A tenant whose contract keeps its own G: the override of the
+		// plan's G changes nothing of it (still shown, with its end).
+		{"plans/pro", []string{"--limit", "250"}, []string{"tenant/vip"}, "nothing", "limit 500", []fieldDiff{}},
+		{"plans/free", []string{"--burst", "80"}, []string{"free/newco", "free/other"},
 			"burst 50 -> 80", "rate 10/s burst 50", []fieldDiff{{"burst", "50", "80"}}},
-		{"plans/jobs", "2", []string{"--concurrency", "8"}, []string{"jobs/newco"},
+		{"plans/jobs", []string{"--concurrency", "8"}, []string{"jobs/newco"},
 			"limit 3 -> 8", "slots 3", []fieldDiff{{"limit", "3", "8"}}},
 	} {
 		r := q(0, append([]string{"limits", "override", c.id, "--for", "2h", "--reason", "launch day"}, c.args...)...)
+		version, _ := strconv.ParseInt(kv(t, r.stdout)["version"], 10, 64)
 		ends := strings.Fields(kv(t, r.stdout)["override"])[3] // "in force until T (...)"
 		for _, id := range c.tenants {
 			if id == "free/other" {
 				share(id, 0) // first used under the override
 			} else {
-				waitVersion(id, 2)
+				waitVersion(id, version)
 			}
 			want := "override in force until " + ends + " (launch day); then " + c.returnsTo + "; it changes " + c.changes + "\n"
 			r := q(0, "windows", id)
@@ -126,6 +133,9 @@ func TestWindowsOverride(t *testing.T) {
 				t.Errorf("windows %s under the override of %s: want the line %q in\n%s", id, c.id, want, r.stdout)
 			}
 			r = q(0, "--json", "windows", id)
+			if len(c.json) == 0 && !strings.Contains(r.stdout, `"changes": []`) {
+				t.Errorf("windows --json %s: want \"changes\": [] in\n%s", id, r.stdout)
+			}
 			var o *overrideJSON
 			var obj struct {
 				Override *overrideJSON `json:"override"`
@@ -155,7 +165,7 @@ func TestWindowsOverride(t *testing.T) {
 		}
 		q(0, "limits", "override", c.id, "--end", "--reason", "over")
 		for _, id := range c.tenants {
-			waitVersion(id, 3)
+			waitVersion(id, version+1)
 			if r := q(0, "windows", id); strings.Contains(r.stdout, "override") {
 				t.Errorf("windows %s after --end:\n%s", id, r.stdout)
 			}
