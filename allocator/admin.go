@@ -215,7 +215,7 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 	if ss, err := s.a.SlotStatus(req.LimitId); err == nil {
 		// A concurrency limit: its slot shares in force, no windows.
 		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_CONCURRENCY, LimitSlots: ss.N,
-			Plan: s.a.planOf(req.LimitId)}
+			Plan: s.a.planOf(req.LimitId), Overridden: s.a.overriddenNow(req.LimitId)}
 		for _, sh := range ss.Shares {
 			out.Shares = append(out.Shares, sh.ToProto())
 		}
@@ -225,7 +225,8 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 	}
 	if bs, err := s.a.BucketStatus(req.LimitId, last); err == nil {
 		// A bucket limit: reporting intervals and shares, no windows.
-		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_BUCKET, Plan: s.a.planOf(req.LimitId)}
+		out := &pb.ListWindowsResponse{Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_BUCKET, Plan: s.a.planOf(req.LimitId),
+			Overridden: s.a.overriddenNow(req.LimitId)}
 		for _, r := range bs.Intervals {
 			out.Intervals = append(out.Intervals, r.ToProto())
 		}
@@ -240,7 +241,8 @@ func (s *Server) ListWindows(ctx context.Context, req *pb.ListWindowsRequest) (*
 	if err != nil {
 		return nil, toStatus(ctx, err)
 	}
-	out := &pb.ListWindowsResponse{Windows: make([]*pb.WindowReport, len(reps)), Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_WINDOW}
+	out := &pb.ListWindowsResponse{Windows: make([]*pb.WindowReport, len(reps)), Group: s.a.opt.group, Kind: pb.LimitKind_LIMIT_KIND_WINDOW,
+		Overridden: s.a.overriddenNow(req.LimitId)}
 	for i, r := range reps {
 		out.Windows[i] = r.ToProto()
 	}

@@ -48,6 +48,25 @@ func checkOverrideEndRecorded(t *testing.T, a *Allocator, o *pb.Limit, reason st
 	}
 }
 
+// checkOverrideEndSeries checks that reg has one series of
+// leasehold_limit_override_end_timestamp_seconds per id (sorted), each
+// at end; none when ids is empty.
+func checkOverrideEndSeries(t *testing.T, reg *prometheus.Registry, end time.Time, ids ...string) {
+	t.Helper()
+	want := ""
+	if len(ids) > 0 {
+		want = `# HELP leasehold_limit_override_end_timestamp_seconds When the override in force on a limit ends (Unix seconds; absent without one): the version before it governs again then.
+# TYPE leasehold_limit_override_end_timestamp_seconds gauge
+`
+		for _, id := range ids {
+			want += `leasehold_limit_override_end_timestamp_seconds{limit="` + id + `"} ` + strconv.FormatInt(end.Unix(), 10) + "\n"
+		}
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "leasehold_limit_override_end_timestamp_seconds"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestBucketOverrideEndsAcrossFailover: an override raising a bucket
 // limit's R and B sizes every share granted during it, on the leader
 // elected during it too; from its end new shares are sized by the old R
@@ -288,10 +307,14 @@ func TestConcurrencyOverrideEndsAcrossFailover(t *testing.T) {
 // TestBucketPlanOverride: an override of a bucket plan reaches a tenant
 // first used during it; a tenant with a contract keeps its own rate and
 // burst; a tenant first used at the end gets the plan's old numbers.
+// While it is in force, the plan and each tenant with shares kept have a
+// series of leasehold_limit_override_end_timestamp_seconds (as a window
+// plan's used tenants do); from its end none.
 func TestBucketPlanOverride(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
-	a := startAllocator(t, c, "a", clock.opt())
+	reg := prometheus.NewRegistry()
+	a := startAllocatorReg(t, c, "a", reg, clock.opt())
 	allocatortest.WaitLeader(t, a)
 	ctx := context.Background()
 	base := freePlan()
@@ -326,7 +349,9 @@ func TestBucketPlanOverride(t *testing.T) {
 	if s := share("tenant/atlas", "a1"); s.RateMilliTokens != 100_000 || s.BurstTokens != 400 {
 		t.Fatalf("a contracted tenant under the override: %v, want its own 100/s, 400", s)
 	}
+	checkOverrideEndSeries(t, reg, o.Override.EndsAt.AsTime(), "plans/free", "tenant/atlas", "tenant/newco")
 	clock.Set(t0.Add(61 * time.Second))
+	checkOverrideEndSeries(t, reg, time.Time{})
 	if s := share("tenant/later", "l1"); s.RateMilliTokens != 10_000 || s.BurstTokens != 50 {
 		t.Fatalf("a tenant first used at the end: %v, want the plan's 10/s, 50", s)
 	}
@@ -344,11 +369,13 @@ func TestBucketPlanOverride(t *testing.T) {
 // TestConcurrencyPlanOverride: an override of a concurrency plan's N
 // reaches a tenant first used during it; a tenant with a contract keeps
 // its own N; from the end a tenant's next slot share has the plan's N
-// again.
+// again. The override-end series: the plan's and each used tenant's
+// while it is in force, none from its end.
 func TestConcurrencyPlanOverride(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	clock := newFakeClock(t0.Add(time.Second))
-	a := startAllocator(t, c, "a", clock.opt())
+	reg := prometheus.NewRegistry()
+	a := startAllocatorReg(t, c, "a", reg, clock.opt())
 	allocatortest.WaitLeader(t, a)
 	ctx := context.Background()
 	jobs := func(n int64) *pb.Limit {
@@ -380,7 +407,9 @@ func TestConcurrencyPlanOverride(t *testing.T) {
 	if n := slots("jobs/big", "b1"); n != 20 {
 		t.Fatalf("a contracted tenant under the override: %d slots, want its own 20", n)
 	}
+	checkOverrideEndSeries(t, reg, o.Override.EndsAt.AsTime(), "jobs/big", "jobs/newco", "plans/jobs")
 	clock.Set(t0.Add(61 * time.Second)) // the end; the shares above expired at 11 s
+	checkOverrideEndSeries(t, reg, time.Time{})
 	if n := slots("jobs/later", "l1"); n != 3 {
 		t.Fatalf("a tenant first used at the end: %d slots, want the plan's 3", n)
 	}

@@ -61,6 +61,48 @@ func TestOverrideStepTable(t *testing.T) {
 	}
 }
 
+// TestOverrideShownEndedBeforeSweep: the limits the status page shows
+// (Allocator.Limits) carry an override in force with its end, and from
+// its end the version it returned to, before the sweep records the end
+// (as GetLimit shows it).
+func TestOverrideShownEndedBeforeSweep(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	a := startAllocator(t, c, "a", clock.opt())
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	if _, err := a.PutLimit(ctx, overrideBase(), Change{Reason: "contract", Effective: pb.Effective_EFFECTIVE_NOW}); err != nil {
+		t.Fatal(err)
+	}
+	up := overrideBase()
+	up.LimitTokens = 300
+	o, err := a.PutLimit(ctx, up, Change{Reason: "launch", OverrideFor: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := func() *pb.Limit {
+		t.Helper()
+		ls, err := a.Limits(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range ls {
+			if l.Id == o.Id {
+				return l
+			}
+		}
+		t.Fatalf("%s not in %v", o.Id, ls)
+		return nil
+	}
+	if l := shown(); l.GetLimitTokens() != 300 || !l.GetOverride().GetEndsAt().AsTime().Equal(t0.Add(61*time.Second)) {
+		t.Fatalf("during the override: %v", l)
+	}
+	clock.Set(t0.Add(61 * time.Second)) // the end; no sweep has run on this clock
+	if l := shown(); l.GetLimitTokens() != 100 || l.GetOverride() != nil {
+		t.Fatalf("at the end, before the sweep: %v", l)
+	}
+}
+
 // TestOverrideEndsAcrossFailover: an override raising G from 100 to 300
 // for 90 s governs grants at once; the leader changes; the new leader
 // grants under the override until its end and under G = 100 from its end

@@ -106,6 +106,19 @@ func (c *Core) eachLimit(fn func(id string, l *Limit)) {
 	}
 }
 
+// overriddenNow is the version of limit id in force now when it is an
+// override (ListWindowsResponse.overridden): its record's, or for a
+// tenant of a plan the plan's resolved for it; nil without an override
+// in force, or when this allocator does not lead.
+func (a *Allocator) overriddenNow(id string) (out *pb.Limit) {
+	_ = a.View(func(now time.Time, c *Core) {
+		if l, ok := c.limit(id); ok && l.After != nil && now.Before(l.OverrideEnds) {
+			out = cloneLimit(l.Proto)
+		}
+	})
+	return out
+}
+
 // planOf names the plan the leader resolves id from ("" for a limit
 // with a record of its own, or when this allocator does not lead).
 func (a *Allocator) planOf(id string) (plan string) {

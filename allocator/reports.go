@@ -237,13 +237,15 @@ func (a *Allocator) Limits(ctx context.Context) ([]*pb.Limit, error) {
 		return nil, err
 	}
 	out := all[:0]
+	now := a.opt.now()
 	for _, l := range all {
 		if !planbind.IsPlan(l.Id) {
-			out = append(out, l)
+			// As GetLimit shows it: an override that ended is the
+			// version it returned to, before the sweep records its end.
+			out = append(out, asShown(l, now))
 		}
 	}
 	if t, err := a.currentTerm(); err == nil {
-		now := a.opt.now()
 		t.mu.Lock()
 		t.core.eachLimit(func(_ string, l *Limit) {
 			if l.Proto.GetPlan() != "" {

@@ -762,6 +762,34 @@ func TestBucketOverrideOverHTTP(t *testing.T) {
 	if got := c.do("PUT", "/v1/limits/b/api", nil, body("300", "60s", `, "override_for": "7200s"`)).field(t); got != "limit.rate_period" {
 		t.Errorf("an override of the rate period: 400 names %q, want limit.rate_period", got)
 	}
+	// ListWindows carries the version in force while it is an override
+	// (bounded poll: the leader's core takes the change from its watch).
+	for i := 0; ; i++ {
+		w := c.do("GET", "/v1/limits/b/api/windows", nil, "")
+		mustCode(t, w, 200)
+		if strings.Contains(string(w.body), `"overridden":{"id":"b/api"`) {
+			if !strings.Contains(string(w.body), `"override":{"reason":"test","ends_at":`) {
+				t.Fatalf("overridden lacks its override: %s", w.body)
+			}
+			break
+		}
+		if i == 200 {
+			t.Fatalf("windows never carried overridden: %s", w.body)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the watch's effect
+	}
+	mustCode(t, c.do("PUT", "/v1/limits/b/api", nil, body("100", "1s", `, "effective": "EFFECTIVE_NOW"`)), 200) // ends it
+	for i := 0; ; i++ {
+		w := c.do("GET", "/v1/limits/b/api/windows", nil, "")
+		mustCode(t, w, 200)
+		if !strings.Contains(string(w.body), `"overridden"`) {
+			break
+		}
+		if i == 200 {
+			t.Fatalf("windows still carry overridden after a change made now: %s", w.body)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the watch's effect
+	}
 }
 
 // TestCalendarOverHTTP: a limit with calendar windows is stored and read

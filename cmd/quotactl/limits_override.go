@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	"google.golang.org/grpc"
@@ -14,8 +15,8 @@ import (
 
 var limitsOverrideCmd = &command{
 	name:    "override",
-	args:    "ID (--limit N | --rate N/PERIOD | --burst N | --concurrency N | --shadow | --enforce) --for DUR --reason TEXT [--dry-run] | ID --end --reason TEXT",
-	summary: "an emergency change that ends by itself: raise or cut G (R and B, N), or switch shadow mode, for a while",
+	args:    "ID (--limit N | --rate N/PERIOD | --burst N | --concurrency N | --shadow | --enforce | --mode M | --fallback R=F | --ttl DUR) --for DUR --reason TEXT [--dry-run] | ID --end --reason TEXT",
+	summary: "an emergency change that ends by itself: raise or cut G (R and B, N), switch shadow mode, the mode, fallbacks or the lease ttl, for a while",
 	detail: `override changes a limit at once for --for (1s to 31 days) and then the
 version in force before it governs again by itself, at its end time, on
 whichever allocator leads then: nothing has to run at the end. It starts
@@ -23,7 +24,9 @@ from the version the override replaces (an override of an override keeps
 the first one's version to return to and its own end time), changes only
 what the flags say (--limit, --shadow or --enforce for a window limit;
 --rate and --burst for a bucket limit; --concurrency for a concurrency
-limit), and is recorded with --reason in the limit's history and the
+limit; --mode, --fallback and --ttl for any kind, named and parsed as for
+limits set, except that --fallback changes only the regions it names),
+and is recorded with --reason in the limit's history and the
 audit log like any change. A bucket or concurrency limit's shares granted
 during it are sized by it; those granted before keep what they were
 granted until they expire (one share ttl). limits
@@ -49,6 +52,18 @@ for the next window is refused while an override is in force.`,
 		f.boolVar(&enforce, "enforce", "enforce while the override is in force (a limit in shadow mode)")
 		f.durationVar(&dur, "for", "`DUR`: how long the override is in force, e.g. 30m, 2h (1s to 31 days)")
 		f.boolVar(&end, "end", "end the override in force now")
+		var mode pb.Mode
+		f.value("mode", "`strict|bounded`: the mode while the override is in force", func(s string) error {
+			m, err := parseMode(s)
+			mode = m
+			return err
+		})
+		fallback := map[string]*pb.Fallback{}
+		f.value("fallback", "`REGION=closed|local:A|open`: a region's fallback while the override is in force (the regions not named keep theirs); repeatable or comma separated", func(s string) error {
+			return parseFallbacks(s, fallback)
+		})
+		var ttl time.Duration
+		f.durationVar(&ttl, "ttl", "`DUR`: the lease ttl (a bucket or concurrency limit's share ttl) while the override is in force")
 		ch := registerChangeFlags(f, false)
 		return func(ctx context.Context, e *env, args []string) error {
 			id, err := oneID(args)
@@ -59,20 +74,22 @@ for the next window is refused while an override is in force.`,
 				return err
 			}
 			changes := 0
-			for _, n := range []string{"limit", "rate", "burst", "concurrency", "shadow", "enforce"} {
+			for _, n := range overrideChangeFlags {
 				if f.isSet(n) {
 					changes++
 				}
 			}
 			switch {
 			case end && (changes > 0 || f.isSet("for")):
-				return usagef("--end takes no --limit, --rate, --burst, --concurrency, --shadow, --enforce or --for")
+				return usagef("--end takes no --limit, --rate, --burst, --concurrency, --shadow, --enforce, --mode, --fallback, --ttl or --for")
 			case shadow && enforce:
 				return usagef("--shadow and --enforce: one or the other")
 			case !end && changes == 0:
-				return usagef("say what the override changes: --limit, --rate, --burst, --concurrency, --shadow or --enforce (or --end to end one)")
+				return usagef("say what the override changes: --limit, --rate, --burst, --concurrency, --shadow, --enforce, --mode, --fallback or --ttl (or --end to end one)")
 			case !end && !f.isSet("for"):
 				return usagef("--for is required: how long the override is in force")
+			case f.isSet("ttl") && ttl <= 0:
+				return usagef("--ttl: want a lease ttl above 0, got %s", formatDuration(durationpb.New(ttl)))
 			case !end && (dur < time.Second || dur > limitspec.MaxWindow):
 				return usagef("--for: want 1s to %s, got %s", formatDuration(durationpb.New(limitspec.MaxWindow)), formatDuration(durationpb.New(dur)))
 			}
@@ -105,6 +122,24 @@ for the next window is refused while an override is in force.`,
 				}
 				if shadow || enforce {
 					next.Shadow = shadow
+				}
+				if f.isSet("mode") {
+					next.Mode = mode
+				}
+				if len(fallback) > 0 {
+					// The regions named change; the others keep theirs.
+					// A region the limit does not have is refused by the
+					// allocator naming limit.fallback.
+					if next.Fallback == nil {
+						next.Fallback = map[string]*pb.Fallback{}
+					}
+					maps.Copy(next.Fallback, fallback)
+				}
+				if f.isSet("ttl") {
+					if next.Lease == nil {
+						next.Lease = &pb.LeaseSettings{}
+					}
+					next.Lease.Ttl = durationpb.New(ttl)
 				}
 				expect := cur.GetVersion()
 				req := &pb.PutLimitRequest{Limit: next, Reason: ch.reason, Effective: pb.Effective_EFFECTIVE_NOW,
@@ -177,6 +212,9 @@ for the next window is refused while an override is in force.`,
 		}
 	},
 }
+
+// overrideChangeFlags are the flags that say what an override changes.
+var overrideChangeFlags = []string{"limit", "rate", "burst", "concurrency", "shadow", "enforce", "mode", "fallback", "ttl"}
 
 // overrideFlagsFit reports, as a usage error, an override flag that the
 // kind of the limit id (as stored) has no use for.

@@ -118,8 +118,7 @@ func (e *env) printLimit(l *pb.Limit) error {
 		rows = append(rows, [2]string{"plan", p})
 	}
 	if o := l.GetOverride(); o != nil {
-		rows = append(rows, [2]string{"override", fmt.Sprintf("in force until %s (%s); then %s%s", formatTS(o.GetEndsAt()),
-			oneLine(o.GetReason()), numbersOf(o.GetAfter()), shadowSuffix(o.GetAfter()))})
+		rows = append(rows, [2]string{"override", overrideSummary(o)})
 	}
 	rows = append(rows, [2]string{"version", strconv.FormatInt(l.GetVersion(), 10)})
 	if e.planGroups != "" {
@@ -313,6 +312,22 @@ func shadowSuffix(l *pb.Limit) string {
 		return ", shadow"
 	}
 	return ""
+}
+
+// overrideSummary is how quotactl shows an override in force: "in force
+// until T (reason); then limit 1000" (limits get, plans get, windows).
+func overrideSummary(o *pb.LimitOverride) string {
+	return fmt.Sprintf("in force until %s (%s); then %s%s", formatTS(o.GetEndsAt()),
+		oneLine(o.GetReason()), numbersOf(o.GetAfter()), shadowSuffix(o.GetAfter()))
+}
+
+// overrideChanges lists the settings the override in force on l changes:
+// l (the override) against the version it returns to, in diffLimits'
+// names and order.
+func overrideChanges(l *pb.Limit) []fieldDiff {
+	cur := proto.Clone(l).(*pb.Limit)
+	cur.Override = nil
+	return diffLimits(l.GetOverride().GetAfter(), cur)
 }
 
 // formatRate writes a bucket limit's rate as --rate takes it: "100/s".

@@ -166,7 +166,7 @@ func TestCalendarWindowsShown(t *testing.T) {
 		Calendar:    &pb.CalendarWindows{Unit: "month", Zone: "Europe/Berlin"}}
 	var out strings.Builder
 	e := &env{stdout: &out}
-	if err := e.printWindows([]*pb.WindowReport{w}); err != nil {
+	if err := e.printWindows([]*pb.WindowReport{w}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(out.String(), "windows: calendar month, Europe/Berlin\n") ||
@@ -175,7 +175,7 @@ func TestCalendarWindowsShown(t *testing.T) {
 	}
 	out.Reset()
 	e.json = true
-	if err := e.printWindows([]*pb.WindowReport{w}); err != nil {
+	if err := e.printWindows([]*pb.WindowReport{w}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), `"calendar": "calendar month, Europe/Berlin"`) {

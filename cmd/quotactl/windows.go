@@ -47,7 +47,13 @@ intervals (one minute each) instead, what the regions admitted in each
 beside the bound B + R x (interval + slack), then the regions' rate shares
 in force. An interval whose admitted_total is above its bound is marked
 "!". With --json, a bucket limit prints one object (kind, intervals,
-shares) instead of an array of windows.`,
+shares) instead of an array of windows.
+
+An override in force (limits override), on the limit or on the plan of a
+tenant, is named in a line under the tables: its end, its reason, what it
+returns to and the settings it changes (old -> new); with --json, in
+"override" (of the newest window, or of the bucket or concurrency
+limit's object).`,
 	flags: func(f *flagSet) action {
 		last := int32(windowsDefaultLast)
 		f.value("last", "`N`: windows to show, newest included, 1-1000 (default 10)", func(s string) error {
@@ -87,6 +93,9 @@ shares) instead of an array of windows.`,
 				}
 				found = true
 				ws = append(ws, resp.GetWindows()...)
+				if bk.overridden == nil {
+					bk.overridden = resp.GetOverridden()
+				}
 				if resp.GetKind() == pb.LimitKind_LIMIT_KIND_CONCURRENCY {
 					bk.concurrency = true
 					bk.plan = cell(bk.plan, resp.GetPlan())
@@ -127,7 +136,7 @@ shares) instead of an array of windows.`,
 				bk.intervals = orderIntervals(bk.intervals, int(last))
 				return e.printBucketWindows(id, bk)
 			}
-			return e.printWindows(orderWindows(ws, int(last)))
+			return e.printWindows(orderWindows(ws, int(last)), bk.overridden)
 		}
 	},
 }
@@ -236,6 +245,47 @@ type windowReportJSON struct {
 	// Calendar names a calendar window, "calendar month, Europe/Berlin"
 	// (absent for fixed windows).
 	Calendar string `json:"calendar,omitempty"`
+	// Override is the override in force now: on the newest window only
+	// (absent without one).
+	Override *overrideJSON `json:"override,omitempty"`
+}
+
+// overrideJSON is an override in force as windows --json writes it.
+type overrideJSON struct {
+	EndsAt    string      `json:"ends_at"`
+	Reason    string      `json:"reason"`
+	ReturnsTo string      `json:"returns_to"`
+	Changes   []fieldDiff `json:"changes"`
+}
+
+// overrideJSONOf is the override in force on l (nil: none).
+func overrideJSONOf(l *pb.Limit) *overrideJSON {
+	o := l.GetOverride()
+	if o == nil {
+		return nil
+	}
+	ch := overrideChanges(l)
+	if ch == nil {
+		ch = []fieldDiff{} // a tenant whose contract keeps all the override changes: [], not null
+	}
+	return &overrideJSON{EndsAt: formatTS(o.GetEndsAt()), Reason: o.GetReason(),
+		ReturnsTo: numbersOf(o.GetAfter()) + shadowSuffix(o.GetAfter()), Changes: ch}
+}
+
+// overrideLine is the line under windows' tables that names the override
+// in force on l: limits get's summary and the settings it changes; ""
+// without one.
+func overrideLine(l *pb.Limit) string {
+	o := l.GetOverride()
+	if o == nil {
+		return ""
+	}
+	ds := overrideChanges(l)
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = oneLine(d.Field) + " " + showValue(d.Old) + " -> " + showValue(d.New)
+	}
+	return "override " + overrideSummary(o) + "; it changes " + cell(strings.Join(parts, ", "), "nothing") + "\n"
 }
 
 // calendarDesc names a window's calendar for people: "calendar month,
@@ -312,12 +362,16 @@ func windowJSONOf(w *pb.WindowReport) windowReportJSON {
 }
 
 // printWindows prints ws (oldest first) as a table with footnotes for the
-// marked rows, or as a JSON array.
-func (e *env) printWindows(ws []*pb.WindowReport) error {
+// marked rows, or as a JSON array; overridden is the override in force
+// (nil: none).
+func (e *env) printWindows(ws []*pb.WindowReport, overridden *pb.Limit) error {
 	if e.json {
 		out := make([]windowReportJSON, len(ws))
 		for i, w := range ws {
 			out[i] = windowJSONOf(w)
+		}
+		if n := len(out); n > 0 {
+			out[n-1].Override = overrideJSONOf(overridden)
 		}
 		b, err := json.MarshalIndent(out, "", "  ")
 		if err != nil {
@@ -374,6 +428,12 @@ func (e *env) printWindows(ws []*pb.WindowReport) error {
 	}
 	if over {
 		b.WriteString("! observed_overshoot above bound: a bug, please report it (docs/overshoot.md)\n")
+	}
+	if l := overrideLine(overridden); l != "" {
+		if !running && !over {
+			b.WriteByte('\n')
+		}
+		b.WriteString(l)
 	}
 	if n := len(ws); n > 0 && ws[n-1].GetPlan() != "" {
 		fmt.Fprintf(&b, "limit of plan %s: the tenant has no limit of its own\n", cell(ws[n-1].GetPlan(), "-"))

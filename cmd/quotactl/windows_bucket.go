@@ -28,6 +28,9 @@ type bucketWindows struct {
 	// plan names the plan the limit was resolved from ("": a limit of
 	// its own).
 	plan string
+	// overridden is the limit's version in force when it is an
+	// override (nil: none), of any kind.
+	overridden *pb.Limit
 }
 
 // planLine is the line that says a tenant's limit is its plan's.
@@ -105,6 +108,7 @@ type bucketWindowsJSON struct {
 	Limit     string               `json:"limit"`
 	Kind      string               `json:"kind"`
 	Plan      string               `json:"plan,omitempty"`
+	Override  *overrideJSON        `json:"override,omitempty"`
 	Intervals []bucketIntervalJSON `json:"intervals"`
 	Shares    []shareJSON          `json:"shares"`
 }
@@ -119,7 +123,8 @@ func (e *env) printBucketWindows(id string, bk bucketWindows) error {
 		period = bk.intervals[n-1].GetRatePeriod().AsDuration()
 	}
 	if e.json {
-		out := bucketWindowsJSON{Limit: id, Kind: "bucket", Plan: bk.plan, Intervals: []bucketIntervalJSON{}, Shares: []shareJSON{}}
+		out := bucketWindowsJSON{Limit: id, Kind: "bucket", Plan: bk.plan, Override: overrideJSONOf(bk.overridden),
+			Intervals: []bucketIntervalJSON{}, Shares: []shareJSON{}}
 		for _, r := range bk.intervals {
 			adm := maps.Clone(r.GetAdmitted())
 			if adm == nil {
@@ -186,7 +191,8 @@ func (e *env) printBucketWindows(id string, bk bucketWindows) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if running || over || shadow {
+	ovr := overrideLine(bk.overridden)
+	if running || over || shadow || ovr != "" {
 		b.WriteByte('\n')
 	}
 	if running {
@@ -198,6 +204,7 @@ func (e *env) printBucketWindows(id string, bk bucketWindows) error {
 	if over {
 		b.WriteString("! admitted_total above bound: a bug, please report it (docs/overshoot.md)\n")
 	}
+	b.WriteString(ovr)
 	if l := bk.planLine(); l != "" {
 		b.WriteString("\n" + l)
 	}

@@ -22,6 +22,7 @@ type slotWindowsJSON struct {
 	Limit      string          `json:"limit"`
 	Kind       string          `json:"kind"`
 	Plan       string          `json:"plan,omitempty"`
+	Override   *overrideJSON   `json:"override,omitempty"`
 	LimitSlots int64           `json:"limit_slots"`
 	Shares     []slotShareJSON `json:"shares"`
 }
@@ -31,7 +32,8 @@ type slotWindowsJSON struct {
 // object.
 func (e *env) printSlotWindows(id string, bk bucketWindows) error {
 	if e.json {
-		out := slotWindowsJSON{Limit: id, Kind: "concurrency", Plan: bk.plan, LimitSlots: bk.limitSlots, Shares: []slotShareJSON{}}
+		out := slotWindowsJSON{Limit: id, Kind: "concurrency", Plan: bk.plan, Override: overrideJSONOf(bk.overridden),
+			LimitSlots: bk.limitSlots, Shares: []slotShareJSON{}}
 		for _, s := range bk.shares {
 			out.Shares = append(out.Shares, slotShareJSON{Region: s.GetRegion(), Holder: s.GetHolder(), Slots: s.GetSlots(),
 				AdmitSlots: s.GetAdmitSlots(), HeldSlots: s.GetHeldSlots(), ExpiresAt: formatTS(s.GetExpiresAt()), Seq: s.GetSeq()})
@@ -59,6 +61,9 @@ func (e *env) printSlotWindows(id string, bk bucketWindows) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if l := overrideLine(bk.overridden); l != "" {
+		b.WriteString("\n" + l)
 	}
 	if l := bk.planLine(); l != "" {
 		b.WriteString("\n" + l)

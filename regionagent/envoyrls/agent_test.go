@@ -2,7 +2,6 @@ package envoyrls
 
 import (
 	"context"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -10,16 +9,11 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"leasehold/allocator"
-	"leasehold/internal/allocatortest"
-	"leasehold/internal/etcdtest"
+	"leasehold/internal/agenttest"
 	"leasehold/internal/redistest"
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
@@ -34,50 +28,8 @@ type realAgent struct {
 
 func startRealAgent(t testing.TB, limits ...*pb.Limit) *realAgent {
 	t.Helper()
-	logger := slog.New(slog.DiscardHandler)
-	c := etcdtest.Start(t, 1)
-	al, err := allocator.New(allocator.Config{Client: c.Client(t), Regions: []string{"eu"}, Advertise: "alloc", Logger: logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	allocatortest.Run(t, al)
-	allocatortest.WaitLeader(t, al)
-	allocAddr := allocatortest.Serve(t, nil, allocator.NewServer(al))
-	ctx := context.Background()
-	for _, l := range limits {
-		got, err := al.PutLimit(ctx, l, allocator.Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW})
-		if err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, 10*time.Second, "limit "+got.Id+" at the leader", func() bool {
-			var ok bool
-			_ = al.View(func(_ time.Time, c *allocator.Core) {
-				v, found := c.Limit(got.Id)
-				ok = found && v.Version == got.Version
-			})
-			return ok
-		})
-	}
-	rs := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), PoolSize: 64})
-	t.Cleanup(func() { rdb.Close() })
-	a, err := regionagent.New(regionagent.Config{Region: "eu", Allocators: []string{allocAddr}, Redis: rdb,
-		ReplicaID: "envoy-test", Logger: logger,
-		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}},
-		regionagent.WithColdWait(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, acancel := context.WithCancel(context.Background())
-	adone := make(chan struct{})
-	go func() { defer close(adone); _ = a.Run(actx) }()
-	t.Cleanup(func() { acancel(); <-adone; a.Close() })
-	select {
-	case <-a.Ready():
-	case <-time.After(15 * time.Second):
-		t.Fatal("agent not ready")
-	}
-	return &realAgent{agent: a, redis: rs}
+	a := agenttest.Start(t, limits...)
+	return &realAgent{agent: a.Agent, redis: a.Redis}
 }
 
 // wholeLimit is a limit of G per hour whose first lease is the whole pool

@@ -1999,7 +1999,15 @@ type ListWindowsResponse struct {
 	// resolved from: a tenant with no limit of its own. Empty for a limit
 	// with a record of its own, and for a window limit (each of its
 	// windows carries WindowReport.plan).
-	Plan          string `protobuf:"bytes,33,opt,name=plan,proto3" json:"plan,omitempty"`
+	Plan string `protobuf:"bytes,33,opt,name=plan,proto3" json:"plan,omitempty"`
+	// overridden is the version of the limit in force at the answer's time
+	// when it is an override (PutLimitRequest.override_for), for any kind;
+	// for a tenant of a plan, the plan's override resolved for the tenant
+	// (its contract applied, override.after too). Its override holds the
+	// end, the reason and the version it returns to (override.after): the
+	// fields it changes are those that differ between the two. Absent
+	// without an override in force.
+	Overridden    *Limit `protobuf:"bytes,60,opt,name=overridden,proto3" json:"overridden,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2081,6 +2089,13 @@ func (x *ListWindowsResponse) GetPlan() string {
 		return x.Plan
 	}
 	return ""
+}
+
+func (x *ListWindowsResponse) GetOverridden() *Limit {
+	if x != nil {
+		return x.Overridden
+	}
+	return nil
 }
 
 // BucketIntervalReport is one reporting interval of a bucket limit: what
@@ -2833,7 +2848,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x06region\x18\x05 \x01(\tR\x06region\"C\n" +
 	"\x12ListWindowsRequest\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12\x12\n" +
-	"\x04last\x18\x02 \x01(\x05R\x04last\"\xb9\x02\n" +
+	"\x04last\x18\x02 \x01(\x05R\x04last\"\xee\x02\n" +
 	"\x13ListWindowsResponse\x124\n" +
 	"\awindows\x18\x01 \x03(\v2\x1a.leasehold.v1.WindowReportR\awindows\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12+\n" +
@@ -2842,7 +2857,10 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x06shares\x18\x05 \x03(\v2\x1a.leasehold.v1.ShareInForceR\x06shares\x12\x1f\n" +
 	"\vlimit_slots\x182 \x01(\x03R\n" +
 	"limitSlots\x12\x12\n" +
-	"\x04plan\x18! \x01(\tR\x04plan\"\xa0\x06\n" +
+	"\x04plan\x18! \x01(\tR\x04plan\x123\n" +
+	"\n" +
+	"overridden\x18< \x01(\v2\x13.leasehold.v1.LimitR\n" +
+	"overridden\"\xa0\x06\n" +
 	"\x14BucketIntervalReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -3046,48 +3064,49 @@ var file_leasehold_v1_admin_proto_depIdxs = []int32{
 	42, // 28: leasehold.v1.ListWindowsResponse.kind:type_name -> leasehold.v1.LimitKind
 	29, // 29: leasehold.v1.ListWindowsResponse.intervals:type_name -> leasehold.v1.BucketIntervalReport
 	30, // 30: leasehold.v1.ListWindowsResponse.shares:type_name -> leasehold.v1.ShareInForce
-	41, // 31: leasehold.v1.BucketIntervalReport.start:type_name -> google.protobuf.Timestamp
-	41, // 32: leasehold.v1.BucketIntervalReport.end:type_name -> google.protobuf.Timestamp
-	34, // 33: leasehold.v1.BucketIntervalReport.admitted:type_name -> leasehold.v1.BucketIntervalReport.AdmittedEntry
-	40, // 34: leasehold.v1.BucketIntervalReport.rate_period:type_name -> google.protobuf.Duration
-	40, // 35: leasehold.v1.BucketIntervalReport.slack:type_name -> google.protobuf.Duration
-	35, // 36: leasehold.v1.BucketIntervalReport.would_deny:type_name -> leasehold.v1.BucketIntervalReport.WouldDenyEntry
-	41, // 37: leasehold.v1.ShareInForce.expires_at:type_name -> google.protobuf.Timestamp
-	41, // 38: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
-	41, // 39: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
-	36, // 40: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
-	32, // 41: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
-	37, // 42: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
-	38, // 43: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
-	43, // 44: leasehold.v1.WindowReport.calendar:type_name -> leasehold.v1.CalendarWindows
-	44, // 45: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
-	7,  // 46: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
-	9,  // 47: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
-	11, // 48: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
-	13, // 49: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
-	27, // 50: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
-	16, // 51: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
-	20, // 52: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
-	22, // 53: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
-	25, // 54: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
-	2,  // 55: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
-	5,  // 56: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
-	8,  // 57: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
-	10, // 58: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
-	12, // 59: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
-	14, // 60: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
-	28, // 61: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
-	17, // 62: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
-	21, // 63: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
-	23, // 64: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
-	26, // 65: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
-	3,  // 66: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
-	6,  // 67: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
-	57, // [57:68] is the sub-list for method output_type
-	46, // [46:57] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	39, // 31: leasehold.v1.ListWindowsResponse.overridden:type_name -> leasehold.v1.Limit
+	41, // 32: leasehold.v1.BucketIntervalReport.start:type_name -> google.protobuf.Timestamp
+	41, // 33: leasehold.v1.BucketIntervalReport.end:type_name -> google.protobuf.Timestamp
+	34, // 34: leasehold.v1.BucketIntervalReport.admitted:type_name -> leasehold.v1.BucketIntervalReport.AdmittedEntry
+	40, // 35: leasehold.v1.BucketIntervalReport.rate_period:type_name -> google.protobuf.Duration
+	40, // 36: leasehold.v1.BucketIntervalReport.slack:type_name -> google.protobuf.Duration
+	35, // 37: leasehold.v1.BucketIntervalReport.would_deny:type_name -> leasehold.v1.BucketIntervalReport.WouldDenyEntry
+	41, // 38: leasehold.v1.ShareInForce.expires_at:type_name -> google.protobuf.Timestamp
+	41, // 39: leasehold.v1.WindowReport.window_start:type_name -> google.protobuf.Timestamp
+	41, // 40: leasehold.v1.WindowReport.window_end:type_name -> google.protobuf.Timestamp
+	36, // 41: leasehold.v1.WindowReport.admitted:type_name -> leasehold.v1.WindowReport.AdmittedEntry
+	32, // 42: leasehold.v1.WindowReport.terms:type_name -> leasehold.v1.BoundTerms
+	37, // 43: leasehold.v1.WindowReport.fallback:type_name -> leasehold.v1.WindowReport.FallbackEntry
+	38, // 44: leasehold.v1.WindowReport.would_deny:type_name -> leasehold.v1.WindowReport.WouldDenyEntry
+	43, // 45: leasehold.v1.WindowReport.calendar:type_name -> leasehold.v1.CalendarWindows
+	44, // 46: leasehold.v1.WindowReport.FallbackEntry.value:type_name -> leasehold.v1.FallbackKind
+	7,  // 47: leasehold.v1.Admin.PutLimit:input_type -> leasehold.v1.PutLimitRequest
+	9,  // 48: leasehold.v1.Admin.GetLimit:input_type -> leasehold.v1.GetLimitRequest
+	11, // 49: leasehold.v1.Admin.ListLimits:input_type -> leasehold.v1.ListLimitsRequest
+	13, // 50: leasehold.v1.Admin.DeleteLimit:input_type -> leasehold.v1.DeleteLimitRequest
+	27, // 51: leasehold.v1.Admin.ListWindows:input_type -> leasehold.v1.ListWindowsRequest
+	16, // 52: leasehold.v1.Admin.ApplyLimits:input_type -> leasehold.v1.ApplyLimitsRequest
+	20, // 53: leasehold.v1.Admin.LimitHistory:input_type -> leasehold.v1.LimitHistoryRequest
+	22, // 54: leasehold.v1.Admin.ListAudit:input_type -> leasehold.v1.ListAuditRequest
+	25, // 55: leasehold.v1.Admin.WhoAmI:input_type -> leasehold.v1.WhoAmIRequest
+	2,  // 56: leasehold.v1.Admin.GetGroupMap:input_type -> leasehold.v1.GetGroupMapRequest
+	5,  // 57: leasehold.v1.Admin.ChangeGroupMap:input_type -> leasehold.v1.ChangeGroupMapRequest
+	8,  // 58: leasehold.v1.Admin.PutLimit:output_type -> leasehold.v1.PutLimitResponse
+	10, // 59: leasehold.v1.Admin.GetLimit:output_type -> leasehold.v1.GetLimitResponse
+	12, // 60: leasehold.v1.Admin.ListLimits:output_type -> leasehold.v1.ListLimitsResponse
+	14, // 61: leasehold.v1.Admin.DeleteLimit:output_type -> leasehold.v1.DeleteLimitResponse
+	28, // 62: leasehold.v1.Admin.ListWindows:output_type -> leasehold.v1.ListWindowsResponse
+	17, // 63: leasehold.v1.Admin.ApplyLimits:output_type -> leasehold.v1.ApplyLimitsResponse
+	21, // 64: leasehold.v1.Admin.LimitHistory:output_type -> leasehold.v1.LimitHistoryResponse
+	23, // 65: leasehold.v1.Admin.ListAudit:output_type -> leasehold.v1.ListAuditResponse
+	26, // 66: leasehold.v1.Admin.WhoAmI:output_type -> leasehold.v1.WhoAmIResponse
+	3,  // 67: leasehold.v1.Admin.GetGroupMap:output_type -> leasehold.v1.GetGroupMapResponse
+	6,  // 68: leasehold.v1.Admin.ChangeGroupMap:output_type -> leasehold.v1.ChangeGroupMapResponse
+	58, // [58:69] is the sub-list for method output_type
+	47, // [47:58] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_admin_proto_init() }
