@@ -402,7 +402,7 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 	st, w := chk.sts[f], chk.wins[f]
 	if res.Keys[f].PoolSpent && st.spentWindow < w.Index {
 		// Another replica learned that the window's pool is spent.
-		st.spentWindow, st.spentAt, st.shareSpent = w.Index, now, false
+		st.markSpent(w.Index, now, false, chk.Store == Local)
 	}
 	st.kickCost = max(st.kickCost, chk.Costs[f])
 	if end := c.WindowEnd(w); st.spentWindow == w.Index && end.Sub(now) < boundaryWait && now.Before(chk.deadline) {
@@ -415,6 +415,16 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 	if st.spentWindow == w.Index {
 		if now.Sub(st.spentAt) >= c.opt.spentRetry {
 			c.kick(st, now) // returns while the window is open may have refilled the pool
+		}
+		if st.spentLocal {
+			// The pool is spent by the allocator's books, which count the
+			// leases the region holds in its shared bucket; this replica
+			// cannot reach it (Redis down or too slow), so it cannot say
+			// the region spent what it was granted: UNAVAILABLE, never an
+			// OVER_LIMIT a client's denial cache would hold to the
+			// window's end.
+			c.unavailable(now, chk, time.Second, time.Second)
+			return
 		}
 		c.answer(now, chk, ReasonOverLimit)
 		for i := range chk.Answers {

@@ -235,12 +235,18 @@ type limitState struct {
 	spentWindow int64 // window whose pool (or this region's share) the allocator said is spent
 	spentAt     time.Time
 	shareSpent  bool // spentWindow is spent for this region only (its share)
-	nextWindow  int64
-	localNext   int64
-	prefetched  int64 // window whose end's renewal round ran
-	failing     bool  // the last acquire failed for good
-	failedAt    time.Time
-	kickCost    int64 // largest cost denied since the last grant
+	// spentLocal: spentWindow was learned while this replica spent in
+	// process (Redis down, or a round of the in-process store): the
+	// allocator's books count the leases the region holds in its shared
+	// bucket, which this replica cannot reach, so the pool being spent
+	// does not say the region spent what it was granted.
+	spentLocal bool
+	nextWindow int64
+	localNext  int64
+	prefetched int64 // window whose end's renewal round ran
+	failing    bool  // the last acquire failed for good
+	failedAt   time.Time
+	kickCost   int64 // largest cost denied since the last grant
 	// comingBack: tokens of window comingBackWin the region held when it
 	// last asked (in leases that end before the window does): they go
 	// back to the pool, so an empty pool then is not a spent one.
@@ -469,6 +475,11 @@ func (c *Core) SetRedisHealth(now time.Time, up bool) {
 	}
 	for _, id := range c.sortedStates() {
 		st := c.states[id]
+		if st.spentLocal {
+			// Learned without the shared bucket, and the in-process leases
+			// go back to the pool now: the next dry spend asks again.
+			st.spentWindow, st.spentLocal = -1, false
+		}
 		st.nextWindow = -1 // Redis may have lost the next window's lease
 		st.lockedUntil = time.Time{}
 		st.localNext = -1

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"leasehold/lease"
 	"leasehold/regionagent/store"
 )
 
@@ -253,6 +254,47 @@ func TestRedisDownInProcess(t *testing.T) {
 		t.Fatalf("the in-process lease was not returned: %+v", g)
 	}
 	wantAnswer(t, "shared again", w.check("a", 1), true, ReasonOK)
+}
+
+// TestRedisDownSpentPoolIsUnavailable: while Redis is down the replica
+// takes the rest of the pool in process, but the region's shared bucket
+// still holds unspent tokens of the window (the allocator counts them as
+// granted): a spent pool then says nothing of what the region spent, so
+// the replica answers UNAVAILABLE, never OVER_LIMIT. When Redis is back
+// that mark is forgotten: the region spends what its bucket holds, then
+// renews (the pool took 5 tokens back meanwhile) before it says
+// OVER_LIMIT, and only once the pool is spent with the bucket dry.
+func TestRedisDownSpentPoolIsUnavailable(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute))
+	wantAnswer(t, "shared", w.check("a", 1), true, ReasonOK) // a lease of 10 in the shared bucket: 9 left
+	w.redisDown = true
+	w.c.SetRedisHealth(w.now, false)
+	local := 0
+	var last Answer
+	for i := 0; i < 200; i++ {
+		last = w.check("a", 1)
+		if !last.Allowed {
+			break
+		}
+		local++
+	}
+	if local != 90 {
+		t.Fatalf("admitted %d in process, want the pool's 90", local)
+	}
+	wantAnswer(t, "pool spent, the shared bucket unreachable", last, false, ReasonUnavailable)
+	if last.RetryAfter < time.Second || last.RetryAfter > 2*time.Second {
+		t.Fatalf("retry_after %v, want 1-2 s", last.RetryAfter)
+	}
+	wantAnswer(t, "again", w.check("a", 1), false, ReasonUnavailable)
+	// Another region returns 5 tokens; Redis answers again.
+	w.alloc.pools[store.Key{Limit: "a", Window: lease.WindowOf(w.now, time.Minute).Index}] -= 5
+	w.redisDown = false
+	w.c.SetRedisHealth(w.now, true)
+	w.drain()
+	for i := range 9 + 5 {
+		wantAnswer(t, fmt.Sprintf("shared again, %d", i), w.check("a", 1), true, ReasonOK)
+	}
+	wantAnswer(t, "region spent, pool spent", w.check("a", 1), false, ReasonOverLimit)
 }
 
 // TestUnansweredRequestIsReplayed: a request whose call failed is sent
