@@ -297,6 +297,36 @@ func TestRedisDownSpentPoolIsUnavailable(t *testing.T) {
 	wantAnswer(t, "region spent, pool spent", w.check("a", 1), false, ReasonOverLimit)
 }
 
+// TestUnansweredDepositSpentPoolIsUnavailable: a deposit a slow Redis
+// did not answer may land later; while it may, a spent pool (the lease
+// took it) is UNAVAILABLE, not OVER_LIMIT. It lands: its tokens are
+// spent, and once a round read the bucket and found it, a spent pool is
+// OVER_LIMIT again.
+func TestUnansweredDepositSpentPoolIsUnavailable(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 10, time.Minute, time.Minute))
+	_, acq := w.firstRound("a")
+	w.c.Acquired(w.now, w.now, acq, []Grant{w.alloc.acquire(w.now, acq[0])})
+	deps := w.c.Ready().Deposits
+	if len(deps) != 1 || deps[0].Tokens != 10 {
+		t.Fatalf("deposits %+v, want one of the pool's 10", deps)
+	}
+	d := deps[0]
+	w.c.Deposited(w.now, d, store.DepositResult{}, errors.New("i/o timeout"), true)
+	w.drain()
+	wantAnswer(t, "the deposit may land yet", w.check("a", 1), false, ReasonUnavailable)
+	// It lands.
+	if _, err := w.shared.Deposit(store.Deposit{Key: d.Key, LeaseID: d.LeaseID, Tokens: d.Tokens,
+		DeadlineMs: ms(d.Deadline), ExpireAtMs: ms(d.KeyExpiry), NowMs: ms(w.now)}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		wantAnswer(t, fmt.Sprintf("landed, %d", i), w.check("a", 1), true, ReasonOK)
+	}
+	// The spends below the low-water mark renewed: that round read the
+	// bucket and found the lease.
+	wantAnswer(t, "found, region spent, pool spent", w.check("a", 1), false, ReasonOverLimit)
+}
+
 // TestUnansweredRequestIsReplayed: a request whose call failed is sent
 // again with the same id, and the allocator's replay is deposited once.
 func TestUnansweredRequestIsReplayed(t *testing.T) {

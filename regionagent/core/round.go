@@ -209,6 +209,8 @@ func (c *Core) RoundRead(now time.Time, r Round, res RoundResult) {
 	d := st.demand
 	if r.Store == Local {
 		d = st.localDemand
+	} else {
+		st.foundUnanswered(w.Index, bal)
 	}
 	d.Observe(now, w.Index, bal.Admitted+bal.Denied+counter(bal, store.CounterFallback))
 	rate := d.Rate(now)
@@ -474,6 +476,9 @@ func (c *Core) Deposited(now time.Time, d Deposit, res store.DepositResult, err 
 	switch {
 	case err != nil && unanswered:
 		c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteStranded, Limit: st.id, Lease: d.LeaseID, Text: err.Error()})
+		if d.Store == Shared {
+			st.noteUnanswered(d.Key.Window, d.LeaseID)
+		}
 		return
 	case err != nil:
 		c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteReturning, Limit: st.id, Lease: d.LeaseID, Text: err.Error()})
