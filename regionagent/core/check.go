@@ -556,6 +556,14 @@ func (c *Core) counted(now time.Time, chk *Check, ok bool, values []int64, err e
 		c.unavailable(now, chk, time.Second, time.Second)
 		return
 	}
+	if !ok && chk.StoreErr {
+		// The fallback applies because a spend went unanswered (Redis
+		// slow or failing), not because the region is cut off: its
+		// bucket may hold unspent tokens, so a spent fallback allowance
+		// does not say the region spent what it was granted.
+		c.unavailable(now, chk, time.Second, time.Second)
+		return
+	}
 	if !ok {
 		c.answer(now, chk, ReasonOverLimit)
 		for j := range chk.Answers {

@@ -327,6 +327,41 @@ func TestUnansweredDepositSpentPoolIsUnavailable(t *testing.T) {
 	wantAnswer(t, "found, region spent, pool spent", w.check("a", 1), false, ReasonOverLimit)
 }
 
+// TestStoreErrorFallbackSpentIsUnavailable: a spend Redis did not answer
+// gets the limit's fail mode; a local:2 fallback admits 2 (counted in the
+// shared store, which answers that call), then its allowance is spent.
+// The region's bucket may still hold unspent tokens, so that is
+// UNAVAILABLE, not OVER_LIMIT; with the allocator unreachable instead, a
+// spent allowance is OVER_LIMIT as before.
+func TestStoreErrorFallbackSpentIsUnavailable(t *testing.T) {
+	l := strictLimit("a", 100, time.Minute, time.Minute)
+	l.Fallback = Fallback{Kind: FallbackLocal, LocalTokens: 2}
+	w := newWorld(t, 10, l)
+	wantAnswer(t, "shared", w.check("a", 1), true, ReasonOK)
+	w.redisDown = true // spends go unanswered; the breaker has not tripped
+	wantAnswer(t, "fallback 1", w.check("a", 1), true, ReasonFallback)
+	wantAnswer(t, "fallback 2", w.check("a", 1), true, ReasonFallback)
+	wantAnswer(t, "allowance spent, spend unanswered", w.check("a", 1), false, ReasonUnavailable)
+	w.redisDown = false
+	for range 8 {
+		wantAnswer(t, "the bucket's tokens", w.check("a", 1), true, ReasonOK)
+	}
+	// Cut off from the allocator once the bucket is dry: the allowance,
+	// spent, is OVER_LIMIT.
+	w.dropAcquire = true
+	w.c.SetAllocatorHealth(w.now, false)
+	for i := 0; ; i++ {
+		a := w.check("a", 1)
+		if !a.Allowed {
+			wantAnswer(t, "allowance spent, allocator unreachable", a, false, ReasonOverLimit)
+			break
+		}
+		if i == 20 {
+			t.Fatal("admitted 20 with the allocator unreachable")
+		}
+	}
+}
+
 // TestUnansweredRequestIsReplayed: a request whose call failed is sent
 // again with the same id, and the allocator's replay is deposited once.
 func TestUnansweredRequestIsReplayed(t *testing.T) {
