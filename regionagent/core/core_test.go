@@ -314,6 +314,9 @@ func TestUnansweredDepositSpentPoolIsUnavailable(t *testing.T) {
 	w.c.Deposited(w.now, d, store.DepositResult{}, errors.New("i/o timeout"), true)
 	w.drain()
 	wantAnswer(t, "the deposit may land yet", w.check("a", 1), false, ReasonUnavailable)
+	if v := counter(w.shared.Balance(d.Key, ms(w.now)), store.CounterPoolSpent); v != 0 {
+		t.Fatalf("pool-spent mark %d in the shared bucket while the deposit may land: other replicas would say OVER_LIMIT", v)
+	}
 	// It lands.
 	if _, err := w.shared.Deposit(store.Deposit{Key: d.Key, LeaseID: d.LeaseID, Tokens: d.Tokens,
 		DeadlineMs: ms(d.Deadline), ExpireAtMs: ms(d.KeyExpiry), NowMs: ms(w.now)}); err != nil {

@@ -376,10 +376,11 @@ func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
 				if w >= st.spentWindow {
 					st.markSpent(w, recv, g.ShareSpent && g.PoolLeft > 0, local)
 				}
-				if !req.Next && !st.shareSpent {
+				if !req.Next && !st.shareSpent && !st.unansweredIn(w) {
 					// Every replica's spends then say the pool is spent (in
 					// process, this replica's only: a mark learned without
-					// the shared bucket must not reach it).
+					// the shared bucket must not reach it; and none while
+					// this replica's deposit of the window may land yet).
 					s := Shared
 					if local {
 						s = Local
