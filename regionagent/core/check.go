@@ -755,7 +755,9 @@ func (c *Core) Reserved(now time.Time, key store.Key, granted bool, balance, min
 	}
 	st.kickCost = max(st.kickCost, minTokens)
 	c.kick(st, now)
-	if st.spentWindow == key.Window {
+	if st.spentWindow == key.Window && !st.spentLocal && !st.unansweredIn(key.Window) {
+		// (A spent pool the replica cannot hold against the region's
+		// bucket, as in spent, is not OVER_LIMIT.)
 		a.Reason, a.RetryAfter = ReasonOverLimit, c.jitter(a.ResetAfter, a.ResetAfter/10)
 		return a
 	}

@@ -317,6 +317,10 @@ func TestUnansweredDepositSpentPoolIsUnavailable(t *testing.T) {
 	if v := counter(w.shared.Balance(d.Key, ms(w.now)), store.CounterPoolSpent); v != 0 {
 		t.Fatalf("pool-spent mark %d in the shared bucket while the deposit may land: other replicas would say OVER_LIMIT", v)
 	}
+	if a := w.c.Reserved(w.now, d.Key, false, 0, 1); a.Reason != ReasonUnavailable {
+		t.Fatalf("a refused sub-lease reservation while the deposit may land: %+v, want UNAVAILABLE", a)
+	}
+	w.drain()
 	// It lands.
 	if _, err := w.shared.Deposit(store.Deposit{Key: d.Key, LeaseID: d.LeaseID, Tokens: d.Tokens,
 		DeadlineMs: ms(d.Deadline), ExpireAtMs: ms(d.KeyExpiry), NowMs: ms(w.now)}); err != nil {
@@ -328,6 +332,9 @@ func TestUnansweredDepositSpentPoolIsUnavailable(t *testing.T) {
 	// The spends below the low-water mark renewed: that round read the
 	// bucket and found the lease.
 	wantAnswer(t, "found, region spent, pool spent", w.check("a", 1), false, ReasonOverLimit)
+	if a := w.c.Reserved(w.now, d.Key, false, 0, 1); a.Reason != ReasonOverLimit {
+		t.Fatalf("a refused sub-lease reservation, the region spent: %+v, want OVER_LIMIT", a)
+	}
 }
 
 // TestStoreErrorFallbackSpentIsUnavailable: a spend Redis did not answer
