@@ -416,12 +416,14 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 		if now.Sub(st.spentAt) >= c.opt.spentRetry {
 			c.kick(st, now) // returns while the window is open may have refilled the pool
 		}
-		if st.spentLocal || chk.Store == Shared && st.unansweredIn(w.Index) {
+		if chk.Store == Local || st.spentLocal || st.unansweredIn(w.Index) {
 			// The pool is spent by the allocator's books, which count the
 			// leases the region holds in its shared bucket; this replica
-			// cannot reach it (Redis down or too slow), or a deposit of
-			// the window that Redis did not answer may land in it yet, so
-			// it cannot say the region spent what it was granted:
+			// cannot reach it (Redis down or too slow: a late reply may
+			// have deposited there since the pool was said spent), or the
+			// mark was learned while it could not, or a deposit of the
+			// window that Redis did not answer may land in it yet, so it
+			// cannot say the region spent what it was granted:
 			// UNAVAILABLE, never an OVER_LIMIT a client's denial cache
 			// would hold to the window's end.
 			c.unavailable(now, chk, time.Second, time.Second)
