@@ -402,7 +402,7 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 	st, w := chk.sts[f], chk.wins[f]
 	if res.Keys[f].PoolSpent && st.spentWindow < w.Index {
 		// Another replica learned that the window's pool is spent.
-		st.spentWindow, st.spentAt, st.shareSpent = w.Index, now, false
+		st.markSpent(w.Index, now, false, chk.Store == Local)
 	}
 	st.kickCost = max(st.kickCost, chk.Costs[f])
 	if end := c.WindowEnd(w); st.spentWindow == w.Index && end.Sub(now) < boundaryWait && now.Before(chk.deadline) {
@@ -415,6 +415,19 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 	if st.spentWindow == w.Index {
 		if now.Sub(st.spentAt) >= c.opt.spentRetry {
 			c.kick(st, now) // returns while the window is open may have refilled the pool
+		}
+		if chk.Store == Local || st.spentLocal || st.unansweredIn(w.Index) {
+			// The pool is spent by the allocator's books, which count the
+			// leases the region holds in its shared bucket; this replica
+			// cannot reach it (Redis down or too slow: a late reply may
+			// have deposited there since the pool was said spent), or the
+			// mark was learned while it could not, or a deposit of the
+			// window that Redis did not answer may land in it yet, so it
+			// cannot say the region spent what it was granted:
+			// UNAVAILABLE, never an OVER_LIMIT a client's denial cache
+			// would hold to the window's end.
+			c.unavailable(now, chk, time.Second, time.Second)
+			return
 		}
 		c.answer(now, chk, ReasonOverLimit)
 		for i := range chk.Answers {
@@ -542,6 +555,14 @@ func (c *Core) counted(now time.Time, chk *Check, ok bool, values []int64, err e
 		return
 	}
 	if err != nil || len(values) != len(chk.Count) {
+		c.unavailable(now, chk, time.Second, time.Second)
+		return
+	}
+	if !ok && chk.StoreErr {
+		// The fallback applies because a spend went unanswered (Redis
+		// slow or failing), not because the region is cut off: its
+		// bucket may hold unspent tokens, so a spent fallback allowance
+		// does not say the region spent what it was granted.
 		c.unavailable(now, chk, time.Second, time.Second)
 		return
 	}
@@ -736,7 +757,9 @@ func (c *Core) Reserved(now time.Time, key store.Key, granted bool, balance, min
 	}
 	st.kickCost = max(st.kickCost, minTokens)
 	c.kick(st, now)
-	if st.spentWindow == key.Window {
+	if st.spentWindow == key.Window && !st.spentLocal && !st.unansweredIn(key.Window) {
+		// (A spent pool the replica cannot hold against the region's
+		// bucket, as in spent, is not OVER_LIMIT.)
 		a.Reason, a.RetryAfter = ReasonOverLimit, c.jitter(a.ResetAfter, a.ResetAfter/10)
 		return a
 	}

@@ -235,12 +235,25 @@ type limitState struct {
 	spentWindow int64 // window whose pool (or this region's share) the allocator said is spent
 	spentAt     time.Time
 	shareSpent  bool // spentWindow is spent for this region only (its share)
-	nextWindow  int64
-	localNext   int64
-	prefetched  int64 // window whose end's renewal round ran
-	failing     bool  // the last acquire failed for good
-	failedAt    time.Time
-	kickCost    int64 // largest cost denied since the last grant
+	// spentLocal: spentWindow was learned while this replica spent in
+	// process (Redis down, or a round of the in-process store): the
+	// allocator's books count the leases the region holds in its shared
+	// bucket, which this replica cannot reach, so the pool being spent
+	// does not say the region spent what it was granted.
+	spentLocal bool
+	// unanswered are this limit's deposits the shared store did not
+	// answer (Deposited, unanswered): each may have landed, or may land
+	// yet, so while one of a window is listed a spent pool in that window
+	// does not say the region spent what it was granted. A read of the
+	// bucket that finds the lease takes it off; at most maxUnanswered are
+	// kept (the oldest dropped).
+	unanswered []unansweredDeposit
+	nextWindow int64
+	localNext  int64
+	prefetched int64 // window whose end's renewal round ran
+	failing    bool  // the last acquire failed for good
+	failedAt   time.Time
+	kickCost   int64 // largest cost denied since the last grant
 	// comingBack: tokens of window comingBackWin the region held when it
 	// last asked (in leases that end before the window does): they go
 	// back to the pool, so an empty pool then is not a spent one.
@@ -265,6 +278,64 @@ type limitState struct {
 	// timedBusy: the timer was set while the limit was busy (with its
 	// renewals); a limit that becomes busy is scheduled again.
 	timedBusy bool
+}
+
+// unansweredDeposit is a deposit to the shared store that went
+// unanswered.
+type unansweredDeposit struct {
+	window int64
+	id     string
+}
+
+// maxUnanswered bounds a limit's unanswered deposits.
+const maxUnanswered = 16
+
+// noteUnanswered lists a deposit of window w the shared store did not
+// answer, forgetting those of earlier windows.
+func (st *limitState) noteUnanswered(w int64, id string) {
+	st.unanswered = slices.DeleteFunc(st.unanswered, func(u unansweredDeposit) bool { return u.window < w })
+	if len(st.unanswered) >= maxUnanswered {
+		st.unanswered = slices.Delete(st.unanswered, 0, 1)
+	}
+	st.unanswered = append(st.unanswered, unansweredDeposit{window: w, id: id})
+}
+
+// foundUnanswered takes off the unanswered deposits a read of the shared
+// bucket of window w found (open or expired: they landed) and those of
+// earlier windows.
+func (st *limitState) foundUnanswered(w int64, b store.BalanceResult) {
+	if len(st.unanswered) == 0 {
+		return
+	}
+	st.unanswered = slices.DeleteFunc(st.unanswered, func(u unansweredDeposit) bool {
+		if u.window < w {
+			return true
+		}
+		if u.window > w {
+			return false
+		}
+		for _, o := range b.Open {
+			if o.ID == u.id {
+				return true
+			}
+		}
+		for _, e := range b.Expired {
+			if e.ID == u.id {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// unansweredIn reports whether a deposit of window w may still land.
+func (st *limitState) unansweredIn(w int64) bool {
+	for _, u := range st.unanswered {
+		if u.window == w {
+			return true
+		}
+	}
+	return false
 }
 
 // holding is a lease this replica deposited.
@@ -469,6 +540,11 @@ func (c *Core) SetRedisHealth(now time.Time, up bool) {
 	}
 	for _, id := range c.sortedStates() {
 		st := c.states[id]
+		if st.spentLocal {
+			// Learned without the shared bucket, and the in-process leases
+			// go back to the pool now: the next dry spend asks again.
+			st.spentWindow, st.spentLocal = -1, false
+		}
 		st.nextWindow = -1 // Redis may have lost the next window's lease
 		st.lockedUntil = time.Time{}
 		st.localNext = -1

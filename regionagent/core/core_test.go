@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"leasehold/lease"
 	"leasehold/regionagent/store"
 )
 
@@ -253,6 +254,122 @@ func TestRedisDownInProcess(t *testing.T) {
 		t.Fatalf("the in-process lease was not returned: %+v", g)
 	}
 	wantAnswer(t, "shared again", w.check("a", 1), true, ReasonOK)
+}
+
+// TestRedisDownSpentPoolIsUnavailable: while Redis is down the replica
+// takes the rest of the pool in process, but the region's shared bucket
+// still holds unspent tokens of the window (the allocator counts them as
+// granted): a spent pool then says nothing of what the region spent, so
+// the replica answers UNAVAILABLE, never OVER_LIMIT. When Redis is back
+// that mark is forgotten: the region spends what its bucket holds, then
+// renews (the pool took 5 tokens back meanwhile) before it says
+// OVER_LIMIT, and only once the pool is spent with the bucket dry.
+func TestRedisDownSpentPoolIsUnavailable(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 100, time.Minute, time.Minute))
+	wantAnswer(t, "shared", w.check("a", 1), true, ReasonOK) // a lease of 10 in the shared bucket: 9 left
+	w.redisDown = true
+	w.c.SetRedisHealth(w.now, false)
+	local := 0
+	var last Answer
+	for i := 0; i < 200; i++ {
+		last = w.check("a", 1)
+		if !last.Allowed {
+			break
+		}
+		local++
+	}
+	if local != 90 {
+		t.Fatalf("admitted %d in process, want the pool's 90", local)
+	}
+	wantAnswer(t, "pool spent, the shared bucket unreachable", last, false, ReasonUnavailable)
+	if last.RetryAfter < time.Second || last.RetryAfter > 2*time.Second {
+		t.Fatalf("retry_after %v, want 1-2 s", last.RetryAfter)
+	}
+	wantAnswer(t, "again", w.check("a", 1), false, ReasonUnavailable)
+	// Another region returns 5 tokens; Redis answers again.
+	w.alloc.pools[store.Key{Limit: "a", Window: lease.WindowOf(w.now, time.Minute).Index}] -= 5
+	w.redisDown = false
+	w.c.SetRedisHealth(w.now, true)
+	w.drain()
+	for i := range 9 + 5 {
+		wantAnswer(t, fmt.Sprintf("shared again, %d", i), w.check("a", 1), true, ReasonOK)
+	}
+	wantAnswer(t, "region spent, pool spent", w.check("a", 1), false, ReasonOverLimit)
+}
+
+// TestUnansweredDepositSpentPoolIsUnavailable: a deposit a slow Redis
+// did not answer may land later; while it may, a spent pool (the lease
+// took it) is UNAVAILABLE, not OVER_LIMIT. It lands: its tokens are
+// spent, and once a round read the bucket and found it, a spent pool is
+// OVER_LIMIT again.
+func TestUnansweredDepositSpentPoolIsUnavailable(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 10, time.Minute, time.Minute))
+	_, acq := w.firstRound("a")
+	w.c.Acquired(w.now, w.now, acq, []Grant{w.alloc.acquire(w.now, acq[0])})
+	deps := w.c.Ready().Deposits
+	if len(deps) != 1 || deps[0].Tokens != 10 {
+		t.Fatalf("deposits %+v, want one of the pool's 10", deps)
+	}
+	d := deps[0]
+	w.c.Deposited(w.now, d, store.DepositResult{}, errors.New("i/o timeout"), true)
+	w.drain()
+	wantAnswer(t, "the deposit may land yet", w.check("a", 1), false, ReasonUnavailable)
+	if v := counter(w.shared.Balance(d.Key, ms(w.now)), store.CounterPoolSpent); v != 0 {
+		t.Fatalf("pool-spent mark %d in the shared bucket while the deposit may land: other replicas would say OVER_LIMIT", v)
+	}
+	if a := w.c.Reserved(w.now, d.Key, false, 0, 1); a.Reason != ReasonUnavailable {
+		t.Fatalf("a refused sub-lease reservation while the deposit may land: %+v, want UNAVAILABLE", a)
+	}
+	w.drain()
+	// It lands.
+	if _, err := w.shared.Deposit(store.Deposit{Key: d.Key, LeaseID: d.LeaseID, Tokens: d.Tokens,
+		DeadlineMs: ms(d.Deadline), ExpireAtMs: ms(d.KeyExpiry), NowMs: ms(w.now)}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		wantAnswer(t, fmt.Sprintf("landed, %d", i), w.check("a", 1), true, ReasonOK)
+	}
+	// The spends below the low-water mark renewed: that round read the
+	// bucket and found the lease.
+	wantAnswer(t, "found, region spent, pool spent", w.check("a", 1), false, ReasonOverLimit)
+	if a := w.c.Reserved(w.now, d.Key, false, 0, 1); a.Reason != ReasonOverLimit {
+		t.Fatalf("a refused sub-lease reservation, the region spent: %+v, want OVER_LIMIT", a)
+	}
+}
+
+// TestStoreErrorFallbackSpentIsUnavailable: a spend Redis did not answer
+// gets the limit's fail mode; a local:2 fallback admits 2 (counted in the
+// shared store, which answers that call), then its allowance is spent.
+// The region's bucket may still hold unspent tokens, so that is
+// UNAVAILABLE, not OVER_LIMIT; with the allocator unreachable instead, a
+// spent allowance is OVER_LIMIT as before.
+func TestStoreErrorFallbackSpentIsUnavailable(t *testing.T) {
+	l := strictLimit("a", 100, time.Minute, time.Minute)
+	l.Fallback = Fallback{Kind: FallbackLocal, LocalTokens: 2}
+	w := newWorld(t, 10, l)
+	wantAnswer(t, "shared", w.check("a", 1), true, ReasonOK)
+	w.redisDown = true // spends go unanswered; the breaker has not tripped
+	wantAnswer(t, "fallback 1", w.check("a", 1), true, ReasonFallback)
+	wantAnswer(t, "fallback 2", w.check("a", 1), true, ReasonFallback)
+	wantAnswer(t, "allowance spent, spend unanswered", w.check("a", 1), false, ReasonUnavailable)
+	w.redisDown = false
+	for range 8 {
+		wantAnswer(t, "the bucket's tokens", w.check("a", 1), true, ReasonOK)
+	}
+	// Cut off from the allocator once the bucket is dry: the allowance,
+	// spent, is OVER_LIMIT.
+	w.dropAcquire = true
+	w.c.SetAllocatorHealth(w.now, false)
+	for i := 0; ; i++ {
+		a := w.check("a", 1)
+		if !a.Allowed {
+			wantAnswer(t, "allowance spent, allocator unreachable", a, false, ReasonOverLimit)
+			break
+		}
+		if i == 20 {
+			t.Fatal("admitted 20 with the allocator unreachable")
+		}
+	}
 }
 
 // TestUnansweredRequestIsReplayed: a request whose call failed is sent

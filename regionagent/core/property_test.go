@@ -195,6 +195,12 @@ func (ch *chaos) check(limit string, cost int64) {
 			if a.Reason == ReasonOverLimit && !ch.spentSaid[chk.Keys[0]] {
 				ch.t.Fatalf("OVER_LIMIT for %v at %v, but the allocator never said its pool is spent", chk.Keys[0], w.now.Sub(t0))
 			}
+			if a.Reason == ReasonOverLimit && w.redisDown {
+				if b := w.shared.Balance(chk.Keys[0], ms(w.now)); b.Spendable > 0 {
+					ch.t.Fatalf("OVER_LIMIT for %v at %v with Redis down and its bucket holding %d unspent: the region did not spend its grant",
+						chk.Keys[0], w.now.Sub(t0), b.Spendable)
+				}
+			}
 			if a.Reason == ReasonOverLimit {
 				ch.overLimits++
 			}

@@ -209,11 +209,13 @@ func (c *Core) RoundRead(now time.Time, r Round, res RoundResult) {
 	d := st.demand
 	if r.Store == Local {
 		d = st.localDemand
+	} else {
+		st.foundUnanswered(w.Index, bal)
 	}
 	d.Observe(now, w.Index, bal.Admitted+bal.Denied+counter(bal, store.CounterFallback))
 	rate := d.Rate(now)
 	if counter(bal, store.CounterPoolSpent) > 0 && st.spentWindow < w.Index {
-		st.spentWindow, st.spentAt, st.shareSpent = w.Index, now, false
+		st.markSpent(w.Index, now, false, r.Store == Local)
 	}
 	next := st.nextWindow
 	if r.Store == Local {
@@ -290,6 +292,13 @@ func (c *Core) acquire(st *limitState, rd *round, next bool, rate float64, held,
 	c.ready.Acquires = append(c.ready.Acquires, *req)
 }
 
+// markSpent records that window w's pool (share: this region's share of
+// it) is spent, as learned at now; local: learned without the region's
+// shared bucket (see limitState.spentLocal).
+func (st *limitState) markSpent(w int64, now time.Time, share, local bool) {
+	st.spentWindow, st.spentAt, st.shareSpent, st.spentLocal = w, now, share, local
+}
+
 // step counts one answered action of a limit's round.
 func (c *Core) step(st *limitState, rd *round, now time.Time) {
 	if rd == nil || st.round != rd {
@@ -360,12 +369,23 @@ func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
 					c.step(st, rd, recv)
 					continue
 				}
+				// Asked without the shared bucket (Redis down, or the round
+				// in flight is of the in-process store): the pool may be
+				// held by the region's leases in it.
+				local := c.redisDown || rd != nil && rd.store == Local
 				if w >= st.spentWindow {
-					st.spentWindow, st.spentAt, st.shareSpent = w, recv, g.ShareSpent && g.PoolLeft > 0
+					st.markSpent(w, recv, g.ShareSpent && g.PoolLeft > 0, local)
 				}
-				if !req.Next && !st.shareSpent {
-					// Every replica's spends then say the pool is spent.
-					c.ready.Counters = append(c.ready.Counters, CounterOp{Store: c.store(),
+				if !req.Next && !st.shareSpent && !st.unansweredIn(w) {
+					// Every replica's spends then say the pool is spent (in
+					// process, this replica's only: a mark learned without
+					// the shared bucket must not reach it; and none while
+					// this replica's deposit of the window may land yet).
+					s := Shared
+					if local {
+						s = Local
+					}
+					c.ready.Counters = append(c.ready.Counters, CounterOp{Store: s,
 						Key: st.l.key(w), Name: store.CounterPoolSpent, Delta: 1})
 				}
 			}
@@ -457,6 +477,9 @@ func (c *Core) Deposited(now time.Time, d Deposit, res store.DepositResult, err 
 	switch {
 	case err != nil && unanswered:
 		c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteStranded, Limit: st.id, Lease: d.LeaseID, Text: err.Error()})
+		if d.Store == Shared {
+			st.noteUnanswered(d.Key.Window, d.LeaseID)
+		}
 		return
 	case err != nil:
 		c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteReturning, Limit: st.id, Lease: d.LeaseID, Text: err.Error()})
