@@ -3,6 +3,7 @@ package regionagent
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -155,6 +156,7 @@ func (s *spender) flusher() {
 func (s *spender) flush() (abandoned bool) {
 	batch := make([]*spendReq, 0, s.maxBatch)
 	ops := make([]bucket.SpendOp, 0, s.maxBatch)
+	var scratch bucket.SpendScratch          // SpendBatchInto's buffers, reused
 	sent := make([]*spendReq, 0, s.maxBatch) // the requests of ops
 	abandonAfter := max(2*s.timeout, time.Second)
 	// One watchdog timer per flusher, reset for each batch: no timer and
@@ -202,7 +204,7 @@ func (s *spender) flush() (abandoned bool) {
 			w.timer.Reset(abandonAfter)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		res, err := s.b.SpendBatch(ctx, ops)
+		res, err := s.b.SpendBatchInto(ctx, ops, &scratch)
 		cancel()
 		stopped := w.timer.Stop()
 		if !w.outcome.CompareAndSwap(0, 1) {
@@ -255,7 +257,8 @@ func (w *watchdog) fire() {
 }
 
 // conclude sets a sent batch's results (err: none was decided) and
-// finishes it.
+// finishes it. res is the flusher's scratch: a Check's result is handed
+// on (decide) before the flusher's next batch, a plain spend's is copied.
 func (s *spender) conclude(batch, sent []*spendReq, res []bucket.SpendResult, err error) {
 	if s.onBatch != nil {
 		s.onBatch(len(sent), err)
@@ -265,6 +268,12 @@ func (s *spender) conclude(batch, sent []*spendReq, res []bucket.SpendResult, er
 			r.err = err
 		} else {
 			r.res, r.err = res[i], res[i].Err
+			if r.check == nil && r.res.Keys != nil {
+				// A plain spend's caller reads its result after the
+				// flusher has gone on (and after it released r): a
+				// copy of its own.
+				r.res.Keys = slices.Clone(r.res.Keys)
+			}
 		}
 	}
 	s.finish(batch)
