@@ -250,8 +250,10 @@ func schedEvents() uint64 {
 // ns/op is wall time per Check over all callers; B/op and allocs/op
 // count the whole process (the flusher, the work loop's reports and the
 // allocator included) per Check, so they are the agent's allocations
-// per warm decision with its background work spread over them. Run with
-// -cpuprofile to see where a warm decision's CPU goes.
+// per warm decision with its background work spread over them. Set
+// LEASEHOLD_BENCH_PROFILE to profile the measured run alone. The keys'
+// windows are an hour long: a run that crosses the hour (UTC) sees its
+// keys go cold, and measures first leases.
 func BenchmarkCheckWarm(b *testing.B) {
 	w := startWorld(b, false, "eu")
 	warm := w.putLimits(10000, "tenant/warm-%05d", 1<<40, time.Hour, time.Hour, "eu")
