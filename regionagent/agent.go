@@ -377,13 +377,14 @@ func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) 
 		return d, nil
 	}
 	start := a.opt.now()
-	cs := checkStart{one: [1]core.Item{{Limit: item.Limit, Cost: item.Cost}}, deadline: a.checkDeadline(ctx, start)}
-	cs.items = cs.one[:]
-	chk, spendAt, err := a.startCheck(ctx, &cs)
+	r := checkReq()
+	r.cs.one[0] = core.Item{Limit: item.Limit, Cost: item.Cost}
+	r.cs.items, r.cs.deadline = r.cs.one[:], a.checkDeadline(ctx, start)
+	chk, spendAt, seq, err := a.startCheck(ctx, r)
 	if err != nil {
 		return Decision{}, err
 	}
-	spendAt, err = a.runCheck(ctx, start, chk, spendAt, cs.seq)
+	spendAt, err = a.runCheck(ctx, start, chk, spendAt, seq)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -444,15 +445,16 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 		return nil, fieldErr("checks", "at most %d per call, got %d", maxMulti, len(items))
 	}
 	start := a.opt.now()
-	cs := checkStart{items: make([]core.Item, len(items)), deadline: a.checkDeadline(ctx, start)}
+	r := checkReq()
+	r.cs.items, r.cs.deadline = make([]core.Item, len(items)), a.checkDeadline(ctx, start)
 	for i, it := range items {
-		cs.items[i] = core.Item{Limit: it.Limit, Cost: it.Cost}
+		r.cs.items[i] = core.Item{Limit: it.Limit, Cost: it.Cost}
 	}
-	chk, spendAt, err := a.startCheck(ctx, &cs)
+	chk, spendAt, seq, err := a.startCheck(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	spendAt, err = a.runCheck(ctx, start, chk, spendAt, cs.seq)
+	spendAt, err = a.runCheck(ctx, start, chk, spendAt, seq)
 	if err != nil {
 		return nil, err
 	}
@@ -516,21 +518,22 @@ type checkStart struct {
 	one      [1]core.Item // items of a Check of one limit
 	deadline time.Time    // zero: none
 	chk      *core.Check  // set by the batch
-	seq      uint64       // a.wakeSeq before the Check began (wait)
 }
 
-// startCheck begins a Check and carries out its first spend with a batch;
-// spendAt is when the batch was sent (zero when the Check did not spend
-// in Redis: it goes on in runCheck).
-func (a *Agent) startCheck(ctx context.Context, cs *checkStart) (*core.Check, time.Time, error) {
-	cs.seq = a.wakeSeq.Load()
-	r, err := a.shared.spender.start(ctx, cs)
+// startCheck begins the Check of r.cs (a request from checkReq) and
+// carries out its first spend with a batch; spendAt is when the batch was
+// sent (zero when the Check did not spend in Redis: it goes on in
+// runCheck). It releases r. seq is a.wakeSeq from before the Check
+// began (wait).
+func (a *Agent) startCheck(ctx context.Context, r *spendReq) (chk *core.Check, spendAt time.Time, seq uint64, err error) {
+	seq = a.wakeSeq.Load()
+	r, err = a.shared.spender.start(ctx, r)
 	if err != nil {
-		return nil, time.Time{}, err
+		return nil, time.Time{}, 0, err
 	}
-	at := r.at
+	chk, spendAt = r.cs.chk, r.at
 	release(r)
-	return cs.chk, at, nil
+	return chk, spendAt, seq, nil
 }
 
 // beginBatch begins the Checks of a spend batch in the core (spender.begin):

@@ -7,10 +7,13 @@ import (
 	"net"
 	"os"
 	rtmetrics "runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -238,4 +241,149 @@ func schedEvents() uint64 {
 		n += c
 	}
 	return n
+}
+
+// BenchmarkCheckWarm measures the agent's own cost of a warm Check:
+// Agent.Check called directly (no gRPC), over 10,000 limits each leased
+// before the run (a Check is one spend in its Redis bucket, batched with
+// the other callers'), on a real redis-server, with 1 and 64 callers.
+// ns/op is wall time per Check over all callers; B/op and allocs/op
+// count the whole process (the flusher, the work loop's reports and the
+// allocator included) per Check, so they are the agent's allocations
+// per warm decision with its background work spread over them. Set
+// LEASEHOLD_BENCH_PROFILE to profile the measured run alone. The keys'
+// windows are an hour long: a run that crosses the hour (UTC) sees its
+// keys go cold, and measures first leases.
+func BenchmarkCheckWarm(b *testing.B) {
+	w := startWorld(b, false, "eu")
+	warm := w.putLimits(10000, "tenant/warm-%05d", 1<<40, time.Hour, time.Hour, "eu")
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr(), PoolSize: 64})
+	b.Cleanup(func() { rdb.Close() })
+	a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: "bench",
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Logger:      slog.New(slog.DiscardHandler)}, WithBatching(benchFlushers(), 128))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done; a.Close() })
+	<-a.Ready()
+	for _, id := range warm {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			if d, _ := a.Check(ctx, id, 1); d.Allowed {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // the limit's sync or its first lease
+		}
+	}
+	time.Sleep(5 * time.Second) // the warm-up's first reports settle (every 2 s)
+	for _, callers := range []int{1, 64} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			var next atomic.Int64
+			var denied atomic.Int64
+			var wg sync.WaitGroup
+			b.ReportAllocs()
+			stopProfile := profileRun(b, fmt.Sprintf("callers%d", callers))
+			b.ResetTimer()
+			sched0, cpu0, rcpu0 := schedEvents(), processCPU(b), redisCPUOf(b, rdb)
+			for range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
+						d, err := a.Check(ctx, warm[int(i)%len(warm)], 1)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if !d.Allowed {
+							denied.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			stopProfile()
+			b.ReportMetric(float64(schedEvents()-sched0)/float64(b.N), "sched/op")
+			// CPU per Check, which the machine's other load moves far
+			// less than the wall time: this process's (the agent, its
+			// work loop and the in-process allocator and etcd), and
+			// redis-server's.
+			b.ReportMetric(float64((processCPU(b)-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			b.ReportMetric((redisCPUOf(b, rdb)-rcpu0)*1e9/float64(b.N), "redis-cpu-ns/op")
+			if d := denied.Load(); d > int64(b.N)/100 {
+				b.Errorf("%d of %d checks denied: the benchmark measured denials", d, b.N)
+			}
+		})
+	}
+}
+
+// profileRun, when LEASEHOLD_BENCH_PROFILE names a path prefix, writes a
+// CPU profile of the measured run alone (PREFIX-NAME.cpu) and heap
+// profiles before and after it (PREFIX-NAME.mem0, .mem1: read the run's
+// allocations with go tool pprof -sample_index=alloc_objects -diff_base
+// .mem0 .mem1), leaving out the benchmark's setup. The returned func
+// ends the profile.
+func profileRun(b *testing.B, name string) (stop func()) {
+	prefix := os.Getenv("LEASEHOLD_BENCH_PROFILE")
+	if prefix == "" {
+		return func() {}
+	}
+	heap := func(suffix string) {
+		f, err := os.Create(prefix + "-" + name + suffix)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	heap(".mem0")
+	f, err := os.Create(prefix + "-" + name + ".cpu")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		heap(".mem1")
+	}
+}
+
+// processCPU is the CPU time this process has used (user and system).
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// redisCPUOf is the CPU seconds redis-server has used since it started
+// (INFO cpu: used_cpu_user + used_cpu_sys).
+func redisCPUOf(b *testing.B, rdb *redis.Client) float64 {
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var t float64
+	for line := range strings.SplitSeq(info, "\n") {
+		for _, f := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), f); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t += x
+			}
+		}
+	}
+	return t
 }

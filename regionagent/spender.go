@@ -3,6 +3,7 @@ package regionagent
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,10 +17,12 @@ type spendReq struct {
 	res bucket.SpendResult
 	err error
 	// A Check's first step (the spender's hooks set): begun in the core
-	// by the batch (check), and decided by it when it spends in Redis;
-	// skip: it does not (it goes on in its caller); at: when the batch
-	// was sent.
+	// by the batch (check, which points at cs), and decided by it when it
+	// spends in Redis; skip: it does not (it goes on in its caller); at:
+	// when the batch was sent. cs is kept in the request so that a Check
+	// allocates no checkStart of its own.
 	check *checkStart
+	cs    checkStart
 	skip  bool
 	at    time.Time
 	// key backs op.Keys for a Check of one limit: no slice made per
@@ -51,6 +54,10 @@ type spender struct {
 	// each request's op (or skip), decide hands the results on. They let
 	// a batch of Checks be begun and decided in the core at once.
 	begin, decide func(reqs []*spendReq)
+	// onFire and onLateFire, when set (tests), are called as a batch's
+	// watchdog timer fires, before the watchdog looks at the batch, and
+	// as a flusher whose call returned first waits for that watchdog.
+	onFire, onLateFire func()
 }
 
 func newSpender(b *bucket.Buckets, flushers, maxBatch int, timeout time.Duration, onBatch func(int, error)) *spender {
@@ -76,14 +83,18 @@ func (s *spender) spend(ctx context.Context, keys []string, costs []int64, nowMs
 	return s.submit(ctx, r)
 }
 
-// start queues a Check's first step (begin and decide set) and waits
-// for the batch to have carried it out. The returned request must be
-// released with release.
-func (s *spender) start(ctx context.Context, c *checkStart) (*spendReq, error) {
-	r := spendReqPool.Get().(*spendReq)
-	r.check = c
+// start queues the Check's first step of r (from checkReq, its cs set:
+// begin and decide set) and waits for the batch to have carried it out;
+// the begun Check is then r.cs.chk. The returned request must be released
+// with release.
+func (s *spender) start(ctx context.Context, r *spendReq) (*spendReq, error) {
+	r.check = &r.cs
 	return s.submit(ctx, r)
 }
+
+// checkReq is a request from the pool for a Check's first step, for
+// start: its cs is set by the caller.
+func checkReq() *spendReq { return spendReqPool.Get().(*spendReq) }
 
 // submit queues r and waits for its batch.
 func (s *spender) submit(ctx context.Context, r *spendReq) (*spendReq, error) {
@@ -104,7 +115,7 @@ func (s *spender) submit(ctx context.Context, r *spendReq) (*spendReq, error) {
 
 func release(r *spendReq) {
 	r.op, r.res, r.err = bucket.SpendOp{}, bucket.SpendResult{}, nil
-	r.check, r.skip, r.at, r.key = nil, false, time.Time{}, [1]string{}
+	r.check, r.cs, r.skip, r.at, r.key = nil, checkStart{}, false, time.Time{}, [1]string{}
 	spendReqPool.Put(r)
 }
 
@@ -145,8 +156,12 @@ func (s *spender) flusher() {
 func (s *spender) flush() (abandoned bool) {
 	batch := make([]*spendReq, 0, s.maxBatch)
 	ops := make([]bucket.SpendOp, 0, s.maxBatch)
+	var scratch bucket.SpendScratch          // SpendBatchInto's buffers, reused
 	sent := make([]*spendReq, 0, s.maxBatch) // the requests of ops
 	abandonAfter := max(2*s.timeout, time.Second)
+	// One watchdog timer per flusher, reset for each batch: no timer and
+	// closure made per batch.
+	w := &watchdog{s: s, fired: make(chan struct{}, 1)}
 	for {
 		select {
 		case r := <-s.queue:
@@ -179,24 +194,33 @@ func (s *spender) flush() (abandoned bool) {
 			batch = batch[:0]
 			continue
 		}
-		// outcome: 0 while the call runs, then 1 (it returned) or 2 (the
-		// watchdog abandoned it), whichever comes first.
-		var outcome atomic.Int32
-		watchdog := time.AfterFunc(abandonAfter, func() {
-			if !outcome.CompareAndSwap(0, 2) {
-				return
-			}
-			s.conclude(batch, sent, nil, errBatchAbandoned)
-			go s.flusher() // in this flusher's place in wg
-		})
+		// The watchdog's batch; then outcome 0 (the call runs), set
+		// after the batch so that a watchdog that sees 0 sees the batch.
+		w.batch, w.sent = batch, sent
+		w.outcome.Store(0)
+		if w.timer == nil {
+			w.timer = time.AfterFunc(abandonAfter, w.fire)
+		} else {
+			w.timer.Reset(abandonAfter)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		res, err := s.b.SpendBatch(ctx, ops)
+		res, err := s.b.SpendBatchInto(ctx, ops, &scratch)
 		cancel()
-		watchdog.Stop()
-		if !outcome.CompareAndSwap(0, 1) {
+		stopped := w.timer.Stop()
+		if !w.outcome.CompareAndSwap(0, 1) {
 			return true // the watchdog answered the batch; its slices are its
 		}
+		w.batch, w.sent = nil, nil
 		s.conclude(batch, sent, res, err)
+		if !stopped {
+			// The timer fired as the call returned: its watchdog lost the
+			// race above and must be done before the next batch sets
+			// outcome to 0 again (it would abandon that batch).
+			if s.onLateFire != nil {
+				s.onLateFire()
+			}
+			<-w.fired
+		}
 		clear(batch)
 		clear(sent)
 		clear(ops)
@@ -204,8 +228,37 @@ func (s *spender) flush() (abandoned bool) {
 	}
 }
 
+// watchdog abandons a flusher's batch whose Redis call has not returned
+// in time (flush). The flusher sets batch and sent, then outcome to 0,
+// before each call; its timer runs fire.
+type watchdog struct {
+	s           *spender
+	timer       *time.Timer
+	batch, sent []*spendReq
+	// outcome: 0 while the call runs, then 1 (it returned) or 2 (the
+	// watchdog abandoned it), whichever comes first.
+	outcome atomic.Int32
+	// fired receives once each time fire has run (buffered 1): a flusher
+	// whose timer could not be stopped waits for it.
+	fired chan struct{}
+}
+
+// fire answers the running batch errBatchAbandoned, unless its call has
+// returned, and starts a replacement flusher.
+func (w *watchdog) fire() {
+	if w.s.onFire != nil {
+		w.s.onFire()
+	}
+	if w.outcome.CompareAndSwap(0, 2) {
+		w.s.conclude(w.batch, w.sent, nil, errBatchAbandoned)
+		go w.s.flusher() // in this flusher's place in wg
+	}
+	w.fired <- struct{}{}
+}
+
 // conclude sets a sent batch's results (err: none was decided) and
-// finishes it.
+// finishes it. res is the flusher's scratch: a Check's result is handed
+// on (decide) before the flusher's next batch, a plain spend's is copied.
 func (s *spender) conclude(batch, sent []*spendReq, res []bucket.SpendResult, err error) {
 	if s.onBatch != nil {
 		s.onBatch(len(sent), err)
@@ -215,6 +268,12 @@ func (s *spender) conclude(batch, sent []*spendReq, res []bucket.SpendResult, er
 			r.err = err
 		} else {
 			r.res, r.err = res[i], res[i].Err
+			if r.check == nil && r.res.Keys != nil {
+				// A plain spend's caller reads its result after the
+				// flusher has gone on (and after it released r): a
+				// copy of its own.
+				r.res.Keys = slices.Clone(r.res.Keys)
+			}
 		}
 	}
 	s.finish(batch)

@@ -100,3 +100,110 @@ func TestSpenderAbandonsWedgedBatch(t *testing.T) {
 		t.Fatal("an abandoned batch is not counted as a Redis failure")
 	}
 }
+
+// TestSpenderWatchdogLateFire: a flusher's watchdog timer (one per
+// flusher, reset for each batch) that fires just as its batch's call
+// returns loses to the call: that batch has the call's own outcome (here
+// its deadline, as the hook held it), not errBatchAbandoned, and the late
+// watchdog does not abandon the flusher's next batch, which the flusher
+// sends only once the watchdog is done.
+func TestSpenderWatchdogLateFire(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	h := &wedgeHook{wedged: make(chan struct{}), release: make(chan struct{})}
+	rdb.AddHook(h)
+	var mu sync.Mutex
+	var batchErrs []error
+	sp := newSpender(bucket.New(rdb), 1, 16, 50*time.Millisecond, func(_ int, err error) {
+		mu.Lock()
+		batchErrs = append(batchErrs, err)
+		mu.Unlock()
+	})
+	fired, fireGo := make(chan struct{}), make(chan struct{})
+	var fires atomic.Int32
+	sp.onFire = func() {
+		if fires.Add(1) == 1 {
+			close(fired)
+			<-fireGo
+		}
+	}
+	lateWait := make(chan struct{})
+	sp.onLateFire = func() { close(lateWait) }
+	t.Cleanup(sp.close)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(fireGo) }) }
+	t.Cleanup(unblock)
+
+	type outcome struct {
+		r   *spendReq
+		err error
+	}
+	spendAsync := func(key string) chan outcome {
+		ch := make(chan outcome, 1)
+		go func() {
+			r, err := sp.spend(context.Background(), []string{key}, []int64{1}, 0)
+			ch <- outcome{r, err}
+		}()
+		return ch
+	}
+	first := spendAsync("{t}:first")
+	h.armed.Store(true)
+	// The first batch may have gone before the hook was armed: then
+	// send another, which the hook holds.
+	select {
+	case o := <-first:
+		if o.err != nil || o.r.err != nil {
+			t.Fatal(o.err, o.r.err)
+		}
+		release(o.r)
+		first = spendAsync("{t}:first")
+	case <-h.wedged:
+	}
+	<-h.wedged
+	<-fired          // the batch's timer fired while its call is held
+	close(h.release) // the call returns before the watchdog looks
+	o := <-first
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if o.r.err == nil || errors.Is(o.r.err, errBatchAbandoned) {
+		t.Fatalf("a batch whose call returned (past its deadline) before its watchdog looked: %v, want the call's own error", o.r.err)
+	}
+	release(o.r)
+
+	// The next batch is held too, should it go before the watchdog is
+	// done.
+	h2 := &wedgeHook{wedged: make(chan struct{}), release: make(chan struct{})}
+	h2.armed.Store(true)
+	rdb.AddHook(h2)
+	close(h2.release) // held batches go on at once: the order is what counts
+	second := spendAsync("{t}:second")
+	select {
+	case <-lateWait:
+	case <-h2.wedged:
+		t.Fatal("the next batch was sent while the late watchdog was still to look")
+	}
+	unblock() // the late watchdog goes on: it finds its batch decided
+	o = <-second
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if o.r.err != nil {
+		t.Fatalf("the batch after a late watchdog: %v, want it decided by Redis", o.r.err)
+	}
+	release(o.r)
+	mu.Lock()
+	defer mu.Unlock()
+	for i, err := range batchErrs {
+		if errors.Is(err, errBatchAbandoned) {
+			t.Fatalf("batch %d abandoned, want none", i)
+		}
+	}
+	if n := len(batchErrs); n < 2 || batchErrs[n-1] != nil {
+		t.Fatalf("batch outcomes %v, want the last decided", batchErrs)
+	}
+	if fires.Load() != 1 {
+		t.Fatalf("%d watchdogs fired, want 1 (the held batch's)", fires.Load())
+	}
+}

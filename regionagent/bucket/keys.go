@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"strconv"
+	"strings"
 
 	"leasehold/regionagent/store"
 )
@@ -25,7 +26,25 @@ import (
 // Key returns the bucket key of (limitID, window) under the limit's hash
 // tag ("" or limitID: none).
 func Key(hashTag, limitID string, window int64) string {
-	return prefix(hashTag, limitID) + ":w:" + strconv.FormatInt(window, 10)
+	// Built in one allocation: a warm Check names its bucket each time.
+	var num [20]byte
+	w := strconv.AppendInt(num[:0], window, 10)
+	var b strings.Builder
+	if hashTag == "" || hashTag == limitID {
+		b.Grow(len("lh:{}:w:") + len(limitID) + len(w))
+		b.WriteString("lh:{")
+		b.WriteString(limitID)
+		b.WriteString("}:w:")
+	} else {
+		b.Grow(len("lh:{}::w:") + len(hashTag) + len(limitID) + len(w))
+		b.WriteString("lh:{")
+		b.WriteString(hashTag)
+		b.WriteString("}:")
+		b.WriteString(limitID)
+		b.WriteString(":w:")
+	}
+	b.Write(w)
+	return b.String()
 }
 
 // KeyOf is Key of a store key.

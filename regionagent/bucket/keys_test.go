@@ -1,6 +1,8 @@
 package bucket
 
 import (
+	"math"
+	"strconv"
 	"testing"
 
 	"leasehold/regionagent/store"
@@ -61,5 +63,27 @@ func TestKeysDistinct(t *testing.T) {
 	}
 	if len(seen) == 0 {
 		t.Fatal("no keys")
+	}
+}
+
+// FuzzKey: Key names exactly what the plain concatenation of its parts
+// names (prefix, ":w:", the window in decimal), in one allocation.
+func FuzzKey(f *testing.F) {
+	f.Add("", "tenant/atlas", int64(28_333_333))
+	f.Add("atlas", "tenant/atlas/api", int64(7))
+	f.Add("x", "x", int64(-1))
+	f.Add("", "", int64(math.MinInt64))
+	f.Fuzz(func(t *testing.T, hashTag, limitID string, window int64) {
+		want := prefix(hashTag, limitID) + ":w:" + strconv.FormatInt(window, 10)
+		if got := Key(hashTag, limitID, window); got != want {
+			t.Fatalf("Key(%q, %q, %d) = %q, want %q", hashTag, limitID, window, got, want)
+		}
+	})
+}
+
+// TestKeyAllocs: naming a bucket allocates its name only.
+func TestKeyAllocs(t *testing.T) {
+	if n := testing.AllocsPerRun(100, func() { _ = Key("atlas", "tenant/atlas/api", 29_416_123) }); n != 1 {
+		t.Fatalf("Key: %.0f allocations, want 1", n)
 	}
 }

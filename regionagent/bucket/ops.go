@@ -162,14 +162,39 @@ type spendCall struct {
 // it as "the whole batch failed", but must check each result's Err too. A
 // result without Err was decided, and its tokens charged if Allowed.
 func (b *Buckets) SpendBatch(ctx context.Context, ops []SpendOp) ([]SpendResult, error) {
-	res := make([]SpendResult, len(ops))
+	return b.SpendBatchInto(ctx, ops, &SpendScratch{})
+}
+
+// SpendScratch keeps SpendBatchInto's buffers (the results and their
+// keys, the script calls and their arguments, the commands) from one call
+// to the next, so that a caller sending batch after batch allocates them
+// once. The zero value is ready to use. A SpendScratch belongs to one
+// goroutine.
+type SpendScratch struct {
+	res     []SpendResult
+	backing []KeyResult
+	calls   []spendCall
+	cmds    []*redis.Cmd
+	pending []int
+}
+
+// SpendBatchInto is SpendBatch with its buffers in s: the results, their
+// Keys included, are s's and valid until the next call with s.
+func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScratch) ([]SpendResult, error) {
+	res := resize(s.res, len(ops))
+	clear(res)
 	total := 0
 	for _, op := range ops {
 		total += len(op.Keys)
 	}
-	backing := make([]KeyResult, total) // one allocation for every op's Keys
+	backing := resize(s.backing, total) // one buffer for every op's Keys
+	clear(backing)
 	off := 0
-	calls := make([]spendCall, 0, 4)
+	calls := s.calls[:0]
+	defer func() {
+		// Kept for the next call (grown, perhaps).
+		s.res, s.backing, s.calls = res, backing, calls
+	}()
 	for i, op := range ops {
 		n := len(op.Keys)
 		res[i].Keys = backing[off : off+n : off+n]
@@ -185,11 +210,13 @@ func (b *Buckets) SpendBatch(ctx context.Context, ops []SpendOp) ([]SpendResult,
 		calls = b.addToCall(calls, ops, i)
 	}
 
-	cmds := make([]*redis.Cmd, len(calls))
-	pending := make([]int, len(calls))
+	cmds := resize(s.cmds, len(calls))
+	pending := resize(s.pending, len(calls))
+	s.cmds, s.pending = cmds, pending
 	for i := range pending {
 		pending[i] = i
 	}
+	defer clear(cmds) // no reply kept alive until the next call
 	for try := 0; len(pending) > 0; try++ {
 		pipe := b.rdb.Pipeline()
 		for _, ci := range pending {
@@ -266,14 +293,15 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 		}
 	}
 	if ci < 0 {
-		if op.Take {
-			calls = append(calls, spendCall{tag: tag, now: op.NowMs, take: true,
-				args: []any{"takes", op.NowMs, b.ttlArg, int64(0)}})
-		} else {
-			calls = append(calls, spendCall{tag: tag, now: op.NowMs, solo: solo,
-				args: []any{op.NowMs, b.ttlArg, int64(0)}})
-		}
+		calls = nextCall(calls)
 		ci = len(calls) - 1
+		c := &calls[ci]
+		c.tag, c.now, c.take, c.solo = tag, op.NowMs, op.Take, solo
+		if op.Take {
+			c.args = append(c.args, "takes", op.NowMs, b.ttlArg, int64(0))
+		} else {
+			c.args = append(c.args, op.NowMs, b.ttlArg, int64(0))
+		}
 	}
 	c := &calls[ci]
 	c.spend = append(c.spend, i)
@@ -301,6 +329,29 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 		}
 	}
 	return calls
+}
+
+// nextCall appends an empty call to calls, reusing the slices of the call
+// that held its place in an earlier batch (SpendScratch).
+func nextCall(calls []spendCall) []spendCall {
+	if len(calls) == cap(calls) {
+		return append(calls, spendCall{})
+	}
+	calls = calls[:len(calls)+1]
+	c := &calls[len(calls)-1]
+	clear(c.keys[:cap(c.keys)]) // no key kept alive by the buffer
+	clear(c.args[:cap(c.args)])
+	*c = spendCall{keys: c.keys[:0], spend: c.spend[:0], args: c.args[:0]}
+	return calls
+}
+
+// resize returns buf with length n, reallocated only when its capacity is
+// short.
+func resize[T any](buf []T, n int) []T {
+	if cap(buf) < n {
+		return make([]T, n, n+n/4)
+	}
+	return buf[:n]
 }
 
 // script is the script a call runs.

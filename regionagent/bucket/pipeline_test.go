@@ -557,3 +557,78 @@ func TestSpendBatchRedisDown(t *testing.T) {
 		}
 	}
 }
+
+// TestSpendBatchIntoReusesScratch: batches of varied sizes (one op, more
+// than one script call's worth, an invalid op among them) sent one after
+// another through one SpendScratch decide exactly what the same spends
+// made one by one decide: nothing of a batch's results, calls or
+// arguments leaks into the next.
+func TestSpendBatchIntoReusesScratch(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			rng := rand.New(rand.NewPCG(3, 5))
+			const limits = 4
+			key := func(prefix string, l int) string { return Key("", fmt.Sprintf("%s%d", prefix, l), 0) }
+			for _, prefix := range []string{"seq", "bat"} {
+				for l := range limits {
+					mustDeposit(t, ctx, b, Deposit{Key: key(prefix, l), LeaseID: "L", Tokens: 400, StartMs: T0 - 10,
+						DeadlineMs: T0 + 500, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
+				}
+			}
+			var scratch SpendScratch
+			allowed, denied, invalid := 0, 0, 0
+			for n, size := range []int{1, maxSpendsPerCall + 7, 2, 1, 40, 3, maxSpendsPerCall*2 + 1, 1} {
+				ops := make([]SpendOp, size)
+				want := make([]SpendResult, size)
+				for i := range ops {
+					if size > 2 && i == size/2 {
+						ops[i] = SpendOp{Costs: []int64{1}, NowMs: T0 + int64(n)} // no key: invalid, alone
+						continue
+					}
+					var seqKeys []string
+					for range 1 + rng.IntN(2) {
+						l := rng.IntN(limits)
+						seqKeys = append(seqKeys, key("seq", l))
+						ops[i].Keys = append(ops[i].Keys, key("bat", l))
+						ops[i].Costs = append(ops[i].Costs, rng.Int64N(9))
+					}
+					ops[i].NowMs = T0 + int64(n) // one NowMs a batch: one order (calls of several go in turn)
+					r, err := b.Spend(ctx, seqKeys, ops[i].Costs, ops[i].NowMs)
+					if err != nil {
+						t.Fatal(err)
+					}
+					want[i] = r
+				}
+				got, err := b.SpendBatchInto(ctx, ops, &scratch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(got) != size {
+					t.Fatalf("%d results for %d ops", len(got), size)
+				}
+				for i := range ops {
+					if ops[i].Keys == nil {
+						if got[i].Err == nil {
+							t.Fatalf("batch of %d, op %d (no key): decided %+v", size, i, got[i])
+						}
+						invalid++
+						continue
+					}
+					if !reflect.DeepEqual(got[i], want[i]) {
+						t.Fatalf("batch of %d, op %d:\nbatch      %+v\nsequential %+v", size, i, got[i], want[i])
+					}
+					if want[i].Allowed {
+						allowed++
+					} else {
+						denied++
+					}
+				}
+			}
+			if allowed == 0 || denied == 0 || invalid == 0 {
+				t.Fatalf("%d allowed, %d denied, %d invalid: the batches do not cover every outcome", allowed, denied, invalid)
+			}
+		})
+	}
+}
