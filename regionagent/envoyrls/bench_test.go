@@ -69,14 +69,44 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			}
 		})
 	}
+	warm := warmRequests(warmKeys)
+	b.Run("handler/warm", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			r, err := s.ShouldRateLimit(ctx, warm[i%len(warm)])
+			if err != nil || r.OverallCode != OK {
+				b.Fatal(r, err)
+			}
+			i++
+		}
+	})
 	cl := serveTCP(b, s)
 	for _, callers := range []int{1, 64} {
 		for _, name := range []string{"descriptors=1", "descriptors=3"} {
 			b.Run(fmt.Sprintf("grpc/callers=%d/%s", callers, name), func(b *testing.B) {
-				benchCalls(b, cl, benchRequests[name], callers, false)
+				benchCalls(b, cl, []*rlsv3.RateLimitRequest{benchRequests[name]}, callers, false)
 			})
 		}
 	}
+	b.Run("grpc/callers=64/warm", func(b *testing.B) {
+		benchCalls(b, cl, warm, 64, false)
+	})
+}
+
+// warmKeys is the number of distinct keys of the warm benchmarks, as in
+// make bench-check's warm case.
+const warmKeys = 10000
+
+// warmRequests are n requests of one descriptor each, tenant_id values
+// t00000, t00001, ...: a decision on each of many warm keys in turn, as
+// make bench-check's warm case sends them.
+func warmRequests(n int) []*rlsv3.RateLimitRequest {
+	out := make([]*rlsv3.RateLimitRequest, n)
+	for i := range out {
+		out[i] = request("api", 1, desc("tenant_id", fmt.Sprintf("t%05d", i)))
+	}
+	return out
 }
 
 // BenchmarkShouldRateLimitAgent is the same through a real agent (Redis
@@ -98,15 +128,16 @@ func BenchmarkShouldRateLimitAgent(b *testing.B) {
 	for _, callers := range []int{1, 64} {
 		for _, name := range []string{"descriptors=1", "descriptors=3"} {
 			b.Run(fmt.Sprintf("callers=%d/%s", callers, name), func(b *testing.B) {
-				benchCalls(b, cl, benchRequests[name], callers, true)
+				benchCalls(b, cl, []*rlsv3.RateLimitRequest{benchRequests[name]}, callers, true)
 			})
 		}
 	}
 }
 
-// benchCalls makes b.N calls from callers goroutines and reports
-// decisions/s, CPU per decision and the share denied.
-func benchCalls(b *testing.B, cl rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest, callers int, allowDenied bool) {
+// benchCalls makes b.N calls from callers goroutines, call i sending
+// reqs[i % len(reqs)], and reports decisions/s, CPU per decision and the
+// share denied.
+func benchCalls(b *testing.B, cl rlsv3.RateLimitServiceClient, reqs []*rlsv3.RateLimitRequest, callers int, allowDenied bool) {
 	b.ReportAllocs()
 	ctx := context.Background()
 	var next, denied atomic.Int64
@@ -117,8 +148,8 @@ func benchCalls(b *testing.B, cl rlsv3.RateLimitServiceClient, req *rlsv3.RateLi
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for next.Add(1) <= int64(b.N) {
-				r, err := cl.ShouldRateLimit(ctx, req)
+			for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
+				r, err := cl.ShouldRateLimit(ctx, reqs[i%int64(len(reqs))])
 				if err != nil {
 					b.Error(err)
 					return
