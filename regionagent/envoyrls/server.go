@@ -115,6 +115,7 @@ type plan struct {
 	statusesA [smallPlan]*rlsv3.RateLimitResponse_DescriptorStatus
 	headerA   [6]corev3.HeaderValue
 	headerPA  [6]*corev3.HeaderValue
+	oneA      [1]itemAnswer // the one limit of most requests
 }
 
 // smallPlan descriptors fit a plan without further allocations.
@@ -340,8 +341,8 @@ func (p *plan) costTooLarge(j int) *rlsv3.RateLimitResponse {
 	return resp
 }
 
-// itemAnswer is the messages of one limit's status: the answers' limits
-// are allocated together, one slice per answer.
+// itemAnswer is the messages of one limit's status: a request's limits
+// have theirs in one slice (the plan's own for one limit).
 type itemAnswer struct {
 	status rlsv3.RateLimitResponse_DescriptorStatus
 	limit  rlsv3.RateLimitResponse_RateLimit
@@ -349,8 +350,8 @@ type itemAnswer struct {
 }
 
 // respond shapes the answer from the agent's decisions. The answer is
-// built in the plan's own messages, plus one slice of itemAnswer and one
-// string for the header values (TestRespondMatchesReference holds it to
+// built in the plan's own messages (plus one slice of itemAnswer for more
+// than one limit) and one string for the header values (TestRespondMatchesReference holds it to
 // the message-at-a-time reference). Called once per plan.
 func (p *plan) respond(ds []regionagent.Decision) *rlsv3.RateLimitResponse {
 	n := len(p.items)
@@ -389,7 +390,10 @@ func (p *plan) respond(ds []regionagent.Decision) *rlsv3.RateLimitResponse {
 	} else {
 		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(p.slots))
 	}
-	per := make([]itemAnswer, len(ds))
+	per := p.oneA[:]
+	if len(ds) != 1 {
+		per = make([]itemAnswer, len(ds))
+	}
 	for j, d := range ds {
 		a := &per[j]
 		a.status.Code = rlsv3.RateLimitResponse_OK
