@@ -13,6 +13,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "leasehold/proto/leasehold/v1"
 	"leasehold/regionagent"
@@ -198,4 +200,50 @@ func serveTCP(b *testing.B, s *Server) rlsv3.RateLimitServiceClient {
 	}
 	b.Cleanup(func() { conn.Close() })
 	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
+// BenchmarkMessages measures protobuf's work on the messages of one
+// warm decision, Envoy's API against Check: decoding the request and
+// encoding the answer, as gRPC does on the agent.
+//
+//	go test -run '^$' -bench BenchmarkMessages -benchmem ./regionagent/envoyrls/
+func BenchmarkMessages(b *testing.B) {
+	s := NewServer(benchChecker{}, mustParse(b, apiMapping), WithLogger(quietLogger()))
+	req := warmRequests(1)[0]
+	resp, err := s.ShouldRateLimit(context.Background(), req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	creq := &pb.CheckRequest{LimitId: "tenant/t00000", Cost: 1}
+	cresp := &pb.CheckResponse{Allowed: true, Reason: pb.Reason_REASON_OK, Remaining: 1000,
+		ResetAfter: durationpb.New(30 * time.Second), LimitTokens: 100000, Window: durationpb.New(time.Minute)}
+	for _, c := range []struct {
+		name      string
+		req, resp proto.Message
+		newReq    func() proto.Message
+	}{
+		{"envoy", req, resp, func() proto.Message { return &rlsv3.RateLimitRequest{} }},
+		{"check", creq, cresp, func() proto.Message { return &pb.CheckRequest{} }},
+	} {
+		wire, err := proto.Marshal(c.req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name+"/decode-request", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := proto.Unmarshal(wire, c.newReq()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(c.name+"/encode-answer", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := proto.Marshal(c.resp); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
