@@ -95,7 +95,8 @@ func (s *Server) SetMapping(m *Mapping) {
 // Mapping returns the mapping in force.
 func (s *Server) Mapping() *Mapping { return s.m.Load() }
 
-// plan is one request's descriptors mapped to limits.
+// plan is one request's descriptors mapped to limits, and the messages
+// of its answer.
 type plan struct {
 	items  []regionagent.CheckItem // distinct limits, in order of first use
 	names  []string                // policy name per item
@@ -107,6 +108,14 @@ type plan struct {
 	slotsA  [smallPlan]int
 	reasonA [smallPlan]string
 	overA   [smallPlan]bool // per item: lacked the tokens
+	// The answer's messages that every answer has, in the same
+	// allocation. Each answer has messages of its own: gRPC marshals
+	// after the handler returns, so none is shared between answers.
+	resp      rlsv3.RateLimitResponse
+	statusesA [smallPlan]*rlsv3.RateLimitResponse_DescriptorStatus
+	headerA   [6]corev3.HeaderValue
+	headerPA  [6]*corev3.HeaderValue
+	oneA      [1]itemAnswer // the one limit of most requests
 }
 
 // smallPlan descriptors fit a plan without further allocations.
@@ -332,7 +341,18 @@ func (p *plan) costTooLarge(j int) *rlsv3.RateLimitResponse {
 	return resp
 }
 
-// respond shapes the answer from the agent's decisions.
+// itemAnswer is the messages of one limit's status: a request's limits
+// have theirs in one slice (the plan's own for one limit).
+type itemAnswer struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	limit  rlsv3.RateLimitResponse_RateLimit
+	reset  durationpb.Duration
+}
+
+// respond shapes the answer from the agent's decisions. The answer is
+// built in the plan's own messages (plus one slice of itemAnswer for more
+// than one limit) and one string for the header values (TestRespondMatchesReference holds it to
+// the message-at-a-time reference). Called once per plan.
 func (p *plan) respond(ds []regionagent.Decision) *rlsv3.RateLimitResponse {
 	n := len(p.items)
 	var over []bool
@@ -360,33 +380,43 @@ func (p *plan) respond(ds []regionagent.Decision) *rlsv3.RateLimitResponse {
 			}
 		}
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(p.slots))}
+	resp := &p.resp
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	if !allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	per := make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	if len(p.slots) <= smallPlan {
+		resp.Statuses = p.statusesA[:len(p.slots)]
+	} else {
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(p.slots))
+	}
+	per := p.oneA[:]
+	if len(ds) != 1 {
+		per = make([]itemAnswer, len(ds))
+	}
 	for j, d := range ds {
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{
-			Code:               rlsv3.RateLimitResponse_OK,
-			CurrentLimit:       currentLimit(p.names[j], d),
-			LimitRemaining:     clampU32(d.Remaining),
-			DurationUntilReset: durationpb.New(max(0, d.ResetAfter)),
-		}
+		a := &per[j]
+		a.status.Code = rlsv3.RateLimitResponse_OK
 		if over[j] {
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			a.status.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
-		per[j] = st
+		if unit, ok := envoyUnit(d); ok {
+			a.limit.Name, a.limit.RequestsPerUnit, a.limit.Unit = p.names[j], uint32(d.Limit), unit
+			a.status.CurrentLimit = &a.limit
+		}
+		a.status.LimitRemaining = clampU32(d.Remaining)
+		setDuration(&a.reset, max(0, d.ResetAfter))
+		a.status.DurationUntilReset = &a.reset
 	}
 	for i, j := range p.slots {
 		if j < 0 {
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		} else {
-			resp.Statuses[i] = per[j]
+			resp.Statuses[i] = &per[j].status
 		}
 	}
 	if n > 0 {
-		resp.ResponseHeadersToAdd = headers(p.names, ds, over, !allowed)
+		resp.ResponseHeadersToAdd = p.headers(ds, over, !allowed)
 		if v := wouldDeny(p.names, ds); v != "" {
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: HeaderWouldDeny, Value: v})
 		}
@@ -394,11 +424,28 @@ func (p *plan) respond(ds []regionagent.Decision) *rlsv3.RateLimitResponse {
 	return resp
 }
 
-// currentLimit is the limit as Envoy states it: requests per one unit,
-// when the window is exactly one second, minute, hour, day or week, or a
-// calendar day, week, month or year (whatever the length of the current
-// one: a calendar day of 23 h is still DAY).
+// currentLimit is the limit as Envoy states it (envoyUnit), or nil.
 func currentLimit(name string, d regionagent.Decision) *rlsv3.RateLimitResponse_RateLimit {
+	unit, ok := envoyUnit(d)
+	if !ok {
+		return nil
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(d.Limit), Unit: unit}
+}
+
+// setDuration sets m to d, as durationpb.New(d) would make it.
+func setDuration(m *durationpb.Duration, d time.Duration) {
+	nanos := d.Nanoseconds()
+	secs := nanos / 1e9
+	m.Seconds, m.Nanos = secs, int32(nanos-secs*1e9)
+}
+
+// envoyUnit is the unit of the limit as Envoy states it (current_limit:
+// requests per one unit), and whether it has one: the window is exactly
+// one second, minute, hour, day or week, or a calendar day, week, month
+// or year (whatever the length of the current one: a calendar day of
+// 23 h is still DAY), and the limit fits a uint32.
+func envoyUnit(d regionagent.Decision) (rlsv3.RateLimitResponse_RateLimit_Unit, bool) {
 	var unit rlsv3.RateLimitResponse_RateLimit_Unit
 	switch {
 	case d.Cal.Loc != nil:
@@ -412,38 +459,28 @@ func currentLimit(name string, d regionagent.Decision) *rlsv3.RateLimitResponse_
 		case lease.Year:
 			unit = rlsv3.RateLimitResponse_RateLimit_YEAR
 		default:
-			return nil
+			return 0, false
 		}
 	default:
-		return fixedLimit(name, d)
+		switch d.Window {
+		case time.Second:
+			unit = rlsv3.RateLimitResponse_RateLimit_SECOND
+		case time.Minute:
+			unit = rlsv3.RateLimitResponse_RateLimit_MINUTE
+		case time.Hour:
+			unit = rlsv3.RateLimitResponse_RateLimit_HOUR
+		case 24 * time.Hour:
+			unit = rlsv3.RateLimitResponse_RateLimit_DAY
+		case 7 * 24 * time.Hour:
+			unit = rlsv3.RateLimitResponse_RateLimit_WEEK
+		default:
+			return 0, false
+		}
 	}
 	if d.Limit <= 0 || d.Limit > math.MaxUint32 {
-		return nil
+		return 0, false
 	}
-	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(d.Limit), Unit: unit}
-}
-
-// fixedLimit is currentLimit for a fixed window.
-func fixedLimit(name string, d regionagent.Decision) *rlsv3.RateLimitResponse_RateLimit {
-	var unit rlsv3.RateLimitResponse_RateLimit_Unit
-	switch d.Window {
-	case time.Second:
-		unit = rlsv3.RateLimitResponse_RateLimit_SECOND
-	case time.Minute:
-		unit = rlsv3.RateLimitResponse_RateLimit_MINUTE
-	case time.Hour:
-		unit = rlsv3.RateLimitResponse_RateLimit_HOUR
-	case 24 * time.Hour:
-		unit = rlsv3.RateLimitResponse_RateLimit_DAY
-	case 7 * 24 * time.Hour:
-		unit = rlsv3.RateLimitResponse_RateLimit_WEEK
-	default:
-		return nil
-	}
-	if d.Limit <= 0 || d.Limit > math.MaxUint32 {
-		return nil
-	}
-	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(d.Limit), Unit: unit}
+	return unit, true
 }
 
 func clampU32(v int64) uint32 { return uint32(min(max(v, 0), math.MaxUint32)) }
@@ -501,43 +538,52 @@ func reasonToken(r pb.Reason) string {
 // structured form); X-RateLimit-* state the most restrictive one: on
 // OVER_LIMIT the denying limit that resets last, otherwise the one with
 // the fewest tokens left. Retry-After only on OVER_LIMIT. The values are
-// cut from one string, the headers from one array: few allocations.
-func headers(names []string, ds []regionagent.Decision, over []bool, denied bool) []*corev3.HeaderValue {
-	buf := make([]byte, 0, 64+96*len(ds))
-	var ends [6]int // end of each value in buf
+// cut from one string, the headers are the plan's: one allocation.
+func (p *plan) headers(ds []regionagent.Decision, over []bool, denied bool) []*corev3.HeaderValue {
+	names := p.names
+	// Room for every value: quoted names and five numbers per limit, and
+	// four numbers; an int64 is at most 20 characters.
+	size := 4 * 20
+	for j := range ds {
+		size += 2*(len(names[j])+2+len(", ")) + 4*(len(";q=")+20)
+	}
+	var b strings.Builder
+	b.Grow(size)
+	var num [20]byte // an int64's digits
+	var ends [6]int  // end of each value in b
 	tight := 0
 	for j, d := range ds {
 		if j > 0 {
-			buf = append(buf, ", "...)
+			b.WriteString(", ")
 		}
-		buf = strconv.AppendQuote(buf, names[j])
-		buf = append(buf, ";q="...)
-		buf = strconv.AppendInt(buf, max(0, d.Limit), 10)
-		buf = append(buf, ";w="...)
-		buf = strconv.AppendInt(buf, max(1, ceilSeconds(d.Window)), 10)
+		writeQuoted(&b, names[j])
+		b.WriteString(";q=")
+		b.Write(strconv.AppendInt(num[:0], max(0, d.Limit), 10))
+		b.WriteString(";w=")
+		b.Write(strconv.AppendInt(num[:0], max(1, ceilSeconds(d.Window)), 10))
 		if j > 0 && tighter(ds, over, denied, j, tight) {
 			tight = j
 		}
 	}
-	ends[0] = len(buf)
+	ends[0] = b.Len()
 	for j, d := range ds {
 		if j > 0 {
-			buf = append(buf, ", "...)
+			b.WriteString(", ")
 		}
-		buf = strconv.AppendQuote(buf, names[j])
-		buf = append(buf, ";r="...)
-		buf = strconv.AppendInt(buf, max(0, d.Remaining), 10)
-		buf = append(buf, ";t="...)
-		buf = strconv.AppendInt(buf, ceilSeconds(d.ResetAfter), 10)
+		writeQuoted(&b, names[j])
+		b.WriteString(";r=")
+		b.Write(strconv.AppendInt(num[:0], max(0, d.Remaining), 10))
+		b.WriteString(";t=")
+		b.Write(strconv.AppendInt(num[:0], ceilSeconds(d.ResetAfter), 10))
 	}
-	ends[1] = len(buf)
+	ends[1] = b.Len()
 	t := ds[tight]
-	buf = strconv.AppendInt(buf, max(0, t.Limit), 10)
-	ends[2] = len(buf)
-	buf = strconv.AppendInt(buf, max(0, t.Remaining), 10)
-	ends[3] = len(buf)
-	buf = strconv.AppendInt(buf, ceilSeconds(t.ResetAfter), 10)
-	ends[4] = len(buf)
+	b.Write(strconv.AppendInt(num[:0], max(0, t.Limit), 10))
+	ends[2] = b.Len()
+	b.Write(strconv.AppendInt(num[:0], max(0, t.Remaining), 10))
+	ends[3] = b.Len()
+	b.Write(strconv.AppendInt(num[:0], ceilSeconds(t.ResetAfter), 10))
+	ends[4] = b.Len()
 	n := 5
 	if denied {
 		var wait time.Duration
@@ -546,21 +592,34 @@ func headers(names []string, ds []regionagent.Decision, over []bool, denied bool
 				wait = max(wait, d.RetryAfter)
 			}
 		}
-		buf = strconv.AppendInt(buf, max(1, ceilSeconds(wait)), 10)
-		ends[5] = len(buf)
+		b.Write(strconv.AppendInt(num[:0], max(1, ceilSeconds(wait)), 10))
+		ends[5] = b.Len()
 		n = 6
 	}
-	all := string(buf)
+	all := b.String()
 	keys := [6]string{HeaderRateLimitPolicy, HeaderRateLimit, HeaderXLimit, HeaderXRemaining, HeaderXReset, HeaderRetryAfter}
-	vals := make([]corev3.HeaderValue, n)
-	out := make([]*corev3.HeaderValue, n)
 	from := 0
 	for i := range n {
-		vals[i].Key, vals[i].Value = keys[i], all[from:ends[i]]
-		out[i] = &vals[i]
+		p.headerA[i].Key, p.headerA[i].Value = keys[i], all[from:ends[i]]
+		p.headerPA[i] = &p.headerA[i]
 		from = ends[i]
 	}
-	return out
+	return p.headerPA[:n]
+}
+
+// writeQuoted writes s as strconv.Quote does, without its allocation for
+// the names a mapping allows (printable ASCII without quote or
+// backslash: nothing to escape).
+func writeQuoted(b *strings.Builder, s string) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' || c > '~' || c == '"' || c == '\\' {
+			b.WriteString(strconv.Quote(s))
+			return
+		}
+	}
+	b.WriteByte('"')
+	b.WriteString(s)
+	b.WriteByte('"')
 }
 
 // tighter reports whether limit j is more restrictive than limit k.
