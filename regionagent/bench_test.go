@@ -73,28 +73,7 @@ func BenchmarkCheck(b *testing.B) {
 	// Hour-long windows and leases: the warm keys stay leased for the whole
 	// run (a key leased, left a minute and checked again is a cold key).
 	warm := w.putLimits(10000, "tenant/warm-%05d", 1<<40, time.Hour, time.Hour, "eu")
-	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr(), PoolSize: 64})
-	b.Cleanup(func() { rdb.Close() })
-	a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: "bench",
-		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		Logger:      slog.New(slog.DiscardHandler)}, WithBatching(benchFlushers(), 128))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done; a.Close() })
-	<-a.Ready()
-	// Warm up: every limit's first lease.
-	for _, id := range append([]string{hot.Id}, warm...) {
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-			if d, _ := a.Check(ctx, id, 1); d.Allowed {
-				break
-			}
-			time.Sleep(10 * time.Millisecond) // the limit's sync or its first lease
-		}
-	}
+	a, ctx, _ := runningBenchAgent(b, w, append([]string{hot.Id}, warm...))
 	// The warm-up's own work (10,000 first reports, closes) settles before
 	// anything is measured: reports go every 2 s.
 	time.Sleep(5 * time.Second)
@@ -257,27 +236,7 @@ func schedEvents() uint64 {
 func BenchmarkCheckWarm(b *testing.B) {
 	w := startWorld(b, false, "eu")
 	warm := w.putLimits(10000, "tenant/warm-%05d", 1<<40, time.Hour, time.Hour, "eu")
-	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr(), PoolSize: 64})
-	b.Cleanup(func() { rdb.Close() })
-	a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: "bench",
-		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		Logger:      slog.New(slog.DiscardHandler)}, WithBatching(benchFlushers(), 128))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done; a.Close() })
-	<-a.Ready()
-	for _, id := range warm {
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-			if d, _ := a.Check(ctx, id, 1); d.Allowed {
-				break
-			}
-			time.Sleep(10 * time.Millisecond) // the limit's sync or its first lease
-		}
-	}
+	a, ctx, rdb := runningBenchAgent(b, w, warm)
 	time.Sleep(5 * time.Second) // the warm-up's first reports settle (every 2 s)
 	for _, callers := range []int{1, 64} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
@@ -386,4 +345,34 @@ func redisCPUOf(b *testing.B, rdb *redis.Client) float64 {
 		}
 	}
 	return t
+}
+
+// runningBenchAgent starts an agent of region eu on the world's Redis,
+// its loops running on the wall clock (a benchmark's world), and checks
+// each of ids until one is admitted: every limit has its first lease.
+// ctx is the agent's, ended when the benchmark is; rdb its Redis client.
+func runningBenchAgent(b *testing.B, w *world, ids []string) (*Agent, context.Context, *redis.Client) {
+	b.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr(), PoolSize: 64})
+	b.Cleanup(func() { rdb.Close() })
+	a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: "bench",
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Logger:      slog.New(slog.DiscardHandler)}, WithBatching(benchFlushers(), 128))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done; a.Close() })
+	<-a.Ready()
+	for _, id := range ids {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			if d, _ := a.Check(ctx, id, 1); d.Allowed {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // the limit's sync, its first lease or share
+		}
+	}
+	return a, ctx, rdb
 }

@@ -3,15 +3,11 @@ package regionagent
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
@@ -111,27 +107,7 @@ func BenchmarkCheckBucketBesideWindow(b *testing.B) {
 	w := startWorld(b, false, "eu")
 	win := w.putLimit(limit("bench/window", 1<<40, time.Hour, time.Hour, "eu"))
 	w.putBucketLimit("bench/bucket", 1_000_000_000, 4_000_000_000, 10*time.Minute, "eu")
-	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr(), PoolSize: 64})
-	b.Cleanup(func() { rdb.Close() })
-	a, err := New(Config{Region: "eu", Allocators: []string{w.addr}, Redis: rdb, ReplicaID: "bench",
-		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		Logger:      slog.New(slog.DiscardHandler)}, WithBatching(benchFlushers(), 128))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	b.Cleanup(func() { cancel(); <-done; a.Close() })
-	<-a.Ready()
-	for _, id := range []string{win.Id, "bench/bucket"} {
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-			if d, _ := a.Check(ctx, id, 1); d.Allowed {
-				break
-			}
-			time.Sleep(10 * time.Millisecond) // the limit's sync, its first lease or share and its refill
-		}
-	}
+	a, ctx, _ := runningBenchAgent(b, w, []string{win.Id, "bench/bucket"})
 	for _, kind := range []struct{ name, id string }{{"window", win.Id}, {"bucket", "bench/bucket"}} {
 		for _, callers := range []int{1, 64} {
 			b.Run(fmt.Sprintf("kind=%s/callers=%d", kind.name, callers), func(b *testing.B) {
