@@ -3,7 +3,6 @@ package envoyrls
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	yaml "go.yaml.in/yaml/v3"
@@ -28,79 +26,10 @@ const (
 )
 
 // Mapping is a validated mapping from Envoy descriptors to Leasehold limit
-// ids. Its rules are immutable: a reload builds a new one and swaps it
-// whole (with a memo of its own, so nothing resolved by the old rules
-// outlives them). Safe for concurrent use.
+// ids. It is immutable: a reload builds a new one and swaps it whole.
 type Mapping struct {
 	domains map[string]*level
 	hash    [sha256.Size]byte
-	memo    memo
-}
-
-// memo remembers how descriptors resolved, so a descriptor seen before
-// costs one map lookup instead of a walk of the tree and a limit id built
-// anew. Bounded: once it holds maxMemo descriptors it takes no more (the
-// others are resolved each time, as before), and a descriptor whose key
-// is longer than maxMemoKey is never kept.
-type memo struct {
-	mu sync.RWMutex
-	m  map[string]resolution // guarded by mu; key: memoKey
-}
-
-// resolution is what resolve answers for one descriptor.
-type resolution struct{ id, name, why string }
-
-// Bounds of a Mapping's memo: at most about 10 MB.
-const (
-	maxMemo    = 1 << 15
-	maxMemoKey = 256 // bytes
-)
-
-// memoKey appends the key of domain's descriptor of entries to buf, each
-// string after its length (so no two descriptors share a key); false when
-// it would be longer than maxMemoKey.
-func memoKey(buf []byte, domain string, entries []*rlv3.RateLimitDescriptor_Entry) ([]byte, bool) {
-	n := len(domain) + 2
-	for _, e := range entries {
-		n += len(e.GetKey()) + len(e.GetValue()) + 4
-	}
-	if n > maxMemoKey {
-		return nil, false
-	}
-	buf = appendString(buf, domain)
-	for _, e := range entries {
-		buf = appendString(appendString(buf, e.GetKey()), e.GetValue())
-	}
-	return buf, true
-}
-
-func appendString(buf []byte, s string) []byte {
-	return append(binary.AppendUvarint(buf, uint64(len(s))), s...)
-}
-
-func (c *memo) get(key []byte) (resolution, bool) {
-	c.mu.RLock()
-	r, ok := c.m[string(key)]
-	c.mu.RUnlock()
-	return r, ok
-}
-
-func (c *memo) put(key []byte, r resolution) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = make(map[string]resolution)
-	}
-	if len(c.m) < maxMemo {
-		c.m[string(key)] = r
-	}
-}
-
-// size is the number of descriptors remembered.
-func (c *memo) size() int {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return len(c.m)
 }
 
 // kv is a descriptor entry matched exactly.
@@ -545,26 +474,10 @@ const (
 )
 
 // resolve maps a descriptor to a limit id and policy name, or says why it
-// maps to none (walk), from the memo when it has seen the descriptor.
-func (m *Mapping) resolve(domain string, entries []*rlv3.RateLimitDescriptor_Entry) (id, name, why string) {
-	var kb [maxMemoKey]byte
-	key, ok := memoKey(kb[:0], domain, entries)
-	if !ok {
-		return m.walk(domain, entries)
-	}
-	if r, hit := m.memo.get(key); hit {
-		return r.id, r.name, r.why
-	}
-	id, name, why = m.walk(domain, entries)
-	m.memo.put(key, resolution{id, name, why})
-	return id, name, why
-}
-
-// walk maps a descriptor to a limit id and policy name, or says why it
 // maps to none. Every entry must be matched, in order, and the node the
 // last one matches must have a limit (as envoyproxy/ratelimit does); an
 // exact value is preferred to the wildcard.
-func (m *Mapping) walk(domain string, entries []*rlv3.RateLimitDescriptor_Entry) (id, name, why string) {
+func (m *Mapping) resolve(domain string, entries []*rlv3.RateLimitDescriptor_Entry) (id, name, why string) {
 	lv := m.domains[domain]
 	if lv == nil {
 		return "", "", unmappedUnknownDomain

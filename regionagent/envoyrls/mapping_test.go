@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -432,68 +431,8 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// TestResolveMemo: a descriptor resolved again answers from the mapping's
-// memo exactly as the walk of the tree does, descriptors whose key texts
-// run together are told apart, and the memo is bounded in count and key
-// length.
-func TestResolveMemo(t *testing.T) {
-	m := mustParse(t, apiMapping)
-	cases := []struct {
-		domain string
-		kvs    []string
-	}{
-		{"api", []string{"tenant_id", "acme"}},
-		{"api", []string{"tenant_i", "dacme"}}, // the same text run together
-		{"ap", []string{"itenant_id", "acme"}},
-		{"api", []string{"tenant_id", "vip"}},
-		{"api", []string{"tenant_id", "acme", "path", "/search"}},
-		{"api", []string{"tenant_id", "acme", "path", "/x"}},
-		{"api", []string{"tenant_id", "a b"}},
-		{"api", nil},
-		{"api", []string{"plan", "free", "user", "u"}},
-		{"nope", []string{"tenant_id", "acme"}},
-	}
-	for round := range 3 {
-		for _, c := range cases {
-			d := desc(c.kvs...)
-			id, name, why := m.resolve(c.domain, d.GetEntries())
-			wid, wname, wwhy := m.walk(c.domain, d.GetEntries())
-			if id != wid || name != wname || why != wwhy {
-				t.Errorf("round %d, %s %v: (%q, %q, %q), the walk (%q, %q, %q)", round, c.domain, c.kvs, id, name, why, wid, wname, wwhy)
-			}
-		}
-		if got := m.memo.size(); got != len(cases) {
-			t.Fatalf("round %d: memo holds %d descriptors, want %d", round, got, len(cases))
-		}
-	}
-	if id, _ := m.Resolve("api", desc("tenant_i", "dacme")); id != "" {
-		t.Fatalf("tenant_i=dacme resolved to %q", id)
-	}
-
-	// A key past maxMemoKey resolves, and is not kept.
-	long := strings.Repeat("a", maxMemoKey)
-	if _, why := m.Resolve("api", desc("tenant_id", long)); why != unmappedInvalidValue {
-		t.Fatalf("a %d-character value: %q", len(long), why)
-	}
-	if got := m.memo.size(); got != len(cases) {
-		t.Fatalf("memo holds %d descriptors after a long one, want %d", got, len(cases))
-	}
-
-	// Past maxMemo descriptors the memo takes no more; they still resolve.
-	for i := range maxMemo + 100 {
-		v := "t" + strconv.Itoa(i)
-		if id, _ := m.Resolve("api", desc("tenant_id", v)); id != "tenant/"+v {
-			t.Fatalf("tenant_id=%s resolved to %q", v, id)
-		}
-	}
-	if got := m.memo.size(); got != maxMemo {
-		t.Fatalf("memo holds %d descriptors, want its bound %d", got, maxMemo)
-	}
-}
-
 // TestSetMappingForgetsResolutions: after a swap, a descriptor the old
-// mapping had resolved (and remembered) is charged to the new mapping's
-// limit.
+// mapping had resolved is charged to the new mapping's limit.
 func TestSetMappingForgetsResolutions(t *testing.T) {
 	h := newHarness(t, apiMapping, map[string]*fakeLimit{
 		"tenant/acme": {g: 10, left: 10},

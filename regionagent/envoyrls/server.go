@@ -424,15 +424,6 @@ func (p *plan) respond(ds []regionagent.Decision) *rlsv3.RateLimitResponse {
 	return resp
 }
 
-// currentLimit is the limit as Envoy states it (envoyUnit), or nil.
-func currentLimit(name string, d regionagent.Decision) *rlsv3.RateLimitResponse_RateLimit {
-	unit, ok := envoyUnit(d)
-	if !ok {
-		return nil
-	}
-	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(d.Limit), Unit: unit}
-}
-
 // setDuration sets m to d, as durationpb.New(d) would make it.
 func setDuration(m *durationpb.Duration, d time.Duration) {
 	nanos := d.Nanoseconds()

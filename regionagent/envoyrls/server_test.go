@@ -479,3 +479,13 @@ func TestWouldDenyHeader(t *testing.T) {
 		t.Fatalf("no shadow denial: got %q", got)
 	}
 }
+
+// currentLimit is the current limit an answer states for a limit named
+// name (envoyUnit), or nil, as respond builds it.
+func currentLimit(name string, d regionagent.Decision) *rlsv3.RateLimitResponse_RateLimit {
+	unit, ok := envoyUnit(d)
+	if !ok {
+		return nil
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(d.Limit), Unit: unit}
+}
