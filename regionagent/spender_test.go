@@ -3,6 +3,7 @@ package regionagent
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,6 +39,30 @@ func (h *wedgeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	}
 }
 
+// wedgeableSpender is a spender of one flusher, 16 spends a batch and a
+// 50 ms deadline on a real redis-server (rdb's) whose calls h can hold;
+// outcomes lists each batch's error, in order.
+func wedgeableSpender(t *testing.T) (sp *spender, rdb *redis.Client, h *wedgeHook, outcomes func() []error) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	h = &wedgeHook{wedged: make(chan struct{}), release: make(chan struct{})}
+	rdb.AddHook(h)
+	var mu sync.Mutex
+	var errs []error
+	sp = newSpender(bucket.New(rdb), 1, 16, 50*time.Millisecond, func(_ int, err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	})
+	return sp, rdb, h, func() []error {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(errs)
+	}
+}
+
 // TestSpenderAbandonsWedgedBatch: a spend batch whose Redis call does not
 // return past twice its deadline is answered "not decided"
 // (errBatchAbandoned, counted as a Redis failure) instead of holding its
@@ -45,18 +70,7 @@ func (h *wedgeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // batch is sent on a new caller and decided by Redis while the wedged
 // call is still held.
 func TestSpenderAbandonsWedgedBatch(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	h := &wedgeHook{wedged: make(chan struct{}), release: make(chan struct{})}
-	rdb.AddHook(h)
-	var mu sync.Mutex
-	var batchErrs []error
-	sp := newSpender(bucket.New(rdb), 1, 16, 50*time.Millisecond, func(_ int, err error) {
-		mu.Lock()
-		batchErrs = append(batchErrs, err)
-		mu.Unlock()
-	})
+	sp, _, h, outcomes := wedgeableSpender(t)
 	t.Cleanup(sp.close)
 	released := false
 	defer func() {
@@ -91,8 +105,7 @@ func TestSpenderAbandonsWedgedBatch(t *testing.T) {
 	close(h.release)
 	released = true
 
-	mu.Lock()
-	defer mu.Unlock()
+	batchErrs := outcomes()
 	if len(batchErrs) != 2 || !errors.Is(batchErrs[0], errBatchAbandoned) || batchErrs[1] != nil {
 		t.Fatalf("batch outcomes %v, want [abandoned, nil]", batchErrs)
 	}
@@ -108,18 +121,7 @@ func TestSpenderAbandonsWedgedBatch(t *testing.T) {
 // watchdog does not abandon the flusher's next batch, which the flusher
 // sends only once the watchdog is done.
 func TestSpenderWatchdogLateFire(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	h := &wedgeHook{wedged: make(chan struct{}), release: make(chan struct{})}
-	rdb.AddHook(h)
-	var mu sync.Mutex
-	var batchErrs []error
-	sp := newSpender(bucket.New(rdb), 1, 16, 50*time.Millisecond, func(_ int, err error) {
-		mu.Lock()
-		batchErrs = append(batchErrs, err)
-		mu.Unlock()
-	})
+	sp, rdb, h, outcomes := wedgeableSpender(t)
 	fired, fireGo := make(chan struct{}), make(chan struct{})
 	var fires atomic.Int32
 	sp.onFire = func() {
@@ -193,8 +195,7 @@ func TestSpenderWatchdogLateFire(t *testing.T) {
 		t.Fatalf("the batch after a late watchdog: %v, want it decided by Redis", o.r.err)
 	}
 	release(o.r)
-	mu.Lock()
-	defer mu.Unlock()
+	batchErrs := outcomes()
 	for i, err := range batchErrs {
 		if errors.Is(err, errBatchAbandoned) {
 			t.Fatalf("batch %d abandoned, want none", i)
