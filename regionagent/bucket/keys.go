@@ -28,23 +28,7 @@ import (
 func Key(hashTag, limitID string, window int64) string {
 	// Built in one allocation: a warm Check names its bucket each time.
 	var num [20]byte
-	w := strconv.AppendInt(num[:0], window, 10)
-	var b strings.Builder
-	if hashTag == "" || hashTag == limitID {
-		b.Grow(len("lh:{}:w:") + len(limitID) + len(w))
-		b.WriteString("lh:{")
-		b.WriteString(limitID)
-		b.WriteString("}:w:")
-	} else {
-		b.Grow(len("lh:{}::w:") + len(hashTag) + len(limitID) + len(w))
-		b.WriteString("lh:{")
-		b.WriteString(hashTag)
-		b.WriteString("}:")
-		b.WriteString(limitID)
-		b.WriteString(":w:")
-	}
-	b.Write(w)
-	return b.String()
+	return prefixed(hashTag, limitID, ":w:", strconv.AppendInt(num[:0], window, 10))
 }
 
 // KeyOf is Key of a store key.
@@ -52,18 +36,37 @@ func KeyOf(k store.Key) string { return Key(k.HashTag, k.Limit, k.Window) }
 
 // LockKey returns the renewal lock key of a limit. It shares the limit's
 // hash slot with its buckets.
-func LockKey(hashTag, limitID string) string { return prefix(hashTag, limitID) + ":renew" }
+func LockKey(hashTag, limitID string) string { return prefixed(hashTag, limitID, ":renew", nil) }
 
 // EpochKey returns the key that names the incarnation of a limit's buckets
 // in one Redis deployment. It shares the limit's hash slot with its
 // buckets, so on Redis Cluster it lives and dies with them.
-func EpochKey(hashTag, limitID string) string { return prefix(hashTag, limitID) + ":epoch" }
+func EpochKey(hashTag, limitID string) string { return prefixed(hashTag, limitID, ":epoch", nil) }
 
-func prefix(hashTag, limitID string) string {
-	if hashTag == "" || hashTag == limitID {
-		return "lh:{" + limitID + "}"
+func prefix(hashTag, limitID string) string { return prefixed(hashTag, limitID, "", nil) }
+
+// prefixed is prefix(hashTag, limitID) + suffix + tail, in one
+// allocation.
+func prefixed(hashTag, limitID, suffix string, tail []byte) string {
+	tagged := hashTag != "" && hashTag != limitID
+	n := len("lh:{}") + len(limitID) + len(suffix) + len(tail)
+	if tagged {
+		n += len(hashTag) + len(":")
 	}
-	return "lh:{" + hashTag + "}:" + limitID
+	var b strings.Builder
+	b.Grow(n)
+	b.WriteString("lh:{")
+	if tagged {
+		b.WriteString(hashTag)
+		b.WriteString("}:")
+		b.WriteString(limitID)
+	} else {
+		b.WriteString(limitID)
+		b.WriteString("}")
+	}
+	b.WriteString(suffix)
+	b.Write(tail)
+	return b.String()
 }
 
 // LimitRef names a limit's keys: its id and its hash tag ("": the id).
@@ -75,7 +78,7 @@ type LimitRef struct {
 // RateKey returns the token bucket key of a bucket limit (one per limit:
 // bucket limits have no windows). It shares the limit's hash slot with
 // its lock and epoch.
-func RateKey(hashTag, limitID string) string { return prefix(hashTag, limitID) + ":rate" }
+func RateKey(hashTag, limitID string) string { return prefixed(hashTag, limitID, ":rate", nil) }
 
 // RateKeyOf is RateKey of a store rate key.
 func RateKeyOf(k store.RateKey) string { return RateKey(k.HashTag, k.Limit) }
