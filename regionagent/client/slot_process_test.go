@@ -318,11 +318,31 @@ func TestConcurrencyProcesses(t *testing.T) {
 		}
 		time.Sleep(max(d.RetryAfter, 20*time.Millisecond)) // pacing the retries
 	}
-	if _, d, _ := c.AcquireSlot(ctx, limit, "after", ttl2); d.Allowed {
-		for _, s := range mine {
-			t.Logf("keeper %s: lost: %v", s.ID(), s.Err())
+	// With the victim's slot and the test's N-1 held, one more is denied.
+	// A keeper whose heartbeat went unanswered on a loaded machine loses
+	// its slot (a CI run: "no heartbeat answered before its end"), and
+	// then one more is rightly admitted: it takes the lost keeper's place,
+	// and the probe is made again (at most 5 times).
+	for probe := 0; ; probe++ {
+		s, d, _ := c.AcquireSlot(ctx, limit, fmt.Sprintf("after-%d", probe), ttl2)
+		if !d.Allowed {
+			break
 		}
-		t.Fatalf("a slot beyond N while the victim holds one: %+v", d)
+		held := mine[:0]
+		for _, k := range mine {
+			if k.Err() == nil {
+				held = append(held, k)
+			} else {
+				t.Logf("keeper %s lost its slot (%v): the probe's slot takes its place", k.ID(), k.Err())
+			}
+		}
+		if len(held) == len(mine) || probe == 4 {
+			for _, k := range mine {
+				t.Logf("keeper %s: lost: %v", k.ID(), k.Err())
+			}
+			t.Fatalf("a slot beyond N while the victim holds one: %+v", d)
+		}
+		mine = append(held, s)
 	}
 	killed := time.Now()
 	if err := cmd.Process.Kill(); err != nil {
