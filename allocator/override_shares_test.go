@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -465,5 +466,56 @@ func TestBucketOverrideEndBoundAfterFailover(t *testing.T) {
 	_ = b.View(func(now time.Time, core *Core) { reps = core.BucketReports("b/o", now, 1) })
 	if len(reps) != 1 || reps[0].Rate != 300 || reps[0].Burst != 600 {
 		t.Fatalf("the new leader's running interval: %+v, want R 300, B 600 (eu's share granted under the override)", reps)
+	}
+}
+
+// TestPlanOverrideTenantSeriesCapped: an override of a plan with many
+// used tenants does not make a series per tenant without bound: the plan
+// has its series, and of its tenants at most the window metrics' limit
+// count (WithReports), the first by id when none is exported with window
+// metrics (a bucket plan's tenants have none).
+func TestPlanOverrideTenantSeriesCapped(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	clock := newFakeClock(t0.Add(time.Second))
+	reg := prometheus.NewRegistry()
+	a := startAllocatorReg(t, c, "a", reg, clock.opt(), WithReports(60, 2))
+	allocatortest.WaitLeader(t, a)
+	ctx := context.Background()
+	p, err := a.PutLimit(ctx, freePlan(), Change{Reason: "free"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/probe", p.Version)
+	up := freePlan()
+	up.RateTokens = 40
+	o, err := a.PutLimit(ctx, up, Change{Reason: "launch", OverrideFor: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPlan(t, a.Allocator, "tenant/probe", o.Version)
+	for _, tenant := range []string{"tenant/d", "tenant/b", "tenant/c", "tenant/a"} {
+		res, err := a.AcquireShares(ctx, "eu", []*pb.ShareRequest{{RequestId: tenant, LimitId: tenant, DemandPerSecond: 5}})
+		if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK {
+			t.Fatalf("share %s: %v %v", tenant, res, err)
+		}
+	}
+	checkOverrideEndSeries(t, reg, o.Override.EndsAt.AsTime(), "plans/free", "tenant/a", "tenant/b")
+}
+
+// TestTenantOverrideSeriesOrder: the tenants exported with window metrics
+// come first, in the rows' order, then the others by id, n in all.
+func TestTenantOverrideSeriesOrder(t *testing.T) {
+	end := t0.Add(time.Minute)
+	ends := map[string]time.Time{"t/a": end, "t/b": end, "t/x": end, "t/y": end}
+	var rows []limitRow
+	for _, id := range []string{"t/y", "other", "t/x"} {
+		var r limitRow
+		r.rep.Limit = id
+		rows = append(rows, r)
+	}
+	for n, want := range map[int][]string{0: {}, 1: {"t/y"}, 3: {"t/y", "t/x", "t/a"}, 9: {"t/y", "t/x", "t/a", "t/b"}} {
+		if got := tenantOverrideSeries(ends, rows, n); !slices.Equal(got, want) {
+			t.Errorf("n = %d: %v, want %v", n, got, want)
+		}
 	}
 }

@@ -69,11 +69,18 @@ type limitRow struct {
 
 func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 	var rows []limitRow
-	overrides := map[string]time.Time{}
+	// Overrides in force: every one of a limit or a plan (there are few,
+	// and each is an emergency); of a plan's tenants, which may be
+	// 100,000, at most reportLimits (tenantOverrideSeries).
+	overrides, tenantOverrides := map[string]time.Time{}, map[string]time.Time{}
 	err := c.a.View(func(now time.Time, core *Core) {
 		core.eachLimit(func(id string, l *Limit) {
 			if l.After != nil && now.Before(l.OverrideEnds) {
-				overrides[id] = l.OverrideEnds // every one: there are few, and each is an emergency
+				if _, explicit := core.limits[id]; explicit {
+					overrides[id] = l.OverrideEnds
+				} else {
+					tenantOverrides[id] = l.OverrideEnds
+				}
 			}
 			if l.At(now).Windowless() {
 				return // bucketCollector's, or a concurrency limit's (no windows)
@@ -102,7 +109,7 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 		})
 		for id, l := range core.limits {
 			if planbind.IsPlan(id) && l.After != nil && now.Before(l.OverrideEnds) {
-				overrides[id] = l.OverrideEnds // an override of a plan: the plan's series too (its used tenants have theirs)
+				overrides[id] = l.OverrideEnds // an override of a plan: the plan's series too (its used tenants have theirs, capped)
 			}
 		}
 	})
@@ -158,6 +165,36 @@ func (c *windowCollector) Collect(ch chan<- prometheus.Metric) {
 	for id, end := range overrides {
 		g(c.overrideEnd, float64(end.UnixMilli())/1000, id)
 	}
+	for _, id := range tenantOverrideSeries(tenantOverrides, rows, c.a.opt.reportLimits) {
+		g(c.overrideEnd, float64(tenantOverrides[id].UnixMilli())/1000, id)
+	}
+}
+
+// tenantOverrideSeries picks, of the plan tenants under an override of
+// their plan (ends), those that get a series of their own: at most n,
+// first the tenants exported with window metrics (rows, in their order:
+// by need, then by admitted), then the others by id. The plan's own
+// series covers the rest.
+func tenantOverrideSeries(ends map[string]time.Time, rows []limitRow, n int) []string {
+	out := make([]string, 0, min(len(ends), n))
+	taken := map[string]bool{}
+	for _, r := range rows {
+		if len(out) == n {
+			return out
+		}
+		if _, ok := ends[r.rep.Limit]; ok {
+			out = append(out, r.rep.Limit)
+			taken[r.rep.Limit] = true
+		}
+	}
+	rest := make([]string, 0, len(ends))
+	for id := range ends {
+		if !taken[id] {
+			rest = append(rest, id)
+		}
+	}
+	slices.Sort(rest)
+	return append(out, rest[:min(len(rest), n-len(out))]...)
 }
 
 // windowUsage is a window's usage per region, live or from its summary.
