@@ -280,6 +280,59 @@ func BenchmarkCheckWarm(b *testing.B) {
 	}
 }
 
+// BenchmarkCheckCold is BenchmarkCheckWarm's counterpart for first
+// Checks: each Check is the first of a limit nobody has used (b.N limits
+// created for the run, synced to the agent, never checked), so each pays
+// its first lease: the spend that finds no tokens, the lease request to
+// the in-process allocator (batched with the others'), the deposit and
+// the spend again. Reported as BenchmarkCheckWarm's are, the process's
+// CPU (agent, allocator and its embedded etcd) and redis-server's per
+// Check, and the Redis commands per Check. Run it with a count, e.g.
+// -benchtime 5000x.
+func BenchmarkCheckCold(b *testing.B) {
+	w := startWorld(b, false, "eu")
+	a, ctx, rdb := runningBenchAgent(b, w, nil)
+	runs := 0
+	for _, callers := range []int{1, 64} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			runs++
+			ids := w.putLimits(b.N, fmt.Sprintf("tenant/cold%d-%d-%%06d", callers, runs), 1<<40, time.Hour, time.Hour, "eu")
+			waitAllSynced(b, a, ids)
+			var next, notOK atomic.Int64
+			var wg sync.WaitGroup
+			b.ReportAllocs()
+			stopProfile := profileRun(b, fmt.Sprintf("cold-callers%d", callers))
+			b.ResetTimer()
+			cpu0, rcpu0, calls0 := processCPU(b), redisCPUOf(b, rdb), redisCalls(b, rdb)
+			for range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
+						d, err := a.Check(ctx, ids[i-1], 1)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if !d.Allowed {
+							notOK.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			stopProfile()
+			b.ReportMetric(float64((processCPU(b)-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			b.ReportMetric((redisCPUOf(b, rdb)-rcpu0)*1e9/float64(b.N), "redis-cpu-ns/op")
+			b.ReportMetric(float64(redisCalls(b, rdb)-calls0-1)/float64(b.N), "redis-cmds/op") // minus the INFO that reads them
+			if n := notOK.Load(); n > int64(b.N)/100 {
+				b.Errorf("%d of %d first checks not admitted: the benchmark measured refusals", n, b.N)
+			}
+		})
+	}
+}
+
 // profileRun, when LEASEHOLD_BENCH_PROFILE names a path prefix, writes a
 // CPU profile of the measured run alone (PREFIX-NAME.cpu) and heap
 // profiles before and after it (PREFIX-NAME.mem0, .mem1: read the run's

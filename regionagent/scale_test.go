@@ -140,7 +140,7 @@ func firstChecks(t *testing.T, a *Agent, ids []string, callers int) map[pb.Reaso
 }
 
 // waitAllSynced waits until the agent knows every limit of ids.
-func waitAllSynced(t *testing.T, a *Agent, ids []string) {
+func waitAllSynced(t testing.TB, a *Agent, ids []string) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
@@ -288,7 +288,7 @@ func redisMemory(t *testing.T, rdb *redis.Client) int64 {
 
 // redisCalls sums the calls of every command Redis has run (INFO
 // commandstats).
-func redisCalls(t *testing.T, rdb *redis.Client) int64 {
+func redisCalls(t testing.TB, rdb *redis.Client) int64 {
 	t.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
