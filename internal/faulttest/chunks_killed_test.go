@@ -87,15 +87,16 @@ func TestAgentKilledHoldingChunks(t *testing.T) {
 // chunksOn turns the agents' chunks on (off by default).
 var chunksOn = []string{"--chunk-hot-rate", "50"}
 
-// heldByReplica sums the tokens of the reservations named prefix* in the
-// bucket at key that were not released (v:<id> without x:<id>).
+// heldByReplica sums the tokens of the reservations named prefix* of the
+// bucket at key that were not released (v:<id> without x:<id> in its
+// records, bucket.RecordsKey).
 func heldByReplica(t *testing.T, addr, key, prefix string) int64 {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	h, err := rdb.HGetAll(ctx, key).Result()
+	h, err := rdb.HGetAll(ctx, bucket.RecordsKey(key)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 //
 //	no hash tag (or the id itself)   with hash tag T
 //	lh:{<id>}:w:<window>             lh:{T}:<id>:w:<window>   a bucket (Key)
+//	lh:{<id>}:w:<window>:res         lh:{T}:<id>:w:<window>:res   its reservation records (RecordsKey)
+//	lh:{<id>}:w:<window>:rexp        lh:{T}:<id>:w:<window>:rexp  when they may be dropped (RecordsIndexKey)
 //	lh:{<id>}:renew                  lh:{T}:<id>:renew        the renewal lock (LockKey)
 //	lh:{<id>}:epoch                  lh:{T}:<id>:epoch        the buckets' incarnation (EpochKey)
 //	lh:{<id>}:rate                   lh:{T}:<id>:rate         a bucket limit's token bucket (RateKey)
@@ -33,6 +35,15 @@ func Key(hashTag, limitID string, window int64) string {
 
 // KeyOf is Key of a store key.
 func KeyOf(k store.Key) string { return Key(k.HashTag, k.Limit, k.Window) }
+
+// RecordsKey returns the hash of a bucket's reservation records and
+// RecordsIndexKey the sorted set of when each may be dropped
+// (lua/common.lua): beside the bucket, in its hash slot, and expiring
+// with it.
+func RecordsKey(bucketKey string) string { return bucketKey + ":res" }
+
+// RecordsIndexKey: see RecordsKey.
+func RecordsIndexKey(bucketKey string) string { return bucketKey + ":rexp" }
 
 // LockKey returns the renewal lock key of a limit. It shares the limit's
 // hash slot with its buckets.

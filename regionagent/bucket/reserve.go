@@ -74,7 +74,7 @@ func (b *Buckets) reserve(ctx context.Context, key, id string, want, min, lastMs
 	case nowMs < 0 || !checkInt(nowMs):
 		return Reservation{}, invalid("now %d", nowMs)
 	}
-	v, err := b.eval(ctx, reserveScript, []string{key}, nowMs, id, want, min, lastMs, graceMs)
+	v, err := b.eval(ctx, reserveScript, []string{key, RecordsKey(key), RecordsIndexKey(key)}, nowMs, id, want, min, lastMs, graceMs)
 	if err != nil {
 		return Reservation{}, err
 	}
@@ -135,7 +135,7 @@ func (b *Buckets) Release(ctx context.Context, key, id string, unspent, nowMs in
 	case nowMs < 0 || !checkInt(nowMs):
 		return ReleaseResult{}, invalid("now %d", nowMs)
 	}
-	v, err := b.eval(ctx, releaseScript, []string{key}, nowMs, id, unspent)
+	v, err := b.eval(ctx, releaseScript, []string{key, RecordsKey(key)}, nowMs, id, unspent)
 	if err != nil {
 		return ReleaseResult{}, err
 	}

@@ -59,7 +59,7 @@ func (b *Buckets) Settle(ctx context.Context, key, nextKey, id string, actual in
 	if carry {
 		c = 1
 	}
-	v, err := b.eval(ctx, settleScript, []string{key, nextKey}, nowMs, id, actual, c, b.ttlArg)
+	v, err := b.eval(ctx, settleScript, []string{key, nextKey, RecordsKey(key)}, nowMs, id, actual, c, b.ttlArg)
 	if err != nil {
 		return Settlement{}, err
 	}

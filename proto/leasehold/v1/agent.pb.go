@@ -698,7 +698,10 @@ func (x *ReserveRequest) GetReservationId() string {
 type ReserveResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// granted tokens, 0 when the region has fewer than min_tokens.
-	Granted      int64                `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	Granted int64 `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	// expires_in: nothing is spent from the reservation after it, measured
+	// from when the request was sent. Never later than the leases its
+	// tokens came from, and at most 60 s.
 	ExpiresIn    *durationpb.Duration `protobuf:"bytes,2,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
 	Reason       Reason               `protobuf:"varint,3,opt,name=reason,proto3,enum=leasehold.v1.Reason" json:"reason,omitempty"`
 	RetryAfter   *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`

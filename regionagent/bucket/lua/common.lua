@@ -14,16 +14,32 @@
 --   r:<lease>  remaining tokens         s:<lease>  start ms (Redis clock)
 --   d:<lease>  deadline ms (exclusive)  c:<lease>  closed: unspent at close
 --   admitted, denied: cost counters; other names without ':' are counters.
---   v:<res>    a sub-lease reservation: tokens taken   w:<res> its deadline
---   x:<res>    a released reservation: tokens it returned
---   g:<res>    a settle-later decision (a reservation): settle by, ms
---   y:<res>    a settled decision: "actual,charged,refunded,overrun,debt"
 --   z:spend    the spend summary (spend.lua reads it instead of the whole
 --              hash): "lo,hi,deadline,rest,head". Every script that changes a
 --              lease field (r:, s:, d:, c:) deletes it (forget) or, when
 --              it reads the leases anyway (deposit, close), writes it
 --              again (summarize); spend.lua writes it whenever it read
 --              the whole hash.
+--
+-- Reservation records live beside the bucket, in the hash <bucket>:res
+-- (records_key), never in it: the bucket is read whole (HGETALL) by
+-- reserve, deposit, close and every spend that cannot use the summary,
+-- and a hot limit makes a reservation every few hundred ms, a
+-- settle-later limit one per request. Fields, per reservation id:
+--   v:<res>    tokens taken             w:<res>  its deadline
+--   f:<res>    where they came from: "lease=n,..." in the order taken
+--   x:<res>    released: tokens it returned
+--   g:<res>    a settle-later decision: settle by, ms
+--   y:<res>    settled: "actual,estimate,charged,refunded,overrun,debt"
+-- The sorted set <bucket>:rexp holds each id by when its record may be
+-- dropped (a plain reservation: RECORD_KEEP ms after its deadline, which
+-- is at most MAX_RESERVE_LIFE ms after it was made; a settle-later one:
+-- RECORD_KEEP ms after its settle-by time); reserve.lua drops a few of
+-- those due each time it runs, so the records of a limit stay about as
+-- many as it made in the last two minutes. Both keys expire with the
+-- bucket. A record an agent of an earlier version wrote into the bucket
+-- itself (same fields) is still found there (find_record) and ended
+-- there, during a rolling upgrade.
 
 local function int(v, name)
   local n = tonumber(v)
@@ -196,17 +212,80 @@ local function orphan(key, ttl)
   end
 end
 
+-- MAX_RESERVE_LIFE: a plain reservation's deadline is at most this long
+-- after it was made (ms), so its record can go soon after (RECORD_KEEP:
+-- how long a record is kept after the reservation or settle-by time ends:
+-- a late release or a retried settle still finds it then).
+local MAX_RESERVE_LIFE = 60000
+local RECORD_KEEP = 60000
+
+-- records_key, records_index: the hash of a bucket's reservation records
+-- and the sorted set of when each may be dropped (the bucket's hash slot:
+-- every bucket key starts with its hash tag).
+local function records_key(key)
+  return key .. ':res'
+end
+
+-- find_record reads fields (prefixes, e.g. 'v:') of reservation id from
+-- the records hash rk or, when it holds none of them, from the bucket
+-- key itself (a record an earlier version wrote there). It returns the
+-- hash that holds the record (rk if neither does) and the values.
+local function find_record(key, rk, id, fields)
+  local names = {}
+  for i, f in ipairs(fields) do
+    names[i] = f .. id
+  end
+  local vals = redis.call('HMGET', rk, unpack(names))
+  for i = 1, #fields do
+    if vals[i] then
+      return rk, vals
+    end
+  end
+  local old = redis.call('HMGET', key, unpack(names))
+  for i = 1, #fields do
+    if old[i] then
+      return key, old
+    end
+  end
+  return rk, vals
+end
+
+-- prune drops the records of up to 64 reservations due at now.
+local function prune(rk, ek, now)
+  local due = redis.call('ZRANGEBYSCORE', ek, '-inf', fmt(now), 'LIMIT', 0, 64)
+  if #due == 0 then
+    return
+  end
+  local names = {}
+  for _, id in ipairs(due) do
+    for _, f in ipairs({'v:', 'w:', 'f:', 'g:', 'x:', 'y:'}) do
+      names[#names + 1] = f .. id
+    end
+  end
+  redis.call('HDEL', rk, unpack(names))
+  redis.call('ZREM', ek, unpack(due))
+end
+
+-- follow_expiry gives k the bucket key's expiry (a bucket's expiry is
+-- only ever extended, so k's is too).
+local function follow_expiry(key, k)
+  local at = redis.call('PEXPIRETIME', key)
+  if at > 0 and redis.call('PEXPIRETIME', k) ~= at then
+    redis.call('PEXPIREAT', k, fmt(at))
+  end
+end
+
 -- release_reservation ends reservation id (reserved tokens, deadline) of
--- key at now with unspent tokens (0 <= unspent <= reserved) and returns
--- what is spendable again (release.lua says how; settle.lua refunds
--- with it).
-local function release_reservation(key, id, unspent, deadline, now)
+-- key, its record in hash hk, at now with unspent tokens (0 <= unspent <=
+-- reserved) and returns what is spendable again (release.lua says how;
+-- settle.lua refunds with it).
+local function release_reservation(key, hk, id, unspent, deadline, now)
   local returned = 0
   if unspent > 0 then
     forget(key)
     redis.call('HINCRBY', key, 'released', fmt(unspent))
     local left = unspent
-    local from = redis.call('HGET', key, 'f:' .. id)
+    local from = redis.call('HGET', hk, 'f:' .. id)
     if from then
       for lid, n in string.gmatch(from, '([^=,]+)=(%d+)') do
         if left == 0 then
@@ -232,7 +311,7 @@ local function release_reservation(key, id, unspent, deadline, now)
       returned = returned + left
     end
   end
-  redis.call('HSET', key, 'x:' .. id, fmt(returned))
-  redis.call('HDEL', key, 'v:' .. id, 'w:' .. id, 'f:' .. id, 'g:' .. id)
+  redis.call('HSET', hk, 'x:' .. id, fmt(returned))
+  redis.call('HDEL', hk, 'v:' .. id, 'w:' .. id, 'f:' .. id, 'g:' .. id)
   return returned
 end

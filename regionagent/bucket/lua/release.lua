@@ -1,5 +1,6 @@
 -- release.lua: end a sub-lease reservation.
 -- KEYS[1]  bucket key
+-- KEYS[2]  its reservation records (common.lua's records_key)
 -- ARGV[1]  now ms (0 = Redis TIME)
 -- ARGV[2]  reservation id
 -- ARGV[3]  unspent (0 <= unspent <= reserved)
@@ -22,14 +23,14 @@
 --   status 1 released now, 2 released before, 3 unknown reservation,
 --   4 unspent out of range (more than the reservation holds); nothing
 --   written for 3 and 4
-local key = KEYS[1]
+local key, rk = KEYS[1], KEYS[2]
 local now = now_ms(ARGV[1])
 local id = ARGV[2]
 if id == nil or id == '' or string.find(id, ':', 1, true) then
   error('bucket: bad reservation id')
 end
 local unspent = int(ARGV[3], 'unspent')
-local cur = redis.call('HMGET', key, 'v:' .. id, 'w:' .. id, 'x:' .. id)
+local hk, cur = find_record(key, rk, id, {'v:', 'w:', 'x:'})
 if cur[3] then
   return {tonumber(cur[3]), 2}
 end
@@ -40,4 +41,4 @@ local reserved, deadline = tonumber(cur[1]), tonumber(cur[2])
 if unspent < 0 or unspent > reserved then
   return {0, 4}
 end
-return {release_reservation(key, id, unspent, deadline, now), 1}
+return {release_reservation(key, hk, id, unspent, deadline, now), 1}

@@ -1,6 +1,8 @@
 -- reserve.lua: take up to `want` tokens of a bucket for one client to
 -- spend in process (a sub-lease).
 -- KEYS[1]  bucket key
+-- KEYS[2]  its reservation records (common.lua's records_key)
+-- KEYS[3]  when each record may be dropped (a sorted set)
 -- ARGV[1]  now ms (0 = Redis TIME)
 -- ARGV[2]  reservation id (no ':')
 -- ARGV[3]  want (>= 1)
@@ -18,7 +20,9 @@
 -- window: TestEndToEnd stranded one chunk of 26 of 600 that way. Checks
 -- spend those leases' last moments, as they spend them first anyway. The reservation's
 -- deadline is the deadline of the first lease taken from, so it is never
--- later than any lease its tokens came from;
+-- later than any lease its tokens came from, and for a plain reservation
+-- (no settle grace) at most MAX_RESERVE_LIFE after now, so that its
+-- record can be dropped soon (common.lua);
 -- what came from which lease is kept (f:<id>, "lease=n,..." in the order
 -- taken) so that release.lua can give unspent tokens back to their leases.
 -- Taken tokens count as admitted at once (a client that never releases is
@@ -29,7 +33,7 @@
 --   status 1 reserved now, 2 replay of an earlier reservation,
 --          3 the reservation was already released (nothing taken),
 --          0 fewer than min spendable tokens (nothing taken)
-local key = KEYS[1]
+local key, rk, ek = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms(ARGV[1])
 local id = ARGV[2]
 if id == nil or id == '' or string.find(id, ':', 1, true) then
@@ -61,7 +65,7 @@ if last > 0 then
   from_ms = now + last -- only leases ending at or after it
   avail = spendable(leases, now, from_ms)
 end
-local prev = redis.call('HMGET', key, 'v:' .. id, 'w:' .. id, 'x:' .. id)
+local _, prev = find_record(key, rk, id, {'v:', 'w:', 'x:'})
 if prev[3] then
   return {0, 0, bal, now, 3}
 end
@@ -96,17 +100,24 @@ for _, l in ipairs(leases) do
     from[#from + 1] = l.id .. '=' .. fmt(t)
   end
 end
-set[#set + 1] = 'f:' .. id
-set[#set + 1] = table.concat(from, ',')
-set[#set + 1] = 'v:' .. id
-set[#set + 1] = fmt(take)
-set[#set + 1] = 'w:' .. id
-set[#set + 1] = fmt(deadline)
-if grace > 0 then
-  set[#set + 1] = 'g:' .. id
-  set[#set + 1] = fmt(now + grace)
-end
 redis.call('HSET', key, unpack(set))
 forget(key)
+local drop_at
+if grace > 0 then
+  drop_at = now + grace + RECORD_KEEP
+else
+  deadline = math.min(deadline, now + MAX_RESERVE_LIFE)
+  drop_at = deadline + RECORD_KEEP
+end
+prune(rk, ek, now)
+local rec = {'f:' .. id, table.concat(from, ','), 'v:' .. id, fmt(take), 'w:' .. id, fmt(deadline)}
+if grace > 0 then
+  rec[#rec + 1] = 'g:' .. id
+  rec[#rec + 1] = fmt(now + grace)
+end
+redis.call('HSET', rk, unpack(rec))
+redis.call('ZADD', ek, fmt(drop_at), id)
+follow_expiry(key, rk)
+follow_expiry(key, ek)
 redis.call('HINCRBY', key, 'admitted', fmt(take))
 return {take, deadline, bal - take, now, 1}

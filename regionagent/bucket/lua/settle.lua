@@ -2,6 +2,7 @@
 -- settle-by time) with its actual cost.
 -- KEYS[1]  bucket key of the decision's window
 -- KEYS[2]  bucket key of the next window (where debt is carried)
+-- KEYS[3]  KEYS[1]'s reservation records (common.lua's records_key)
 -- ARGV[1]  now ms (0 = Redis TIME)
 -- ARGV[2]  decision id (the reservation id)
 -- ARGV[3]  actual cost (>= 0)
@@ -29,10 +30,11 @@
 --   carried (taken or owed) into the next window.
 --   status 1 settled now, 2 settled before with the same actual (the
 --          first settle's numbers), 3 unknown decision (never made,
---          released, or its window's key is gone), 4 the settle-by time
---          has passed, 5 settled before with another actual (the first
+--          released, its window's key is gone, or its record dropped:
+--          RECORD_KEEP ms after its settle-by time), 4 the settle-by
+--          time has passed, 5 settled before with another actual (the first
 --          settle's numbers); nothing written for 2-5
-local key, nextkey = KEYS[1], KEYS[2]
+local key, nextkey, rk = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms(ARGV[1])
 local id = ARGV[2]
 if id == nil or id == '' or string.find(id, ':', 1, true) then
@@ -44,7 +46,7 @@ local ttl = int(ARGV[5], 'ttl')
 if actual < 0 then
   error('bucket: bad actual')
 end
-local cur = redis.call('HMGET', key, 'v:' .. id, 'w:' .. id, 'g:' .. id, 'y:' .. id)
+local hk, cur = find_record(key, rk, id, {'v:', 'w:', 'g:', 'y:'})
 if cur[4] then
   local a, e, c, r, o, d = string.match(cur[4], '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
   local st = 2
@@ -62,10 +64,10 @@ if now > settle_by then
 end
 local charged, refunded, overrun, debt = 0, 0, 0, 0
 if actual <= estimate then
-  refunded = release_reservation(key, id, estimate - actual, deadline, now)
+  refunded = release_reservation(key, hk, id, estimate - actual, deadline, now)
 else
   local extra = actual - estimate
-  release_reservation(key, id, 0, deadline, now)
+  release_reservation(key, hk, id, 0, deadline, now)
   local set = {}
   for _, l in ipairs(load(key)) do
     if charged == extra then
@@ -114,5 +116,5 @@ else
     end
   end
 end
-redis.call('HSET', key, 'y:' .. id, table.concat({fmt(actual), fmt(estimate), fmt(charged), fmt(refunded), fmt(overrun), fmt(debt)}, ','))
+redis.call('HSET', hk, 'y:' .. id, table.concat({fmt(actual), fmt(estimate), fmt(charged), fmt(refunded), fmt(overrun), fmt(debt)}, ','))
 return {1, estimate, charged, refunded, overrun, debt}
