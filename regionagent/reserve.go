@@ -72,7 +72,8 @@ func (a *Agent) Reserve(ctx context.Context, limit string, tokens, minTokens int
 		return out, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-	r, err := a.shared.b.ReserveLasting(rctx, bucket.KeyOf(key), id, tokens, minTokens, reserveLast(l.TTL).Milliseconds(), a.shared.nowMs())
+	r, err := a.shared.reserveInBatch(rctx, bucket.ReserveOp{Key: bucket.KeyOf(key), ID: id, Want: tokens, Min: minTokens,
+		LastMs: reserveLast(l.TTL).Milliseconds(), NowMs: a.shared.nowMs()})
 	cancel()
 	a.observeRedis(err)
 	if err != nil {
@@ -139,7 +140,7 @@ func (a *Agent) Release(ctx context.Context, limit, id string, unspent int64) (i
 	}
 	for _, idx := range []int64{key.Window, key.Window - 1} {
 		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-		r, err := a.shared.b.Release(rctx, bucket.Key(key.HashTag, limit, idx), id, unspent, a.shared.nowMs())
+		r, err := a.shared.releaseInBatch(rctx, bucket.ReleaseOp{Key: bucket.Key(key.HashTag, limit, idx), ID: id, Unspent: unspent, NowMs: a.shared.nowMs()})
 		cancel()
 		a.observeRedis(err)
 		if errors.Is(err, bucket.ErrUnspentTooLarge) {

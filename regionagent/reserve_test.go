@@ -2,8 +2,15 @@ package regionagent
 
 import (
 	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"leasehold/lease"
 	"leasehold/regionagent/store"
@@ -96,4 +103,124 @@ func counterOf(b store.BalanceResult, name string) int64 {
 		}
 	}
 	return 0
+}
+
+// pipeHook records each pipeline's commands and, once armed, holds the
+// next pipeline until released.
+type pipeHook struct {
+	armed   atomic.Bool
+	held    chan struct{} // closed when a pipeline is held
+	release chan struct{}
+	mu      sync.Mutex
+	pipes   [][]string // each pipeline's commands, "evalsha <sha>" for scripts
+}
+
+func (h *pipeHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := make([]string, len(cmds))
+		for i, c := range cmds {
+			names[i] = c.Name()
+			if args := c.Args(); c.Name() == "evalsha" && len(args) > 1 {
+				names[i] += " " + fmt.Sprint(args[1])
+			}
+		}
+		h.mu.Lock()
+		h.pipes = append(h.pipes, names)
+		h.mu.Unlock()
+		if h.armed.CompareAndSwap(true, false) {
+			close(h.held)
+			<-h.release
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestReservesRideSpendBatches: reservations, releases and settle-later
+// decisions travel in the spend batches' pipeline: queued behind a batch
+// in flight, they and a Check go to Redis in one round trip, not one
+// each.
+func TestReservesRideSpendBatches(t *testing.T) {
+	w := newWorld(t, "eu")
+	var ids []string
+	for _, id := range []string{"tenant/p1", "tenant/p2", "tenant/p3"} {
+		l := limit(id, 1000, time.Minute, 15*time.Second, "eu")
+		l.Lease.MinChunk = 1000
+		ids = append(ids, w.putLimit(l).Id)
+	}
+	st := limit("tenant/later", 1000, time.Minute, 15*time.Second, "eu")
+	st.Lease.MinChunk = 1000
+	st = w.putLimit(st)
+	w.clock.Add(time.Second)
+	h := &pipeHook{held: make(chan struct{}), release: make(chan struct{})}
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(h)
+	a := w.agentOn(rdb, "eu", "r1", nil, WithBatching(1, 64))
+	ctx := context.Background()
+	for _, id := range append(slices.Clone(ids), st.Id) {
+		a.Check(ctx, id, 1)
+		a.evaluate(ctx, id)
+		if d, _ := a.Check(ctx, id, 1); !d.Allowed {
+			t.Fatalf("%s not leased: %+v", id, d)
+		}
+	}
+	if r, err := a.Reserve(ctx, ids[0], 10, 1, "before"); err != nil || r.Granted != 10 {
+		t.Fatalf("reserve: %+v %v", r, err)
+	}
+
+	// Every script known to Redis (a first use would be sent again after
+	// NOSCRIPT, alone).
+	if err := a.shared.b.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Hold one batch in flight (a Check), queue the others behind it.
+	h.armed.Store(true)
+	var wg sync.WaitGroup
+	wg.Go(func() { a.Check(ctx, ids[1], 1) })
+	<-h.held
+	h.mu.Lock()
+	before := len(h.pipes)
+	h.mu.Unlock()
+	results := make([]any, 5)
+	wg.Go(func() { results[0], _ = a.Reserve(ctx, ids[1], 10, 1, "c1") })
+	wg.Go(func() { results[1], _ = a.Reserve(ctx, ids[2], 10, 1, "c2") })
+	wg.Go(func() { results[2], _ = a.Release(ctx, ids[0], "before", 4) })
+	wg.Go(func() { results[3], _ = a.Check(ctx, ids[2], 1) })
+	wg.Go(func() { results[4], _ = a.CheckSettleLater(ctx, st.Id, 5) })
+	for give := time.Now().Add(10 * time.Second); len(a.shared.spender.queue) < 5; runtime.Gosched() {
+		if time.Now().After(give) {
+			close(h.release)
+			t.Fatalf("%d of 5 calls queued behind the held batch", len(a.shared.spender.queue))
+		}
+	}
+	close(h.release)
+	wg.Wait()
+
+	if r := results[0].(Reservation); r.Granted != 10 {
+		t.Errorf("reserve c1: %+v", r)
+	}
+	if r := results[1].(Reservation); r.Granted != 10 {
+		t.Errorf("reserve c2: %+v", r)
+	}
+	if n := results[2].(int64); n != 4 {
+		t.Errorf("release returned %d, want 4", n)
+	}
+	if d := results[3].(Decision); !d.Allowed {
+		t.Errorf("check: %+v", d)
+	}
+	if d := results[4].(Decision); !d.Allowed || d.DecisionID == "" {
+		t.Errorf("settle-later check: %+v", d)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	after := h.pipes[before:] // before counts the held one
+	if len(after) != 1 {
+		t.Fatalf("%d pipelines after the held one, want 1 carrying all five: %v", len(after), after)
+	}
+	// Two reserves, a release, a settle-later reserve and the Check's spend.
+	if len(after[0]) != 5 {
+		t.Errorf("the pipeline carried %v, want 5 script calls", after[0])
+	}
 }

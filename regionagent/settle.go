@@ -69,7 +69,8 @@ func (a *Agent) CheckSettleLater(ctx context.Context, limit string, estimate int
 	id := decisionID(key.Window)
 	for try := 0; ; try++ {
 		rctx, cancel := context.WithTimeout(ctx, a.opt.redisTimeout)
-		r, err := a.shared.b.ReserveToSettle(rctx, bucket.KeyOf(key), id, estimate, l.SettleGrace.Milliseconds(), a.shared.nowMs())
+		r, err := a.shared.reserveInBatch(rctx, bucket.ReserveOp{Key: bucket.KeyOf(key), ID: id, Want: estimate, Min: estimate,
+			GraceMs: l.SettleGrace.Milliseconds(), NowMs: a.shared.nowMs()})
 		cancel()
 		a.observeRedis(err)
 		if err != nil {

@@ -99,6 +99,36 @@ func (s *redisStore) spend(ctx context.Context, keys []store.Key, costs []int64)
 	return res, serr
 }
 
+// reserveInBatch makes a reservation (a chunk, a client's sub-lease, a
+// settle-later decision) in a spend batch's pipeline: one round trip with
+// the Checks and other reservations of the moment, where a call of its
+// own would cost a round trip and a pair of system calls on both sides.
+func (s *redisStore) reserveInBatch(ctx context.Context, op bucket.ReserveOp) (bucket.Reservation, error) {
+	r := spendReqPool.Get().(*spendReq)
+	r.op = bucket.SpendOp{Reserve: &op}
+	r, err := s.spender.submit(ctx, r)
+	if err != nil {
+		return bucket.Reservation{}, err
+	}
+	res, err := r.res.Reserved, r.err
+	release(r)
+	return res, err
+}
+
+// releaseInBatch ends a reservation in a spend batch's pipeline
+// (reserveInBatch).
+func (s *redisStore) releaseInBatch(ctx context.Context, op bucket.ReleaseOp) (bucket.ReleaseResult, error) {
+	r := spendReqPool.Get().(*spendReq)
+	r.op = bucket.SpendOp{Release: &op}
+	r, err := s.spender.submit(ctx, r)
+	if err != nil {
+		return bucket.ReleaseResult{}, err
+	}
+	res, err := r.res.Released, r.err
+	release(r)
+	return res, err
+}
+
 // crossSlot marks a Redis Cluster's CROSSSLOT refusal (keys of several
 // slots in one call) as store.ErrCrossSlot, for the core: no retry can
 // succeed.

@@ -93,6 +93,13 @@ type SpendOp struct {
 	Take bool
 	// Shadow: a take of a limit in shadow mode (Buckets.Take's shadow).
 	Shadow bool
+	// Reserve or Release, when set, makes the op a reservation
+	// (Buckets.ReserveLasting, or ReserveToSettle with a grace) or a
+	// release (Buckets.Release) instead, in a script call of its own in
+	// the batch's pipeline; Keys and Costs are then unused, and the
+	// result is the SpendResult's Reserved or Released.
+	Reserve *ReserveOp
+	Release *ReleaseOp
 }
 
 // Spend takes costs[i] tokens from keys[i] for every i, or nothing at all.
@@ -131,13 +138,16 @@ const maxSpendsPerCall = 128
 // spendCall is one spend.lua call of a batch: spends whose keys share one
 // hash tag (so one slot) and one NowMs, decided in slice order.
 type spendCall struct {
-	tag   string
-	now   int64
-	take  bool     // a rate.lua 'takes' call, not a spend.lua one
-	solo  bool     // keys of several hash tags: a call of its own
-	keys  []string // distinct keys, KEYS of the call
-	spend []int    // indices into the batch
-	args  []any
+	tag  string
+	now  int64
+	take bool // a rate.lua 'takes' call, not a spend.lua one
+	solo bool // a call of its own: keys of several hash tags, a reserve or a release
+	// reserve, release: a reserve.lua or release.lua call (one op).
+	reserve *ReserveOp
+	release *ReleaseOp
+	keys    []string // distinct keys, KEYS of the call
+	spend   []int    // indices into the batch
+	args    []any
 }
 
 // SpendBatch decides every op as Spend would, in one pipeline: one round
@@ -199,6 +209,28 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 		n := len(op.Keys)
 		res[i].Keys = backing[off : off+n : off+n]
 		off += n
+		if op.Reserve != nil || op.Release != nil {
+			var err error
+			if op.Reserve != nil {
+				err = op.Reserve.validate()
+			} else {
+				err = op.Release.validate()
+			}
+			if err != nil {
+				res[i] = SpendResult{Failed: -1, Err: err}
+				continue
+			}
+			calls = nextCall(calls)
+			c := &calls[len(calls)-1]
+			c.solo, c.reserve, c.release = true, op.Reserve, op.Release
+			c.spend = append(c.spend, i)
+			if op.Reserve != nil {
+				c.keys, c.args = append(c.keys, op.Reserve.keys()...), append(c.args, op.Reserve.args()...)
+			} else {
+				c.keys, c.args = append(c.keys, op.Release.keys()...), append(c.args, op.Release.args()...)
+			}
+			continue
+		}
 		if err := validateSpend(op.Keys, op.Costs, op.NowMs); err != nil {
 			res[i] = SpendResult{Failed: -1, Err: err}
 			continue
@@ -234,6 +266,16 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 			switch {
 			case err != nil:
 				err = wrapRedis(c.script().name, err)
+			case c.reserve != nil:
+				var r Reservation
+				if r, err = parseReserve(v); err == nil {
+					res[c.spend[0]] = SpendResult{Failed: -1, Reserved: r}
+				}
+			case c.release != nil:
+				var r ReleaseResult
+				if r, err = c.release.parse(v); err == nil {
+					res[c.spend[0]] = SpendResult{Failed: -1, Released: r}
+				}
 			case c.take:
 				err = parseTakeCall(v, c.spend, res)
 			default:
@@ -356,6 +398,12 @@ func resize[T any](buf []T, n int) []T {
 
 // script is the script a call runs.
 func (c *spendCall) script() *script {
+	switch {
+	case c.reserve != nil:
+		return reserveScript
+	case c.release != nil:
+		return releaseScript
+	}
 	if c.take {
 		return rateScript
 	}

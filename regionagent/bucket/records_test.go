@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -174,6 +175,69 @@ func TestSettleRecordDropped(t *testing.T) {
 			}
 			if s, _ := b.Settle(ctx, key, next, "d1", 3, false, T0+61_001); s.Status != UnknownDecision {
 				t.Fatalf("settle after its record was dropped: %+v, want unknown", s)
+			}
+		})
+	}
+}
+
+// TestSpendBatchReservesAndReleases: reservations and releases ride in a
+// batch of spends (one pipeline) with the results single calls give; an
+// invalid one fails alone; after SCRIPT FLUSH their scripts are loaded
+// again.
+func TestSpendBatchReservesAndReleases(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			key := Key("", "mixed", 1)
+			mustDeposit(t, ctx, b, Deposit{Key: key, LeaseID: "L", Tokens: 100, StartMs: T0, DeadlineMs: T0 + 30_000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
+			if r, err := b.Reserve(ctx, key, "r0", 5, 1, T0); err != nil || r.Granted != 5 {
+				t.Fatalf("reserve r0: %+v %v", r, err)
+			}
+			if err := be.rdb.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			ops := []SpendOp{
+				{Keys: []string{key}, Costs: []int64{1}, NowMs: T0 + 10},
+				{Reserve: &ReserveOp{Key: key, ID: "r1", Want: 10, Min: 1, NowMs: T0 + 10}},
+				{Keys: []string{key}, Costs: []int64{2}, NowMs: T0 + 10},
+				{Release: &ReleaseOp{Key: key, ID: "r0", Unspent: 3, NowMs: T0 + 10}},
+				{Reserve: &ReserveOp{Key: key, ID: "bad:id", Want: 1, Min: 1}},
+				{Release: &ReleaseOp{Key: key, ID: "nobody", Unspent: 1, NowMs: T0 + 10}},
+				{Release: &ReleaseOp{Key: key, ID: "r0", Unspent: 4, NowMs: T0 + 10}},
+				{Reserve: &ReserveOp{Key: key, ID: "s1", Want: 4, Min: 4, GraceMs: 1000, NowMs: T0 + 10}},
+			}
+			res, err := b.SpendBatch(ctx, ops)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res[0].Allowed || !res[2].Allowed {
+				t.Errorf("spends: %+v, %+v", res[0], res[2])
+			}
+			if r := res[1]; r.Err != nil || r.Reserved != (Reservation{Granted: 10, DeadlineMs: T0 + 30_000, Balance: 82, NowMs: T0 + 10, Status: Reserved}) {
+				t.Errorf("reserve r1: %+v", r)
+			}
+			if r := res[3]; r.Err != nil || r.Released != (ReleaseResult{Returned: 3, Status: Released}) {
+				t.Errorf("release r0: %+v", r)
+			}
+			if !errors.Is(res[4].Err, ErrInvalid) {
+				t.Errorf("invalid reserve: %+v, want ErrInvalid", res[4])
+			}
+			if r := res[5]; r.Err != nil || r.Released.Status != UnknownReservation {
+				t.Errorf("release of an unknown id: %+v", r)
+			}
+			if r := res[6]; r.Err != nil || r.Released != (ReleaseResult{Returned: 3, Status: ReleasedBefore}) {
+				t.Errorf("second release of r0: %+v", r)
+			}
+			if r := res[7]; r.Err != nil || r.Reserved.Granted != 4 || r.Reserved.Status != Reserved {
+				t.Errorf("reserve to settle: %+v", r)
+			}
+			if s, err := b.Settle(ctx, key, Key("", "mixed", 2), "s1", 1, false, T0+20); err != nil || s.Status != Settled || s.Refunded != 3 {
+				t.Errorf("settle of the batch's decision: %+v %v", s, err)
+			}
+			// 100 - 5 (r0) + 3 - 1 - 10 (r1) - 2 - 4 (s1) + 3 refunded.
+			if bal, _ := b.Balance(ctx, key, T0+20); bal.Spendable != 84 {
+				t.Errorf("spendable %d, want 84", bal.Spendable)
 			}
 		})
 	}

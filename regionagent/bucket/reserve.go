@@ -8,30 +8,27 @@ import (
 	"leasehold/regionagent/store"
 )
 
-// ReserveStatus says what a reservation did.
-type ReserveStatus int
-
-// Outcomes of Reserve.
-const (
-	// NotEnough: fewer than min tokens were spendable (in leases lasting
-	// lastMs, for ReserveLasting); nothing was taken.
-	NotEnough ReserveStatus = 0
-	// Reserved: tokens were taken now.
-	Reserved ReserveStatus = 1
-	// ReplayedReservation: the id was reserved before; the same answer.
-	ReplayedReservation ReserveStatus = 2
-	// AlreadyReleased: the id was released before; nothing was taken.
-	AlreadyReleased ReserveStatus = 3
+// The outcomes of reservations and releases are package store's (a batch
+// of spends carries them: SpendOp.Reserve, SpendOp.Release); these names
+// keep this package's API.
+type (
+	ReserveStatus = store.ReserveStatus
+	Reservation   = store.Reservation
+	ReleaseStatus = store.ReleaseStatus
+	ReleaseResult = store.ReleaseResult
 )
 
-// Reservation is the outcome of Reserve.
-type Reservation struct {
-	Granted    int64 // tokens taken (0 unless Reserved or ReplayedReservation)
-	DeadlineMs int64 // Redis ms: no token may be spent at or after it
-	Balance    int64 // spendable tokens left in the bucket
-	NowMs      int64 // the script's now (Redis TIME unless given)
-	Status     ReserveStatus
-}
+// Outcomes of Reserve and Release (see store.ReserveStatus and
+// store.ReleaseStatus).
+const (
+	NotEnough           = store.NotEnough
+	Reserved            = store.Reserved
+	ReplayedReservation = store.ReplayedReservation
+	AlreadyReleased     = store.AlreadyReleased
+	Released            = store.Released
+	ReleasedBefore      = store.ReleasedBefore
+	UnknownReservation  = store.UnknownReservation
+)
 
 // Reserve takes up to want (at least min) tokens of a bucket for one
 // client to spend in process, earliest deadline first. The reservation's
@@ -62,22 +59,55 @@ func (b *Buckets) ReserveToSettle(ctx context.Context, key, id string, estimate,
 }
 
 func (b *Buckets) reserve(ctx context.Context, key, id string, want, min, lastMs, graceMs, nowMs int64) (Reservation, error) {
-	switch {
-	case lastMs < 0 || !checkInt(lastMs):
-		return Reservation{}, invalid("last %d", lastMs)
-	case key == "":
-		return Reservation{}, invalid("empty key")
-	case id == "" || strings.Contains(id, ":") || len(id) > 200:
-		return Reservation{}, invalid("reservation id %q", id)
-	case want < 1 || min < 1 || min > want || !checkInt(want):
-		return Reservation{}, invalid("want %d, min %d", want, min)
-	case nowMs < 0 || !checkInt(nowMs):
-		return Reservation{}, invalid("now %d", nowMs)
+	op := ReserveOp{Key: key, ID: id, Want: want, Min: min, LastMs: lastMs, GraceMs: graceMs, NowMs: nowMs}
+	if err := op.validate(); err != nil {
+		return Reservation{}, err
 	}
-	v, err := b.eval(ctx, reserveScript, []string{key, RecordsKey(key), RecordsIndexKey(key)}, nowMs, id, want, min, lastMs, graceMs)
+	v, err := b.eval(ctx, reserveScript, op.keys(), op.args()...)
 	if err != nil {
 		return Reservation{}, err
 	}
+	return parseReserve(v)
+}
+
+// ReserveOp is a reservation's arguments (Buckets.ReserveLasting's, with
+// GraceMs > 0 ReserveToSettle's), as one op of a batch of spends
+// (SpendOp.Reserve).
+type ReserveOp struct {
+	Key, ID         string
+	Want, Min       int64
+	LastMs, GraceMs int64
+	NowMs           int64 // 0: Redis TIME
+}
+
+func (op *ReserveOp) validate() error {
+	switch {
+	case op.LastMs < 0 || !checkInt(op.LastMs):
+		return invalid("last %d", op.LastMs)
+	case op.GraceMs < 0 || !checkInt(op.GraceMs):
+		return invalid("settle grace %d", op.GraceMs)
+	case op.Key == "":
+		return invalid("empty key")
+	case op.ID == "" || strings.Contains(op.ID, ":") || len(op.ID) > 200:
+		return invalid("reservation id %q", op.ID)
+	case op.Want < 1 || op.Min < 1 || op.Min > op.Want || !checkInt(op.Want):
+		return invalid("want %d, min %d", op.Want, op.Min)
+	case op.NowMs < 0 || !checkInt(op.NowMs):
+		return invalid("now %d", op.NowMs)
+	}
+	return nil
+}
+
+func (op *ReserveOp) keys() []string {
+	return []string{op.Key, RecordsKey(op.Key), RecordsIndexKey(op.Key)}
+}
+
+func (op *ReserveOp) args() []any {
+	return []any{op.NowMs, op.ID, op.Want, op.Min, op.LastMs, op.GraceMs}
+}
+
+// parseReserve parses reserve.lua's reply.
+func parseReserve(v any) (Reservation, error) {
 	a, err := replyArray(v, 5)
 	if err != nil {
 		return Reservation{}, err
@@ -94,25 +124,6 @@ func (b *Buckets) reserve(ctx context.Context, key, id string, want, min, lastMs
 	return r, nil
 }
 
-// ReleaseStatus says what a release did.
-type ReleaseStatus int
-
-// Outcomes of Release.
-const (
-	// Released: the reservation ended now.
-	Released ReleaseStatus = 1
-	// ReleasedBefore: it had ended before; Returned is what it returned then.
-	ReleasedBefore ReleaseStatus = 2
-	// UnknownReservation: no such reservation in this bucket.
-	UnknownReservation ReleaseStatus = 3
-)
-
-// ReleaseResult is the outcome of Release.
-type ReleaseResult struct {
-	Returned int64 // tokens back in the bucket (0 after the deadline)
-	Status   ReleaseStatus
-}
-
 // ErrUnspentTooLarge reports a Release whose unspent tokens exceed what the
 // reservation holds. It matches ErrInvalid: the caller's input is wrong,
 // and retrying it cannot help.
@@ -125,20 +136,45 @@ const releaseOutOfRange = 4
 // before the reservation's deadline, return to the bucket as a lease of
 // their own with that deadline. Idempotent by id.
 func (b *Buckets) Release(ctx context.Context, key, id string, unspent, nowMs int64) (ReleaseResult, error) {
-	switch {
-	case key == "":
-		return ReleaseResult{}, invalid("empty key")
-	case id == "" || strings.Contains(id, ":") || len(id) > 200:
-		return ReleaseResult{}, invalid("reservation id %q", id)
-	case unspent < 0 || !checkInt(unspent):
-		return ReleaseResult{}, invalid("unspent %d", unspent)
-	case nowMs < 0 || !checkInt(nowMs):
-		return ReleaseResult{}, invalid("now %d", nowMs)
+	op := ReleaseOp{Key: key, ID: id, Unspent: unspent, NowMs: nowMs}
+	if err := op.validate(); err != nil {
+		return ReleaseResult{}, err
 	}
-	v, err := b.eval(ctx, releaseScript, []string{key, RecordsKey(key)}, nowMs, id, unspent)
+	v, err := b.eval(ctx, releaseScript, op.keys(), op.args()...)
 	if err != nil {
 		return ReleaseResult{}, err
 	}
+	return op.parse(v)
+}
+
+// ReleaseOp is Release's arguments, as one op of a batch of spends
+// (SpendOp.Release).
+type ReleaseOp struct {
+	Key, ID string
+	Unspent int64
+	NowMs   int64 // 0: Redis TIME
+}
+
+func (op *ReleaseOp) validate() error {
+	switch {
+	case op.Key == "":
+		return invalid("empty key")
+	case op.ID == "" || strings.Contains(op.ID, ":") || len(op.ID) > 200:
+		return invalid("reservation id %q", op.ID)
+	case op.Unspent < 0 || !checkInt(op.Unspent):
+		return invalid("unspent %d", op.Unspent)
+	case op.NowMs < 0 || !checkInt(op.NowMs):
+		return invalid("now %d", op.NowMs)
+	}
+	return nil
+}
+
+func (op *ReleaseOp) keys() []string { return []string{op.Key, RecordsKey(op.Key)} }
+
+func (op *ReleaseOp) args() []any { return []any{op.NowMs, op.ID, op.Unspent} }
+
+// parse parses release.lua's reply to op.
+func (op *ReleaseOp) parse(v any) (ReleaseResult, error) {
 	a, err := replyArray(v, 2)
 	if err != nil {
 		return ReleaseResult{}, err
@@ -150,7 +186,7 @@ func (b *Buckets) Release(ctx context.Context, key, id string, unspent, nowMs in
 	}
 	switch {
 	case st == releaseOutOfRange:
-		return ReleaseResult{}, fmt.Errorf("%w: unspent %d", ErrUnspentTooLarge, unspent)
+		return ReleaseResult{}, fmt.Errorf("%w: unspent %d", ErrUnspentTooLarge, op.Unspent)
 	case st < 1 || st > 3:
 		return ReleaseResult{}, fmt.Errorf("%w: release status %d", ErrBadReply, st)
 	}

@@ -133,6 +133,50 @@ type KeyResult struct {
 	PoolSpent bool
 }
 
+// ReserveStatus says what a reservation did.
+type ReserveStatus int
+
+// Outcomes of a reservation (bucket.Buckets.Reserve).
+const (
+	// NotEnough: fewer than min tokens were spendable (in leases lasting
+	// lastMs, for ReserveLasting); nothing was taken.
+	NotEnough ReserveStatus = 0
+	// Reserved: tokens were taken now.
+	Reserved ReserveStatus = 1
+	// ReplayedReservation: the id was reserved before; the same answer.
+	ReplayedReservation ReserveStatus = 2
+	// AlreadyReleased: the id was released before; nothing was taken.
+	AlreadyReleased ReserveStatus = 3
+)
+
+// Reservation is the outcome of a reservation (bucket.Buckets.Reserve).
+type Reservation struct {
+	Granted    int64 // tokens taken (0 unless Reserved or ReplayedReservation)
+	DeadlineMs int64 // Redis ms: no token may be spent at or after it
+	Balance    int64 // spendable tokens left in the bucket
+	NowMs      int64 // the script's now (Redis TIME unless given)
+	Status     ReserveStatus
+}
+
+// ReleaseStatus says what a release did.
+type ReleaseStatus int
+
+// Outcomes of a release (bucket.Buckets.Release).
+const (
+	// Released: the reservation ended now.
+	Released ReleaseStatus = 1
+	// ReleasedBefore: it had ended before; Returned is what it returned then.
+	ReleasedBefore ReleaseStatus = 2
+	// UnknownReservation: no such reservation in this bucket.
+	UnknownReservation ReleaseStatus = 3
+)
+
+// ReleaseResult is the outcome of a release (bucket.Buckets.Release).
+type ReleaseResult struct {
+	Returned int64 // tokens back in the bucket (0 after the deadline)
+	Status   ReleaseStatus
+}
+
 // SpendResult is the outcome of one all-or-nothing spend.
 type SpendResult struct {
 	// Allowed: every key paid its cost. Otherwise nothing was charged.
@@ -148,6 +192,11 @@ type SpendResult struct {
 	// Take is a take's result, for a take in a batch of spends
 	// (bucket.SpendOp.Take); Allowed is then Take.Allowed.
 	Take TakeResult
+	// Reserved and Released are a reservation's and a release's results,
+	// for those ops in a batch of spends (bucket.SpendOp.Reserve and
+	// .Release); Allowed is then false and Failed -1.
+	Reserved Reservation
+	Released ReleaseResult
 }
 
 // CloseResult is the outcome of closing a lease.
