@@ -30,10 +30,25 @@ type ChunkConfig = client.SubLeaseConfig
 
 // DefaultChunks is the setting to turn chunks on with: a limit is hot
 // at 50 cost/s on one replica; a chunk covers 250 ms of that replica's
-// rate and is given back after 1 s unused. In this package chunks are
-// off unless WithChunks turns them on; `leasehold agent` turns them on
-// with this setting (its -chunk-hot-rate).
-var DefaultChunks = ChunkConfig{HotRate: 50, Horizon: 250 * time.Millisecond, IdleAfter: time.Second}
+// rate and is given back after 1 s unused. A limit is warm from 1 cost/s
+// on one replica when its G is 128 or more: its chunk covers 4 s of the
+// replica's rate, at most 1/64 of G, and is given back after 2 s unused.
+// In this package chunks are off unless WithChunks turns them on;
+// `leasehold agent` turns them on with this setting (its
+// -chunk-hot-rate and -chunk-warm-rate).
+var DefaultChunks = ChunkConfig{HotRate: 50, Horizon: 250 * time.Millisecond, IdleAfter: time.Second,
+	WarmRate: 1, WarmHorizon: client.DefaultWarmHorizon}
+
+// chunkGate is the region's demand (cost/s) from which a Check tells the
+// chunks' client of its limit: half the rate that makes a limit hot or
+// warm (a replica's rate is at most the region's).
+func (a *Agent) chunkGate() float64 {
+	gate := a.opt.chunks.HotRate
+	if w := a.opt.chunks.WarmRate; w > 0 {
+		gate = min(gate, w)
+	}
+	return gate / 2
+}
 
 // WithChunks turns deciding hot limits in memory on (cfg.HotRate > 0,
 // e.g. DefaultChunks); without it, or with cfg.HotRate <= 0, every Check
@@ -86,9 +101,18 @@ func (a *Agent) chunkAhead() time.Duration {
 	if a.chunks == nil {
 		return 0
 	}
-	// The horizon sizes a chunk at the replica's rate; a chunk may be spent
-	// for longer (the rate fell, the renewal lead), so at least 1 s counts.
-	return max(a.opt.chunks.Horizon, time.Second)
+	// The horizon sizes a chunk at the replica's rate (a warm limit's,
+	// the warm horizon); a chunk may be spent for longer (the rate fell,
+	// the renewal lead), so at least 1 s counts.
+	ahead := max(a.opt.chunks.Horizon, time.Second)
+	if a.opt.chunks.WarmRate > 0 {
+		wh := a.opt.chunks.WarmHorizon
+		if wh <= 0 {
+			wh = client.DefaultWarmHorizon
+		}
+		ahead = max(ahead, wh)
+	}
+	return ahead
 }
 
 // closeChunks gives back what the chunks hold.

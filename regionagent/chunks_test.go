@@ -285,3 +285,43 @@ func TestChunksTrackOnlyLimitsWithDemand(t *testing.T) {
 		t.Fatalf("the chunks' client holds %d limits, want the busy one only", n)
 	}
 }
+
+// TestWarmLimitsFromChunks: with the agent's default chunks, a limit
+// checked 4 times a second (far below the hot rate) whose G is large is
+// decided mostly in memory, from chunks reserved in the spend batches;
+// one whose G is below 128 always goes to Redis.
+func TestWarmLimitsFromChunks(t *testing.T) {
+	w := newWorld(t, "eu")
+	big := w.putLimit(limit("tenant/warm-big", 1_000_000, time.Hour, 10*time.Minute, "eu"))
+	small := w.putLimit(limit("tenant/warm-small", 120, time.Hour, 10*time.Minute, "eu"))
+	w.clock.Add(time.Second)
+	cfg := DefaultChunks
+	cfg.IdleAfter = time.Hour // the sweeper runs on the real clock; no release mid-test
+	a := w.agent("eu", "r1", WithChunks(cfg))
+	ctx := context.Background()
+	for _, l := range []*pb.Limit{big, small} {
+		a.Check(ctx, l.Id, 1) // the first: no lease yet (UNAVAILABLE, the test's cold wait is 0)
+		a.evaluate(ctx, l.Id)
+	}
+	runWork(t, a)
+	for _, tc := range []struct {
+		l       *pb.Limit
+		chunked bool
+	}{{big, true}, {small, false}} {
+		before := testutil.ToFloat64(a.m.chunkChecks)
+		for range 40 { // 10 s at 4/s
+			d, err := a.Check(ctx, tc.l.Id, 1)
+			if err != nil || !d.Allowed {
+				t.Fatalf("%s: %+v %v", tc.l.Id, d, err)
+			}
+			w.clock.Add(250 * time.Millisecond)
+		}
+		got := testutil.ToFloat64(a.m.chunkChecks) - before
+		if tc.chunked && got < 25 {
+			t.Errorf("%s: %v of 40 Checks from chunks, want most", tc.l.Id, got)
+		}
+		if !tc.chunked && got != 0 {
+			t.Errorf("%s (G %d): %v Checks from chunks, want none", tc.l.Id, tc.l.LimitTokens, got)
+		}
+	}
+}

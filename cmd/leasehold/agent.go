@@ -37,6 +37,7 @@ type agentConfig struct {
 	history                   string
 	lead, renewEvery          time.Duration
 	chunkHotRate              float64
+	chunkWarmRate             float64
 	tls                       tlsFlags
 	allocCert, allocKey       string
 	log                       logFlags
@@ -55,6 +56,7 @@ func (c *agentConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.lead, "renew-lead", 2*time.Second, "renew when the balance would last less than this at the current demand, and this long before a busy limit's lease expires")
 	fs.DurationVar(&c.renewEvery, "renew-interval", 250*time.Millisecond, "slack: a busy limit's next window's lease is fetched -renew-lead plus this before its window ends (the agent checks nothing on an interval; the name is kept for existing command lines)")
 	fs.Float64Var(&c.chunkHotRate, "chunk-hot-rate", regionagent.DefaultChunks.HotRate, "decide a limit this replica is asked more than this cost per second in memory, from chunks of the region's bucket (0: off, every Check goes to Redis; see docs/design.md)")
+	fs.Float64Var(&c.chunkWarmRate, "chunk-warm-rate", regionagent.DefaultChunks.WarmRate, "with chunks on, also decide in memory a limit this replica is asked more than this cost per second whose G is 128 or more, from chunks covering 4s of its rate, at most 1/64 of G (0: off)")
 	c.tls.registerServe(fs, "-grpc-addr and -http-addr")
 	c.tls.registerCA(fs, "the allocator and a rediss:// Redis")
 	c.tls.registerClientCA(fs, "callers of -grpc-addr (gateways) must present a certificate of (mutual TLS)")
@@ -77,6 +79,9 @@ func (c *agentConfig) validate() error {
 	}
 	if c.lead <= 0 || c.renewEvery <= 0 {
 		return usagef("-renew-lead and -renew-interval must be > 0")
+	}
+	if err := checkChunkRate("chunk-warm-rate", c.chunkWarmRate); err != nil {
+		return err
 	}
 	if err := checkChunkHotRate(c.chunkHotRate); err != nil {
 		return err
@@ -161,7 +166,7 @@ func runAgent(ctx context.Context, c agentConfig, rdb redis.UniversalClient, log
 		DialOptions: []grpc.DialOption{dialCreds(sec.alloc)},
 		Redis:       rdb, ReplicaID: c.replicaID, Logger: log, Registerer: reg,
 	}, regionagent.WithRenewal(c.lead, c.renewEvery), regionagent.WithSnapshotFile(c.snapshotFile),
-		regionagent.WithChunks(chunkConfig(c.chunkHotRate)), regionagent.WithHistory(hf.rec))
+		regionagent.WithChunks(chunkConfig(c.chunkHotRate, c.chunkWarmRate)), regionagent.WithHistory(hf.rec))
 	if err != nil {
 		gl.Close()
 		hl.Close()
@@ -285,16 +290,20 @@ func checkAgentCert(file, region string) error {
 }
 
 // checkChunkHotRate refuses a -chunk-hot-rate that is not a number >= 0.
-func checkChunkHotRate(r float64) error {
+func checkChunkHotRate(r float64) error { return checkChunkRate("chunk-hot-rate", r) }
+
+// checkChunkRate refuses a chunk rate flag that is not a number >= 0.
+func checkChunkRate(flag string, r float64) error {
 	if r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
-		return usagef("-chunk-hot-rate must be a number >= 0 (0: off)")
+		return usagef("-%s must be a number >= 0 (0: off)", flag)
 	}
 	return nil
 }
 
-// chunkConfig is the agent's chunk settings with -chunk-hot-rate.
-func chunkConfig(hotRate float64) regionagent.ChunkConfig {
+// chunkConfig is the agent's chunk settings with -chunk-hot-rate and
+// -chunk-warm-rate.
+func chunkConfig(hotRate, warmRate float64) regionagent.ChunkConfig {
 	cfg := regionagent.DefaultChunks
-	cfg.HotRate = hotRate
+	cfg.HotRate, cfg.WarmRate = hotRate, warmRate
 	return cfg
 }

@@ -283,7 +283,7 @@ func runDev(ctx context.Context, c devConfig, redisAddrs map[string]string, stdo
 		}
 		defer rdb.Close()
 		agc := agentConfig{region: region, allocators: ar.grpc, grpcAddr: agentAddrs[region][0], httpAddr: agentAddrs[region][1],
-			replicaID: region + "-dev", lead: 2 * time.Second, renewEvery: 250 * time.Millisecond, chunkHotRate: c.chunkHotRate,
+			replicaID: region + "-dev", lead: 2 * time.Second, renewEvery: 250 * time.Millisecond, chunkHotRate: c.chunkHotRate, chunkWarmRate: regionagent.DefaultChunks.WarmRate,
 			history: historyFile("agent-" + region)}
 		if c.tls {
 			agc.tls = serve

@@ -34,7 +34,22 @@ type SubLeaseConfig struct {
 	MaxChunk int64
 	// IdleAfter: a chunk unused this long is released. Default 2s.
 	IdleAfter time.Duration
+	// WarmRate, when > 0, lets a limit below HotRate be decided from
+	// chunks too, from this rate (cost per second) on: a warm chunk
+	// covers WarmHorizon of the client's rate (DefaultWarmHorizon), and takes at
+	// most 1/64 of the limit's G (a limit whose G is below 128 is never
+	// warm: a chunk of 1 token saves nothing, and a larger one would hold
+	// a large part of a small budget). It is released after
+	// max(IdleAfter, WarmHorizon/2) unused. Default 0: off.
+	WarmRate    float64
+	WarmHorizon time.Duration
 }
+
+// warmShare: a warm chunk takes at most 1/warmShare of the limit's G.
+const warmShare = 64
+
+// DefaultWarmHorizon is SubLeaseConfig.WarmHorizon when unset.
+const DefaultWarmHorizon = 4 * time.Second
 
 func (s *SubLeaseConfig) defaults() {
 	if s.HotRate <= 0 {
@@ -47,6 +62,28 @@ func (s *SubLeaseConfig) defaults() {
 		s.IdleAfter = 2 * time.Second
 	}
 	s.MaxChunk = max(0, s.MaxChunk)
+	s.WarmRate = max(0, s.WarmRate)
+	if s.WarmHorizon <= 0 {
+		s.WarmHorizon = DefaultWarmHorizon
+	}
+}
+
+// chunkable reports whether a limit at the client's rate is decided from
+// chunks: hot (at least HotRate), or warm (at least WarmRate, with a G
+// that allows a warm chunk of 2 tokens or more).
+func (c *Client) chunkable(st *limitState, rate float64) bool {
+	sub := c.opt.sub
+	return rate >= sub.HotRate || (sub.WarmRate > 0 && rate >= sub.WarmRate && st.warmCap() >= 2)
+}
+
+// warmCap is the largest warm chunk of st's limit: 1/warmShare of its G
+// (0 while G is unknown).
+func (st *limitState) warmCap() int64 {
+	g := st.limitTokens
+	if g <= 0 {
+		g = st.gHint.Load()
+	}
+	return g / warmShare
 }
 
 type options struct {
@@ -146,7 +183,12 @@ func WithReleaseObserver(f func(unspent, returned int64, err error)) Option {
 type LocalDecision struct {
 	Limit string
 	Cost  int64
-	// At is when it was decided, on the client's clock.
+	// At is when it was decided, on the client's clock (WithClock's, or
+	// time.Now), read as the decision is observed: the wall time other
+	// records are compared with. (The client's own time, monotonic since
+	// it started, drifts from the wall clock by every step the wall clock
+	// takes: a 4 s step put chunk decisions 4 s before the reservations
+	// they spent in a history.)
 	At time.Time
 	// Reservation is the sub-lease's reservation id ("" for a cached
 	// denial): the agent's Reserve answered it.
@@ -165,8 +207,12 @@ func WithLocalDecisionObserver(f func(LocalDecision)) Option {
 // observe hands a local decision to the observer; callers check that
 // there is one (c.opt.localObserver != nil), so the fast path without it
 // pays one load and compare.
-func (c *Client) observe(limit string, cost, now int64, reservation string, d Decision) {
-	c.opt.localObserver(LocalDecision{Limit: limit, Cost: cost, At: c.base.Add(time.Duration(now)), Reservation: reservation, Decision: d})
+func (c *Client) observe(limit string, cost, _ int64, reservation string, d Decision) {
+	at := time.Now()
+	if c.opt.now != nil {
+		at = c.opt.now()
+	}
+	c.opt.localObserver(LocalDecision{Limit: limit, Cost: cost, At: at, Reservation: reservation, Decision: d})
 }
 
 // WithClock replaces the client's clock (tests). Chunk deadlines and the
@@ -301,6 +347,7 @@ type limitState struct {
 	lastUse atomic.Int64                // last Allow, coarse (see touchEvery)
 	asked   atomic.Int64                // cost asked through Checks (rate input)
 	pending atomic.Bool                 // a Reserve is in flight or next waits
+	gHint   atomic.Int64                // the limit's G as AskedOf was told (0: never)
 
 	mu           sync.Mutex // protects the fields below, and changes of cur
 	next         *reservation
@@ -433,6 +480,21 @@ func (c *Client) Asked(limit string, cost int64) {
 	st.lastUse.Store(c.mono())
 	v, _ := c.states.LoadOrStore(limit, st)
 	v.(*limitState).asked.Add(cost)
+}
+
+// AskedOf is Asked for a caller that knows the limit's G (the agent
+// does, from its Check's answer): G lets a limit below HotRate be warm
+// (SubLeaseConfig.WarmRate) before any chunk of it was reserved.
+func (c *Client) AskedOf(limit string, cost, limitTokens int64) {
+	c.Asked(limit, cost)
+	if limitTokens <= 0 {
+		return
+	}
+	if v, ok := c.states.Load(limit); ok {
+		if st := v.(*limitState); st.gHint.Load() != limitTokens {
+			st.gHint.Store(limitTokens)
+		}
+	}
 }
 
 // fromChunk decides from the chunk st holds, if it is alive and holds
@@ -636,10 +698,16 @@ func (c *Client) sweep(now int64) {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		if c.opt.sub != nil {
-			idle := idleFor >= int64(c.opt.sub.IdleAfter)
-			// Hysteresis: held while the caller is above half the hot
-			// rate, so a caller near HotRate does not flap.
-			quiet := st.observeLocked(now) < c.opt.sub.HotRate/2
+			rate := st.observeLocked(now)
+			idleAfter := c.opt.sub.IdleAfter
+			if rate < c.opt.sub.HotRate {
+				idleAfter = max(idleAfter, c.opt.sub.WarmHorizon/2) // a warm limit's uses are further apart
+			}
+			idle := idleFor >= int64(idleAfter)
+			// Hysteresis: held while the caller is above half the rate
+			// that made the limit hot (or warm), so a caller near it does
+			// not flap.
+			quiet := !c.chunkable(st, 2*rate)
 			if r := st.cur.Load(); r != nil && (idle || quiet || now >= r.deadline) {
 				st.cur.Store(nil)
 				c.retireLocked(st, r, now)

@@ -123,7 +123,7 @@ func (c *Client) subSlow(ctx context.Context, st *limitState, now, cost int64) (
 		}
 	}
 	rate := st.observeLocked(now)
-	if rate < c.opt.sub.HotRate || now < st.reserveAfter || st.dead || !st.pending.CompareAndSwap(false, true) {
+	if !c.chunkable(st, rate) || now < st.reserveAfter || st.dead || !st.pending.CompareAndSwap(false, true) {
 		st.mu.Unlock()
 		return Decision{}, false
 	}
@@ -201,12 +201,16 @@ func (c *Client) learnLocked(st *limitState, r *reservation) {
 }
 
 // chunk sizes the next reservation: the client's own rate over the
-// horizon (or what is left of the window, if that is shorter), at least
-// cost, at most MaxChunk and G. least is what is worth taking: a quarter
-// of it (fewer tokens than that and plain Checks share the region's last
+// horizon (WarmHorizon for a warm limit; or what is left of the window,
+// if that is shorter), at least cost, at most MaxChunk and G (a warm
+// chunk at most 1/64 of G). least is what is worth taking: a quarter of
+// it (fewer tokens than that and plain Checks share the region's last
 // tokens better), at least cost.
 func (c *Client) chunk(st *limitState, now int64, rate float64, cost int64) (want, least int64) {
-	h := c.opt.sub.Horizon
+	h, warm := c.opt.sub.Horizon, rate < c.opt.sub.HotRate
+	if warm {
+		h = c.opt.sub.WarmHorizon
+	}
 	if st.resetAt > now && time.Duration(st.resetAt-now) < h {
 		h = time.Duration(st.resetAt - now)
 	}
@@ -220,6 +224,9 @@ func (c *Client) chunk(st *limitState, now int64, rate float64, cost int64) (wan
 	}
 	if st.limitTokens > 0 {
 		want = min(want, st.limitTokens)
+	}
+	if warm {
+		want = min(want, st.warmCap())
 	}
 	want = max(want, cost)
 	least = min(want, max(cost, (want+3)/4))
@@ -251,7 +258,7 @@ func (c *Client) refill(st *limitState) {
 	now := c.mono()
 	st.mu.Lock()
 	rate := st.observeLocked(now)
-	if st.dead || st.next != nil || rate < c.opt.sub.HotRate || now < st.reserveAfter {
+	if st.dead || st.next != nil || !c.chunkable(st, rate) || now < st.reserveAfter {
 		st.pending.Store(st.next != nil)
 		st.mu.Unlock()
 		return

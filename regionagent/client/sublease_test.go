@@ -523,3 +523,60 @@ func TestLocalDecisionObserver(t *testing.T) {
 		t.Fatalf("observed %+v", seen)
 	}
 }
+
+var warmCfg = SubLeaseConfig{HotRate: 50, Horizon: time.Second, IdleAfter: time.Second, WarmRate: 1, WarmHorizon: 4 * time.Second}
+
+// TestWarmLimitChunks: with WarmRate, a limit asked 4 times a second
+// (below HotRate) whose G is large is decided from chunks covering 4 s
+// of that rate; one whose G is below 128 is not (a chunk would hold too
+// much of it), nor is any without WarmRate. A warm chunk is kept between
+// uses further apart than IdleAfter, and given back when its caller
+// stops.
+func TestWarmLimitChunks(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		g       int64
+		cfg     SubLeaseConfig
+		chunked bool
+	}{
+		{"large G", 100_000, warmCfg, true},
+		{"G 127", 127, warmCfg, false},
+		{"no WarmRate", 100_000, subCfg, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, func(a *clienttest.Agent) { a.SetLimit(testLimit, tc.g, time.Minute, 30*time.Second) }, WithSubLeases(tc.cfg))
+			got := r.hot(4, 20*time.Second) // 80 calls, 250 ms apart
+			checks, reserves, _ := r.agent.Calls()
+			if !tc.chunked {
+				if reserves != 0 || got[SourceAgent] != 80 {
+					t.Fatalf("%d reserves, sources %v: want 80 Checks", reserves, got)
+				}
+				return
+			}
+			res := r.reservations()
+			if len(res) == 0 {
+				t.Fatalf("no reservation; sources %v", got)
+			}
+			// 4 s at 4/s: 16 tokens (the rate estimate is near 4).
+			for _, x := range res {
+				if x.Granted < 8 || x.Granted > 24 {
+					t.Errorf("warm chunk of %d tokens, want about 16", x.Granted)
+				}
+			}
+			if got[SourceSubLease] < 60 || checks > 20 {
+				t.Fatalf("sources %v, %d Checks: most calls should come from chunks", got, checks)
+			}
+			// Uses 250 ms apart never let the chunk go idle: no release
+			// while the caller keeps its rate.
+			if _, _, releases := r.agent.Calls(); releases != 0 {
+				t.Errorf("%d releases while the caller kept its rate", releases)
+			}
+			// The caller stops: the chunk goes back after 2 s unused.
+			r.clock.Advance(2100 * time.Millisecond)
+			r.sweep()
+			if _, _, releases := r.agent.Calls(); releases != 1 {
+				t.Errorf("%d releases after the caller stopped, want 1", releases)
+			}
+		})
+	}
+}

@@ -22,7 +22,8 @@
 --              the whole hash.
 --
 -- Reservation records live beside the bucket, in the hash <bucket>:res
--- (records_key), never in it: the bucket is read whole (HGETALL) by
+-- (RecordsKey in Go, which names it in the scripts' KEYS), never in it:
+-- the bucket is read whole (HGETALL) by
 -- reserve, deposit, close and every spend that cannot use the summary,
 -- and a hot limit makes a reservation every few hundred ms, a
 -- settle-later limit one per request. Fields, per reservation id:
@@ -219,13 +220,6 @@ end
 local MAX_RESERVE_LIFE = 60000
 local RECORD_KEEP = 60000
 
--- records_key, records_index: the hash of a bucket's reservation records
--- and the sorted set of when each may be dropped (the bucket's hash slot:
--- every bucket key starts with its hash tag).
-local function records_key(key)
-  return key .. ':res'
-end
-
 -- find_record reads fields (prefixes, e.g. 'v:') of reservation id from
 -- the records hash rk or, when it holds none of them, from the bucket
 -- key itself (a record an earlier version wrote there). It returns the
@@ -235,19 +229,17 @@ local function find_record(key, rk, id, fields)
   for i, f in ipairs(fields) do
     names[i] = f .. id
   end
-  local vals = redis.call('HMGET', rk, unpack(names))
-  for i = 1, #fields do
-    if vals[i] then
-      return rk, vals
+  local first
+  for _, h in ipairs({rk, key}) do
+    local vals = redis.call('HMGET', h, unpack(names))
+    first = first or vals
+    for i = 1, #fields do
+      if vals[i] then
+        return h, vals
+      end
     end
   end
-  local old = redis.call('HMGET', key, unpack(names))
-  for i = 1, #fields do
-    if old[i] then
-      return key, old
-    end
-  end
-  return rk, vals
+  return rk, first
 end
 
 -- prune drops the records of up to 64 reservations due at now.

@@ -1,6 +1,6 @@
 -- release.lua: end a sub-lease reservation.
 -- KEYS[1]  bucket key
--- KEYS[2]  its reservation records (common.lua's records_key)
+-- KEYS[2]  its reservation records (<bucket>:res, common.lua)
 -- ARGV[1]  now ms (0 = Redis TIME)
 -- ARGV[2]  reservation id
 -- ARGV[3]  unspent (0 <= unspent <= reserved)

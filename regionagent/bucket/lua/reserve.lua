@@ -1,7 +1,7 @@
 -- reserve.lua: take up to `want` tokens of a bucket for one client to
 -- spend in process (a sub-lease).
 -- KEYS[1]  bucket key
--- KEYS[2]  its reservation records (common.lua's records_key)
+-- KEYS[2]  its reservation records (<bucket>:res, common.lua)
 -- KEYS[3]  when each record may be dropped (a sorted set)
 -- ARGV[1]  now ms (0 = Redis TIME)
 -- ARGV[2]  reservation id (no ':')

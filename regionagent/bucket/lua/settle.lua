@@ -2,7 +2,7 @@
 -- settle-by time) with its actual cost.
 -- KEYS[1]  bucket key of the decision's window
 -- KEYS[2]  bucket key of the next window (where debt is carried)
--- KEYS[3]  KEYS[1]'s reservation records (common.lua's records_key)
+-- KEYS[3]  KEYS[1]'s reservation records (<bucket>:res, common.lua)
 -- ARGV[1]  now ms (0 = Redis TIME)
 -- ARGV[2]  decision id (the reservation id)
 -- ARGV[3]  actual cost (>= 0)
