@@ -476,8 +476,14 @@ func (c *Client) Asked(limit string, cost int64) {
 		v.(*limitState).asked.Add(cost)
 		return
 	}
+	now := c.mono()
 	st := &limitState{id: limit}
-	st.lastUse.Store(c.mono())
+	st.lastUse.Store(now)
+	// Its rate is measured from now on, this call's cost included: the
+	// next call a quarter of a second or more later knows it (a limit
+	// checked a few times a second is warm from its second or third call,
+	// not its fourth).
+	st.rate = rateEst{started: true, at: now}
 	v, _ := c.states.LoadOrStore(limit, st)
 	v.(*limitState).asked.Add(cost)
 }
