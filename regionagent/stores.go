@@ -104,27 +104,26 @@ func (s *redisStore) spend(ctx context.Context, keys []store.Key, costs []int64)
 // the Checks and other reservations of the moment, where a call of its
 // own would cost a round trip and a pair of system calls on both sides.
 func (s *redisStore) reserveInBatch(ctx context.Context, op bucket.ReserveOp) (bucket.Reservation, error) {
-	r := spendReqPool.Get().(*spendReq)
-	r.op = bucket.SpendOp{Reserve: &op}
-	r, err := s.spender.submit(ctx, r)
-	if err != nil {
-		return bucket.Reservation{}, err
-	}
-	res, err := r.res.Reserved, r.err
-	release(r)
-	return res, err
+	return inBatch(ctx, s, bucket.SpendOp{Reserve: &op}, func(r *store.SpendResult) bucket.Reservation { return r.Reserved })
 }
 
 // releaseInBatch ends a reservation in a spend batch's pipeline
 // (reserveInBatch).
 func (s *redisStore) releaseInBatch(ctx context.Context, op bucket.ReleaseOp) (bucket.ReleaseResult, error) {
+	return inBatch(ctx, s, bucket.SpendOp{Release: &op}, func(r *store.SpendResult) bucket.ReleaseResult { return r.Released })
+}
+
+// inBatch sends op with the next spend batch and returns its result
+// (picked from the batch's) and error.
+func inBatch[T any](ctx context.Context, s *redisStore, op bucket.SpendOp, pick func(*store.SpendResult) T) (T, error) {
 	r := spendReqPool.Get().(*spendReq)
-	r.op = bucket.SpendOp{Release: &op}
+	r.op = op
 	r, err := s.spender.submit(ctx, r)
 	if err != nil {
-		return bucket.ReleaseResult{}, err
+		var zero T
+		return zero, err
 	}
-	res, err := r.res.Released, r.err
+	res, err := pick(&r.res), r.err
 	release(r)
 	return res, err
 }
