@@ -102,6 +102,29 @@ type SpendOp struct {
 	Release *ReleaseOp
 }
 
+// ownCall is an op of a batch of spends that is a script call of its
+// own in the batch's pipeline: a reservation (ReserveOp) or a release
+// (ReleaseOp).
+type ownCall interface {
+	validate() error
+	keys() []string
+	args() []any
+	script() *script
+	// result parses the call's reply into r (its Reserved or Released).
+	result(v any, r *SpendResult) error
+}
+
+// own is the op's call of its own, if it is a reservation or a release.
+func (op *SpendOp) own() ownCall {
+	switch {
+	case op.Reserve != nil:
+		return op.Reserve
+	case op.Release != nil:
+		return op.Release
+	}
+	return nil
+}
+
 // Spend takes costs[i] tokens from keys[i] for every i, or nothing at all.
 //
 // Each key pays from its spendable leases (start <= now < deadline, not
@@ -138,16 +161,14 @@ const maxSpendsPerCall = 128
 // spendCall is one spend.lua call of a batch: spends whose keys share one
 // hash tag (so one slot) and one NowMs, decided in slice order.
 type spendCall struct {
-	tag  string
-	now  int64
-	take bool // a rate.lua 'takes' call, not a spend.lua one
-	solo bool // a call of its own: keys of several hash tags, a reserve or a release
-	// reserve, release: a reserve.lua or release.lua call (one op).
-	reserve *ReserveOp
-	release *ReleaseOp
-	keys    []string // distinct keys, KEYS of the call
-	spend   []int    // indices into the batch
-	args    []any
+	tag   string
+	now   int64
+	take  bool     // a rate.lua 'takes' call, not a spend.lua one
+	solo  bool     // a call of its own: keys of several hash tags, or own
+	own   ownCall  // a reservation's or a release's call (one op), nil for spends and takes
+	keys  []string // distinct keys, KEYS of the call
+	spend []int    // indices into the batch
+	args  []any
 }
 
 // SpendBatch decides every op as Spend would, in one pipeline: one round
@@ -209,26 +230,16 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 		n := len(op.Keys)
 		res[i].Keys = backing[off : off+n : off+n]
 		off += n
-		if op.Reserve != nil || op.Release != nil {
-			var err error
-			if op.Reserve != nil {
-				err = op.Reserve.validate()
-			} else {
-				err = op.Release.validate()
-			}
-			if err != nil {
+		if o := op.own(); o != nil {
+			if err := o.validate(); err != nil {
 				res[i] = SpendResult{Failed: -1, Err: err}
 				continue
 			}
 			calls = nextCall(calls)
 			c := &calls[len(calls)-1]
-			c.solo, c.reserve, c.release = true, op.Reserve, op.Release
+			c.solo, c.own = true, o
 			c.spend = append(c.spend, i)
-			if op.Reserve != nil {
-				c.keys, c.args = append(c.keys, op.Reserve.keys()...), append(c.args, op.Reserve.args()...)
-			} else {
-				c.keys, c.args = append(c.keys, op.Release.keys()...), append(c.args, op.Release.args()...)
-			}
+			c.keys, c.args = append(c.keys, o.keys()...), append(c.args, o.args()...)
 			continue
 		}
 		if err := validateSpend(op.Keys, op.Costs, op.NowMs); err != nil {
@@ -266,16 +277,8 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 			switch {
 			case err != nil:
 				err = wrapRedis(c.script().name, err)
-			case c.reserve != nil:
-				var r Reservation
-				if r, err = parseReserve(v); err == nil {
-					res[c.spend[0]] = SpendResult{Failed: -1, Reserved: r}
-				}
-			case c.release != nil:
-				var r ReleaseResult
-				if r, err = c.release.parse(v); err == nil {
-					res[c.spend[0]] = SpendResult{Failed: -1, Released: r}
-				}
+			case c.own != nil:
+				err = c.own.result(v, &res[c.spend[0]])
 			case c.take:
 				err = parseTakeCall(v, c.spend, res)
 			default:
@@ -398,11 +401,8 @@ func resize[T any](buf []T, n int) []T {
 
 // script is the script a call runs.
 func (c *spendCall) script() *script {
-	switch {
-	case c.reserve != nil:
-		return reserveScript
-	case c.release != nil:
-		return releaseScript
+	if c.own != nil {
+		return c.own.script()
 	}
 	if c.take {
 		return rateScript

@@ -106,6 +106,16 @@ func (op *ReserveOp) args() []any {
 	return []any{op.NowMs, op.ID, op.Want, op.Min, op.LastMs, op.GraceMs}
 }
 
+func (op *ReserveOp) script() *script { return reserveScript }
+
+func (op *ReserveOp) result(v any, r *SpendResult) error {
+	res, err := parseReserve(v)
+	if err == nil {
+		*r = SpendResult{Failed: -1, Reserved: res}
+	}
+	return err
+}
+
 // parseReserve parses reserve.lua's reply.
 func parseReserve(v any) (Reservation, error) {
 	a, err := replyArray(v, 5)
@@ -172,6 +182,16 @@ func (op *ReleaseOp) validate() error {
 func (op *ReleaseOp) keys() []string { return []string{op.Key, RecordsKey(op.Key)} }
 
 func (op *ReleaseOp) args() []any { return []any{op.NowMs, op.ID, op.Unspent} }
+
+func (op *ReleaseOp) script() *script { return releaseScript }
+
+func (op *ReleaseOp) result(v any, r *SpendResult) error {
+	res, err := op.parse(v)
+	if err == nil {
+		*r = SpendResult{Failed: -1, Released: res}
+	}
+	return err
+}
 
 // parse parses release.lua's reply to op.
 func (op *ReleaseOp) parse(v any) (ReleaseResult, error) {

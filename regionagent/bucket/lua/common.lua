@@ -258,12 +258,17 @@ local function prune(rk, ek, now)
   redis.call('ZREM', ek, unpack(due))
 end
 
--- follow_expiry gives k the bucket key's expiry (a bucket's expiry is
--- only ever extended, so k's is too).
-local function follow_expiry(key, k)
+-- follow_expiry gives each of keys the bucket key's expiry (a bucket's
+-- expiry is only ever extended, so theirs are too).
+local function follow_expiry(key, keys)
   local at = redis.call('PEXPIRETIME', key)
-  if at > 0 and redis.call('PEXPIRETIME', k) ~= at then
-    redis.call('PEXPIREAT', k, fmt(at))
+  if at <= 0 then
+    return
+  end
+  for _, k in ipairs(keys) do
+    if redis.call('PEXPIRETIME', k) ~= at then
+      redis.call('PEXPIREAT', k, fmt(at))
+    end
   end
 end
 

@@ -117,7 +117,6 @@ if grace > 0 then
 end
 redis.call('HSET', rk, unpack(rec))
 redis.call('ZADD', ek, fmt(drop_at), id)
-follow_expiry(key, rk)
-follow_expiry(key, ek)
+follow_expiry(key, {rk, ek})
 redis.call('HINCRBY', key, 'admitted', fmt(take))
 return {take, deadline, bal - take, now, 1}
