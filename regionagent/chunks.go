@@ -53,7 +53,14 @@ func (a *Agent) chunkGate() float64 {
 // WithChunks turns deciding hot limits in memory on (cfg.HotRate > 0,
 // e.g. DefaultChunks); without it, or with cfg.HotRate <= 0, every Check
 // goes to Redis.
-func WithChunks(cfg ChunkConfig) Option { return func(o *options) { o.chunks = cfg } }
+func WithChunks(cfg ChunkConfig) Option {
+	return func(o *options) {
+		if cfg.HotRate > 0 {
+			cfg = cfg.WithDefaults() // the agent reads the horizons too (chunkAhead)
+		}
+		o.chunks = cfg
+	}
+}
 
 // newChunks returns the in-process client that holds the agent's chunks
 // (nil when they are off).
@@ -106,11 +113,7 @@ func (a *Agent) chunkAhead() time.Duration {
 	// the renewal lead), so at least 1 s counts.
 	ahead := max(a.opt.chunks.Horizon, time.Second)
 	if a.opt.chunks.WarmRate > 0 {
-		wh := a.opt.chunks.WarmHorizon
-		if wh <= 0 {
-			wh = client.DefaultWarmHorizon
-		}
-		ahead = max(ahead, wh)
+		ahead = max(ahead, a.opt.chunks.WarmHorizon)
 	}
 	return ahead
 }

@@ -51,6 +51,12 @@ const warmShare = 64
 // DefaultWarmHorizon is SubLeaseConfig.WarmHorizon when unset.
 const DefaultWarmHorizon = 4 * time.Second
 
+// WithDefaults returns s with its zero fields set to their defaults.
+func (s SubLeaseConfig) WithDefaults() SubLeaseConfig {
+	s.defaults()
+	return s
+}
+
 func (s *SubLeaseConfig) defaults() {
 	if s.HotRate <= 0 {
 		s.HotRate = 50
@@ -207,7 +213,7 @@ func WithLocalDecisionObserver(f func(LocalDecision)) Option {
 // observe hands a local decision to the observer; callers check that
 // there is one (c.opt.localObserver != nil), so the fast path without it
 // pays one load and compare.
-func (c *Client) observe(limit string, cost, _ int64, reservation string, d Decision) {
+func (c *Client) observe(limit string, cost int64, reservation string, d Decision) {
 	at := time.Now()
 	if c.opt.now != nil {
 		at = c.opt.now()
@@ -414,7 +420,7 @@ func (c *Client) Allow(ctx context.Context, limit string, cost int64) (Decision,
 			d := dn.answer(now)
 			c.counts.denialCache.Add(1)
 			if c.opt.localObserver != nil {
-				c.observe(limit, cost, now, "", d)
+				c.observe(limit, cost, "", d)
 			}
 			return d, nil
 		}
@@ -465,16 +471,29 @@ func (c *Client) AllowSubLease(ctx context.Context, limit string, cost int64) (d
 // rate decides when the limit is hot), after AllowSubLease said it could
 // not: that call already marked a known limit used, so only a limit new
 // here reads the clock.
-func (c *Client) Asked(limit string, cost int64) {
+func (c *Client) Asked(limit string, cost int64) { c.asked(limit, cost) }
+
+// AskedOf is Asked for a caller that knows the limit's G (the agent
+// does, from its Check's answer): G lets a limit below HotRate be warm
+// (SubLeaseConfig.WarmRate) before any chunk of it was reserved.
+func (c *Client) AskedOf(limit string, cost, limitTokens int64) {
+	if st := c.asked(limit, cost); st != nil && limitTokens > 0 && st.gHint.Load() != limitTokens {
+		st.gHint.Store(limitTokens)
+	}
+}
+
+// asked is Asked; it returns the limit's state (nil: nothing recorded).
+func (c *Client) asked(limit string, cost int64) *limitState {
 	if cost == 0 {
 		cost = 1
 	}
 	if cost <= 0 || limit == "" || c.closed.Load() {
-		return
+		return nil
 	}
 	if v, ok := c.states.Load(limit); ok {
-		v.(*limitState).asked.Add(cost)
-		return
+		st := v.(*limitState)
+		st.asked.Add(cost)
+		return st
 	}
 	now := c.mono()
 	st := &limitState{id: limit}
@@ -485,22 +504,9 @@ func (c *Client) Asked(limit string, cost int64) {
 	// not its fourth).
 	st.rate = rateEst{started: true, at: now}
 	v, _ := c.states.LoadOrStore(limit, st)
-	v.(*limitState).asked.Add(cost)
-}
-
-// AskedOf is Asked for a caller that knows the limit's G (the agent
-// does, from its Check's answer): G lets a limit below HotRate be warm
-// (SubLeaseConfig.WarmRate) before any chunk of it was reserved.
-func (c *Client) AskedOf(limit string, cost, limitTokens int64) {
-	c.Asked(limit, cost)
-	if limitTokens <= 0 {
-		return
-	}
-	if v, ok := c.states.Load(limit); ok {
-		if st := v.(*limitState); st.gHint.Load() != limitTokens {
-			st.gHint.Store(limitTokens)
-		}
-	}
+	st = v.(*limitState)
+	st.asked.Add(cost)
+	return st
 }
 
 // fromChunk decides from the chunk st holds, if it is alive and holds
@@ -617,7 +623,7 @@ func (c *Client) AllowMulti(ctx context.Context, items []Item) ([]Decision, erro
 				for j, it := range items {
 					out[j] = dn.answer(now)
 					if c.opt.localObserver != nil {
-						c.observe(it.Limit, max(1, it.Cost), now, "", out[j])
+						c.observe(it.Limit, max(1, it.Cost), "", out[j])
 					}
 				}
 				return out, nil
@@ -706,7 +712,7 @@ func (c *Client) sweep(now int64) {
 		if c.opt.sub != nil {
 			rate := st.observeLocked(now)
 			idleAfter := c.opt.sub.IdleAfter
-			if rate < c.opt.sub.HotRate {
+			if c.opt.sub.WarmRate > 0 && rate < c.opt.sub.HotRate {
 				idleAfter = max(idleAfter, c.opt.sub.WarmHorizon/2) // a warm limit's uses are further apart
 			}
 			idle := idleFor >= int64(idleAfter)

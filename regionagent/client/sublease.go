@@ -97,7 +97,7 @@ func (r *reservation) decision(now, left int64) Decision {
 func (c *Client) subDecision(st *limitState, r *reservation, now, cost, left int64) Decision {
 	d := r.decision(now, left)
 	if c.opt.localObserver != nil {
-		c.observe(st.id, cost, now, r.id, d)
+		c.observe(st.id, cost, r.id, d)
 	}
 	return d
 }
