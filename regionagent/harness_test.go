@@ -29,14 +29,17 @@ import (
 )
 
 // fakeClock is one clock for the allocator, the agents and Redis's
-// scripts, moved only by the test. It starts an hour ahead of the wall
-// clock, aligned on a minute, so Redis key expiries (on Redis's real
-// clock) stay in the future.
+// scripts, moved only by the test. It starts one to two hours ahead of
+// the wall clock, so Redis key expiries (on Redis's real clock) stay in
+// the future, and on a whole hour, so a test's minute and hour windows
+// start with it whatever the time of day: a test that ran into the last
+// minute of an hour window (a lease sized to what is left of it) passed
+// or failed by the minute CI ran it.
 type fakeClock struct{ ns atomic.Int64 }
 
 func newFakeClock() *fakeClock {
 	c := &fakeClock{}
-	c.ns.Store(time.Now().Truncate(time.Minute).Add(time.Hour).UnixNano())
+	c.ns.Store(time.Now().Truncate(time.Hour).Add(2 * time.Hour).UnixNano())
 	return c
 }
 func (c *fakeClock) Now() time.Time      { return time.Unix(0, c.ns.Load()) }
