@@ -11,6 +11,8 @@
 //
 //	1 hot          one limit
 //	10,000 warm    10,000 limits, each leased before the case (day-long windows)
+//	10,000 busy    the same 10,000 limits, measured after -busy-warmup of the
+//	               case's own load (unmeasured): keys under steady traffic
 //	10,000 cold    10,000 limits created for this case and never checked before
 //
 // with 1 and 64 callers, through Check and through Envoy's ShouldRateLimit.
@@ -55,6 +57,7 @@ type config struct {
 	conns        int
 	apis         []string
 	settle       time.Duration
+	busyWarmup   time.Duration
 	leasehold    string
 	noopserver   string
 	redisServer  string
@@ -67,7 +70,7 @@ type config struct {
 // the same load.
 type benchCase struct {
 	api     string // "Check" or "Envoy"
-	kind    string // "hot", "warm" or "cold"
+	kind    string // "hot", "warm", "busy" or "cold"
 	keys    int    // limits the case cycles through
 	callers int
 }
@@ -97,6 +100,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.conns, "conns", 1, "gRPC connections per server, shared by the callers")
 	apis := fs.String("apis", "check,envoy", "comma-separated APIs: check (RegionAgent Check), envoy (ShouldRateLimit)")
 	fs.DurationVar(&c.settle, "settle", 5*time.Second, "pause after the warm-up, so its own work (first reports) is done before measuring")
+	fs.DurationVar(&c.busyWarmup, "busy-warmup", 4*time.Second, "how long a busy case runs its own load, unmeasured, before it is measured")
 	fs.StringVar(&c.leasehold, "leasehold", "", "leasehold binary (default: go build ./cmd/leasehold)")
 	fs.StringVar(&c.noopserver, "noopserver", "", "noopserver binary (default: go build ./internal/benchcheck/noopserver)")
 	fs.StringVar(&c.redisServer, "redis-server", os.Getenv("REDIS_SERVER"), "redis-server binary (default: $REDIS_SERVER, else redis-server on PATH)")
@@ -126,8 +130,8 @@ func parseFlags(args []string) (config, error) {
 		}
 	}
 	switch {
-	case c.dur <= 0 || c.max < 1 || c.keys < 1 || c.conns < 1:
-		return c, errors.New("-duration, -max, -keys and -conns must be > 0")
+	case c.dur <= 0 || c.max < 1 || c.keys < 1 || c.conns < 1 || c.busyWarmup <= 0:
+		return c, errors.New("-duration, -max, -keys, -conns and -busy-warmup must be > 0")
 	case c.redisServer == "":
 		c.redisServer = "redis-server"
 	}
@@ -273,18 +277,22 @@ func run(ctx context.Context, c config) error {
 	var rows []row
 	var problems []string
 	for _, bc := range cases(c) {
-		keys := sets[bc.kind]
-		if bc.kind == "cold" {
-			keys = sets[coldSet(bc)]
-		}
+		keys := sets[bc.set()]
 		var floor result
 		for _, t := range []*target{noop, agent} {
 			ds := t.check
 			if bc.api == "Envoy" {
 				ds = t.envoy
 			}
-			r, err := measure(ctx, t.p, redis, alloc, cs, ds,
-				load{keys: keys, callers: bc.callers, max: c.max, dur: c.dur, once: bc.kind == "cold"})
+			l := load{keys: keys, callers: bc.callers, max: c.max, dur: c.dur, once: bc.kind == "cold"}
+			if bc.kind == "busy" {
+				// The case's own load first, unmeasured (its errors show in
+				// the measured run that follows).
+				warm := l
+				warm.dur, warm.max = c.busyWarmup, c.max*int(max(1, c.busyWarmup/c.dur))
+				_, _ = drive(ctx, ds, warm)
+			}
+			r, err := measure(ctx, t.p, redis, alloc, cs, ds, l)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -340,7 +348,7 @@ func cases(c config) []benchCase {
 	var cs []benchCase
 	for _, api := range c.apis {
 		name := map[string]string{"check": "Check", "envoy": "Envoy"}[api]
-		for _, kind := range []string{"hot", "warm", "cold"} {
+		for _, kind := range []string{"hot", "warm", "busy", "cold"} {
 			keys := c.keys
 			if kind == "hot" {
 				keys = 1
@@ -351,6 +359,17 @@ func cases(c config) []benchCase {
 		}
 	}
 	return cs
+}
+
+// set names the key set the case uses: a busy case uses the warm keys.
+func (bc benchCase) set() string {
+	switch bc.kind {
+	case "busy":
+		return "warm"
+	case "cold":
+		return coldSet(bc)
+	}
+	return bc.kind
 }
 
 // coldSet names the key set a cold case uses: its own, so that no key is

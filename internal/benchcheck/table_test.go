@@ -106,11 +106,14 @@ func TestQuantile(t *testing.T) {
 func TestCasesAndKeySets(t *testing.T) {
 	c := config{keys: 3, callers: []int{1, 64}, apis: []string{"check", "envoy"}}
 	cs := cases(c)
-	if len(cs) != 12 {
-		t.Fatalf("%d cases, want 12: %v", len(cs), cs)
+	if len(cs) != 16 {
+		t.Fatalf("%d cases, want 16: %v", len(cs), cs)
 	}
-	if cs[0] != (benchCase{api: "Check", kind: "hot", keys: 1, callers: 1}) || cs[11] != (benchCase{api: "Envoy", kind: "cold", keys: 3, callers: 64}) {
+	if cs[0] != (benchCase{api: "Check", kind: "hot", keys: 1, callers: 1}) || cs[15] != (benchCase{api: "Envoy", kind: "cold", keys: 3, callers: 64}) {
 		t.Errorf("cases %v", cs)
+	}
+	if busy := cs[4]; busy.kind != "busy" || busy.keys != 3 || busy.set() != "warm" || cs[14].set() != "cold-envoy-1" {
+		t.Errorf("busy case %v uses set %q; Envoy's cold case uses %q", busy, busy.set(), cs[14].set())
 	}
 	sets := keySets(c)
 	if len(sets) != 6 { // hot, warm, and four cold sets
