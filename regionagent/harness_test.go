@@ -351,7 +351,7 @@ func (o *options) safetyMargin(d time.Duration) time.Duration {
 
 // runWork runs the agent's work loop until the test ends: the rounds its
 // Checks kick are carried out as in production, with the test's clock.
-func runWork(t *testing.T, a *Agent) {
+func runWork(t testing.TB, a *Agent) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); a.workLoop(ctx) }()
