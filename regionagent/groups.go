@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"leasehold/lease"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -285,24 +283,13 @@ func (a *Agent) acquireFromGroup(ctx context.Context, group string, reqs []core.
 	}
 }
 
-// leaseWindow is the window index a lease id names (the allocator's
-// lease ids start with it: "<window>/<region>/<request id>").
-func leaseWindow(id string) (int64, bool) {
-	w, _, ok := strings.Cut(id, "/")
-	if !ok {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(w, 10, 64)
-	return n, err == nil
-}
-
 // sendReturnsByGroup returns each lease to the group that owns its
 // window (it granted the lease), on that group's own queue.
 func (a *Agent) sendReturnsByGroup(_ context.Context, rets []core.Return) {
 	byGroup := map[string][]core.Return{}
 	for _, r := range rets {
 		group := ""
-		if w, ok := leaseWindow(r.LeaseID); ok {
+		if w, ok := core.LeaseWindow(r.LeaseID); ok {
 			if start, ok := a.windowStart(r.Limit, w); ok {
 				group = a.groups.owner(r.Limit, start)
 			}

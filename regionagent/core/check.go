@@ -400,7 +400,7 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 	}
 	chk.failed = f
 	st, w := chk.sts[f], chk.wins[f]
-	if res.Keys[f].PoolSpent && st.spentWindow < w.Index {
+	if res.Keys[f].PoolSpent && st.spentWindow < w.Index && st.liftedWindow != w.Index {
 		// Another replica learned that the window's pool is spent.
 		st.markSpent(w.Index, now, false, chk.Store == Local)
 	}

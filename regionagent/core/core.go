@@ -260,7 +260,21 @@ type limitState struct {
 	comingBack    int64
 	comingBackWin int64
 	awaitReturn   bool // renew once a return is acknowledged
-	fallbackOn    bool // a fallback mode was applied since the last grant
+	// awaitUntil: until then, while awaitReturn, nothing but the return's
+	// acknowledgement starts a round (a dry spend asking the allocator
+	// again would get the same empty answer, as often as Checks come);
+	// after it, a return that is slow to land no longer holds renewals.
+	awaitUntil time.Time
+	// returning are this limit's returns handed out (Ready.Returns) and
+	// not yet done (ReturnsDone): their unspent tokens are on their way
+	// back to the pool, so an empty pool meanwhile is not a spent one.
+	returning []Return
+	// liftedWindow is the window whose spent mark a return lifted: its
+	// unspent tokens went back to the pool after the mark, so the
+	// bucket's pool_spent counter (which stays) no longer says it is
+	// spent; only the allocator's next empty answer does.
+	liftedWindow int64
+	fallbackOn   bool // a fallback mode was applied since the last grant
 
 	holdings   []holding // leases this replica deposited and has not closed
 	unreturned []Return  // returns the allocator has not acknowledged
@@ -375,7 +389,7 @@ func (c *Core) state(l *Limit) *limitState {
 	st := c.states[l.ID]
 	if st == nil {
 		st = &limitState{id: l.ID, l: *l, demand: NewDemand(l.prior()), localDemand: NewDemand(l.prior()),
-			spentWindow: -1, nextWindow: -1, localNext: -1, prefetched: -1, windows: map[winKey]*winUse{}}
+			spentWindow: -1, nextWindow: -1, localNext: -1, prefetched: -1, liftedWindow: -1, windows: map[winKey]*winUse{}}
 		c.states[l.ID] = st
 	}
 	return st

@@ -520,6 +520,64 @@ func TestPoolSpentSeenFromAnotherReplica(t *testing.T) {
 	}
 }
 
+// TestEmptyPoolWhileReturnInFlight: a lease closed at its deadline
+// leaves the bucket before the allocator credits its return; a dry spend
+// meanwhile asks, and the allocator, not credited yet, answers that the
+// pool is empty. That is not a spent pool: no OVER_LIMIT, no pool-spent
+// mark for the other replicas, and once the return is acknowledged the
+// limit renews at once and gets the returned tokens (it used to wait out
+// the spent mark's second, and lose what was left of short windows).
+func TestEmptyPoolWhileReturnInFlight(t *testing.T) {
+	w := newWorld(t, 100, strictLimit("a", 100, time.Minute, 15*time.Second))
+	wantAnswer(t, "first", w.check("a", 30), true, ReasonOK)
+	w.holdReturns = true
+	w.advance(15 * time.Second) // the lease's deadline: closed, its 70 on their way back
+	if len(w.heldReturns) != 1 || w.heldReturns[0].Unspent != 70 {
+		t.Fatalf("returns %+v, want the lease's 70", w.heldReturns)
+	}
+	calls := w.alloc.calls
+	got := w.check("a", 1)
+	if w.alloc.calls != calls+1 {
+		t.Fatalf("%d allocator calls, want the dry spend's one", w.alloc.calls-calls)
+	}
+	if got.Allowed || got.Reason == ReasonOverLimit {
+		t.Fatalf("dry while the return is on its way: %+v, want not OVER_LIMIT", got)
+	}
+	key := store.Key{Limit: "a", Window: lease.WindowOf(w.now, time.Minute).Index}
+	if v := counter(w.shared.Balance(key, ms(w.now)), store.CounterPoolSpent); v != 0 {
+		t.Fatalf("pool-spent mark %d while the pool's tokens are on their way back", v)
+	}
+	w.deliverReturns()
+	if w.alloc.calls != calls+2 {
+		t.Fatalf("%d allocator calls after the return, want one more (the renewal it waited for)", w.alloc.calls-calls-1)
+	}
+	for i := range 70 {
+		wantAnswer(t, fmt.Sprintf("returned tokens, %d", i), w.check("a", 1), true, ReasonOK)
+	}
+	wantAnswer(t, "all 100 spent", w.check("a", 1), false, ReasonOverLimit)
+}
+
+// TestReturnLiftsSpentMark: another replica marked the window's pool
+// spent (the allocator answered it empty while this replica's return was
+// on its way), and this replica's dry spend learned the mark from the
+// bucket. Once its return is acknowledged, the pool has tokens again: the
+// mark is lifted, the bucket's counter no longer marks it, and the limit
+// renews at once.
+func TestReturnLiftsSpentMark(t *testing.T) {
+	w := newWorld(t, 100, strictLimit("a", 100, time.Minute, 15*time.Second))
+	wantAnswer(t, "first", w.check("a", 30), true, ReasonOK)
+	w.holdReturns = true
+	w.advance(15 * time.Second)
+	key := store.Key{Limit: "a", Window: lease.WindowOf(w.now, time.Minute).Index}
+	_, _ = w.shared.AddCounter(key, store.CounterPoolSpent, 1, ms(w.now)) // the other replica's mark
+	wantAnswer(t, "marked by the other replica", w.check("a", 1), false, ReasonOverLimit)
+	w.deliverReturns()
+	for i := range 70 {
+		wantAnswer(t, fmt.Sprintf("returned tokens, %d", i), w.check("a", 1), true, ReasonOK)
+	}
+	wantAnswer(t, "all 100 spent", w.check("a", 1), false, ReasonOverLimit)
+}
+
 // TestWindowsOfMultiCheck: a Check of several limits is admitted by all or
 // none, each answer naming its own limit.
 func TestWindowsOfMultiCheck(t *testing.T) {

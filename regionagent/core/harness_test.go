@@ -107,6 +107,10 @@ type world struct {
 	alloc  *fakeAlloc
 	// dropAcquire, when set, fails every allocator call (unreachable).
 	dropAcquire bool
+	// holdReturns keeps the returns the Core hands out in heldReturns,
+	// on their way to the allocator, until deliverReturns.
+	holdReturns bool
+	heldReturns []Return
 	// otherLock: another replica holds every renewal lock.
 	otherLock bool
 	// redisDown: the shared store does not answer.
@@ -242,7 +246,9 @@ func (w *world) run(rd Ready) {
 		}
 		w.c.Closed(w.now, cl, res, errs)
 	}
-	if len(rd.Returns) > 0 {
+	if len(rd.Returns) > 0 && w.holdReturns {
+		w.heldReturns = append(w.heldReturns, rd.Returns...)
+	} else if len(rd.Returns) > 0 {
 		if w.dropAcquire {
 			w.c.ReturnsDone(w.now, rd.Returns, fmt.Errorf("unreachable"))
 		} else {
@@ -288,6 +294,18 @@ func (w *world) run(rd Ready) {
 		res, err := w.mem(in.Store).InstallShare(store.ShareInstall{Key: in.Key, Share: sh, ExpireAtMs: sh.DeadlineMs + 60_000, NowMs: ms(w.now)})
 		w.c.ShareInstalled(w.now, in, res, err)
 	}
+}
+
+// deliverReturns lets the held returns reach the allocator, and what the
+// Core does then.
+func (w *world) deliverReturns() {
+	rets := w.heldReturns
+	w.heldReturns, w.holdReturns = nil, false
+	for _, r := range rets {
+		w.alloc.giveBack(w.now, r)
+	}
+	w.c.ReturnsDone(w.now, rets, nil)
+	w.drain()
 }
 
 // count carries out a Check's StepCount on its store.

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"strconv"
 	"strings"
 	"time"
 
@@ -120,7 +121,7 @@ type Return struct {
 // a lease about to expire or a window about to end while the limit has
 // demand.
 func (c *Core) kick(st *limitState, now time.Time) {
-	if st.round != nil || now.Before(st.lockedUntil) {
+	if st.round != nil || now.Before(st.lockedUntil) || st.awaitReturn && now.Before(st.awaitUntil) {
 		return
 	}
 	l, ok := c.limits[st.id]
@@ -214,7 +215,7 @@ func (c *Core) RoundRead(now time.Time, r Round, res RoundResult) {
 	}
 	d.Observe(now, w.Index, bal.Admitted+bal.Denied+counter(bal, store.CounterFallback))
 	rate := d.Rate(now)
-	if counter(bal, store.CounterPoolSpent) > 0 && st.spentWindow < w.Index {
+	if counter(bal, store.CounterPoolSpent) > 0 && st.spentWindow < w.Index && st.liftedWindow != w.Index {
 		st.markSpent(w.Index, now, false, r.Store == Local)
 	}
 	next := st.nextWindow
@@ -362,10 +363,18 @@ func (c *Core) Acquired(sent, recv time.Time, reqs []Acquire, grants []Grant) {
 						w++
 					}
 				}
-				if !req.Next && !g.ShareSpent && st.comingBackWin == w && st.comingBack > 0 {
+				inFlight := st.returningIn(w) > 0
+				if !req.Next && !g.ShareSpent && (st.comingBackWin == w && st.comingBack > 0 || inFlight) {
 					// The region's own leases hold the pool and give their
-					// unspent tokens back when they end: renew then.
-					st.awaitReturn = true
+					// unspent tokens back when they end, or gave them back
+					// and the allocator has not credited them yet (a lease
+					// closed by an earlier round, no longer in the bucket
+					// this round read): renew then. While a return is in
+					// flight, only its acknowledgement renews.
+					st.awaitReturn, st.awaitUntil = true, time.Time{}
+					if inFlight {
+						st.awaitUntil = recv.Add(c.opt.spentRetry)
+					}
 					c.step(st, rd, recv)
 					continue
 				}
@@ -552,13 +561,65 @@ func (st *limitState) drop(id string) {
 func (c *Core) returnLease(st *limitState, r Return) {
 	c.queueUnreturned(st)
 	c.ready.Returns = append(c.ready.Returns, r)
+	st.inFlight(c, r)
 }
 
 func (c *Core) queueUnreturned(st *limitState) {
 	if len(st.unreturned) > 0 && !c.allocDown {
 		c.ready.Returns = append(c.ready.Returns, st.unreturned...)
+		st.inFlight(c, st.unreturned...)
 		st.unreturned = nil
 	}
+}
+
+// inFlight lists returns handed out, at most maxReturns of them (the
+// oldest dropped: a return whose outcome never comes is not waited for).
+func (st *limitState) inFlight(c *Core, rs ...Return) {
+	st.returning = append(st.returning, rs...)
+	if n := len(st.returning); n > c.opt.maxReturns {
+		st.returning = append(st.returning[:0], st.returning[n-c.opt.maxReturns:]...)
+	}
+}
+
+// returningIn is the unspent tokens of window w that the limit's returns
+// in flight or unacknowledged give back to the pool.
+func (st *limitState) returningIn(w int64) int64 {
+	var n int64
+	for _, rs := range [][]Return{st.returning, st.unreturned} {
+		for _, r := range rs {
+			if lw, ok := LeaseWindow(r.LeaseID); ok && lw == w {
+				n += r.Unspent
+			}
+		}
+	}
+	return n
+}
+
+// current reports whether w is the limit's window at now.
+func (c *Core) current(st *limitState, w int64, now time.Time) bool {
+	l, ok := c.limits[st.id]
+	return ok && c.WindowOf(now, l).Index == w
+}
+
+// returned takes r off the limit's returns in flight.
+func (st *limitState) returned(r Return) {
+	for i, x := range st.returning {
+		if x.LeaseID == r.LeaseID {
+			st.returning = append(st.returning[:i], st.returning[i+1:]...)
+			return
+		}
+	}
+}
+
+// LeaseWindow is the window index a lease id names (the allocator's
+// lease ids start with it: "<window>/<region>/<request id>").
+func LeaseWindow(id string) (int64, bool) {
+	w, _, ok := strings.Cut(id, "/")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(w, 10, 64)
+	return n, err == nil
 }
 
 // ReturnsDone hands the Core the outcome of sending rets: on err they are
@@ -566,12 +627,33 @@ func (c *Core) queueUnreturned(st *limitState) {
 // again with the limit's next returns, when the allocator answers again,
 // or on the retry timer.
 func (c *Core) ReturnsDone(now time.Time, rets []Return, err error) {
+	for _, r := range rets {
+		if st := c.states[r.Limit]; st != nil {
+			st.returned(r)
+		}
+	}
 	if err == nil {
 		for _, r := range rets {
-			if st := c.states[r.Limit]; st != nil && st.awaitReturn {
+			st := c.states[r.Limit]
+			if st == nil {
+				continue
+			}
+			if st.awaitReturn {
 				// The pool has the tokens back: the renewal it waited for.
 				st.awaitReturn = false
 				c.kick(st, now)
+			}
+			if w, ok := LeaseWindow(r.LeaseID); ok && r.Unspent > 0 && c.current(st, w, now) {
+				// The pool has tokens of the window again: a spent mark
+				// learned before (from the allocator, or another
+				// replica's pool_spent counter, perhaps while this return
+				// was on its way) is lifted, and the limit renews (one
+				// not marked spent renews when a spend finds it dry).
+				st.liftedWindow = w
+				if st.spentWindow == w && !st.shareSpent {
+					st.spentWindow, st.spentLocal = -1, false
+					c.kick(st, now)
+				}
 			}
 		}
 		return
