@@ -182,17 +182,26 @@ func (c *Client) giveUpShortLocked(st *limitState, r *reservation, now int64) {
 }
 
 // backOffLocked: no Reserve of this limit for a while after one failed or
-// found the region short.
+// found the region short: the refusal's retry-after, from 250 ms to
+// maxReserveBackOff. (An OVER_LIMIT's retry-after runs to the window's
+// reset, but the refusal may have come between two of the region's
+// leases, the next one landing a moment later: waiting to the reset
+// would send the limit's every call to the agent until then. Checks keep
+// deciding meanwhile; a Reserve a second costs the region little.)
 func (c *Client) backOffLocked(st *limitState, now int64, resp *pb.ReserveResponse, err error) {
-	wait := time.Second
+	wait := maxReserveBackOff
 	if err == nil && resp != nil {
-		wait = max(dur(resp.RetryAfter), 250*time.Millisecond)
+		wait = min(max(dur(resp.RetryAfter), 250*time.Millisecond), maxReserveBackOff)
 		if reset := dur(resp.ResetAfter); reset > 0 {
 			wait = min(wait, reset) // the next window has a pool of its own
 		}
 	}
 	st.reserveAfter = now + int64(wait)
 }
+
+// maxReserveBackOff is the longest a limit waits after a Reserve that
+// failed or was refused before it may ask again.
+const maxReserveBackOff = time.Second
 
 // learnLocked records what a reservation said about the limit.
 func (c *Client) learnLocked(st *limitState, r *reservation) {

@@ -89,6 +89,47 @@ func oneChunk(t *testing.T, opts ...Option) (*rig, clienttest.Reservation) {
 	return r, res
 }
 
+// TestRefusedReserveRetriedWithinASecond: a Reserve the region refuses
+// (OVER_LIMIT, retry-after the rest of the window) holds the limit's next
+// one back for a second, not to the window's reset: the region's next
+// lease may land a moment later, and the limit's calls are decided from
+// chunks again soon after.
+func TestRefusedReserveRetriedWithinASecond(t *testing.T) {
+	r := newRig(t, func(a *clienttest.Agent) { a.SetLimit(testLimit, 100000, time.Minute, time.Minute) },
+		WithSubLeases(subCfg), WithoutDenialCache())
+	first := r.hotUntilReserved()
+	reserves := func() int { return r.agent.Window(testLimit, first.Window).ReserveRequests }
+	r.agent.AddTokens(testLimit, -r.agent.Window(testLimit, first.Window).Left) // the region runs dry
+	// Hot calls spend the chunk and ask for another.
+	for i := 0; reserves() < 2; i++ {
+		if i == 5000 {
+			t.Fatalf("no second Reserve in 5 s of hot calls (%d)", reserves())
+		}
+		r.allow(1)
+		r.settle()
+		r.clock.Advance(time.Millisecond)
+	}
+	if n := len(r.reservations()); n != 1 {
+		t.Fatalf("%d reservations granted, want the first only (the second refused)", n)
+	}
+	refused := r.clock.Now()
+	r.agent.AddTokens(testLimit, 50000) // the region's next lease lands
+	for len(r.reservations()) < 2 {
+		if r.clock.Now().Sub(refused) > 3*time.Second {
+			t.Fatalf("no chunk 3 s after the refusal (%d Reserves): the limit waits for its window's reset", reserves())
+		}
+		r.allow(1)
+		r.settle()
+		r.clock.Advance(time.Millisecond)
+	}
+	if waited := r.clock.Now().Sub(refused); waited < 250*time.Millisecond || waited > 1100*time.Millisecond {
+		t.Fatalf("next chunk %v after the refusal, want 250 ms to about 1 s", waited)
+	}
+	if reserves() != 3 {
+		t.Fatalf("%d Reserves, want 3: the first, the refused one, and one after the back-off", reserves())
+	}
+}
+
 // TestSubLeaseDeadline: a chunk is spent before sent + expires_in -
 // margin and never at or after it (margin 2 ms + 1000 ppm of 500 ms).
 func TestSubLeaseDeadline(t *testing.T) {
