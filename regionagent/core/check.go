@@ -729,7 +729,10 @@ func (c *Core) Reservation(now time.Time, limit string) (l Limit, key store.Key,
 	}
 	st := c.state(lp)
 	wasActive := c.active(st, now)
-	st.lastCheck = now
+	// A chunk stands for the Checks it decides: two reservations a few
+	// seconds apart are traffic, as two Checks are (busy: the limit's
+	// leases are renewed ahead and its next window's fetched early).
+	st.prevCheck, st.lastCheck = st.lastCheck, now
 	if !wasActive {
 		c.schedule(st, now)
 	}

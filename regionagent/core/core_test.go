@@ -182,6 +182,35 @@ func TestNextWindowFetchedAheadWhileActive(t *testing.T) {
 	}
 }
 
+// TestNextWindowFetchedAheadFromChunks: a limit decided from chunks
+// reaches the core only through their reservations, a few seconds
+// apart; that is traffic too, and its next window's lease is fetched
+// ahead as a limit checked as often is (it was not: the first Checks of
+// each window waited for a lease).
+func TestNextWindowFetchedAheadFromChunks(t *testing.T) {
+	w := newWorld(t, 40, strictLimit("a", 100000, 10*time.Second, 10*time.Second))
+	wantAnswer(t, "first", w.check("a", 1), true, ReasonOK)
+	for i := range 9 { // a chunk of 8 tokens a second, the window through
+		w.advance(time.Second)
+		_, key, ok, err := w.c.Reservation(w.now, "a")
+		if !ok || err != nil {
+			t.Fatalf("reservation %d: %v %v", i, ok, err)
+		}
+		res, _ := w.shared.Spend([]store.Key{key}, []int64{8}, ms(w.now)) // the chunk's tokens leave the bucket
+		w.c.Reserved(w.now, key, res.Allowed, res.Keys[0].Balance, 8)
+		w.drain()
+	}
+	next := 0
+	for _, d := range w.deposits {
+		if d.Limit == "a" && d.Key.Window == 180_000_001 {
+			next++
+		}
+	}
+	if next != 1 {
+		t.Fatalf("%d leases of the next window fetched ahead, want 1", next)
+	}
+}
+
 // TestFallbackModes: with the allocator unreachable and the region dry,
 // closed answers UNAVAILABLE, local:A admits A per window then OVER_LIMIT,
 // open admits; each fallback admit is counted in the shared store.
