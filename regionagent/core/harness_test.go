@@ -246,17 +246,14 @@ func (w *world) run(rd Ready) {
 		}
 		w.c.Closed(w.now, cl, res, errs)
 	}
-	if len(rd.Returns) > 0 && w.holdReturns {
+	switch {
+	case len(rd.Returns) == 0:
+	case w.holdReturns:
 		w.heldReturns = append(w.heldReturns, rd.Returns...)
-	} else if len(rd.Returns) > 0 {
-		if w.dropAcquire {
-			w.c.ReturnsDone(w.now, rd.Returns, fmt.Errorf("unreachable"))
-		} else {
-			for _, r := range rd.Returns {
-				w.alloc.giveBack(w.now, r)
-			}
-			w.c.ReturnsDone(w.now, rd.Returns, nil)
-		}
+	case w.dropAcquire:
+		w.c.ReturnsDone(w.now, rd.Returns, fmt.Errorf("unreachable"))
+	default:
+		w.deliver(rd.Returns)
 	}
 	for _, op := range rd.Counters {
 		if op.Store == Shared && w.redisDown {
@@ -301,11 +298,16 @@ func (w *world) run(rd Ready) {
 func (w *world) deliverReturns() {
 	rets := w.heldReturns
 	w.heldReturns, w.holdReturns = nil, false
+	w.deliver(rets)
+	w.drain()
+}
+
+// deliver credits rets at the allocator and tells the Core they landed.
+func (w *world) deliver(rets []Return) {
 	for _, r := range rets {
 		w.alloc.giveBack(w.now, r)
 	}
 	w.c.ReturnsDone(w.now, rets, nil)
-	w.drain()
 }
 
 // count carries out a Check's StepCount on its store.

@@ -575,10 +575,15 @@ func (c *Core) queueUnreturned(st *limitState) {
 // inFlight lists returns handed out, at most maxReturns of them (the
 // oldest dropped: a return whose outcome never comes is not waited for).
 func (st *limitState) inFlight(c *Core, rs ...Return) {
-	st.returning = append(st.returning, rs...)
-	if n := len(st.returning); n > c.opt.maxReturns {
-		st.returning = append(st.returning[:0], st.returning[n-c.opt.maxReturns:]...)
+	st.returning = lastReturns(append(st.returning, rs...), c.opt.maxReturns)
+}
+
+// lastReturns keeps the last n of rs (the oldest dropped), in rs's array.
+func lastReturns(rs []Return, n int) []Return {
+	if len(rs) <= n {
+		return rs
 	}
+	return append(rs[:0], rs[len(rs)-n:]...)
 }
 
 // returningIn is the unspent tokens of window w that the limit's returns
@@ -627,17 +632,13 @@ func LeaseWindow(id string) (int64, bool) {
 // again with the limit's next returns, when the allocator answers again,
 // or on the retry timer.
 func (c *Core) ReturnsDone(now time.Time, rets []Return, err error) {
-	for _, r := range rets {
-		if st := c.states[r.Limit]; st != nil {
-			st.returned(r)
-		}
-	}
 	if err == nil {
 		for _, r := range rets {
 			st := c.states[r.Limit]
 			if st == nil {
 				continue
 			}
+			st.returned(r)
 			if st.awaitReturn {
 				// The pool has the tokens back: the renewal it waited for.
 				st.awaitReturn = false
@@ -667,6 +668,7 @@ func (c *Core) ReturnsDone(now time.Time, rets []Return, err error) {
 			}
 			st = c.state(&l)
 		}
+		st.returned(r) // kept below, with the limit's unacknowledged ones
 		dup := false
 		for _, u := range st.unreturned {
 			if u.LeaseID == r.LeaseID {
@@ -679,10 +681,10 @@ func (c *Core) ReturnsDone(now time.Time, rets []Return, err error) {
 			c.pending[st.id] = st
 			c.retrying[st.id] = st
 		}
-		if n := len(st.unreturned); n > c.opt.maxReturns {
+		if len(st.unreturned) > c.opt.maxReturns {
 			c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteReturnLost, Limit: st.id,
 				Text: "unacknowledged returns over the cap were dropped"})
-			st.unreturned = append(st.unreturned[:0], st.unreturned[n-c.opt.maxReturns:]...)
+			st.unreturned = lastReturns(st.unreturned, c.opt.maxReturns)
 		}
 		c.retryLater(now)
 	}
