@@ -481,7 +481,7 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 func (a *Agent) step(ctx context.Context, chk *core.Check, seq uint64) error {
 	switch chk.Step {
 	case core.StepSpend:
-		res, err := a.store(chk.Store).spend(ctx, chk.Keys, chk.Costs)
+		res, err := a.store(chk.Store).spend(ctx, chk.Keys, chk.Costs, chk.Counted)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

@@ -405,7 +405,7 @@ func TestDepositLocal(t *testing.T) {
 		{6.0, 6, true},
 	} {
 		now = ms(s.at)
-		r, err := a.local.spend(ctx, []store.Key{key(s.window)}, []int64{1})
+		r, err := a.local.spend(ctx, []store.Key{key(s.window)}, []int64{1}, nil)
 		if err != nil || r.Allowed != s.ok {
 			t.Fatalf("step %d: spend of window %d at %.1f ms: allowed %v (%v), want %v", i, s.window, s.at, r.Allowed, err, s.ok)
 		}

@@ -21,7 +21,8 @@ import (
 // while Redis is down. Times are on the agent's clock; each store converts
 // them to its own, conservatively.
 type leaseStore interface {
-	spend(ctx context.Context, keys []store.Key, costs []int64) (store.SpendResult, error)
+	// spend decides one all-or-nothing spend; counted is core.Check.Counted.
+	spend(ctx context.Context, keys []store.Key, costs []int64, counted []bool) (store.SpendResult, error)
 	// rounds carries out renewal rounds: each one's renewal lock, when
 	// it asks for one (the in-process store has none to take: only this
 	// replica spends it), and its bucket read; out[i] answers rs[i].
@@ -84,12 +85,12 @@ func (s *redisStore) nowMs() int64 {
 	return s.a.opt.redisNow().UnixMilli()
 }
 
-func (s *redisStore) spend(ctx context.Context, keys []store.Key, costs []int64) (store.SpendResult, error) {
+func (s *redisStore) spend(ctx context.Context, keys []store.Key, costs []int64, counted []bool) (store.SpendResult, error) {
 	ks := make([]string, len(keys))
 	for i, k := range keys {
 		ks[i] = bucket.KeyOf(k)
 	}
-	r, err := s.spender.spend(ctx, ks, costs, s.nowMs())
+	r, err := s.spender.spend(ctx, ks, costs, counted, s.nowMs())
 	if err != nil {
 		return store.SpendResult{}, err
 	}
@@ -425,19 +426,19 @@ func (s *memStore) msUp(t time.Time) int64 {
 // clockNow is the agent's now (the store has no clock of its own).
 func (s *memStore) clockNow() time.Time { return s.now() }
 
-func (s *memStore) spend(_ context.Context, keys []store.Key, costs []int64) (store.SpendResult, error) {
+func (s *memStore) spend(_ context.Context, keys []store.Key, costs []int64, counted []bool) (store.SpendResult, error) {
 	nowMs := s.ms(s.clockNow())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(keys) == 1 {
-		kr := s.mem.Spend1(keys[0], costs[0], nowMs)
+		kr := s.mem.Spend1(keys[0], costs[0], counted != nil && counted[0], nowMs)
 		r := store.SpendResult{Allowed: kr.Allowed, Failed: -1, Keys: []store.KeyResult{kr}}
 		if !kr.Allowed {
 			r.Failed = 0
 		}
 		return r, nil
 	}
-	return s.mem.Spend(keys, costs, nowMs)
+	return s.mem.Spend(keys, costs, counted, nowMs)
 }
 
 func (s *memStore) deposit(_ context.Context, d core.Deposit) (store.DepositResult, error) {

@@ -190,7 +190,7 @@ func (a *agent) step(w *waiter) {
 		t := a.eng().Now()
 		switch chk.Step {
 		case core.StepSpend:
-			res, err := a.bucket.Spend(chk.Keys, chk.Costs, a.redis.Ms(t))
+			res, err := a.bucket.Spend(chk.Keys, chk.Costs, chk.Counted, a.redis.Ms(t))
 			if err == nil && res.Allowed {
 				a.checkSpend(chk, t)
 			}

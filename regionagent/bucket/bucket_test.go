@@ -18,6 +18,7 @@ type step struct {
 	key     string
 	keys    []string
 	costs   []int64
+	counted []bool // spend: SpendOp.Counted (the step runs as a batch of one)
 	id      string
 	tokens  int64
 	start   int64
@@ -86,6 +87,13 @@ func counted(now int64, kcs []kc, allowed bool, failed int, keys ...KeyResult) s
 	return s
 }
 
+// again is spend step s as a later attempt of a request refused before:
+// flags[i] marks key i as counted (SpendOp.Counted).
+func again(s step, flags ...bool) step {
+	s.counted = flags
+	return s
+}
+
 func kr(allowed bool, bal, earliest, admitted, denied int64, spent bool) KeyResult {
 	return KeyResult{Allowed: allowed, Balance: bal, EarliestDeadlineMs: earliest, Admitted: admitted, Denied: denied,
 		PoolSpent: spent}
@@ -114,6 +122,13 @@ func (s step) run(ctx context.Context, b *Buckets, keyOf func(string) string) (a
 		keys := make([]string, len(s.keys))
 		for i, k := range s.keys {
 			keys[i] = keyOf(k)
+		}
+		if s.counted != nil {
+			res, err := b.SpendBatch(ctx, []SpendOp{{Keys: keys, Costs: s.costs, Counted: s.counted, NowMs: s.now}})
+			if err != nil {
+				return nil, err
+			}
+			return res[0], nil
 		}
 		return b.Spend(ctx, keys, s.costs, s.now)
 	case "close":
@@ -175,6 +190,23 @@ var scriptCases = []struct {
 		spend(T0, []kc{{"a", 7}}, true, -1, yes(3, T0+1000)),
 		closeL("a", "La", T0, 0, false, false, 3),
 		closeL("a", "Lb", T0, 3, false, false, 0),
+	}},
+	{"a request spent again counts once", []step{
+		counted(T0, []kc{{"a", 2}}, false, 0, kr(false, 0, 0, 0, 2, false)),
+		again(counted(T0+1, []kc{{"a", 2}}, false, 0, kr(false, 0, 0, 0, 2, false)), true),
+		dep("a", "L1", 5, T0, T0+1000, T0+2, Deposited, 5),
+		again(counted(T0+3, []kc{{"a", 2}}, true, -1, kr(true, 3, T0+1000, 2, 0, false)), true),
+		counted(T0+4, []kc{{"a", 9}}, false, 0, kr(false, 3, T0+1000, 2, 9, false)),
+		again(counted(T0+5, []kc{{"a", 1}}, true, -1, kr(true, 2, T0+1000, 3, 8, false)), true),
+		again(counted(T0+6, []kc{{"a", 1}}, true, -1, kr(true, 1, T0+1000, 4, 8, false)), false),
+		counted(T0+7, []kc{{"a", 1}, {"b", 1}}, false, 1, kr(true, 1, T0+1000, 4, 8, false), kr(false, 0, 0, 0, 1, false)),
+		again(counted(T0+8, []kc{{"a", 1}, {"b", 1}}, false, 1, kr(true, 1, T0+1000, 4, 8, false), kr(false, 0, 0, 0, 1, false)), false, true),
+		dep("b", "L2", 5, T0, T0+1000, T0+9, Deposited, 5),
+		again(counted(T0+10, []kc{{"a", 1}, {"b", 1}}, true, -1, kr(true, 0, 0, 5, 8, false), kr(true, 4, T0+1000, 1, 0, false)), false, true),
+		bal("b", T0+10, BalanceResult{Spendable: 4, Live: 1, EarliestDeadlineMs: T0 + 1000, Admitted: 1}),
+		dep("c", "L3", 5, T0, T0+1000, T0+10, Deposited, 5),
+		again(counted(T0+11, []kc{{"c", 3}}, true, -1, kr(true, 2, T0+1000, 3, 0, false)), true),
+		bal("c", T0+11, BalanceResult{Spendable: 2, Live: 1, EarliestDeadlineMs: T0 + 1000, Admitted: 3}),
 	}},
 	{"drain exactly, then deny", []step{
 		dep("a", "L1", 5, T0, T0+1000, T0, Deposited, 5),
@@ -511,8 +543,10 @@ func TestInvalidArguments(t *testing.T) {
 			t.Errorf("Spend(%s) = %v, want ErrInvalid", s.name, err)
 		}
 	}
-	res, err := b.SpendBatch(ctx, []SpendOp{{Keys: nil}, {Keys: []string{"k"}, Costs: []int64{-2}}})
-	if !errors.Is(err, ErrInvalid) || len(res) != 2 || !errors.Is(res[0].Err, ErrInvalid) || !errors.Is(res[1].Err, ErrInvalid) {
+	res, err := b.SpendBatch(ctx, []SpendOp{{Keys: nil}, {Keys: []string{"k"}, Costs: []int64{-2}},
+		{Keys: []string{"k"}, Costs: []int64{1}, Counted: []bool{true, false}}})
+	if !errors.Is(err, ErrInvalid) || len(res) != 3 || !errors.Is(res[0].Err, ErrInvalid) || !errors.Is(res[1].Err, ErrInvalid) ||
+		!errors.Is(res[2].Err, ErrInvalid) {
 		t.Errorf("SpendBatch(all invalid) = %+v, %v; want ErrInvalid", res, err)
 	}
 	if _, err := b.Close(ctx, "k", "", 0); !errors.Is(err, ErrInvalid) {

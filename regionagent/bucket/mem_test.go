@@ -23,7 +23,7 @@ func (s step) runMem(b *store.Mem) (any, error) {
 		for i, k := range s.keys {
 			keys[i] = memKeyOf(k)
 		}
-		return b.Spend(keys, s.costs, s.now)
+		return b.Spend(keys, s.costs, s.counted, s.now)
 	case "close":
 		return b.Close(memKeyOf(s.key), s.id, s.now)
 	case "balance":
@@ -72,9 +72,13 @@ func TestMemSpend1(t *testing.T) {
 			}
 		}
 	}
-	for i, s := range []struct{ now, cost int64 }{{T0, 2}, {T0, 2}, {T0 + 50, 2}, {T0 + 99, 3}, {T0 + 100, 1}, {T0 + 150, 3}, {T0 + 200, 1}, {T0 + 300, 0}} {
-		one := a.Spend1(k, s.cost, s.now)
-		r, err := b.Spend([]store.Key{k}, []int64{s.cost}, s.now)
+	for i, s := range []struct {
+		now, cost int64
+		counted   bool
+	}{{T0, 2, false}, {T0, 2, false}, {T0 + 50, 2, false}, {T0 + 99, 3, false}, {T0 + 99, 3, true}, {T0 + 100, 1, false},
+		{T0 + 150, 3, false}, {T0 + 150, 3, true}, {T0 + 200, 1, true}, {T0 + 200, 1, true}, {T0 + 300, 0, true}} {
+		one := a.Spend1(k, s.cost, s.counted, s.now)
+		r, err := b.Spend([]store.Key{k}, []int64{s.cost}, []bool{s.counted}, s.now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +108,7 @@ func TestMemExpiry(t *testing.T) {
 	if r := b.Balance(k, T0+20); !reflect.DeepEqual(r, BalanceResult{}) {
 		t.Fatalf("after expiry: %+v", r)
 	}
-	b.Spend1(store.Key{Limit: "l", Window: 2}, 1, T0) // orphan key: TTL 1000 ms
+	b.Spend1(store.Key{Limit: "l", Window: 2}, 1, false, T0) // orphan key: TTL 1000 ms
 	if r := b.Balance(store.Key{Limit: "l", Window: 2}, T0+999); r.Denied != 1 {
 		t.Fatalf("orphan before TTL: %+v", r)
 	}

@@ -87,6 +87,13 @@ type SpendOp struct {
 	Keys  []string // bucket keys, sharing a hash tag on Redis Cluster
 	Costs []int64  // one cost >= 0 per key
 	NowMs int64    // 0: Redis TIME; > 0: explicit (tests)
+	// Counted, when set (one per key), names the keys on which an earlier
+	// attempt of the same request was denied, its cost counted as
+	// denied: a counted key lacking the cost again adds nothing to the
+	// denied counter, and one that pays moves its cost from denied to
+	// admitted. A request the agent retries while its region waits for a
+	// lease then counts once in admitted + denied (the region's demand).
+	Counted []bool
 	// Take makes the op a take from a bucket limit's token bucket
 	// (Keys[0], a RateKey; Costs[0]), as Take does; its result is the
 	// SpendResult's Take.
@@ -246,6 +253,10 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 			res[i] = SpendResult{Failed: -1, Err: err}
 			continue
 		}
+		if op.Counted != nil && (len(op.Counted) != len(op.Keys) || op.Take) {
+			res[i] = SpendResult{Failed: -1, Err: invalid("%d counted flags for %d keys (a take has none)", len(op.Counted), len(op.Keys))}
+			continue
+		}
 		if op.Take && len(op.Keys) != 1 {
 			res[i] = SpendResult{Failed: -1, Err: invalid("a take names one key, got %d", len(op.Keys))}
 			continue
@@ -368,7 +379,11 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 			c.keys = append(c.keys, k)
 			idx = len(c.keys) - 1
 		}
-		c.args = append(c.args, int64(idx+1), op.Costs[j])
+		arg := int64(idx + 1)
+		if op.Counted != nil && op.Counted[j] {
+			arg = -arg // spend.lua: a counted key
+		}
+		c.args = append(c.args, arg, op.Costs[j])
 		if c.take {
 			c.args = append(c.args, boolArg(op.Shadow))
 		}

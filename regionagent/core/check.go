@@ -83,10 +83,17 @@ type Answer struct {
 // caller carries out its Step and hands the result back until Step is
 // StepDone. A Check belongs to one Core and one caller at a time.
 type Check struct {
-	Step    Step
-	Store   Store
-	Keys    []store.Key // StepSpend: one per item; StepWait: the limits to wait on
-	Costs   []int64
+	Step  Step
+	Store Store
+	Keys  []store.Key // StepSpend: one per item; StepWait: the limits to wait on
+	Costs []int64
+	// Counted (StepSpend; nil until a spend of the Check was refused) is,
+	// per item, whether an earlier spend of this Check in the same key and
+	// store was refused with the item's cost counted as denied: the store
+	// does not count it again, and moves it to admitted if it pays now
+	// (bucket.SpendOp.Counted). A Check that waits for a lease and spends
+	// again then counts once in the region's demand.
+	Counted []bool
 	Until   time.Time           // StepWait
 	Count   []store.FallbackAdd // StepCount
 	RateKey store.RateKey       // StepTake
@@ -128,7 +135,37 @@ type Check struct {
 		st   [1]*limitState
 		win  [1]lease.Window
 		ans  [1]Answer
+		cnt  [1]bool
 	}
+}
+
+// noteDenied records the items of a refused spend whose cost the store
+// counted as denied (Counted).
+func (chk *Check) noteDenied(res store.SpendResult) {
+	if chk.Counted == nil {
+		if len(chk.sts) == 1 {
+			chk.Counted = chk.one.cnt[:]
+		} else {
+			chk.Counted = make([]bool, len(chk.sts))
+		}
+	}
+	for i, kr := range res.Keys {
+		if !kr.Allowed && chk.Costs[i] > 0 {
+			chk.Counted[i] = true
+		}
+	}
+}
+
+// respend makes the Check spend again at now: in the window of now (a
+// boundary may have passed) and the store in use. An item counted as
+// denied in another key or store is no longer counted.
+func (c *Core) respend(now time.Time, chk *Check) {
+	c.name(now, chk)
+	if s := c.store(); s != chk.Store {
+		clear(chk.Counted)
+		chk.Store = s
+	}
+	chk.Step = StepSpend
 }
 
 // answers returns n zero answers (in the Check itself when n is 1).
@@ -327,7 +364,11 @@ func (chk *Check) fail(err *ItemError) *Check {
 func (c *Core) name(now time.Time, chk *Check) {
 	for i, st := range chk.sts {
 		chk.wins[i] = c.WindowOf(now, &st.l)
-		chk.Keys[i] = st.l.key(chk.wins[i].Index)
+		k := st.l.key(chk.wins[i].Index)
+		if chk.Counted != nil && k != chk.Keys[i] {
+			chk.Counted[i] = false
+		}
+		chk.Keys[i] = k
 	}
 }
 
@@ -394,6 +435,7 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 		chk.Result = ResultOK
 		return
 	}
+	chk.noteDenied(res)
 	f := res.Failed
 	if f < 0 || f >= len(chk.sts) {
 		f = 0
@@ -485,8 +527,7 @@ func (c *Core) Woke(now time.Time, chk *Check) {
 		c.beginTake(chk)
 		return
 	}
-	c.name(now, chk)
-	chk.Step, chk.Store = StepSpend, c.store()
+	c.respend(now, chk)
 }
 
 // unavailable answers UNAVAILABLE: the region cannot decide. The short
@@ -640,8 +681,7 @@ func (c *Core) shadow(now time.Time, chk *Check) {
 		}
 	}
 	chk.Answers, chk.Result = nil, ""
-	c.name(now, chk)
-	chk.Step, chk.Store = StepSpend, c.store()
+	c.respend(now, chk)
 }
 
 // shadowCost is item i's cost before the shadow items were taken out of

@@ -45,6 +45,37 @@ func TestFirstCheckWaitsForItsLease(t *testing.T) {
 	}
 }
 
+// TestWaitingCheckCountsOnce: a Check refused while its region waits for
+// a lease, and admitted once the lease lands, counts once in the bucket's
+// demand counters (admitted 1, denied 0), however often it spent; one
+// that waits into the next window counts again there, and its refusal
+// stays in the window that refused it.
+func TestWaitingCheckCountsOnce(t *testing.T) {
+	w := newWorld(t, 5, strictLimit("a", 5, time.Minute, time.Minute))
+	_, chk := w.checkMulti(Item{Limit: "a", Cost: 1})
+	wantAnswer(t, "first check", chk.Answers[0], true, ReasonOK)
+	first := chk.Keys[0]
+	if b := w.shared.Balance(first, ms(w.now)); b.Admitted != 1 || b.Denied != 0 {
+		t.Fatalf("after the first Check: admitted %d, denied %d; want 1, 0", b.Admitted, b.Denied)
+	}
+	for range 4 {
+		w.check("a", 1)
+	}
+	wantAnswer(t, "spent", w.check("a", 1), false, ReasonOverLimit)
+	w.advance(time.Minute - 30*time.Millisecond)
+	_, chk = w.checkMulti(Item{Limit: "a", Cost: 1}) // refused, waits for the next window
+	wantAnswer(t, "at the boundary", chk.Answers[0], true, ReasonOK)
+	if chk.Keys[0] == first {
+		t.Fatalf("admitted in the first window's key %+v", first)
+	}
+	if b := w.shared.Balance(first, ms(w.now)); b.Admitted != 5 || b.Denied != 2 {
+		t.Fatalf("the first window: admitted %d, denied %d; want 5, 2", b.Admitted, b.Denied)
+	}
+	if b := w.shared.Balance(chk.Keys[0], ms(w.now)); b.Admitted != 1 || b.Denied != 0 {
+		t.Fatalf("the second window: admitted %d, denied %d; want 1, 0", b.Admitted, b.Denied)
+	}
+}
+
 // TestOverLimitOnlyWhenThePoolIsSpent: denials say OVER_LIMIT only after
 // the allocator said the window's pool is spent; the retry-after then
 // points at the window's reset.
@@ -196,7 +227,7 @@ func TestNextWindowFetchedAheadFromChunks(t *testing.T) {
 		if !ok || err != nil {
 			t.Fatalf("reservation %d: %v %v", i, ok, err)
 		}
-		res, _ := w.shared.Spend([]store.Key{key}, []int64{8}, ms(w.now)) // the chunk's tokens leave the bucket
+		res, _ := w.shared.Spend([]store.Key{key}, []int64{8}, nil, ms(w.now)) // the chunk's tokens leave the bucket
 		w.c.Reserved(w.now, key, res.Allowed, res.Keys[0].Balance, 8)
 		w.drain()
 	}
@@ -527,7 +558,7 @@ func TestShareSpentIsOverLimitBriefly(t *testing.T) {
 		PoolLeft: 40, ShareSpent: true}})
 	w.drain()
 	w.c.Woke(w.now, chk)
-	res, _ := w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
+	res, _ := w.shared.Spend(chk.Keys, chk.Costs, chk.Counted, ms(w.now))
 	w.c.Spent(w.now, chk, res, nil)
 	if chk.Step != StepDone || chk.Answers[0].Reason != ReasonOverLimit {
 		t.Fatalf("%+v", chk)

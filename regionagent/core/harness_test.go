@@ -322,7 +322,7 @@ func (w *world) count(chk *Check) {
 func (w *world) firstRound(limit string) (*Check, []Acquire) {
 	w.t.Helper()
 	chk := w.c.Begin(w.now, []Item{{Limit: limit, Cost: 1}}, time.Time{})
-	res, _ := w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
+	res, _ := w.shared.Spend(chk.Keys, chk.Costs, chk.Counted, ms(w.now))
 	w.c.Spent(w.now, chk, res, nil)
 	rd := w.c.Ready()
 	w.c.RoundRead(w.now, rd.Rounds[0], RoundResult{Locked: true, NowMs: ms(w.now)})
@@ -347,7 +347,7 @@ func (w *world) checkMulti(items ...Item) ([]Answer, *Check) {
 				w.c.Spent(w.now, chk, store.SpendResult{}, fmt.Errorf("redis down"))
 				break
 			}
-			res, err := w.mem(chk.Store).Spend(chk.Keys, chk.Costs, ms(w.now))
+			res, err := w.mem(chk.Store).Spend(chk.Keys, chk.Costs, chk.Counted, ms(w.now))
 			w.c.Spent(w.now, chk, res, err)
 		case StepWait:
 			if chk.Lookup() && !w.dropAcquire {

@@ -85,7 +85,7 @@ func TestHashTagInEveryKey(t *testing.T) {
 					for _, k := range chk.Keys {
 						seen = append(seen, "spend "+k.Limit+" "+k.HashTag)
 					}
-					res, err := w.shared.Spend(chk.Keys, chk.Costs, ms(w.now))
+					res, err := w.shared.Spend(chk.Keys, chk.Costs, chk.Counted, ms(w.now))
 					w.c.Spent(w.now, chk, res, err)
 				case StepWait:
 					record()

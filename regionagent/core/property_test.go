@@ -172,7 +172,7 @@ func (ch *chaos) check(limit string, cost int64) {
 				w.c.Spent(w.now, chk, store.SpendResult{}, fmt.Errorf("down"))
 				continue
 			}
-			res, err := w.mem(chk.Store).Spend(chk.Keys, chk.Costs, ms(w.now))
+			res, err := w.mem(chk.Store).Spend(chk.Keys, chk.Costs, chk.Counted, ms(w.now))
 			w.c.Spent(w.now, chk, res, err)
 		case StepWait:
 			ch.drain()

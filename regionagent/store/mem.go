@@ -227,7 +227,7 @@ func cmpLease(a, b *memLease) int {
 
 // Spend1 is Spend of one key and one cost, without allocating: the key's
 // result (Allowed is the spend's).
-func (b *Mem) Spend1(key Key, cost, nowMs int64) KeyResult {
+func (b *Mem) Spend1(key Key, cost int64, counted bool, nowMs int64) KeyResult {
 	h := b.get(key, nowMs)
 	bal, earliest := h.spendable(nowMs)
 	if bal >= cost {
@@ -235,23 +235,43 @@ func (b *Mem) Spend1(key Key, cost, nowMs int64) KeyResult {
 			h.charge(cost, nowMs)
 			bal, earliest = h.spendable(nowMs)
 		}
+		if counted {
+			h.uncount(cost)
+		}
 		return h.result(true, bal, earliest)
 	}
 	if h == nil {
 		h = b.create(key, nowMs)
 	}
-	h.denied += cost
+	if !counted {
+		h.denied += cost
+	}
 	return h.result(false, bal, earliest)
+}
+
+// uncount moves cost, just paid by a counted key, out of denied (never
+// below 0): spend.lua's uncount.
+func (h *memHash) uncount(cost int64) {
+	if h != nil { // a cost of 0 on a key that does not exist
+		h.denied -= min(cost, h.denied)
+	}
 }
 
 // Spend decides one all-or-nothing spend over keys (spend.lua with one
 // spend): each key pays its cost, or nothing is charged and the cost is
 // added to denied on each key that lacked it. A key named twice pays both
-// costs.
-func (b *Mem) Spend(keys []Key, costs []int64, nowMs int64) (SpendResult, error) {
+// costs. counted (nil, or one per key) names the keys an earlier attempt
+// of the same request was denied on (spend.lua's counted keys): such a
+// key adds nothing to denied when it lacks the cost again, and moves the
+// cost from denied to admitted when it pays.
+func (b *Mem) Spend(keys []Key, costs []int64, counted []bool, nowMs int64) (SpendResult, error) {
 	if len(keys) == 0 || len(keys) != len(costs) {
 		return SpendResult{}, fmt.Errorf("%w: %d keys, %d costs", errMem, len(keys), len(costs))
 	}
+	if counted != nil && len(counted) != len(keys) {
+		return SpendResult{}, fmt.Errorf("%w: %d keys, %d counted flags", errMem, len(keys), len(counted))
+	}
+	isCounted := func(i int) bool { return counted != nil && counted[i] }
 	for _, c := range costs {
 		if c < 0 {
 			return SpendResult{}, fmt.Errorf("%w: negative cost", errMem)
@@ -287,7 +307,7 @@ func (b *Mem) Spend(keys []Key, costs []int64, nowMs int64) (SpendResult, error)
 	if res.Failed >= 0 {
 		for i, st := range sts {
 			ok := st.bal >= st.need
-			if !ok {
+			if !ok && !isCounted(i) {
 				if st.h == nil {
 					st.h = b.create(st.key, nowMs)
 				}
@@ -302,6 +322,9 @@ func (b *Mem) Spend(keys []Key, costs []int64, nowMs int64) (SpendResult, error)
 		if costs[i] > 0 {
 			st.h.charge(costs[i], nowMs)
 			st.bal, st.earliest = st.h.spendable(nowMs)
+		}
+		if isCounted(i) {
+			st.h.uncount(costs[i])
 		}
 	}
 	for i, st := range sts {

@@ -18,7 +18,7 @@ func TestMemCloneIsDeep(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := m.Clone()
-	if r := m.Spend1(k, 2, 2); !r.Allowed {
+	if r := m.Spend1(k, 2, false, 2); !r.Allowed {
 		t.Fatalf("spend: %+v", r)
 	}
 	if _, err := m.Close(k, "a", 3); err != nil {

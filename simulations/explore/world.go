@@ -424,7 +424,7 @@ func (w *world) step(ri, i int, chk *core.Check) {
 				rep.core.Spent(w.now, chk, store.SpendResult{}, errRedisDown)
 				continue
 			}
-			res, err := r.store(rep, chk.Store).Spend(chk.Keys, chk.Costs, nowMs)
+			res, err := r.store(rep, chk.Store).Spend(chk.Keys, chk.Costs, chk.Counted, nowMs)
 			if chk.Store == core.Shared && r.timeouts {
 				// Spent in Redis, but the answer is lost: not admitted.
 				rep.core.Spent(w.now, chk, store.SpendResult{}, errTimeout)

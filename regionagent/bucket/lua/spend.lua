@@ -3,7 +3,10 @@
 -- ARGV[1]     now ms (0 = Redis TIME)
 -- ARGV[2]     orphan TTL ms for a key this call creates (denied counter)
 -- ARGV[3]     number of spends
--- then per spend: n (>= 1), and n pairs (key index into KEYS, cost >= 0)
+-- then per spend: n (>= 1), and n pairs (key index into KEYS, cost >= 0);
+--             a negative index -i names KEYS[i] as counted: an earlier
+--             attempt of the same request was denied on that key, and its
+--             cost is in 'denied' already
 --
 -- A lease is spendable at now when start <= now < deadline, it is not
 -- closed and it holds tokens. In a spend each key pays its cost from its
@@ -11,7 +14,11 @@
 -- across leases. If any key lacks spendable tokens for its cost (a key
 -- named twice in one spend pays both costs), nothing is charged and the
 -- cost is added to 'denied' on each key that lacked it; otherwise each key
--- adds its cost to 'admitted'. Later spends see the effect of earlier ones,
+-- adds its cost to 'admitted'. A counted key adds nothing to 'denied' when
+-- it lacks the cost again, and moves its cost from 'denied' to 'admitted'
+-- (never below 0) when it pays: a request retried while its region waits
+-- for a lease counts once, so admitted + denied is the region's demand,
+-- not its attempts. Later spends see the effect of earlier ones,
 -- exactly as if each were its own script call. All writes happen at the
 -- end, after every argument was checked: an error leaves no partial state.
 --
@@ -155,6 +162,30 @@ local function charge(st, cost)
   st.bal, st.earliest = spendable(st.leases, now)
 end
 
+-- pair reads the (key index, cost) pair at ARGV[p]: the key's state, the
+-- cost, and whether the key is counted (a negative index).
+local function pair(p)
+  local i = int(ARGV[p], 'key index')
+  local c = int(ARGV[p + 1], 'cost')
+  if c < 0 then
+    error('bucket: negative cost')
+  end
+  if i < 0 then
+    return get(-i), c, true
+  end
+  return get(i), c, false
+end
+
+-- uncount moves a counted key's cost, just paid, out of its denied
+-- counter (charge added it to admitted).
+local function uncount(st, c)
+  local m = st.base_denied + st.denied
+  if c < m then
+    m = c
+  end
+  st.denied = st.denied - m
+end
+
 local out = {}
 local p = 4
 for _ = 1, nops do
@@ -162,17 +193,16 @@ for _ = 1, nops do
   p = p + 1
   if n == 1 then
     -- One key: the common case, without per-spend tables.
-    local st = get(int(ARGV[p], 'key index'))
-    local c = int(ARGV[p + 1], 'cost')
+    local st, c, counted = pair(p)
     p = p + 2
-    if c < 0 then
-      error('bucket: negative cost')
-    end
     prepare(st, c)
     local ok = st.bal >= c
     if ok then
       charge(st, c)
-    else
+      if counted then
+        uncount(st, c)
+      end
+    elseif not counted then
       st.denied = st.denied + c
     end
     local o = #out
@@ -184,15 +214,11 @@ for _ = 1, nops do
     out[o + 6] = st.base_denied + st.denied
     out[o + 7] = st.spent
   elseif n > 1 then
-    local sts, costs, need = {}, {}, {}
+    local sts, costs, counted, need = {}, {}, {}, {}
     for j = 1, n do
-      local st = get(int(ARGV[p], 'key index'))
-      local c = int(ARGV[p + 1], 'cost')
+      local st, c, cnt = pair(p)
       p = p + 2
-      if c < 0 then
-        error('bucket: negative cost')
-      end
-      sts[j], costs[j] = st, c
+      sts[j], costs[j], counted[j] = st, c, cnt
       need[st] = (need[st] or 0) + c
     end
     for j = 1, n do
@@ -210,7 +236,7 @@ for _ = 1, nops do
       for j = 1, n do
         local st = sts[j]
         local ok = st.bal >= need[st]
-        if not ok then
+        if not ok and not counted[j] then
           st.denied = st.denied + costs[j]
         end
         out[#out + 1] = ok and 1 or 0
@@ -223,6 +249,9 @@ for _ = 1, nops do
     else
       for j = 1, n do
         charge(sts[j], costs[j])
+        if counted[j] then
+          uncount(sts[j], costs[j])
+        end
       end
       for j = 1, n do
         out[#out + 1] = 1
@@ -265,7 +294,7 @@ for i = 1, #KEYS do
       set[#set + 1] = 'admitted'
       set[#set + 1] = fmt(st.base_admitted + st.admitted)
     end
-    if st.denied > 0 then
+    if st.denied ~= 0 then
       set[#set + 1] = 'denied'
       set[#set + 1] = fmt(st.base_denied + st.denied)
     end
