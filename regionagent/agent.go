@@ -386,7 +386,7 @@ func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) 
 	}
 	spendAt, err = a.runCheck(ctx, start, chk, spendAt, seq)
 	if err != nil {
-		return Decision{}, err
+		return Decision{}, err // not released: a spend it gave up on may still read it
 	}
 	if a.opt.hist != nil {
 		a.recordCheck([]CheckItem{item}, chk, spendAt)
@@ -395,7 +395,9 @@ func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) 
 	if chk.Store == core.Local && d.Reason == pb.Reason_REASON_OK && d.WouldDeny == 0 {
 		a.lm.admitted.Add(float64(chk.Costs[0]))
 	}
-	if a.chunks != nil && d.Limit > 0 && chk.Demand >= a.chunkGate() {
+	demand := chk.Demand
+	core.Release(chk)
+	if a.chunks != nil && d.Limit > 0 && demand >= a.chunkGate() {
 		// Only a limit with some demand can be hot or warm on this
 		// replica (its rate is at most the region's): the chunks' client
 		// keeps no state for the others, so cold and slow limits cost it

@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"leasehold/internal/seeded"
@@ -193,12 +194,29 @@ func (c *Core) Begin(now time.Time, items []Item, deadline time.Time) *Check {
 	return c.begin(now, chk, items, deadline)
 }
 
-// BeginOne is Begin of one item; the Check allocates only itself.
+// BeginOne is Begin of one item. The Check is taken from a pool: one
+// the caller gives back with Release costs no allocation.
 func (c *Core) BeginOne(now time.Time, it Item, deadline time.Time) *Check {
-	chk := &Check{}
+	chk := checkPool.Get().(*Check)
 	chk.one.item[0] = it
 	chk.Costs, chk.Keys = chk.one.cost[:], chk.one.key[:]
 	return c.begin(now, chk, chk.one.item[:], deadline)
+}
+
+// checkPool holds the Checks of one item given back with Release.
+var checkPool = sync.Pool{New: func() any { return new(Check) }}
+
+// Release gives back a Check of one item (BeginOne) once it is done and
+// its caller has read its answer: nothing may use it afterwards, and
+// nothing else may still hold it (a store call it started that its
+// caller gave up on reads its Costs: such a Check is not released).
+// Other Checks are left to the garbage collector.
+func Release(chk *Check) {
+	if chk == nil || chk.Step != StepDone || len(chk.Costs) != 1 || &chk.Costs[0] != &chk.one.cost[0] {
+		return
+	}
+	*chk = Check{}
+	checkPool.Put(chk)
 }
 
 func (c *Core) begin(now time.Time, chk *Check, items []Item, deadline time.Time) *Check {

@@ -904,3 +904,48 @@ func TestSeenFollowsTraffic(t *testing.T) {
 		t.Fatalf("Seen after one spend of b = %v, want b:2 only", got)
 	}
 }
+
+// TestReleasedCheckReused: a warm Check of one limit, begun, spent and
+// given back with Release, allocates nothing (the agent's Check path makes
+// no Check of its own per request); a released Check comes back reset,
+// and Release leaves alone a Check that is not done or not of one item.
+func TestReleasedCheckReused(t *testing.T) {
+	w := newWorld(t, 1_000_000, strictLimit("a", 1<<40, time.Hour, time.Hour))
+	wantAnswer(t, "first check", w.check("a", 1), true, ReasonOK)
+	key := store.Key{}
+	krs := []store.KeyResult{{Allowed: true, Balance: 1 << 30}} // the store's, not the Check's
+	one := func() {
+		chk := w.c.BeginOne(w.now, Item{Limit: "a", Cost: 1}, time.Time{})
+		if chk.Step != StepSpend || chk.Counted != nil || chk.Answers != nil {
+			t.Fatalf("a Check from the pool: step %v, counted %v, answers %v", chk.Step, chk.Counted, chk.Answers)
+		}
+		key = chk.Keys[0]
+		w.c.Spent(w.now, chk, store.SpendResult{Allowed: true, Failed: -1, Keys: krs}, nil)
+		if chk.Step != StepDone || !chk.Answers[0].Allowed {
+			t.Fatalf("a warm Check: step %v, answers %+v", chk.Step, chk.Answers)
+		}
+		Release(chk)
+		if chk.Step != 0 || chk.Costs != nil || chk.sts != nil {
+			t.Fatalf("a released Check was not reset: %+v", chk)
+		}
+	}
+	one()
+	if key.Limit != "a" {
+		t.Fatalf("key %+v", key)
+	}
+	if n := testing.AllocsPerRun(200, one); n != 0 {
+		t.Fatalf("a warm Check begun, spent and released makes %v allocations, want 0", n)
+	}
+	// Not done, or of two items: left alone.
+	chk := w.c.BeginOne(w.now, Item{Limit: "a", Cost: 1}, time.Time{})
+	Release(chk)
+	if chk.Step != StepSpend {
+		t.Fatalf("Release reset a Check that was not done: %+v", chk)
+	}
+	multi := w.c.Begin(w.now, []Item{{Limit: "a", Cost: 1}, {Limit: "a", Cost: 1}}, time.Time{})
+	w.c.Spent(w.now, multi, store.SpendResult{Allowed: true, Failed: -1, Keys: []store.KeyResult{{Allowed: true}, {Allowed: true}}}, nil)
+	Release(multi)
+	if multi.Step != StepDone || len(multi.Answers) != 2 {
+		t.Fatalf("Release reset a Check of two items: %+v", multi)
+	}
+}
