@@ -207,6 +207,9 @@ var scriptCases = []struct {
 		dep("c", "L3", 5, T0, T0+1000, T0+10, Deposited, 5),
 		again(counted(T0+11, []kc{{"c", 3}}, true, -1, kr(true, 2, T0+1000, 3, 0, false)), true),
 		bal("c", T0+11, BalanceResult{Spendable: 2, Live: 1, EarliestDeadlineMs: T0 + 1000, Admitted: 3}),
+		// A counted key that does not exist is not made.
+		again(counted(T0+12, []kc{{"d", 1}}, false, 0, kr(false, 0, 0, 0, 0, false)), true),
+		bal("d", T0+12, BalanceResult{}),
 	}},
 	{"drain exactly, then deny", []step{
 		dep("a", "L1", 5, T0, T0+1000, T0, Deposited, 5),

@@ -240,10 +240,10 @@ func (b *Mem) Spend1(key Key, cost int64, counted bool, nowMs int64) KeyResult {
 		}
 		return h.result(true, bal, earliest)
 	}
-	if h == nil {
-		h = b.create(key, nowMs)
-	}
 	if !counted {
+		if h == nil {
+			h = b.create(key, nowMs)
+		}
 		h.denied += cost
 	}
 	return h.result(false, bal, earliest)

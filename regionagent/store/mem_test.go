@@ -60,3 +60,23 @@ func TestMemCloneRates(t *testing.T) {
 		t.Fatal("a clone's rates are nil where a new Mem's are empty: equal states would differ")
 	}
 }
+
+// A refused spend makes its key (its denied counter, with the orphan
+// TTL); a counted one adds nothing, so it makes no key either, as
+// spend.lua writes nothing then.
+func TestMemCountedRefusalMakesNoKey(t *testing.T) {
+	m := NewMem(1000)
+	k := Key{Limit: "L", Window: 1}
+	if r := m.Spend1(k, 1, true, 1); r.Allowed || r.Denied != 0 {
+		t.Fatalf("counted spend of a missing key: %+v", r)
+	}
+	if r, _ := m.Spend([]Key{k}, []int64{1}, []bool{true}, 1); r.Allowed || r.Keys[0].Denied != 0 {
+		t.Fatalf("counted spend of a missing key: %+v", r)
+	}
+	if n := m.Keys(); n != 0 {
+		t.Fatalf("%d keys after counted refusals, want 0", n)
+	}
+	if r := m.Spend1(k, 1, false, 1); r.Denied != 1 || m.Keys() != 1 {
+		t.Fatalf("a first refusal: %+v, %d keys", r, m.Keys())
+	}
+}
