@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"testing"
 
@@ -115,5 +116,62 @@ func TestMemExpiry(t *testing.T) {
 	b.Sweep(T0 + 1000)
 	if b.Keys() != 0 {
 		t.Fatalf("keys after sweep: %d", b.Keys())
+	}
+}
+
+// TestMemMatchesSpendScript drives the spend script (on redis-server and
+// miniredis) and the in-memory bucket with the same random deposits and
+// spends, counted keys among them (SpendOp.Counted), and compares every
+// result, counters included: the agent's in-process store and the
+// simulator decide and count as Redis does.
+func TestMemMatchesSpendScript(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			m := store.NewMem(24 * 3600 * 1000)
+			rng := rand.New(rand.NewPCG(3, 5))
+			keys := []store.Key{{Limit: "x", Window: 1}, {Limit: "x", Window: 2}, {Limit: "y", Window: 1}}
+			now := int64(T0)
+			for i := range 600 {
+				now += rng.Int64N(20)
+				if rng.IntN(6) == 0 {
+					k := keys[rng.IntN(len(keys))]
+					start := now - 50 + rng.Int64N(100)
+					d := store.Deposit{Key: k, LeaseID: fmt.Sprint("L", i), Tokens: 1 + rng.Int64N(12), StartMs: start,
+						DeadlineMs: start + 1 + rng.Int64N(400), ExpireAtMs: farExpiry(), NowMs: now}
+					got, err := b.Deposit(ctx, Deposit{Key: KeyOf(k), LeaseID: d.LeaseID, Tokens: d.Tokens, StartMs: d.StartMs,
+						DeadlineMs: d.DeadlineMs, ExpireAtMs: d.ExpireAtMs, NowMs: now})
+					if err != nil {
+						t.Fatal(err)
+					}
+					want, err := m.Deposit(d)
+					if err != nil || got != want {
+						t.Fatalf("op %d: deposit %+v: script %+v, mem %+v (%v)", i, d, got, want, err)
+					}
+					continue
+				}
+				n := 1 + rng.IntN(3)
+				ks, names := make([]store.Key, n), make([]string, n)
+				costs, counted := make([]int64, n), make([]bool, n)
+				for j := range n {
+					ks[j] = keys[rng.IntN(len(keys))]
+					names[j], costs[j], counted[j] = KeyOf(ks[j]), rng.Int64N(6), rng.IntN(3) == 0
+				}
+				res, err := b.SpendBatch(ctx, []SpendOp{{Keys: names, Costs: costs, Counted: counted, NowMs: now}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := m.Spend(ks, costs, counted, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := res[0]
+				got.Take, got.Reserved, got.Released = TakeResult{}, Reservation{}, ReleaseResult{}
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("op %d: spend %v %v counted %v at T0%+d:\nscript %+v\nmem    %+v", i, ks, costs, counted, now-T0, got, want)
+				}
+			}
+		})
 	}
 }
