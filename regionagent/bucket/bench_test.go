@@ -475,3 +475,62 @@ func BenchmarkTakeParallel(b *testing.B) {
 	})
 	reportOps(b, b.N)
 }
+
+// BenchmarkReserveRedisCPU measures redis-server's CPU per chunk taken and
+// given back (a reservation and its release) on 64 limits: each op in a
+// batch of its own (a script call each), and the 64 limits' at once (a
+// batch of the reservations, then one of the releases: reservations.lua,
+// one call for each).
+//
+//	go test -run '^$' -bench BenchmarkReserveRedisCPU -benchtime 20x ./regionagent/bucket/
+func BenchmarkReserveRedisCPU(b *testing.B) {
+	_, rdb := realRedis(b)
+	bk := New(rdb)
+	ctx := context.Background()
+	if err := bk.Load(ctx); err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	keys := make([]string, 64)
+	for l := range keys {
+		keys[l] = Key("", fmt.Sprint("chunk", l), 1)
+		if _, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L", Tokens: 1 << 50,
+			StartMs: now - 1000, DeadlineMs: now + 3_600_000, ExpireAtMs: now + 2*3_600_000}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	seq := 0
+	pairs := func(first, n int) {
+		reserve, release := make([]SpendOp, n), make([]SpendOp, n)
+		for i := range n {
+			seq++
+			id := "c" + strconv.Itoa(seq)
+			reserve[i] = SpendOp{Reserve: &ReserveOp{Key: keys[first+i], ID: id, Want: 100, Min: 1}}
+			release[i] = SpendOp{Release: &ReleaseOp{Key: keys[first+i], ID: id, Unspent: 40}}
+		}
+		for _, ops := range [][]SpendOp{reserve, release} {
+			res, err := bk.SpendBatch(ctx, ops)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, r := range res {
+				if r.Err != nil {
+					b.Fatal(r.Err)
+				}
+			}
+		}
+	}
+	var alone, batched float64
+	for b.Loop() {
+		c0 := redisCPU(b, rdb)
+		for l := range keys {
+			pairs(l, 1)
+		}
+		c1 := redisCPU(b, rdb)
+		pairs(0, len(keys))
+		alone, batched = alone+c1-c0, batched+redisCPU(b, rdb)-c1
+	}
+	per := float64(b.N * len(keys))
+	b.ReportMetric(alone*1e6/per, "redis-cpu-µs/chunk-alone")
+	b.ReportMetric(batched*1e6/per, "redis-cpu-µs/chunk-batched")
+}

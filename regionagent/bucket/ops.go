@@ -102,27 +102,30 @@ type SpendOp struct {
 	Shadow bool
 	// Reserve or Release, when set, makes the op a reservation
 	// (Buckets.ReserveLasting, or ReserveToSettle with a grace) or a
-	// release (Buckets.Release) instead, in a script call of its own in
-	// the batch's pipeline; Keys and Costs are then unused, and the
-	// result is the SpendResult's Reserved or Released.
+	// release (Buckets.Release) instead; Keys and Costs are then unused,
+	// and the result is the SpendResult's Reserved or Released. The
+	// reservations and releases of a batch share script calls of their
+	// own (reservations.lua), as its spends share theirs.
 	Reserve *ReserveOp
 	Release *ReleaseOp
 }
 
-// ownCall is an op of a batch of spends that is a script call of its
-// own in the batch's pipeline: a reservation (ReserveOp) or a release
-// (ReleaseOp).
-type ownCall interface {
+// ownOp is an op of a batch of spends that is not a spend: a reservation
+// (ReserveOp) or a release (ReleaseOp), decided by reservations.lua.
+type ownOp interface {
 	validate() error
-	keys() []string
-	args() []any
-	script() *script
-	// result parses the call's reply into r (its Reserved or Released).
+	bucketKey() string
+	now() int64
+	// appendKeys and appendArgs append the op's KEYS and ARGV in a
+	// reservations.lua call.
+	appendKeys(keys []string) []string
+	appendArgs(args []any) []any
+	// result parses the op's reply into r (its Reserved or Released).
 	result(v any, r *SpendResult) error
 }
 
-// own is the op's call of its own, if it is a reservation or a release.
-func (op *SpendOp) own() ownCall {
+// own is the op as a reservation or a release, if it is one.
+func (op *SpendOp) own() ownOp {
 	switch {
 	case op.Reserve != nil:
 		return op.Reserve
@@ -171,8 +174,8 @@ type spendCall struct {
 	tag   string
 	now   int64
 	take  bool     // a rate.lua 'takes' call, not a spend.lua one
-	solo  bool     // a call of its own: keys of several hash tags, or own
-	own   ownCall  // a reservation's or a release's call (one op), nil for spends and takes
+	owns  bool     // a reservations.lua call: reservations and releases
+	solo  bool     // a call of its own: keys of several hash tags
 	keys  []string // distinct keys, KEYS of the call
 	spend []int    // indices into the batch
 	args  []any
@@ -242,11 +245,7 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 				res[i] = SpendResult{Failed: -1, Err: err}
 				continue
 			}
-			calls = nextCall(calls)
-			c := &calls[len(calls)-1]
-			c.solo, c.own = true, o
-			c.spend = append(c.spend, i)
-			c.keys, c.args = append(c.keys, o.keys()...), append(c.args, o.args()...)
+			calls = b.addToOwnCall(calls, o, i)
 			continue
 		}
 		if err := validateSpend(op.Keys, op.Costs, op.NowMs); err != nil {
@@ -288,8 +287,8 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 			switch {
 			case err != nil:
 				err = wrapRedis(c.script().name, err)
-			case c.own != nil:
-				err = c.own.result(v, &res[c.spend[0]])
+			case c.owns:
+				err = parseOwnCall(v, ops, c.spend, res)
 			case c.take:
 				err = parseTakeCall(v, c.spend, res)
 			default:
@@ -342,7 +341,7 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 	if !solo {
 		for j := range calls {
 			c := &calls[j]
-			if !c.solo && c.take == op.Take && c.tag == tag && c.now == op.NowMs && len(c.spend) < maxSpendsPerCall {
+			if !c.solo && !c.owns && c.take == op.Take && c.tag == tag && c.now == op.NowMs && len(c.spend) < maxSpendsPerCall {
 				ci = j
 				break
 			}
@@ -391,6 +390,52 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 	return calls
 }
 
+// addToOwnCall puts reservation or release o, ops[i], into the
+// reservations.lua call of its hash tag and now, or a new one, and
+// appends its keys and arguments.
+func (b *Buckets) addToOwnCall(calls []spendCall, o ownOp, i int) []spendCall {
+	tag, now := "", o.now()
+	if !b.anySlot {
+		tag = hashTag(o.bucketKey()) // its records share it
+	}
+	ci := -1
+	for j := range calls {
+		c := &calls[j]
+		if c.owns && c.tag == tag && c.now == now && len(c.spend) < maxSpendsPerCall {
+			ci = j
+			break
+		}
+	}
+	if ci < 0 {
+		calls = nextCall(calls)
+		ci = len(calls) - 1
+		c := &calls[ci]
+		c.tag, c.now, c.owns = tag, now, true
+		c.args = append(c.args, now, int64(0))
+	}
+	c := &calls[ci]
+	c.spend = append(c.spend, i)
+	c.args[1] = int64(len(c.spend))
+	c.keys, c.args = o.appendKeys(c.keys), o.appendArgs(c.args)
+	return calls
+}
+
+// parseOwnCall parses a reservations.lua reply into the results of its
+// ops (ops[idx[j]] for the j-th reply): a reply that does not parse fails
+// its op alone.
+func parseOwnCall(v any, ops []SpendOp, idx []int, res []SpendResult) error {
+	a, err := replyArray(v, len(idx))
+	if err != nil {
+		return err
+	}
+	for j, i := range idx {
+		if err := ops[i].own().result(a[j], &res[i]); err != nil {
+			res[i] = SpendResult{Failed: -1, Err: err}
+		}
+	}
+	return nil
+}
+
 // nextCall appends an empty call to calls, reusing the slices of the call
 // that held its place in an earlier batch (SpendScratch).
 func nextCall(calls []spendCall) []spendCall {
@@ -416,8 +461,8 @@ func resize[T any](buf []T, n int) []T {
 
 // script is the script a call runs.
 func (c *spendCall) script() *script {
-	if c.own != nil {
-		return c.own.script()
+	if c.owns {
+		return reservesScript
 	}
 	if c.take {
 		return rateScript

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"leasehold/regionagent/store"
@@ -240,5 +241,85 @@ func TestSpendBatchReservesAndReleases(t *testing.T) {
 				t.Errorf("spendable %d, want 84", bal.Spendable)
 			}
 		})
+	}
+}
+
+// TestSpendBatchReservationsShareACall: the reservations and releases of
+// a batch are decided by one script call per now (on a Cluster client, per
+// hash tag and now), in order, with the results the same ops give as
+// single calls one by one; an invalid one fails alone.
+func TestSpendBatchReservationsShareACall(t *testing.T) {
+	for _, be := range backends(t) {
+		for _, cluster := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/cluster=%v", be.name, cluster), func(t *testing.T) {
+				ctx := testCtx(t)
+				b := New(be.rdb)
+				b.anySlot = !cluster // as New does for a ClusterClient: calls per hash tag
+				// The batch runs on limits p*, the same ops one by one on q*.
+				keys := func(p string) (a, c string) {
+					p += fmt.Sprint(cluster)
+					return Key("", p+"a", 1), Key("", p+"c", 1)
+				}
+				ops := func(p string) []SpendOp {
+					a, c := keys(p)
+					return []SpendOp{
+						{Reserve: &ReserveOp{Key: a, ID: "r1", Want: 10, Min: 1, NowMs: T0 + 10}},
+						{Keys: []string{a}, Costs: []int64{1}, NowMs: T0 + 10},
+						{Release: &ReleaseOp{Key: a, ID: "r0", Unspent: 2, NowMs: T0 + 10}},
+						{Reserve: &ReserveOp{Key: c, ID: "r2", Want: 60, Min: 50, LastMs: 1000, NowMs: T0 + 10}},
+						{Release: &ReleaseOp{Key: c, ID: "nobody", Unspent: 1, NowMs: T0 + 10}},
+						{Reserve: &ReserveOp{Key: a, ID: "r3", Want: 95, Min: 1, NowMs: T0 + 20}}, // another now
+						{Reserve: &ReserveOp{Key: a, ID: "bad:id", Want: 1, Min: 1, NowMs: T0 + 10}},
+						{Reserve: &ReserveOp{Key: c, ID: "r4", Want: 60, Min: 50, NowMs: T0 + 10}}, // after r2: not enough
+						{Release: &ReleaseOp{Key: a, ID: "r1", Unspent: 11, NowMs: T0 + 10}},       // more than r1 holds
+					}
+				}
+				for _, p := range []string{"p", "q"} {
+					a, c := keys(p)
+					mustDeposit(t, ctx, b, Deposit{Key: a, LeaseID: "L", Tokens: 100, StartMs: T0, DeadlineMs: T0 + 30_000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
+					mustDeposit(t, ctx, b, Deposit{Key: c, LeaseID: "L", Tokens: 100, StartMs: T0, DeadlineMs: T0 + 30_000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
+					if r, err := b.Reserve(ctx, a, "r0", 5, 1, T0); err != nil || r.Granted != 5 {
+						t.Fatalf("reserve r0: %+v %v", r, err)
+					}
+				}
+				var one []SpendResult
+				for _, op := range ops("q") {
+					r, err := b.SpendBatch(ctx, []SpendOp{op})
+					if err != nil && !errors.Is(err, ErrInvalid) {
+						t.Fatal(err)
+					}
+					one = append(one, r[0])
+				}
+				var pipelines, calls atomic.Int64
+				be.rdb.AddHook(countHook{pipelines: &pipelines, calls: &calls})
+				got, err := b.SpendBatch(ctx, ops("p"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range got {
+					g, w := got[i], one[i]
+					if (g.Err == nil) != (w.Err == nil) || g.Err != nil && g.Err.Error() != w.Err.Error() ||
+						g.Reserved != w.Reserved || g.Released != w.Released || g.Allowed != w.Allowed {
+						t.Errorf("op %d: batch %+v, one by one %+v", i, g, w)
+					}
+				}
+				if !errors.Is(got[6].Err, ErrInvalid) || !errors.Is(got[8].Err, ErrUnspentTooLarge) {
+					t.Errorf("invalid ops: %v, %v", got[6].Err, got[8].Err)
+				}
+				if r := got[3].Reserved; r.Granted != 60 || got[7].Reserved.Status != NotEnough || got[0].Reserved.Balance != 85 {
+					t.Errorf("r2 %+v, r4 %+v, r1 %+v", r, got[7].Reserved, got[0].Reserved)
+				}
+				// The spends' call, and the reservations' per now: one
+				// for T0+10 and one for T0+20 on one Redis; per hash tag
+				// too on a Cluster (a and c at T0+10, a at T0+20).
+				want := int64(3)
+				if cluster {
+					want = 4
+				}
+				if n := calls.Load(); pipelines.Load() != 1 || n != want {
+					t.Errorf("%d pipelines, %d script calls, want 1 and %d", pipelines.Load(), n, want)
+				}
+			})
+		}
 	}
 }

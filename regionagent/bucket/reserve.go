@@ -98,15 +98,23 @@ func (op *ReserveOp) validate() error {
 	return nil
 }
 
-func (op *ReserveOp) keys() []string {
-	return []string{op.Key, RecordsKey(op.Key), RecordsIndexKey(op.Key)}
-}
+func (op *ReserveOp) keys() []string { return op.appendKeys(nil) }
 
 func (op *ReserveOp) args() []any {
 	return []any{op.NowMs, op.ID, op.Want, op.Min, op.LastMs, op.GraceMs}
 }
 
-func (op *ReserveOp) script() *script { return reserveScript }
+func (op *ReserveOp) bucketKey() string { return op.Key }
+
+func (op *ReserveOp) now() int64 { return op.NowMs }
+
+func (op *ReserveOp) appendKeys(keys []string) []string {
+	return append(keys, op.Key, RecordsKey(op.Key), RecordsIndexKey(op.Key))
+}
+
+func (op *ReserveOp) appendArgs(args []any) []any {
+	return append(args, "r", op.ID, op.Want, op.Min, op.LastMs, op.GraceMs)
+}
 
 func (op *ReserveOp) result(v any, r *SpendResult) error {
 	res, err := parseReserve(v)
@@ -179,11 +187,19 @@ func (op *ReleaseOp) validate() error {
 	return nil
 }
 
-func (op *ReleaseOp) keys() []string { return []string{op.Key, RecordsKey(op.Key)} }
+func (op *ReleaseOp) keys() []string { return op.appendKeys(nil) }
 
 func (op *ReleaseOp) args() []any { return []any{op.NowMs, op.ID, op.Unspent} }
 
-func (op *ReleaseOp) script() *script { return releaseScript }
+func (op *ReleaseOp) bucketKey() string { return op.Key }
+
+func (op *ReleaseOp) now() int64 { return op.NowMs }
+
+func (op *ReleaseOp) appendKeys(keys []string) []string {
+	return append(keys, op.Key, RecordsKey(op.Key))
+}
+
+func (op *ReleaseOp) appendArgs(args []any) []any { return append(args, "l", op.ID, op.Unspent) }
 
 func (op *ReleaseOp) result(v any, r *SpendResult) error {
 	res, err := op.parse(v)

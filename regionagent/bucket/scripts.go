@@ -45,13 +45,14 @@ var (
 	extendScript   = newScript("extend.lua", false)
 	reserveScript  = newScript("reserve.lua", true)
 	releaseScript  = newScript("release.lua", true)
+	reservesScript = newScript("reservations.lua", true)
 	usageScript    = newScript("usage.lua", true)
 	fallbackScript = newScript("fallback.lua", true)
 	snapshotScript = newScript("snapshot.lua", true)
 	settleScript   = newScript("settle.lua", true)
 
 	allScripts = []*script{depositScript, spendScript, closeScript, balanceScript, addScript, unlockScript, extendScript,
-		reserveScript, releaseScript, usageScript, fallbackScript, snapshotScript, settleScript, rateScript, slotsScript}
+		reserveScript, releaseScript, reservesScript, usageScript, fallbackScript, snapshotScript, settleScript, rateScript, slotsScript}
 )
 
 // summaryField is the bucket field of the spend summary (lua/common.lua's

@@ -312,3 +312,109 @@ local function release_reservation(key, hk, id, unspent, deadline, now)
   redis.call('HDEL', hk, 'v:' .. id, 'w:' .. id, 'f:' .. id, 'g:' .. id)
   return returned
 end
+
+-- check_reservation_id refuses an empty id or one with ':' (the records'
+-- field names are <prefix>:<id>).
+local function check_reservation_id(id)
+  if id == nil or id == '' or string.find(id, ':', 1, true) then
+    error('bucket: bad reservation id')
+  end
+end
+
+-- reserve_tokens is reserve.lua's work (its header says what it does and
+-- replies) for reservation id of bucket key, records in rk and their
+-- index ek, at now; reservations.lua runs it for each reservation of a
+-- batch.
+local function reserve_tokens(key, rk, ek, now, id, want, min, last, grace)
+  check_reservation_id(id)
+  if want < 1 or min < 1 or min > want then
+    error('bucket: bad reservation size')
+  end
+  if last < 0 then
+    error('bucket: bad reservation last')
+  end
+  if grace < 0 then
+    error('bucket: bad settle grace')
+  end
+  local leases = load(key)
+  local bal = spendable(leases, now)
+  local from_ms, avail = now, bal
+  if last > 0 then
+    from_ms = now + last -- only leases ending at or after it
+    avail = spendable(leases, now, from_ms)
+  end
+  local _, prev = find_record(key, rk, id, {'v:', 'w:', 'x:'})
+  if prev[3] then
+    return {0, 0, bal, now, 3}
+  end
+  if prev[1] then
+    return {tonumber(prev[1]), tonumber(prev[2]), bal, now, 2}
+  end
+  if avail < min then
+    return {0, 0, bal, now, 0}
+  end
+  local take = want
+  if take > avail then
+    take = avail
+  end
+  local left, deadline = take, 0
+  local set, from = {}, {}
+  for _, l in ipairs(leases) do
+    if left == 0 then
+      break
+    end
+    if usable(l, now, from_ms) then
+      if deadline == 0 then
+        deadline = l.d
+      end
+      local t = l.r
+      if t > left then
+        t = left
+      end
+      l.r = l.r - t
+      left = left - t
+      set[#set + 1] = 'r:' .. l.id
+      set[#set + 1] = fmt(l.r)
+      from[#from + 1] = l.id .. '=' .. fmt(t)
+    end
+  end
+  redis.call('HSET', key, unpack(set))
+  forget(key)
+  local drop_at
+  if grace > 0 then
+    drop_at = now + grace + RECORD_KEEP
+  else
+    deadline = math.min(deadline, now + MAX_RESERVE_LIFE)
+    drop_at = deadline + RECORD_KEEP
+  end
+  prune(rk, ek, now)
+  local rec = {'f:' .. id, table.concat(from, ','), 'v:' .. id, fmt(take), 'w:' .. id, fmt(deadline)}
+  if grace > 0 then
+    rec[#rec + 1] = 'g:' .. id
+    rec[#rec + 1] = fmt(now + grace)
+  end
+  redis.call('HSET', rk, unpack(rec))
+  redis.call('ZADD', ek, fmt(drop_at), id)
+  follow_expiry(key, {rk, ek})
+  redis.call('HINCRBY', key, 'admitted', fmt(take))
+  return {take, deadline, bal - take, now, 1}
+end
+
+-- release_tokens is release.lua's work (its header says what it does and
+-- replies) for reservation id of bucket key, records in rk, at now;
+-- reservations.lua runs it for each release of a batch.
+local function release_tokens(key, rk, now, id, unspent)
+  check_reservation_id(id)
+  local hk, cur = find_record(key, rk, id, {'v:', 'w:', 'x:'})
+  if cur[3] then
+    return {tonumber(cur[3]), 2}
+  end
+  if not cur[1] then
+    return {0, 3}
+  end
+  local reserved, deadline = tonumber(cur[1]), tonumber(cur[2])
+  if unspent < 0 or unspent > reserved then
+    return {0, 4}
+  end
+  return {release_reservation(key, hk, id, unspent, deadline, now), 1}
+end

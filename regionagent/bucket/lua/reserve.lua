@@ -33,90 +33,12 @@
 --   status 1 reserved now, 2 replay of an earlier reservation,
 --          3 the reservation was already released (nothing taken),
 --          0 fewer than min spendable tokens (nothing taken)
-local key, rk, ek = KEYS[1], KEYS[2], KEYS[3]
-local now = now_ms(ARGV[1])
-local id = ARGV[2]
-if id == nil or id == '' or string.find(id, ':', 1, true) then
-  error('bucket: bad reservation id')
-end
-local want = int(ARGV[3], 'want')
-local min = int(ARGV[4], 'min')
-if want < 1 or min < 1 or min > want then
-  error('bucket: bad reservation size')
-end
-local last = 0
+local last, grace = 0, 0
 if ARGV[5] ~= nil then
   last = int(ARGV[5], 'last')
 end
-if last < 0 then
-  error('bucket: bad reservation last')
-end
-local grace = 0
 if ARGV[6] ~= nil then
   grace = int(ARGV[6], 'grace')
 end
-if grace < 0 then
-  error('bucket: bad settle grace')
-end
-local leases = load(key)
-local bal = spendable(leases, now)
-local from_ms, avail = now, bal
-if last > 0 then
-  from_ms = now + last -- only leases ending at or after it
-  avail = spendable(leases, now, from_ms)
-end
-local _, prev = find_record(key, rk, id, {'v:', 'w:', 'x:'})
-if prev[3] then
-  return {0, 0, bal, now, 3}
-end
-if prev[1] then
-  return {tonumber(prev[1]), tonumber(prev[2]), bal, now, 2}
-end
-if avail < min then
-  return {0, 0, bal, now, 0}
-end
-local take = want
-if take > avail then
-  take = avail
-end
-local left, deadline = take, 0
-local set, from = {}, {}
-for _, l in ipairs(leases) do
-  if left == 0 then
-    break
-  end
-  if usable(l, now, from_ms) then
-    if deadline == 0 then
-      deadline = l.d
-    end
-    local t = l.r
-    if t > left then
-      t = left
-    end
-    l.r = l.r - t
-    left = left - t
-    set[#set + 1] = 'r:' .. l.id
-    set[#set + 1] = fmt(l.r)
-    from[#from + 1] = l.id .. '=' .. fmt(t)
-  end
-end
-redis.call('HSET', key, unpack(set))
-forget(key)
-local drop_at
-if grace > 0 then
-  drop_at = now + grace + RECORD_KEEP
-else
-  deadline = math.min(deadline, now + MAX_RESERVE_LIFE)
-  drop_at = deadline + RECORD_KEEP
-end
-prune(rk, ek, now)
-local rec = {'f:' .. id, table.concat(from, ','), 'v:' .. id, fmt(take), 'w:' .. id, fmt(deadline)}
-if grace > 0 then
-  rec[#rec + 1] = 'g:' .. id
-  rec[#rec + 1] = fmt(now + grace)
-end
-redis.call('HSET', rk, unpack(rec))
-redis.call('ZADD', ek, fmt(drop_at), id)
-follow_expiry(key, {rk, ek})
-redis.call('HINCRBY', key, 'admitted', fmt(take))
-return {take, deadline, bal - take, now, 1}
+return reserve_tokens(KEYS[1], KEYS[2], KEYS[3], now_ms(ARGV[1]), ARGV[2], int(ARGV[3], 'want'), int(ARGV[4], 'min'),
+  last, grace)
