@@ -260,6 +260,12 @@ type Client struct {
 	stop   chan struct{}  // closed by Close: the sweeper ends
 	swept  chan struct{}  // closed when the sweeper ended
 
+	// Releases in the background wait here for one of at most
+	// maxReleaseWorkers goroutines (goRelease).
+	relMu      sync.Mutex
+	relQueue   []queuedRelease
+	relWorkers int
+
 	// onRelease, if set (tests, before the first call), sees every
 	// Release: when it was sent, what was unspent and what the agent
 	// returned (-1: the call failed).

@@ -337,25 +337,68 @@ func (c *Client) retireLocked(st *limitState, r *reservation, now int64) {
 	}
 }
 
-// goRelease releases in the background.
+// maxReleaseWorkers bounds the goroutines that send background releases
+// (the agent's spend batch holds 128 ops).
+const maxReleaseWorkers = 128
+
+// queuedRelease is a background release waiting for a worker.
+type queuedRelease struct {
+	r       *reservation
+	unspent int64
+}
+
+// goRelease releases in the background: queued for one of at most
+// maxReleaseWorkers goroutines, started as needed, each ending when the
+// queue is empty. A sweep that retires many chunks at once (traffic that
+// moved on from many limits) sends their releases on a few goroutines,
+// each sending one after another, instead of one goroutine per release,
+// whose stack the call would grow every time.
 func (c *Client) goRelease(r *reservation, unspent int64) {
-	run := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), c.opt.retryFor+c.opt.timeout)
-		defer cancel()
-		_, _ = c.releaseRPC(ctx, r, unspent)
-	}
 	c.bgMu.RLock()
 	if c.closed.Load() {
 		c.bgMu.RUnlock()
-		go run() // a straggler after Close: best effort
+		go c.release(queuedRelease{r, unspent}) // a straggler after Close: best effort
 		return
 	}
 	c.bg.Add(1)
 	c.bgMu.RUnlock()
-	go func() {
-		defer c.bg.Done()
-		run()
-	}()
+	c.relMu.Lock()
+	c.relQueue = append(c.relQueue, queuedRelease{r, unspent})
+	start := c.relWorkers < maxReleaseWorkers
+	if start {
+		c.relWorkers++
+	}
+	c.relMu.Unlock()
+	if start {
+		go c.releaseWorker()
+	}
+}
+
+// releaseWorker sends queued releases until the queue is empty.
+func (c *Client) releaseWorker() {
+	for {
+		c.relMu.Lock()
+		if len(c.relQueue) == 0 {
+			c.relWorkers--
+			c.relQueue = nil // its backing may have grown large
+			c.relMu.Unlock()
+			return
+		}
+		x := c.relQueue[0]
+		c.relQueue[0] = queuedRelease{}
+		c.relQueue = c.relQueue[1:]
+		c.relMu.Unlock()
+		c.release(x)
+		c.bg.Done()
+	}
+}
+
+// release sends one background release, retried within the client's
+// retry budget.
+func (c *Client) release(x queuedRelease) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.opt.retryFor+c.opt.timeout)
+	defer cancel()
+	_, _ = c.releaseRPC(ctx, x.r, x.unspent)
 }
 
 func (c *Client) newReservationID() string {

@@ -621,3 +621,65 @@ func TestWarmLimitChunks(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseStormBoundedWorkers: when one sweep retires more chunks than
+// maxReleaseWorkers (callers that moved on from many limits at once),
+// their releases are sent by that many goroutines, the rest queued for
+// them; every release is sent, every unspent token given back, and the
+// workers end with the queue.
+func TestReleaseStormBoundedWorkers(t *testing.T) {
+	const n = maxReleaseWorkers + 40
+	entered, gate := make(chan struct{}, n), make(chan struct{})
+	limits := make([]string, n)
+	r := newRig(t, func(a *clienttest.Agent) {
+		for i := range limits {
+			limits[i] = fmt.Sprintf("tenant/storm%03d", i)
+			a.SetLimit(limits[i], 100_000, time.Minute, 30*time.Second)
+		}
+		a.BeforeRelease = func(context.Context, *pb.ReleaseRequest) error {
+			entered <- struct{}{}
+			<-gate
+			return nil
+		}
+	}, WithSubLeases(warmCfg))
+	ctx := context.Background()
+	for range 8 { // each limit asked 4 times a second: warm
+		for _, l := range limits {
+			if _, err := r.c.Allow(ctx, l, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.settle()
+		r.clock.Advance(250 * time.Millisecond)
+	}
+	if res := r.reservations(); len(res) != n {
+		t.Fatalf("%d chunks, want one for each of %d limits", len(res), n)
+	}
+	r.clock.Advance(2100 * time.Millisecond) // every caller stopped
+	r.c.sweep(r.c.mono())
+	for range maxReleaseWorkers {
+		<-entered
+	}
+	r.c.relMu.Lock()
+	workers, queued := r.c.relWorkers, len(r.c.relQueue)
+	r.c.relMu.Unlock()
+	if workers != maxReleaseWorkers || queued != n-maxReleaseWorkers {
+		t.Errorf("%d releases in flight on %d workers, %d queued; want %d, %d", len(entered)+maxReleaseWorkers, workers, queued,
+			maxReleaseWorkers, n-maxReleaseWorkers)
+	}
+	close(gate)
+	r.settle()
+	if _, _, releases := r.agent.Calls(); releases != n {
+		t.Errorf("%d releases, want %d", releases, n)
+	}
+	for _, x := range r.reservations() {
+		if !x.Released || x.Unspent <= 0 || x.Returned != x.Unspent {
+			t.Errorf("reservation %+v: want released, its unspent tokens returned", x)
+		}
+	}
+	r.c.relMu.Lock()
+	defer r.c.relMu.Unlock()
+	if r.c.relWorkers != 0 || len(r.c.relQueue) != 0 {
+		t.Errorf("after the storm: %d workers, %d queued", r.c.relWorkers, len(r.c.relQueue))
+	}
+}
