@@ -13,9 +13,10 @@ import (
 )
 
 // benchBuckets starts redis-server and deposits, in each of `limits`
-// buckets, three leases far too large to run out, so every benchmarked
-// spend is admitted and does the full work.
-func benchBuckets(b *testing.B, opts *redis.Options, limits int) (*Buckets, []string) {
+// buckets, `leases` leases far too large to run out (three: an active
+// window's renewals overlap), the i-th ending i+1 hours from now, so every
+// benchmarked spend is admitted and does the full work.
+func benchBuckets(b *testing.B, opts *redis.Options, limits, leases int) (*Buckets, []string) {
 	b.Helper()
 	srv, _ := realRedis(b)
 	opts.Addr = srv.Addr()
@@ -30,7 +31,7 @@ func benchBuckets(b *testing.B, opts *redis.Options, limits int) (*Buckets, []st
 	keys := make([]string, limits)
 	for l := range keys {
 		keys[l] = Key("", fmt.Sprint("bench", l), 1)
-		for i := range 3 { // three leases, as an active window has
+		for i := range leases {
 			_, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L" + strconv.Itoa(i), Tokens: 1 << 50,
 				StartMs: now - 1000, DeadlineMs: now + int64(i+1)*3_600_000, ExpireAtMs: now + 4*3_600_000})
 			if err != nil {
@@ -73,7 +74,7 @@ func reportOps(b *testing.B, spends int) {
 
 // BenchmarkSpend is one EVALSHA per spend, one caller: the round-trip latency.
 func BenchmarkSpend(b *testing.B) {
-	bk, keys := benchBuckets(b, &redis.Options{}, 1)
+	bk, keys := benchBuckets(b, &redis.Options{}, 1, 3)
 	ctx := context.Background()
 	costs := []int64{1}
 	b.ReportAllocs()
@@ -89,7 +90,7 @@ func BenchmarkSpend(b *testing.B) {
 // BenchmarkSpendParallel is one EVALSHA per spend from 50 callers: Redis's
 // unpipelined throughput.
 func BenchmarkSpendParallel(b *testing.B) {
-	bk, keys := benchBuckets(b, &redis.Options{PoolSize: 64}, 1)
+	bk, keys := benchBuckets(b, &redis.Options{PoolSize: 64}, 1, 3)
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.SetParallelism(25) // x GOMAXPROCS (2) = 50 callers
@@ -114,7 +115,7 @@ func BenchmarkSpendBatch(b *testing.B) {
 	for _, n := range []int{16, 64} {
 		for _, limits := range []int{1, 16, n} {
 			b.Run(fmt.Sprintf("n=%d/limits=%d", n, limits), func(b *testing.B) {
-				bk, keys := benchBuckets(b, &redis.Options{}, limits)
+				bk, keys := benchBuckets(b, &redis.Options{}, limits, 3)
 				ctx := context.Background()
 				ops := make([]SpendOp, n)
 				for i := range ops {
@@ -143,7 +144,7 @@ func BenchmarkSpendBatch(b *testing.B) {
 func BenchmarkSpendBatchParallel(b *testing.B) {
 	for _, n := range []int{16, 64} {
 		b.Run(fmt.Sprintf("n=%d/limits=16", n), func(b *testing.B) {
-			bk, keys := benchBuckets(b, &redis.Options{}, 16)
+			bk, keys := benchBuckets(b, &redis.Options{}, 16, 3)
 			ctx := context.Background()
 			var batches atomic.Int64
 			b.ReportAllocs()
@@ -190,23 +191,9 @@ func BenchmarkSpendRedisCPU(b *testing.B) {
 // benchSpendRedisCPU is BenchmarkSpendRedisCPU with buckets of n leases
 // (3: a window whose renewals overlap).
 func benchSpendRedisCPU(b *testing.B, n int) {
-	_, rdb := realRedis(b)
-	bk := New(rdb)
+	bk, keys := benchBuckets(b, &redis.Options{}, 64, n)
+	rdb := bk.rdb
 	ctx := context.Background()
-	if err := bk.Load(ctx); err != nil {
-		b.Fatal(err)
-	}
-	now := time.Now().UnixMilli()
-	keys := make([]string, 64)
-	for l := range keys {
-		keys[l] = Key("", fmt.Sprint("warm", l), 1)
-		for i := range n {
-			if _, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L" + strconv.Itoa(i), Tokens: 1 << 50,
-				StartMs: now - 1000, DeadlineMs: now + int64(i+1)*3_600_000, ExpireAtMs: now + 4*3_600_000}); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
 	floor, err := rdb.ScriptLoad(ctx, "return 1").Result()
 	if err != nil {
 		b.Fatal(err)
@@ -484,21 +471,9 @@ func BenchmarkTakeParallel(b *testing.B) {
 //
 //	go test -run '^$' -bench BenchmarkReserveRedisCPU -benchtime 20x ./regionagent/bucket/
 func BenchmarkReserveRedisCPU(b *testing.B) {
-	_, rdb := realRedis(b)
-	bk := New(rdb)
+	bk, keys := benchBuckets(b, &redis.Options{}, 64, 1)
+	rdb := bk.rdb
 	ctx := context.Background()
-	if err := bk.Load(ctx); err != nil {
-		b.Fatal(err)
-	}
-	now := time.Now().UnixMilli()
-	keys := make([]string, 64)
-	for l := range keys {
-		keys[l] = Key("", fmt.Sprint("chunk", l), 1)
-		if _, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L", Tokens: 1 << 50,
-			StartMs: now - 1000, DeadlineMs: now + 3_600_000, ExpireAtMs: now + 2*3_600_000}); err != nil {
-			b.Fatal(err)
-		}
-	}
 	seq := 0
 	pairs := func(first, n int) {
 		reserve, release := make([]SpendOp, n), make([]SpendOp, n)

@@ -337,28 +337,15 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 			}
 		}
 	}
-	ci := -1
-	if !solo {
-		for j := range calls {
-			c := &calls[j]
-			if !c.solo && !c.owns && c.take == op.Take && c.tag == tag && c.now == op.NowMs && len(c.spend) < maxSpendsPerCall {
-				ci = j
-				break
-			}
-		}
-	}
-	if ci < 0 {
-		calls = nextCall(calls)
-		ci = len(calls) - 1
-		c := &calls[ci]
-		c.tag, c.now, c.take, c.solo = tag, op.NowMs, op.Take, solo
+	calls, ci, fresh := joinCall(calls, spendCall{tag: tag, now: op.NowMs, take: op.Take, solo: solo})
+	c := &calls[ci]
+	if fresh {
 		if op.Take {
 			c.args = append(c.args, "takes", op.NowMs, b.ttlArg, int64(0))
 		} else {
 			c.args = append(c.args, op.NowMs, b.ttlArg, int64(0))
 		}
 	}
-	c := &calls[ci]
 	c.spend = append(c.spend, i)
 	if c.take {
 		c.args[3] = int64(len(c.spend))
@@ -394,26 +381,15 @@ func (b *Buckets) addToCall(calls []spendCall, ops []SpendOp, i int) []spendCall
 // reservations.lua call of its hash tag and now, or a new one, and
 // appends its keys and arguments.
 func (b *Buckets) addToOwnCall(calls []spendCall, o ownOp, i int) []spendCall {
-	tag, now := "", o.now()
+	tag := ""
 	if !b.anySlot {
 		tag = hashTag(o.bucketKey()) // its records share it
 	}
-	ci := -1
-	for j := range calls {
-		c := &calls[j]
-		if c.owns && c.tag == tag && c.now == now && len(c.spend) < maxSpendsPerCall {
-			ci = j
-			break
-		}
-	}
-	if ci < 0 {
-		calls = nextCall(calls)
-		ci = len(calls) - 1
-		c := &calls[ci]
-		c.tag, c.now, c.owns = tag, now, true
-		c.args = append(c.args, now, int64(0))
-	}
+	calls, ci, fresh := joinCall(calls, spendCall{tag: tag, now: o.now(), owns: true})
 	c := &calls[ci]
+	if fresh {
+		c.args = append(c.args, c.now, int64(0))
+	}
 	c.spend = append(c.spend, i)
 	c.args[1] = int64(len(c.spend))
 	c.keys, c.args = o.appendKeys(c.keys), o.appendArgs(c.args)
@@ -434,6 +410,25 @@ func parseOwnCall(v any, ops []SpendOp, idx []int, res []SpendResult) error {
 		}
 	}
 	return nil
+}
+
+// joinCall returns calls and the index of the call an op of kind k (its
+// tag, now, take, owns and solo; nothing else of k is read) joins: the
+// first call of that kind that is not solo and not full, or (fresh) a new
+// one appended.
+func joinCall(calls []spendCall, k spendCall) (_ []spendCall, ci int, fresh bool) {
+	if !k.solo {
+		for j := range calls {
+			c := &calls[j]
+			if !c.solo && c.owns == k.owns && c.take == k.take && c.tag == k.tag && c.now == k.now && len(c.spend) < maxSpendsPerCall {
+				return calls, j, false
+			}
+		}
+	}
+	calls = nextCall(calls)
+	c := &calls[len(calls)-1]
+	c.tag, c.now, c.take, c.owns, c.solo = k.tag, k.now, k.take, k.owns, k.solo
+	return calls, len(calls) - 1, true
 }
 
 // nextCall appends an empty call to calls, reusing the slices of the call
