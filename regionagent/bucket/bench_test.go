@@ -467,7 +467,7 @@ func BenchmarkTakeParallel(b *testing.B) {
 // given back (a reservation and its release) on 64 limits: each op in a
 // batch of its own (a script call each), and the 64 limits' at once (a
 // batch of the reservations, then one of the releases: reservations.lua,
-// one call for each).
+// one call for each); and the commands the scripts run per chunk.
 //
 //	go test -run '^$' -bench BenchmarkReserveRedisCPU -benchtime 20x ./regionagent/bucket/
 func BenchmarkReserveRedisCPU(b *testing.B) {
@@ -496,16 +496,30 @@ func BenchmarkReserveRedisCPU(b *testing.B) {
 		}
 	}
 	var alone, batched float64
+	cmds := map[string]int64{}
 	for b.Loop() {
 		c0 := redisCPU(b, rdb)
 		for l := range keys {
 			pairs(l, 1)
 		}
-		c1 := redisCPU(b, rdb)
+		c1, n1 := redisCPU(b, rdb), redisCalls(b, rdb)
 		pairs(0, len(keys))
 		alone, batched = alone+c1-c0, batched+redisCPU(b, rdb)-c1
+		for name, n := range redisCalls(b, rdb) {
+			cmds[name] += n - n1[name]
+		}
 	}
 	per := float64(b.N * len(keys))
 	b.ReportMetric(alone*1e6/per, "redis-cpu-µs/chunk-alone")
 	b.ReportMetric(batched*1e6/per, "redis-cpu-µs/chunk-batched")
+	// What a chunk's reservation and release run, batched (the scripts'
+	// commands; EVALSHA and the INFO that reads the counts left out).
+	total := int64(0)
+	for name, n := range cmds {
+		if n > 0 && name != "evalsha" && name != "info" && !strings.HasSuffix(name, "-usec") {
+			total += n
+			b.ReportMetric(float64(n)/per, name+"/chunk")
+		}
+	}
+	b.ReportMetric(float64(total)/per, "cmds/chunk")
 }
