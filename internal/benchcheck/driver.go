@@ -101,7 +101,10 @@ func drive(ctx context.Context, ds []decider, l load) (result, error) {
 	defer timer.Stop()
 	start := time.Now()
 	for c := range l.callers {
-		latencies[c] = make([]time.Duration, 0, n/l.callers+1)
+		// Room for the count bound's share, up to 64 Ki: a bound of
+		// 2^30 (a case bounded by time) once made each caller zero 4 GiB
+		// before its first call.
+		latencies[c] = make([]time.Duration, 0, min(n/l.callers+1, 1<<16))
 		decide := ds[c%len(ds)]
 		wg.Go(func() {
 			for i := next.Add(1) - 1; i < int64(n) && !stop.Load() && ctx.Err() == nil; i = next.Add(1) - 1 {
