@@ -305,7 +305,8 @@ func (s *redisStore) unlocks(ctx context.Context, us []core.Unlock) {
 	x.Exec(ctx)
 }
 
-// usage reads each limit's windows and epoch in one call. The reporter
+// usage reads each limit's windows and epoch in one call, the calls of
+// up to maxUsageBatch limits in one pipeline (bucket.Batch). The reporter
 // names the bucket's counts of one Redis incarnation (see bucket.Epoch):
 // every replica reports the same counts under the same name (the
 // allocator keeps the highest), and counts that restart from zero after
@@ -314,42 +315,13 @@ func (s *redisStore) unlocks(ctx context.Context, us []core.Unlock) {
 // run_id for all of them, and are read again.
 func (s *redisStore) usage(ctx context.Context, reads []core.ReportRead) []usageOut {
 	out := make([]usageOut, len(reads))
-	var missing []int
-	read := func(i int) {
-		r := reads[i]
-		var counts []bucket.WindowCounts
-		for off := 0; off < len(r.Windows); off += maxUsageWindows {
-			rctx, cancel := context.WithTimeout(ctx, s.a.opt.redisTimeout)
-			epoch, c, err := s.b.Usage(rctx, bucket.LimitRef{ID: r.Limit, HashTag: r.HashTag}, r.Windows[off:min(len(r.Windows), off+maxUsageWindows)])
-			cancel()
-			s.a.observeRedis(err)
-			switch {
-			case err != nil:
-				out[i].err = err
-				return
-			case epoch == "":
-				out[i].err = errNoEpoch
-				return
-			case out[i].reporter != "" && out[i].reporter != bucketReporter(epoch):
-				out[i].err = errEpochChanged
-				return
-			}
-			out[i].reporter = bucketReporter(epoch)
-			counts = append(counts, c...)
-		}
-		if err := vocab.ValidateRequestID("reporter", out[i].reporter); err != nil {
-			out[i].err = err
-			return
-		}
-		out[i].usage = nil
-		for _, c := range counts {
-			if u := usageOf(r.Limit, c.Window, c.Admitted, c.Denied, c.Counters); u.Admitted+u.Denied+u.FallbackAdmitted+u.WouldDenyChecks > 0 {
-				out[i].usage = append(out[i].usage, u)
-			}
-		}
+	all := make([]int, len(reads))
+	for i := range all {
+		all[i] = i
 	}
-	for i := range reads {
-		read(i)
+	s.readUsage(ctx, reads, all, out)
+	var missing []int
+	for i := range out {
 		if errors.Is(out[i].err, errNoEpoch) {
 			missing = append(missing, i)
 		}
@@ -365,17 +337,82 @@ func (s *redisStore) usage(ctx context.Context, reads []core.ReportRead) []usage
 	err := s.b.SetEpochs(rctx, refs)
 	cancel()
 	s.a.observeRedis(err)
-	for _, i := range missing {
-		out[i] = usageOut{err: err}
-		if err == nil {
-			read(i)
+	if err != nil {
+		for _, i := range missing {
+			out[i] = usageOut{err: err}
 		}
+		return out
 	}
+	s.readUsage(ctx, reads, missing, out)
 	return out
 }
 
-// maxUsageWindows bounds the windows of one usage read.
-const maxUsageWindows = 64
+// maxUsageBatch bounds the limits whose usage one pipeline reads: a report
+// round reads up to a thousand (core.WithReports), and Redis runs a
+// pipeline's calls back to back, so one pipeline of them all would hold up
+// other clients' spends while it ran.
+const maxUsageBatch = 64
+
+// readUsage reads the usage of reads[i] for each i in which into out[i],
+// in pipelines of up to maxUsageBatch limits (a limit's calls, one per
+// bucket.MaxUsageWindows windows, share a pipeline).
+func (s *redisStore) readUsage(ctx context.Context, reads []core.ReportRead, which []int, out []usageOut) {
+	for len(which) > 0 {
+		n := min(len(which), maxUsageBatch)
+		x := s.b.Batch()
+		first := make([]int, n) // each limit's first call in x
+		for k, i := range which[:n] {
+			r := reads[i]
+			first[k] = x.Len()
+			for off := 0; off < len(r.Windows); off += bucket.MaxUsageWindows {
+				x.Usage(bucket.LimitRef{ID: r.Limit, HashTag: r.HashTag}, r.Windows[off:min(len(r.Windows), off+bucket.MaxUsageWindows)])
+			}
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.a.opt.redisTimeout)
+		x.Exec(rctx)
+		cancel()
+		var firstErr error
+		for k, i := range which[:n] {
+			var err error
+			out[i], err = usageFrom(reads[i], x, first[k])
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+		s.a.observeRedis(firstErr)
+		which = which[n:]
+	}
+}
+
+// usageFrom is a limit's usage from its calls in x, the first at index
+// first: one per bucket.MaxUsageWindows of r's windows. err is the Redis
+// error among them, if any (for the store's health).
+func usageFrom(r core.ReportRead, x *bucket.Batch, first int) (usageOut, error) {
+	var o usageOut
+	var counts []bucket.WindowCounts
+	for off, j := 0, first; off < len(r.Windows); off, j = off+bucket.MaxUsageWindows, j+1 {
+		epoch, c, err := x.UsageOf(j)
+		switch {
+		case err != nil:
+			return usageOut{err: err}, err
+		case epoch == "":
+			return usageOut{err: errNoEpoch}, nil
+		case o.reporter != "" && o.reporter != bucketReporter(epoch):
+			return usageOut{err: errEpochChanged}, nil
+		}
+		o.reporter = bucketReporter(epoch)
+		counts = append(counts, c...)
+	}
+	if err := vocab.ValidateRequestID("reporter", o.reporter); err != nil {
+		return usageOut{err: err}, nil
+	}
+	for _, c := range counts {
+		if u := usageOf(r.Limit, c.Window, c.Admitted, c.Denied, c.Counters); u.Admitted+u.Denied+u.FallbackAdmitted+u.WouldDenyChecks > 0 {
+			o.usage = append(o.usage, u)
+		}
+	}
+	return o, nil
+}
 
 func bucketReporter(epoch string) string { return "bucket-" + epoch }
 

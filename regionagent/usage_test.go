@@ -2,8 +2,13 @@ package regionagent
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"leasehold/allocator"
 	"leasehold/lease"
@@ -44,5 +49,101 @@ func TestUsageReported(t *testing.T) {
 	// The very first Check was denied before any lease (cost 1).
 	if got["eu"].adm != admitted || got["eu"].den != denied+1 {
 		t.Fatalf("allocator has eu %+v, Checks saw admitted %d denied %d (+1 cold)", got["eu"], admitted, denied)
+	}
+}
+
+// usageHook counts the round trips to Redis that carry usage reads (a
+// script call whose first key is a limit's epoch key) and the reads.
+type usageHook struct {
+	mu           sync.Mutex
+	trips, reads int
+}
+
+func (h *usageHook) count(cmds []redis.Cmder) {
+	n := 0
+	for _, c := range cmds {
+		if args := c.Args(); c.Name() == "evalsha" && len(args) > 3 && strings.HasSuffix(fmt.Sprint(args[3]), ":epoch") {
+			n++
+		}
+	}
+	if n > 0 {
+		h.mu.Lock()
+		h.trips++
+		h.reads += n
+		h.mu.Unlock()
+	}
+}
+
+func (h *usageHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *usageHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.count([]redis.Cmder{cmd}); return next(ctx, cmd) }
+}
+func (h *usageHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.count(cmds); return next(ctx, cmds) }
+}
+
+func (h *usageHook) take() (trips, reads int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	trips, reads, h.trips, h.reads = h.trips, h.reads, 0, 0
+	return trips, reads
+}
+
+// TestUsageReadsBatched: a report round reads its limits' counts in
+// pipelines of maxUsageBatch limits, not one round trip each, and every
+// limit's counts reach the allocator: the first round also gives each
+// limit its epoch (one more pipeline of reads after), the next only reads.
+func TestUsageReadsBatched(t *testing.T) {
+	const n = 2*maxUsageBatch + 9
+	w := newWorld(t, "eu")
+	var ids []string
+	for i := range n {
+		l := limit(fmt.Sprintf("tenant/u%03d", i), 100, time.Minute, 15*time.Second, "eu")
+		l.Lease.MinChunk = 10
+		ids = append(ids, w.putLimit(l).Id)
+	}
+	h := &usageHook{}
+	rdb := redis.NewClient(&redis.Options{Addr: w.redis["eu"].Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(h)
+	a := w.agentOn(rdb, "eu", "r1", nil)
+	ctx := context.Background()
+	for _, id := range ids {
+		a.Check(ctx, id, 1) // denied: no lease yet
+		a.evaluate(ctx, id)
+		if d, _ := a.Check(ctx, id, 1); !d.Allowed {
+			t.Fatalf("%s not leased: %+v", id, d)
+		}
+	}
+	// Every script known to Redis (a first use is sent again after
+	// NOSCRIPT).
+	if err := a.shared.b.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.take()
+	a.report(ctx)
+	batches := (n + maxUsageBatch - 1) / maxUsageBatch
+	if trips, reads := h.take(); trips != 2*batches || reads != 2*n {
+		t.Errorf("first report: %d usage reads in %d round trips, want %d in %d (each limit read, given an epoch, read again)", reads, trips, 2*n, 2*batches)
+	}
+	win := lease.WindowOf(w.clock.Now(), time.Minute).Index
+	for _, id := range ids {
+		if u := w.regionUsage(id, "eu", win); u.Admitted != 1 || u.Denied != 1 {
+			t.Fatalf("allocator has %s %+v, want 1 admitted and 1 denied", id, u)
+		}
+	}
+	for _, id := range ids {
+		if d, _ := a.Check(ctx, id, 2); !d.Allowed {
+			t.Fatalf("%s: %+v", id, d)
+		}
+	}
+	a.report(ctx)
+	if trips, reads := h.take(); trips != batches || reads != n {
+		t.Errorf("second report: %d usage reads in %d round trips, want %d in %d", reads, trips, n, batches)
+	}
+	for _, id := range ids {
+		if u := w.regionUsage(id, "eu", win); u.Admitted != 3 || u.Denied != 1 {
+			t.Fatalf("allocator has %s %+v after the second report, want 3 admitted and 1 denied", id, u)
+		}
 	}
 }

@@ -8,9 +8,9 @@ import (
 )
 
 // Batch gathers renewal-round calls (the lock, balance reads, deposits,
-// unlocks, lock extensions) of many limits and sends them in one Redis pipeline: one round
-// trip (per Cluster node) for all of them, however many limits they
-// touch, where one call each would cost a round trip and a pair of system
+// unlocks, lock extensions) and usage reads of many limits and sends them
+// in one Redis pipeline: one round trip (per Cluster node) for all of
+// them, however many limits they touch, where one call each would cost a round trip and a pair of system
 // calls on both sides per limit. Each call keeps its own outcome and its
 // own errors, exactly as if it had been made alone: a Batch only changes
 // how the calls travel. Queue calls, Exec once, then read each outcome by
@@ -27,6 +27,7 @@ type batchCall struct {
 	keys  []string
 	args  []any
 	ttl   time.Duration // SET NX: the lock's TTL
+	wins  []int64       // Usage: the windows read
 	reply any
 	err   error // invalid input (not sent), or the call's error
 }
@@ -81,6 +82,12 @@ func (x *Batch) ExtendLock(key, owner string, ttl time.Duration) int {
 	c := batchCall{s: extendScript, keys: []string{key}, args: []any{owner, ttl.Milliseconds()}}
 	c.err = checkLock(key, owner, ttl)
 	return x.add(c)
+}
+
+// Usage queues Buckets.Usage; read it with UsageOf.
+func (x *Batch) Usage(l LimitRef, windows []int64) int {
+	keys, err := usageKeys(l, windows)
+	return x.add(batchCall{s: usageScript, keys: keys, wins: windows, err: err})
 }
 
 // Exec sends every queued call in one pipeline and keeps their outcomes.
@@ -186,6 +193,15 @@ func (x *Batch) DepositOf(i int) (DepositResult, error) {
 		return DepositResult{}, c.err
 	}
 	return parseDeposit(c.reply)
+}
+
+// UsageOf is Usage's outcome.
+func (x *Batch) UsageOf(i int) (string, []WindowCounts, error) {
+	c := x.calls[i]
+	if c.err != nil {
+		return "", nil, c.err
+	}
+	return parseUsage(c.reply, c.wins)
 }
 
 // Unlocked is Unlock's outcome (ErrNotHeld: the lock had expired or

@@ -2,16 +2,18 @@ package bucket
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// TestBatchAsSingleCalls: a renewal round's calls for several limits, sent
-// in one Batch, have the outcomes the same calls have one at a time (on
-// both backends), each call its own: a refused lock, an invalid call and
-// a duplicate deposit do not touch the others.
+// TestBatchAsSingleCalls: a renewal round's calls and usage reads for
+// several limits, sent in one Batch, have the outcomes the same calls have
+// one at a time (on both backends), each call its own: a refused lock, an
+// invalid call, a duplicate deposit and a limit without an epoch do not
+// touch the others.
 func TestBatchAsSingleCalls(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
@@ -30,16 +32,27 @@ func TestBatchAsSingleCalls(t *testing.T) {
 			if _, err := b.Deposit(ctx, depA); err != nil {
 				t.Fatal(err)
 			}
+			if _, err := b.Spend(ctx, []string{ka}, []int64{3}, T0+1); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.AddCounter(ctx, ka, "fallback_admitted", 2); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.SetEpochs(ctx, []LimitRef{{ID: "a"}}); err != nil {
+				t.Fatal(err)
+			}
 
 			x := b.Batch()
+			useA, useB := x.Usage(LimitRef{ID: "a"}, []int64{1, 2}), x.Usage(LimitRef{ID: "b"}, []int64{1})
+			badUse := x.Usage(LimitRef{ID: "a"}, make([]int64, MaxUsageWindows+1))
 			lockA, lockB := x.TryLock(la, "me", time.Minute), x.TryLock(lb, "me", time.Minute)
 			balA := x.Balance(ka, T0+1)
 			bad := x.Balance("", T0+1)
 			dupA := x.Deposit(depA)
 			newB := x.Deposit(Deposit{Key: kb, LeaseID: "L2", Tokens: 7, StartMs: T0, DeadlineMs: T0 + 4000, ExpireAtMs: exp, NowMs: T0 + 1})
 			unB := x.Unlock(lb, "me")
-			if x.Len() != 7 {
-				t.Fatalf("Len = %d, want 7", x.Len())
+			if x.Len() != 10 {
+				t.Fatalf("Len = %d, want 10", x.Len())
 			}
 			x.Exec(ctx)
 
@@ -51,8 +64,8 @@ func TestBatchAsSingleCalls(t *testing.T) {
 			}
 			got, err := x.BalanceOf(balA)
 			want, werr := b.Balance(ctx, ka, T0+1)
-			if err != nil || werr != nil || got.Spendable != want.Spendable || got.Spendable != 10 {
-				t.Errorf("balance of a in a batch %+v (%v), alone %+v (%v), want 10 spendable", got, err, want, werr)
+			if err != nil || werr != nil || got.Spendable != want.Spendable || got.Spendable != 7 {
+				t.Errorf("balance of a in a batch %+v (%v), alone %+v (%v), want 7 spendable (10 less 3 spent)", got, err, want, werr)
 			}
 			if _, err := x.BalanceOf(bad); !errors.Is(err, ErrInvalid) {
 				t.Errorf("empty key: %v, want ErrInvalid", err)
@@ -62,6 +75,20 @@ func TestBatchAsSingleCalls(t *testing.T) {
 			}
 			if r, err := x.DepositOf(newB); err != nil || r.Status != Deposited || r.Balance != 7 {
 				t.Errorf("deposit b: %+v %v, want Deposited, 7", r, err)
+			}
+			epoch, counts, err := x.UsageOf(useA)
+			wepoch, wcounts, werr := b.Usage(ctx, LimitRef{ID: "a"}, []int64{1, 2})
+			if err != nil || werr != nil || epoch == "" || epoch != wepoch || !reflect.DeepEqual(counts, wcounts) {
+				t.Errorf("usage of a in a batch %q %+v (%v), alone %q %+v (%v)", epoch, counts, err, wepoch, wcounts, werr)
+			}
+			if len(counts) != 2 || counts[0].Admitted != 3 || len(counts[0].Counters) != 1 || counts[0].Counters[0].Value != 2 || counts[1].Admitted != 0 {
+				t.Errorf("usage of a: %+v, want 3 admitted and 2 fallback-admitted in window 1, nothing in 2", counts)
+			}
+			if epoch, counts, err := x.UsageOf(useB); err != nil || epoch != "" || len(counts) != 1 {
+				t.Errorf("usage of b (no epoch yet): %q %+v %v, want no epoch", epoch, counts, err)
+			}
+			if _, _, err := x.UsageOf(badUse); !errors.Is(err, ErrInvalid) {
+				t.Errorf("usage of %d windows: %v, want ErrInvalid", MaxUsageWindows+1, err)
 			}
 			if err := x.Unlocked(unB); !errors.Is(err, ErrNotHeld) {
 				t.Errorf("unlock b (another owner's): %v, want ErrNotHeld", err)

@@ -73,8 +73,8 @@ type WindowCounts struct {
 	Counters         []Counter // the others, sorted by name
 }
 
-// maxUsageWindows bounds the windows of one Usage call.
-const maxUsageWindows = 64
+// MaxUsageWindows bounds the windows of one Usage call.
+const MaxUsageWindows = 64
 
 // Usage reads a limit's epoch and the counters of windows, in one atomic
 // script call, for a usage report: the counts and the name of the
@@ -82,22 +82,32 @@ const maxUsageWindows = 64
 // epoch is "" when the key is missing (a limit never reported, or Redis
 // lost its data): set it with SetEpochs and read again.
 func (b *Buckets) Usage(ctx context.Context, l LimitRef, windows []int64) (string, []WindowCounts, error) {
-	switch {
-	case l.ID == "":
-		return "", nil, invalid("empty limit id")
-	case len(windows) == 0 || len(windows) > maxUsageWindows:
-		return "", nil, invalid("%d windows, want 1..%d", len(windows), maxUsageWindows)
-	}
-	keys := make([]string, 0, 1+len(windows))
-	keys = append(keys, EpochKey(l.HashTag, l.ID))
-	for _, w := range windows {
-		keys = append(keys, Key(l.HashTag, l.ID, w))
+	keys, err := usageKeys(l, windows)
+	if err != nil {
+		return "", nil, err
 	}
 	v, err := b.eval(ctx, usageScript, keys)
 	if err != nil {
 		return "", nil, err
 	}
 	return parseUsage(v, windows)
+}
+
+// usageKeys checks a Usage call and names its keys: the limit's epoch
+// key, then each window's bucket.
+func usageKeys(l LimitRef, windows []int64) ([]string, error) {
+	switch {
+	case l.ID == "":
+		return nil, invalid("empty limit id")
+	case len(windows) == 0 || len(windows) > MaxUsageWindows:
+		return nil, invalid("%d windows, want 1..%d", len(windows), MaxUsageWindows)
+	}
+	keys := make([]string, 0, 1+len(windows))
+	keys = append(keys, EpochKey(l.HashTag, l.ID))
+	for _, w := range windows {
+		keys = append(keys, Key(l.HashTag, l.ID, w))
+	}
+	return keys, nil
 }
 
 // SetEpochs sets the epoch keys of limits that have none (as Epoch does)
