@@ -10,8 +10,8 @@ import (
 // Batch gathers renewal-round calls (the lock, balance reads, deposits,
 // unlocks, lock extensions) and usage reads of many limits and sends them
 // in one Redis pipeline: one round trip (per Cluster node) for all of
-// them, however many limits they touch, where one call each would cost a round trip and a pair of system
-// calls on both sides per limit. Each call keeps its own outcome and its
+// them, however many limits they touch, where one call each would cost a
+// round trip and a pair of system calls on both sides per limit. Each call keeps its own outcome and its
 // own errors, exactly as if it had been made alone: a Batch only changes
 // how the calls travel. Queue calls, Exec once, then read each outcome by
 // the index its queuing returned. A Batch belongs to one goroutine.
