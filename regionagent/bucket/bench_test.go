@@ -523,3 +523,49 @@ func BenchmarkReserveRedisCPU(b *testing.B) {
 	}
 	b.ReportMetric(float64(total)/per, "cmds/chunk")
 }
+
+// BenchmarkUsageRedisCPU measures redis-server's CPU per usage read (a
+// limit's epoch and one window's counters, as a report round reads them)
+// on 256 limits: each read a call and a round trip of its own, and the
+// reads in pipelines of 64 (Batch.Usage, as the agent sends them).
+//
+//	go test -run '^$' -bench BenchmarkUsageRedisCPU -benchtime 50x ./regionagent/bucket/
+func BenchmarkUsageRedisCPU(b *testing.B) {
+	const perPipeline = 64
+	bk, keys := benchBuckets(b, &redis.Options{}, 256, 1)
+	ctx := context.Background()
+	refs := make([]LimitRef, len(keys))
+	for l := range refs {
+		refs[l] = LimitRef{ID: fmt.Sprint("bench", l)}
+	}
+	if err := bk.SetEpochs(ctx, refs); err != nil {
+		b.Fatal(err)
+	}
+	window := []int64{1}
+	var alone, batched float64
+	for b.Loop() {
+		c0 := redisCPU(b, bk.rdb)
+		for _, l := range refs {
+			if epoch, _, err := bk.Usage(ctx, l, window); err != nil || epoch == "" {
+				b.Fatal(epoch, err)
+			}
+		}
+		c1 := redisCPU(b, bk.rdb)
+		for first := 0; first < len(refs); first += perPipeline {
+			x := bk.Batch()
+			for _, l := range refs[first : first+perPipeline] {
+				x.Usage(l, window)
+			}
+			x.Exec(ctx)
+			for i := range perPipeline {
+				if epoch, _, err := x.UsageOf(i); err != nil || epoch == "" {
+					b.Fatal(epoch, err)
+				}
+			}
+		}
+		alone, batched = alone+c1-c0, batched+redisCPU(b, bk.rdb)-c1
+	}
+	per := float64(b.N * len(refs))
+	b.ReportMetric(alone*1e6/per, "redis-cpu-µs/read-alone")
+	b.ReportMetric(batched*1e6/per, "redis-cpu-µs/read-batched")
+}
