@@ -112,7 +112,7 @@ type pipeHook struct {
 	held    chan struct{} // closed when a pipeline is held
 	release chan struct{}
 	mu      sync.Mutex
-	pipes   [][]string // each pipeline's commands, "evalsha <sha>" for scripts
+	pipes   [][]string // each pipeline's commands, "evalsha <sha> <first key>" for scripts
 }
 
 func (h *pipeHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
@@ -122,14 +122,14 @@ func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		names := make([]string, len(cmds))
 		for i, c := range cmds {
 			names[i] = c.Name()
-			if args := c.Args(); c.Name() == "evalsha" && len(args) > 1 {
-				names[i] += " " + fmt.Sprint(args[1])
+			if args := c.Args(); c.Name() == "evalsha" && len(args) > 3 {
+				names[i] += " " + fmt.Sprint(args[1]) + " " + fmt.Sprint(args[3])
 			}
 		}
 		h.mu.Lock()
 		h.pipes = append(h.pipes, names)
 		h.mu.Unlock()
-		if h.armed.CompareAndSwap(true, false) {
+		if h.held != nil && h.armed.CompareAndSwap(true, false) {
 			close(h.held)
 			<-h.release
 		}
