@@ -30,7 +30,7 @@ func benchBuckets(b *testing.B, opts *redis.Options, limits, leases int) (*Bucke
 	now := time.Now().UnixMilli()
 	keys := make([]string, limits)
 	for l := range keys {
-		keys[l] = Key("", fmt.Sprint("bench", l), 1)
+		keys[l] = Key("", benchLimit(l), 1)
 		for i := range leases {
 			_, err := bk.Deposit(ctx, Deposit{Key: keys[l], LeaseID: "L" + strconv.Itoa(i), Tokens: 1 << 50,
 				StartMs: now - 1000, DeadlineMs: now + int64(i+1)*3_600_000, ExpireAtMs: now + 4*3_600_000})
@@ -41,6 +41,10 @@ func benchBuckets(b *testing.B, opts *redis.Options, limits, leases int) (*Bucke
 	}
 	return bk, keys
 }
+
+// benchLimit is the id of benchBuckets' l-th limit (its bucket is of
+// window 1).
+func benchLimit(l int) string { return "bench" + strconv.Itoa(l) }
 
 // redisScriptUsec is the microseconds redis-server has spent in EVALSHA
 // calls since it started (INFO commandstats).
@@ -536,7 +540,7 @@ func BenchmarkUsageRedisCPU(b *testing.B) {
 	ctx := context.Background()
 	refs := make([]LimitRef, len(keys))
 	for l := range refs {
-		refs[l] = LimitRef{ID: fmt.Sprint("bench", l)}
+		refs[l] = LimitRef{ID: benchLimit(l)}
 	}
 	if err := bk.SetEpochs(ctx, refs); err != nil {
 		b.Fatal(err)
