@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -422,6 +423,9 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 	if eff == pb.Effective_EFFECTIVE_NOW || len(diffLimits(cur, next)) == 0 {
 		// At once; or back to the version in force, which cancels the
 		// scheduled change.
+		if err := standingAtOnce(it.field, cur, next); err != nil {
+			return nil, err
+		}
 		next.EffectiveFrom = timestamppb.New(now)
 		return next, nil
 	}
@@ -456,6 +460,52 @@ func nextRecord(now time.Time, stored *pb.Limit, it *changeItem, eff pb.Effectiv
 	}
 	next.EffectiveFrom, next.Previous = timestamppb.New(from), prev
 	return next, nil
+}
+
+// standingAtOnce refuses a change that governs the running window at once
+// (from cur, the version in force, to next) if it would change what the
+// window's standing shares are: regions may already have spent theirs,
+// without a request the allocator could have refused. So lease.standing
+// changes only at a window boundary, and while a share is set no region
+// leaves at once (adding one is safe: its share is counted from the
+// change on, and every version's shares fit in its G). A plan is held to
+// it for every tenant its contracts shape too.
+func standingAtOnce(field string, cur, next *pb.Limit) error {
+	check := func(f string, cur, next *pb.Limit) error {
+		was, will := cur.GetLease().GetStanding(), next.GetLease().GetStanding()
+		if was != will {
+			return fieldErr(f+".lease.standing", "%d -> %d: regions may have spent their standing shares of the running window: "+
+				"a standing share changes only at a window boundary (leave effective unset, or NEXT_WINDOW)", was, will)
+		}
+		if was == 0 {
+			return nil
+		}
+		for _, r := range cur.Regions {
+			if !slices.Contains(next.Regions, r) {
+				return fieldErr(f+".regions", "%q may have spent its standing share of the running window: "+
+					"a limit with standing shares drops a region only at a window boundary (leave effective unset, or NEXT_WINDOW)", r)
+			}
+		}
+		return nil
+	}
+	if err := check(field, cur, next); err != nil {
+		return err
+	}
+	if !planbind.IsPlan(next.Id) {
+		return nil
+	}
+	ids := slices.Sorted(maps.Keys(cur.Contracts))
+	for id := range next.Contracts {
+		if _, ok := cur.Contracts[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	for _, id := range ids {
+		if err := check(field+".contracts["+id+"]", planbind.Resolve(cur, id), planbind.Resolve(next, id)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // overrideEnder is the principal that records an override's end.
@@ -550,6 +600,9 @@ func overrideRecord(now time.Time, stored, next *pb.Limit, it *changeItem, cs *c
 		if err := checkPlanOverride(it.field, after, next); err != nil {
 			return nil, err
 		}
+	}
+	if err := standingAtOnce(it.field, after, next); err != nil {
+		return nil, err
 	}
 	next.EffectiveFrom, next.Previous = timestamppb.New(now), nil
 	next.Override = &pb.LimitOverride{Reason: cs.reason, EndsAt: timestamppb.New(now.Add(cs.overrideFor)), After: after}

@@ -18,7 +18,7 @@ import (
 // limitFields flattens the fields of a limit that a person sets, by the
 // names a FieldChange uses: "limit_tokens", "window", "regions", "mode",
 // "fallback.<region>", "lease.ttl", "lease.min_chunk", "lease.max_chunk",
-// "owner", "description", "tags.<key>", "hash_tag", "shadow", when set
+// when set "lease.standing", "owner", "description", "tags.<key>", "hash_tag", "shadow", when set
 // "settle_grace", "debt_policy", and for a bucket limit "kind", "rate"
 // (e.g. "100/s") and "burst_tokens". A nil limit has none.
 func limitFields(l *pb.Limit) map[string]string {
@@ -36,6 +36,9 @@ func limitFields(l *pb.Limit) map[string]string {
 		"owner":           l.Owner,
 		"description":     l.Description,
 		"hash_tag":        l.HashTag,
+	}
+	if n := l.GetLease().GetStanding(); n != 0 {
+		m["lease.standing"] = strconv.FormatInt(n, 10) // absent: no standing shares
 	}
 	if p := l.GetWindowPhase().AsDuration(); p != 0 {
 		m["window_phase"] = p.String() // absent: windows aligned on multiples of W
@@ -82,7 +85,7 @@ func limitFields(l *pb.Limit) map[string]string {
 // fieldOrder lists the fixed fields in the order a diff shows them;
 // fallback.* and tags.* follow their neighbours, by name.
 var fieldOrder = []string{"limit_tokens", "window", "window_phase", "calendar", "kind", "rate", "burst_tokens", "regions", "mode", "fallback.", "lease.ttl",
-	"lease.min_chunk", "lease.max_chunk", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override", "binds", "contracts."}
+	"lease.min_chunk", "lease.max_chunk", "lease.standing", "owner", "description", "tags.", "hash_tag", "settle_grace", "debt_policy", "shadow", "override", "binds", "contracts."}
 
 func fieldRank(f string) int {
 	for i, p := range fieldOrder {

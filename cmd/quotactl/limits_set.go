@@ -54,7 +54,7 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	var period time.Duration
 	if plan {
 		l.Contracts = map[string]*pb.Contract{}
-		f.value("contract", "`TENANT=N|TENANT=FIELD=VALUE ...`: a tenant's contract: what it replaces of the plan for that tenant, its G (tenant/atlas=3000) or any of limit, rate, burst, mode, regions, fallback, window, ttl, min-chunk, max-chunk, shadow ('tenant/atlas=limit=3000 mode=bounded fallback=eu=local:50'; a bucket plan's 'tenant/atlas=rate=100 burst=300'); the tenant must be bound to the plan; repeatable", func(s string) error {
+		f.value("contract", "`TENANT=N|TENANT=FIELD=VALUE ...`: a tenant's contract: what it replaces of the plan for that tenant, its G (tenant/atlas=3000) or any of limit, rate, burst, mode, regions, fallback, window, ttl, min-chunk, max-chunk, standing, shadow ('tenant/atlas=limit=3000 mode=bounded fallback=eu=local:50'; a bucket plan's 'tenant/atlas=rate=100 burst=300'); the tenant must be bound to the plan; repeatable", func(s string) error {
 			return parseContract(s, l.Contracts)
 		})
 		f.listVar(&l.Binds, "bind", "`PATTERN|ID,...`: the ids the plan defines: a pattern, e.g. tenant/{id} (every id tenant/X without a limit of its own is on the plan from its first request), or one tenant's id, e.g. tenant/bigco (on this plan whatever pattern names it); repeatable")
@@ -79,6 +79,7 @@ func setLimitFlags(f *flagSet, plan bool) action {
 	f.durationVar(&ttl, "ttl", "`DUR`: lease lifetime, <= the window (default: a quarter of the window)")
 	f.tokensVar(&l.Lease.MinChunk, "min-chunk", "`N`: smallest grant while the pool has tokens (default 1)", 0)
 	f.tokensVar(&l.Lease.MaxChunk, "max-chunk", "`N`: largest single grant; 0 means no cap (default 0)", 0)
+	f.tokensVar(&l.Lease.Standing, "standing", "`N`: each region's standing share of every window, counted as granted from the window's start so a region decides a limit's first Checks without waiting for a lease; N x regions <= limit; changes only at a window boundary (default 0: none)", 0)
 	f.stringVar(&l.Owner, "owner", "`S`: who owns the limit, e.g. a team or a contract")
 	f.stringVar(&l.Description, "description", "`S`: free text")
 	if !plan {

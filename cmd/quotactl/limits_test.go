@@ -31,11 +31,11 @@ func TestLimitsLifecycle(t *testing.T) {
 	// Flags after the ID, fallback both repeated and comma separated.
 	r := q("limits", "set", "--reason", "test", "tenant/atlas", "--limit", "1000", "--window", "1m", "--regions", "eu,us",
 		"--mode", "bounded", "--fallback", "us=local:100", "--fallback", "eu=closed",
-		"--ttl", "15s", "--min-chunk", "5", "--max-chunk", "100", "--owner", "finance",
+		"--ttl", "15s", "--min-chunk", "5", "--max-chunk", "100", "--standing", "5", "--owner", "finance",
 		"--description", "Atlas contract, 2026", "--tag", "tier=gold", "--tag", "team=payments").want(t, 0)
 	want := map[string]string{
 		"id": "tenant/atlas", "limit": "1000", "window": "1m", "regions": "eu,us", "mode": "bounded",
-		"fallback": "eu=closed,us=local:100", "ttl": "15s", "min-chunk": "5", "max-chunk": "100",
+		"fallback": "eu=closed,us=local:100", "ttl": "15s", "min-chunk": "5", "max-chunk": "100", "standing": "5",
 		"owner": "finance", "description": "Atlas contract, 2026", "tags": "team=payments,tier=gold",
 		"version": "1",
 	}
@@ -237,6 +237,7 @@ func TestServerValidation(t *testing.T) {
 		{base("--fallback", "ap=open"), "limit.fallback[ap]"},
 		{base("--mode", "strict", "--fallback", "us=open"), "limit.fallback[us]"},
 		{base("--min-chunk", "500"), "limit.lease.min_chunk"},
+		{base("--standing", "51"), "limit.lease.standing"},
 		{[]string{"--allocator", ta.addr, "limits", "set", "--reason", "test", "tenant//atlas", "--limit", "1",
 			"--window", "1m", "--regions", "eu", "--mode", "strict"}, "limit.id"},
 		{[]string{"--allocator", ta.addr, "limits", "get", "bad id!"}, "id"},

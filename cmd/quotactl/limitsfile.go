@@ -31,7 +31,7 @@ import (
 //	    regions: [eu, us]
 //	    mode: bounded
 //	    fallback: {eu: closed, us: "local:100"}
-//	    lease: {ttl: 15s, min_chunk: 1, max_chunk: 0}
+//	    lease: {ttl: 15s, min_chunk: 1, max_chunk: 0, standing: 0}
 //	    owner: finance
 //	    description: Atlas contract
 //	    tags: {plan: gold}
@@ -730,7 +730,7 @@ func decodeLease(n *yaml.Node, what string, ls *pb.LeaseSettings, lines map[stri
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil
 	}
-	f, err := mappingOf(n, what, "ttl", "min_chunk", "max_chunk")
+	f, err := mappingOf(n, what, "ttl", "min_chunk", "max_chunk", "standing")
 	if err != nil {
 		return err
 	}
@@ -751,6 +751,12 @@ func decodeLease(n *yaml.Node, what string, ls *pb.LeaseSettings, lines map[stri
 			return err
 		}
 		lines["lease.max_chunk"] = fv.val.Line
+	}
+	if fv, ok := f["standing"]; ok {
+		if ls.Standing, err = scalarInt(fv.val, what+".standing"); err != nil {
+			return err
+		}
+		lines["lease.standing"] = fv.val.Line
 	}
 	return nil
 }
@@ -906,10 +912,14 @@ func limitNode(l *pb.Limit) *yaml.Node {
 		fb.Content = append(fb.Content, str(r), str(kind))
 	}
 	add("fallback", fb)
-	add("lease", flowMap(
+	ls := flowMap(
 		str("ttl"), str(formatDuration(l.GetLease().GetTtl())),
 		str("min_chunk"), intNode(l.GetLease().GetMinChunk()),
-		str("max_chunk"), intNode(l.GetLease().GetMaxChunk())))
+		str("max_chunk"), intNode(l.GetLease().GetMaxChunk()))
+	if n := l.GetLease().GetStanding(); n != 0 {
+		ls.Content = append(ls.Content, str("standing"), intNode(n))
+	}
+	add("lease", ls)
 	if l.GetOwner() != "" {
 		add("owner", str(l.GetOwner()))
 	}

@@ -179,6 +179,7 @@ func TestEncodeLimitsFile(t *testing.T) {
 	ls[1].Description = "two\nlines\t"
 	ls[1].SettleGrace = durationpb.New(45 * time.Second)
 	ls[1].DebtPolicy = pb.DebtPolicy_DEBT_POLICY_FORGIVE
+	ls[1].Lease.Standing = 3
 	var buf bytes.Buffer
 	if err := encodeLimitsFile(&buf, []string{"tenant/"}, ls); err != nil {
 		t.Fatal(err)
@@ -192,6 +193,7 @@ func TestEncodeLimitsFile(t *testing.T) {
 		"    tags: {plan: gold, tenant: atlas}\n    hash_tag: atlas\n",
 		"    fallback: {eu: closed}\n",
 		"    settle_grace: 45s\n    debt_policy: forgive\n",
+		"    lease: {ttl: 250ms, min_chunk: 1, max_chunk: 0, standing: 3}\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("export lacks %q:\n%s", want, out)

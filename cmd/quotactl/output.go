@@ -92,6 +92,9 @@ func (e *env) printLimit(l *pb.Limit) error {
 		{"description", l.GetDescription()},
 		{"tags", formatTags(l.GetTags())},
 	}...)
+	if n := l.GetLease().GetStanding(); n != 0 {
+		rows = append(rows, [2]string{"standing", strconv.FormatInt(n, 10)})
+	}
 	if t := l.GetHashTag(); t != "" {
 		rows = append(rows, [2]string{"hash-tag", t})
 	}

@@ -25,7 +25,8 @@ import (
 // fieldDiff is one setting a change sets to another value. Names are the
 // limits file's keys: limit, window (kind, rate, burst for a bucket
 // limit), regions, mode, fallback.eu,
-// lease.ttl, lease.min_chunk, lease.max_chunk, owner, description,
+// lease.ttl, lease.min_chunk, lease.max_chunk, lease.standing (only
+// when set), owner, description,
 // tags.KEY, hash_tag, shadow (only when true), override (only when in
 // force). An absent value (a tag added or removed) is "".
 type fieldDiff struct {
@@ -79,6 +80,11 @@ func flatten(l *pb.Limit) []setting {
 		setting{"lease.ttl", formatDuration(l.GetLease().GetTtl())},
 		setting{"lease.min_chunk", strconv.FormatInt(l.GetLease().GetMinChunk(), 10)},
 		setting{"lease.max_chunk", strconv.FormatInt(l.GetLease().GetMaxChunk(), 10)},
+	)
+	if n := l.GetLease().GetStanding(); n != 0 {
+		out = append(out, setting{"lease.standing", strconv.FormatInt(n, 10)})
+	}
+	out = append(out,
 		setting{"owner", l.GetOwner()},
 		setting{"description", l.GetDescription()},
 	)

@@ -147,6 +147,8 @@ func checkShareSettings(l *pb.Limit) error {
 		return fieldErr("limit.lease.min_chunk", "%s, not chunks", grantedAs(l))
 	case l.Lease.MaxChunk != 0:
 		return fieldErr("limit.lease.max_chunk", "%s, not chunks", grantedAs(l))
+	case l.Lease.Standing != 0:
+		return fieldErr("limit.lease.standing", "%s: standing shares are shares of a window limit's windows", grantedAs(l))
 	}
 	ttl := DefaultShareTTL
 	if l.Lease.Ttl != nil {

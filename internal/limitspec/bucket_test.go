@@ -57,6 +57,7 @@ func TestValidateBucketNamesTheField(t *testing.T) {
 			l.Mode, l.Fallback = pb.Mode_MODE_BOUNDED, map[string]*pb.Fallback{"eu": {Kind: pb.FallbackKind_FALLBACK_KIND_LOCAL, LocalTokens: 5}}
 		})},
 		{"chunks on a bucket", "limit.lease.min_chunk", "rate shares", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{MinChunk: 1} })},
+		{"standing share on a bucket", "limit.lease.standing", "window limit", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Standing: 1} })},
 		{"share ttl too short", "limit.lease.ttl", "1s..10m0s", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(999 * time.Millisecond)} })},
 		{"share ttl too long", "limit.lease.ttl", "1s..10m0s", bucket(func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Ttl: durationpb.New(11 * time.Minute)} })},
 		{"unknown kind", "limit.kind", "window, bucket or concurrency", window(func(l *pb.Limit) { l.Kind = 99 })},

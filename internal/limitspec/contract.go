@@ -69,6 +69,9 @@ func FormatContract(c *pb.Contract) string {
 			parts = append(parts, "ttl="+shortDuration(ls.Ttl.AsDuration()))
 		}
 		parts = append(parts, "min-chunk="+strconv.FormatInt(ls.MinChunk, 10), "max-chunk="+strconv.FormatInt(ls.MaxChunk, 10))
+		if ls.Standing != 0 {
+			parts = append(parts, "standing="+strconv.FormatInt(ls.Standing, 10))
+		}
 	}
 	if c.Shadow != nil {
 		parts = append(parts, "shadow="+strconv.FormatBool(*c.Shadow))
@@ -180,13 +183,15 @@ func ParseContract(s string) (*pb.Contract, error) {
 			lease().MinChunk, err = nonNegative(val)
 		case "max-chunk":
 			lease().MaxChunk, err = nonNegative(val)
+		case "standing":
+			lease().Standing, err = nonNegative(val)
 		case "shadow":
 			var b bool
 			if b, err = strconv.ParseBool(val); err == nil {
 				c.Shadow = &b
 			}
 		default:
-			return nil, fmt.Errorf("unknown field %q: want limit, rate, burst, mode, regions, fallback, window, ttl, min-chunk, max-chunk or shadow", clipSpec(key))
+			return nil, fmt.Errorf("unknown field %q: want limit, rate, burst, mode, regions, fallback, window, ttl, min-chunk, max-chunk, standing or shadow", clipSpec(key))
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s=%s: %v", key, clipSpec(val), err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"leasehold/internal/zones"
 	"leasehold/lease"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +27,21 @@ func TestValidateLimitDefaults(t *testing.T) {
 	}
 	if got.Version != 0 || got.Regions[0] != "eu" || got.Lease.Ttl.AsDuration() != 15*time.Second || got.Lease.MinChunk != 1 {
 		t.Fatalf("normalized: %v", got)
+	}
+}
+
+// TestStandingSharesFitInG: every region's standing share fits in G
+// together, exactly at the edge.
+func TestStandingSharesFitInG(t *testing.T) {
+	l := &pb.Limit{Id: "tenant/a", LimitTokens: 101, Window: durationpb.New(time.Minute),
+		Regions: []string{"eu", "us"}, Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Standing: 50}}
+	got, err := ValidateLimit(l, []string{"eu", "us"})
+	if err != nil || got.Lease.Standing != 50 {
+		t.Fatalf("50 x 2 regions of G = 101: %v, %v", got, err)
+	}
+	l.Lease.Standing = 51
+	if _, err := ValidateLimit(l, []string{"eu", "us"}); err == nil || !strings.Contains(err.Error(), "at most 50 for 2 regions") {
+		t.Fatalf("51 x 2 regions of G = 101: %v", err)
 	}
 }
 
@@ -52,6 +68,9 @@ func TestValidateLimitNamesTheField(t *testing.T) {
 			l.Lease = &pb.LeaseSettings{MinChunk: vocab.MaxTokens + 1}
 		}},
 		{"limit.lease.max_chunk", func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{MaxChunk: vocab.MaxTokens + 1} }},
+		{"limit.lease.standing", func(l *pb.Limit) { l.Lease = &pb.LeaseSettings{Standing: -1} }},
+		// Two regions' shares of 51 are more than G = 100.
+		{"limit.lease.standing", func(l *pb.Limit) { l.Regions, l.Lease = []string{"eu", "us"}, &pb.LeaseSettings{Standing: 51} }},
 		{"limit.settle_grace", func(l *pb.Limit) { l.SettleGrace = durationpb.New(MaxSettleGrace + time.Millisecond) }},
 		{"limit.settle_grace", func(l *pb.Limit) { l.SettleGrace = durationpb.New(999 * time.Millisecond) }},
 		{"limit.settle_grace", func(l *pb.Limit) { l.SettleGrace = &durationpb.Duration{Seconds: 1, Nanos: -1} }},

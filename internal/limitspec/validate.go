@@ -334,6 +334,15 @@ func validateLimit(l *pb.Limit, known []string) (*pb.Limit, error) {
 	if l.Lease.MinChunk > l.LimitTokens {
 		return nil, fieldErr("limit.lease.min_chunk", "must be <= limit_tokens (%d), got %d", l.LimitTokens, l.Lease.MinChunk)
 	}
+	if err := vocab.ValidateTokens("limit.lease.standing", l.Lease.Standing, 0); err != nil {
+		return nil, err
+	}
+	if n := int64(len(l.Regions)); l.Lease.Standing > l.LimitTokens/n {
+		// Every region's share is counted as granted from the window's
+		// start: together they must fit in G.
+		return nil, fieldErr("limit.lease.standing", "standing x regions must be <= limit_tokens: at most %d for %d regions and limit_tokens %d, got %d",
+			l.LimitTokens/n, n, l.LimitTokens, l.Lease.Standing)
+	}
 	// The hash tag: the limit id means none (the keys' layout without
 	// tags), so it is stored empty.
 	if l.HashTag == l.Id {

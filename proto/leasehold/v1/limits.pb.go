@@ -307,7 +307,18 @@ type LeaseSettings struct {
 	// quiet region can restart); 0 means 1.
 	MinChunk int64 `protobuf:"varint,2,opt,name=min_chunk,json=minChunk,proto3" json:"min_chunk,omitempty"`
 	// max_chunk caps one grant; 0 means no cap.
-	MaxChunk      int64 `protobuf:"varint,3,opt,name=max_chunk,json=maxChunk,proto3" json:"max_chunk,omitempty"`
+	MaxChunk int64 `protobuf:"varint,3,opt,name=max_chunk,json=maxChunk,proto3" json:"max_chunk,omitempty"`
+	// standing is each region's standing share: tokens of every window that
+	// the allocator counts as granted to each of the limit's regions from
+	// the window's start, without a request, so that a region can decide a
+	// limit's first Checks of a window before it holds a lease. 0 (the
+	// default): none. standing x regions must be <= limit_tokens; a region
+	// that sends no traffic strands its share for the window (keep the sum
+	// to about 1 % of limit_tokens for 99 % utilization). Window limits
+	// only. It changes only at a window boundary, and while it is set a
+	// change made effective at once keeps every region (docs/design.md,
+	// "Standing shares").
+	Standing      int64 `protobuf:"varint,4,opt,name=standing,proto3" json:"standing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,6 +370,13 @@ func (x *LeaseSettings) GetMinChunk() int64 {
 func (x *LeaseSettings) GetMaxChunk() int64 {
 	if x != nil {
 		return x.MaxChunk
+	}
+	return 0
+}
+
+func (x *LeaseSettings) GetStanding() int64 {
+	if x != nil {
+		return x.Standing
 	}
 	return 0
 }
@@ -955,11 +973,12 @@ const file_leasehold_v1_limits_proto_rawDesc = "" +
 	"\x19leasehold/v1/limits.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"]\n" +
 	"\bFallback\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.leasehold.v1.FallbackKindR\x04kind\x12!\n" +
-	"\flocal_tokens\x18\x02 \x01(\x03R\vlocalTokens\"v\n" +
+	"\flocal_tokens\x18\x02 \x01(\x03R\vlocalTokens\"\x92\x01\n" +
 	"\rLeaseSettings\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1b\n" +
 	"\tmin_chunk\x18\x02 \x01(\x03R\bminChunk\x12\x1b\n" +
-	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\"\xf5\n" +
+	"\tmax_chunk\x18\x03 \x01(\x03R\bmaxChunk\x12\x1a\n" +
+	"\bstanding\x18\x04 \x01(\x03R\bstanding\"\xf5\n" +
 	"\n" +
 	"\x05Limit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
