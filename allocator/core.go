@@ -38,6 +38,11 @@ type Grant struct {
 	Returned     bool  `json:"ret"` // a return was recorded
 	Unspent      int64 `json:"un,omitempty"`
 	Credited     int64 `json:"cr,omitempty"` // credited to the pool (window open)
+	// Standing marks the record of a region's standing share, written when
+	// the region returns it: the share itself was counted as granted
+	// from the window's start without a record (Limit.Standing), so
+	// restoring the record restores only its return.
+	Standing bool `json:"std,omitempty"`
 
 	// pending is set while the grant (or its latest change) is not yet
 	// committed; replays wait on it. Owned by the Allocator; not persisted.
@@ -56,6 +61,18 @@ func (g *Grant) Schedule() lease.Windows { return schedOf(g.WindowMs, g.PhaseMs,
 // request ids contain no "/", so the id parses back without a lookup table.
 func LeaseID(window int64, region, requestID string) string {
 	return strconv.FormatInt(window, 10) + "/" + region + "/" + requestID
+}
+
+// StandingRequestID is the request id in the lease id of a region's
+// standing share of a window: StandingLeaseID. No request carries it (a
+// request id has no "~"), so it never names a granted lease.
+const StandingRequestID = "~standing"
+
+// StandingLeaseID is the lease id of region's standing share of a window:
+// the same for every replica of the region's agent, so the share is
+// deposited once and returned once.
+func StandingLeaseID(window int64, region string) string {
+	return LeaseID(window, region, StandingRequestID)
 }
 
 // ParseLeaseID splits a lease id made by LeaseID.
@@ -80,6 +97,20 @@ type requestKey struct {
 	region, requestID string
 }
 
+// standingKey is the key of region's standing share of a window of limit:
+// one per limit and window, as "~" is in no request id.
+func standingKey(region, limit string, window int64) requestKey {
+	return requestKey{region, "~" + strconv.FormatInt(window, 10) + "~" + limit}
+}
+
+// key is what the core finds the grant by.
+func (g *Grant) key() requestKey {
+	if g.Standing {
+		return standingKey(g.Region, g.Limit, g.Window)
+	}
+	return requestKey{g.Region, g.RequestID}
+}
+
 type demandKey struct {
 	limit, region string
 }
@@ -99,8 +130,8 @@ type demandReport struct {
 // windowState is the pool of one (limit, window).
 type windowState struct {
 	sched    lease.Windows // the windows of the version that opened it
-	granted  int64         // tokens granted
-	credited int64         // tokens returned while the window was open
+	granted  int64         // tokens granted in leases (standing shares are not in it: Limit.standingTotal)
+	credited int64         // tokens returned while the window was open, standing shares' included
 	late     int64         // tokens returned after the window closed (not credited)
 	maxG     int64         // largest G in force at any grant
 	// byRegion is what each region was granted and had credited back in
@@ -241,16 +272,18 @@ func (c *Core) Limit(id string) (*Limit, bool) {
 func (c *Core) Restore(g *Grant) {
 	k := windowKey{g.Limit, g.Window}
 	ws := c.window(k, g.Schedule())
-	ws.granted += g.Tokens
 	ws.credited += g.Credited
-	u := ws.region(g.Region)
-	u.granted += g.Tokens
-	u.credited += g.Credited
+	if !g.Standing {
+		ws.granted += g.Tokens
+		u := ws.region(g.Region)
+		u.granted += g.Tokens
+		u.credited += g.Credited
+	}
 	if g.Returned {
 		ws.late += g.Unspent - g.Credited
 	}
 	ws.maxG = max(ws.maxG, g.G)
-	rk := requestKey{g.Region, g.RequestID}
+	rk := g.key()
 	ws.requests = append(ws.requests, rk)
 	c.byRequest[rk] = g
 }
@@ -264,9 +297,9 @@ func (c *Core) window(k windowKey, sched lease.Windows) *windowState {
 	return ws
 }
 
-// Pool returns what the pool of (limit, window) holds now: G - granted +
-// credited returns, never below zero. G is the one of the version that
-// governs the window's start.
+// Pool returns what the pool of (limit, window) holds now: G - standing
+// shares - granted + credited returns, never below zero. G and the shares
+// are the ones of the version that governs the window's start.
 func (c *Core) Pool(limit string, window int64) int64 {
 	l, ok := c.limit(limit)
 	if !ok {
@@ -286,9 +319,9 @@ func (c *Core) Pool(limit string, window int64) int64 {
 
 func (c *Core) pool(l *Limit, ws *windowState) int64 {
 	if ws == nil {
-		return l.Tokens
+		return max(0, l.Tokens-l.standingTotal())
 	}
-	return max(0, l.Tokens-ws.granted+ws.credited)
+	return max(0, l.Tokens-l.standingTotal()-ws.granted+ws.credited)
 }
 
 // WindowStats is what the core knows of one (limit, window).
@@ -533,7 +566,18 @@ func (c *Core) Return(now time.Time, region string, r ReturnRequest) (ReturnDeci
 	if err != nil {
 		return ReturnDecision{Code: pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE, Message: err.Error()}, nil
 	}
-	g, ok := c.byRequest[requestKey{leaseRegion, reqID}]
+	rk := requestKey{leaseRegion, reqID}
+	if reqID == StandingRequestID {
+		rk = standingKey(leaseRegion, r.Limit, window)
+	}
+	g, ok := c.byRequest[rk]
+	if !ok && reqID == StandingRequestID && leaseRegion == region {
+		var msg string
+		if g, msg = c.standingShare(now, region, r.Limit, window); g == nil {
+			return ReturnDecision{Code: pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE, Message: msg}, nil
+		}
+		ok = true
+	}
 	if !ok || leaseRegion != region || g.Limit != r.Limit || g.Window != window {
 		return ReturnDecision{Code: pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE,
 			Message: fmt.Sprintf("no lease %q of limit %q in region %q", r.LeaseID, r.Limit, region)}, nil
@@ -566,6 +610,54 @@ func (c *Core) Return(now time.Time, region string, r ReturnRequest) (ReturnDeci
 	return ReturnDecision{Code: code, Message: msg, Credited: upd.Credited, Grant: g}, nil
 }
 
+// standingShare makes the record of region's standing share of a window
+// of limit, which the region is returning: the share was counted as
+// granted from the window's start (the version that governs it says how
+// much), and from now on this record is what a second return finds. It
+// returns nil and why when there is no such share: the limit has none
+// for the region in that window, or the window has not started.
+func (c *Core) standingShare(now time.Time, region, limit string, window int64) (*Grant, string) {
+	l, ok := c.limit(limit)
+	if !ok {
+		return nil, fmt.Sprintf("no limit %q", limit)
+	}
+	v := l.forIndex(window, now)
+	w := v.Windows().ByIndex(window)
+	switch {
+	case v.Windowless() || v.Standing == 0 || !v.HasRegion(region):
+		return nil, fmt.Sprintf("limit %q has no standing share for region %q in window %d", limit, region, window)
+	case now.Before(w.Start()):
+		return nil, fmt.Sprintf("window %d of limit %q has not started", window, limit)
+	}
+	if c.owner != nil {
+		if g, owned := c.owner(limit, w.Start()); !owned {
+			return nil, fmt.Sprintf("limit %q's window %d is owned by allocator group %q", limit, window, g)
+		}
+	}
+	g := &Grant{
+		LeaseID:      StandingLeaseID(window, region),
+		Limit:        limit,
+		Region:       region,
+		RequestID:    StandingRequestID,
+		Window:       window,
+		WindowMs:     w.Length.Milliseconds(),
+		PhaseMs:      w.Phase.Milliseconds(),
+		Cal:          zones.Format(w.Cal),
+		Tokens:       v.Standing,
+		G:            v.Tokens,
+		LimitVersion: v.Version,
+		GrantedAt:    w.Start().UnixNano(),
+		StartsAt:     w.Start().UnixNano(),
+		ExpiresAt:    w.End().UnixNano(),
+		Standing:     true,
+	}
+	ws := c.window(windowKey{limit, window}, v.Windows())
+	ws.maxG = max(ws.maxG, v.Tokens)
+	ws.requests = append(ws.requests, g.key())
+	c.byRequest[g.key()] = g
+	return g, ""
+}
+
 // Credit gives the pool back the tokens a return credited (g, the record
 // Return handed out), once that record is durable: the allocator calls it
 // when the return's commit has landed, the simulator and the explorer when
@@ -580,7 +672,9 @@ func (c *Core) Credit(g *Grant) {
 	}
 	ws := c.window(windowKey{g.Limit, g.Window}, g.Schedule())
 	ws.credited += g.Credited
-	ws.region(g.Region).credited += g.Credited
+	if !g.Standing {
+		ws.region(g.Region).credited += g.Credited
+	}
 }
 
 // Expired lists the windows that ended at least grace before now; their

@@ -179,7 +179,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		return e
 	}
 	if stored == nil {
-		e.PoolAfter = next.LimitTokens
+		e.PoolAfter = max(0, next.LimitTokens-decodeVersion(next).standingTotal())
 		return e
 	}
 	cur := decodeVersion(inForce(stored, now))
@@ -194,7 +194,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 	for _, u := range c.RegionUsage(id, w.Index) {
 		e.Admitted += u.NetAdmitted() + u.FallbackAdmitted
 	}
-	poolNow := max(0, cur.Tokens-net)
+	poolNow := max(0, cur.Tokens-cur.standingTotal()-net)
 	var demands []lease.RegionDemand
 	if l, ok := c.limit(id); ok {
 		demands = c.reported(now, l.At(now))
@@ -228,7 +228,7 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 				nnet = ws.granted - ws.credited
 			}
 		}
-		e.PoolAfter = max(0, nv.Tokens-nnet)
+		e.PoolAfter = max(0, nv.Tokens-nv.standingTotal()-nnet)
 		before := denying(demands, cur, poolNow, w.Left(now), true)
 		after := denying(demands, nv, e.PoolAfter, nw.Left(now), true)
 		e.RegionsDenying = started(before, after)

@@ -25,6 +25,10 @@ type Limit struct {
 	TTL      time.Duration // lease ttl (<= W)
 	MinChunk int64
 	MaxChunk int64
+	// Standing is each region's standing share of every window: counted
+	// as granted to each of Regions from the window's start, without a
+	// request or a record (Limit.standingTotal).
+	Standing int64
 	Version  int64
 	// Kind is what the limit counts. A BUCKET limit has a rate of Rate
 	// tokens per RatePeriod and a burst of Burst tokens instead of Tokens
@@ -93,6 +97,10 @@ func (l *Limit) forIndex(index int64, now time.Time) *Limit {
 	return best
 }
 
+// standingTotal is what the version's standing shares take from each of
+// its windows' pools: every region's, whether or not it spends them.
+func (l *Limit) standingTotal() int64 { return l.Standing * int64(len(l.Regions)) }
+
 // HasRegion reports whether region r spends this limit.
 func (l *Limit) HasRegion(r string) bool {
 	_, ok := slices.BinarySearch(l.Regions, r)
@@ -148,6 +156,7 @@ func decodeVersion(p *pb.Limit) *Limit {
 		TTL:      p.GetLease().GetTtl().AsDuration(),
 		MinChunk: p.GetLease().GetMinChunk(),
 		MaxChunk: p.GetLease().GetMaxChunk(),
+		Standing: p.GetLease().GetStanding(),
 		Version:  p.Version,
 		Kind:     p.Kind,
 		Rate:     p.RateTokens,

@@ -37,6 +37,9 @@ type WindowReport struct {
 	// Plan names the plan the limit was resolved from ("" for a limit
 	// with a record of its own).
 	Plan string `json:"plan,omitempty"`
+	// Standing is the part of Granted that is the regions' standing
+	// shares.
+	Standing int64 `json:"standing,omitempty"`
 	// Calendar is the window's calendar (zero for fixed windows).
 	Calendar lease.Calendar `json:"-"`
 }
@@ -48,11 +51,12 @@ type WindowSummary struct {
 	Limit    string                 `json:"limit"`
 	Window   int64                  `json:"w"`
 	WindowMs int64                  `json:"wms"`
-	PhaseMs  int64                  `json:"phms,omitempty"` // the windows' phase offset
-	Cal      string                 `json:"cal,omitempty"`  // calendar windows (zones.Format)
-	G        int64                  `json:"g"`              // G at the window's end
-	MaxG     int64                  `json:"maxg"`           // largest G in force at a grant
-	Granted  int64                  `json:"granted"`
+	PhaseMs  int64                  `json:"phms,omitempty"`     // the windows' phase offset
+	Cal      string                 `json:"cal,omitempty"`      // calendar windows (zones.Format)
+	G        int64                  `json:"g"`                  // G at the window's end
+	MaxG     int64                  `json:"maxg"`               // largest G in force at a grant
+	Granted  int64                  `json:"granted"`            // leases and standing shares
+	Standing int64                  `json:"standing,omitempty"` // of Granted, the regions' standing shares
 	Credited int64                  `json:"credited"`
 	Late     int64                  `json:"late,omitempty"`
 	Regions  map[string]UsageRecord `json:"regions,omitempty"`
@@ -86,6 +90,13 @@ func (c *Core) summarize(k windowKey) *WindowSummary {
 			v = l.At(win.End().Add(-1))
 		}
 		s.G = v.Tokens
+		if st := l.At(win.Start()); st.Standing > 0 {
+			// The shares were counted as granted from the window's
+			// start, under the G that governed it.
+			s.Standing = st.standingTotal()
+			s.Granted += s.Standing
+			s.MaxG = max(s.MaxG, st.Tokens)
+		}
 		s.Local = localAllowances(v)
 		s.Shadow = v.Proto.GetShadow()
 		s.Plan = v.Proto.GetPlan()
@@ -173,7 +184,7 @@ func (c *Core) report(now time.Time, limit string, index int64) (WindowReport, b
 		Closed:    !now.Before(win.End()),
 		Fallback:  fallback,
 		WouldDeny: wouldDeny, WouldDenyTotal: wouldDenyTotal, WouldDenyChecks: wouldDenyChecks, Shadow: s.Shadow, Plan: s.Plan,
-		Calendar: win.Cal,
+		Standing: s.Standing, Calendar: win.Cal,
 	}
 	return rep, true
 }
@@ -274,6 +285,7 @@ func (r WindowReport) ToProto() *pb.WindowReport {
 		Closed:            r.Closed,
 		LimitTokens:       r.LimitTokens,
 		Granted:           r.Granted,
+		Standing:          r.Standing,
 		Returned:          r.Returned,
 		Admitted:          r.Admitted,
 		AdmittedTotal:     r.AdmittedTotal,

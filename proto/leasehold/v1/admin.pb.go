@@ -2394,7 +2394,12 @@ type WindowReport struct {
 	Closed bool `protobuf:"varint,4,opt,name=closed,proto3" json:"closed,omitempty"`
 	// limit_tokens is G at the window's end.
 	LimitTokens int64 `protobuf:"varint,5,opt,name=limit_tokens,json=limitTokens,proto3" json:"limit_tokens,omitempty"`
-	Granted     int64 `protobuf:"varint,6,opt,name=granted,proto3" json:"granted,omitempty"`
+	// granted is the tokens granted for the window: leases, and the
+	// regions' standing shares (counted from the window's start).
+	Granted int64 `protobuf:"varint,6,opt,name=granted,proto3" json:"granted,omitempty"`
+	// standing is the part of granted that is the regions' standing shares
+	// (Limit.lease.standing x regions).
+	Standing int64 `protobuf:"varint,21,opt,name=standing,proto3" json:"standing,omitempty"`
 	// returned is what was credited back to the pool while the window was open.
 	Returned int64 `protobuf:"varint,7,opt,name=returned,proto3" json:"returned,omitempty"`
 	// admitted per region: tokens spent from leases plus fallback admits.
@@ -2499,6 +2504,13 @@ func (x *WindowReport) GetLimitTokens() int64 {
 func (x *WindowReport) GetGranted() int64 {
 	if x != nil {
 		return x.Granted
+	}
+	return 0
+}
+
+func (x *WindowReport) GetStanding() int64 {
+	if x != nil {
+		return x.Standing
 	}
 	return 0
 }
@@ -2899,7 +2911,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\vadmit_slots\x183 \x01(\x03R\n" +
 	"admitSlots\x12\x1d\n" +
 	"\n" +
-	"held_slots\x184 \x01(\x03R\theldSlots\"\x87\t\n" +
+	"held_slots\x184 \x01(\x03R\theldSlots\"\xa3\t\n" +
 	"\fWindowReport\x12\x19\n" +
 	"\blimit_id\x18\x01 \x01(\tR\alimitId\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2908,6 +2920,7 @@ const file_leasehold_v1_admin_proto_rawDesc = "" +
 	"\x06closed\x18\x04 \x01(\bR\x06closed\x12!\n" +
 	"\flimit_tokens\x18\x05 \x01(\x03R\vlimitTokens\x12\x18\n" +
 	"\agranted\x18\x06 \x01(\x03R\agranted\x12\x1a\n" +
+	"\bstanding\x18\x15 \x01(\x03R\bstanding\x12\x1a\n" +
 	"\breturned\x18\a \x01(\x03R\breturned\x12D\n" +
 	"\badmitted\x18\b \x03(\v2(.leasehold.v1.WindowReport.AdmittedEntryR\badmitted\x12%\n" +
 	"\x0eadmitted_total\x18\t \x01(\x03R\radmittedTotal\x12+\n" +
