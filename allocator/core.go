@@ -63,18 +63,6 @@ func LeaseID(window int64, region, requestID string) string {
 	return strconv.FormatInt(window, 10) + "/" + region + "/" + requestID
 }
 
-// StandingRequestID is the request id in the lease id of a region's
-// standing share of a window: StandingLeaseID. No request carries it (a
-// request id has no "~"), so it never names a granted lease.
-const StandingRequestID = "~standing"
-
-// StandingLeaseID is the lease id of region's standing share of a window:
-// the same for every replica of the region's agent, so the share is
-// deposited once and returned once.
-func StandingLeaseID(window int64, region string) string {
-	return LeaseID(window, region, StandingRequestID)
-}
-
 // ParseLeaseID splits a lease id made by LeaseID.
 func ParseLeaseID(id string) (window int64, region, requestID string, err error) {
 	parts := strings.Split(id, "/")
@@ -567,11 +555,11 @@ func (c *Core) Return(now time.Time, region string, r ReturnRequest) (ReturnDeci
 		return ReturnDecision{Code: pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE, Message: err.Error()}, nil
 	}
 	rk := requestKey{leaseRegion, reqID}
-	if reqID == StandingRequestID {
+	if reqID == lease.StandingRequestID {
 		rk = standingKey(leaseRegion, r.Limit, window)
 	}
 	g, ok := c.byRequest[rk]
-	if !ok && reqID == StandingRequestID && leaseRegion == region {
+	if !ok && reqID == lease.StandingRequestID && leaseRegion == region {
 		var msg string
 		if g, msg = c.standingShare(now, region, r.Limit, window); g == nil {
 			return ReturnDecision{Code: pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE, Message: msg}, nil
@@ -635,10 +623,10 @@ func (c *Core) standingShare(now time.Time, region, limit string, window int64) 
 		}
 	}
 	g := &Grant{
-		LeaseID:      StandingLeaseID(window, region),
+		LeaseID:      lease.StandingLeaseID(window, region),
 		Limit:        limit,
 		Region:       region,
-		RequestID:    StandingRequestID,
+		RequestID:    lease.StandingRequestID,
 		Window:       window,
 		WindowMs:     w.Length.Milliseconds(),
 		PhaseMs:      w.Phase.Milliseconds(),

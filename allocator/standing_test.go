@@ -136,7 +136,10 @@ func TestStandingSharesCounted(t *testing.T) {
 		}
 		return d
 	}
-	eu := StandingLeaseID(w, "eu")
+	eu := lease.StandingLeaseID(w, "eu")
+	if eu != LeaseID(w, "eu", lease.StandingRequestID) {
+		t.Fatalf("a share's lease id %q is not in the allocator's form", eu)
+	}
 	first := ret(at(10*time.Second), "eu", eu, 3)
 	if first.Code != pb.ItemCode_ITEM_CODE_OK || first.Credited != 3 || first.Grant == nil || !first.Grant.Standing || first.Grant.Tokens != 5 {
 		t.Fatalf("eu returns 3 of its share: %+v", first)
@@ -160,24 +163,24 @@ func TestStandingSharesCounted(t *testing.T) {
 		unspent          int64
 	}{
 		{"another region's share", "us", eu, 1},
-		{"a share of a window not started", "eu", StandingLeaseID(w+1, "eu"), 1},
-		{"a region without a share", "ap", StandingLeaseID(w, "ap"), 1},
+		{"a share of a window not started", "eu", lease.StandingLeaseID(w+1, "eu"), 1},
+		{"a region without a share", "ap", lease.StandingLeaseID(w, "ap"), 1},
 	} {
 		if d := ret(at(12*time.Second), tc.region, tc.id, tc.unspent); d.Code != pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE || d.Credited != 0 {
 			t.Errorf("%s: %+v, want UNKNOWN_LEASE", tc.name, d)
 		}
 	}
-	if _, err := c.Return(at(12*time.Second), "us", ReturnRequest{Limit: l.ID, LeaseID: StandingLeaseID(w, "us"), Unspent: 6}); err == nil {
+	if _, err := c.Return(at(12*time.Second), "us", ReturnRequest{Limit: l.ID, LeaseID: lease.StandingLeaseID(w, "us"), Unspent: 6}); err == nil {
 		t.Error("6 unspent of a share of 5: accepted")
 	}
 	plain := testLimit("t/plain", 100, time.Minute, 15*time.Second, "eu")
 	c.SetLimit(plain)
-	if d, _ := c.Return(at(12*time.Second), "eu", ReturnRequest{Limit: plain.ID, LeaseID: StandingLeaseID(w, "eu"), Unspent: 1}); d.Code != pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE {
+	if d, _ := c.Return(at(12*time.Second), "eu", ReturnRequest{Limit: plain.ID, LeaseID: lease.StandingLeaseID(w, "eu"), Unspent: 1}); d.Code != pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE {
 		t.Errorf("a limit without shares: %+v, want UNKNOWN_LEASE", d)
 	}
 
 	// us returns its share after the window: recorded, not credited.
-	late := ret(at(61*time.Second), "us", StandingLeaseID(w, "us"), 5)
+	late := ret(at(61*time.Second), "us", lease.StandingLeaseID(w, "us"), 5)
 	if late.Code != pb.ItemCode_ITEM_CODE_WINDOW_CLOSED || late.Credited != 0 {
 		t.Fatalf("a late return: %+v", late)
 	}
@@ -227,7 +230,7 @@ func TestStandingReturnSurvivesFailover(t *testing.T) {
 	if err != nil || got[0].Lease.GetTokens() != 50 || got[0].Lease.GetPoolLeft() != 35 {
 		t.Fatalf("a lease of 50: %v, %v; want pool left 100 - 3 x 5 - 50", got, err)
 	}
-	id := StandingLeaseID(w, "us")
+	id := lease.StandingLeaseID(w, "us")
 	res, err := a.ReturnLeases(ctx, "us", []*pb.LeaseReturn{{LimitId: l.Id, LeaseId: id, Unspent: 4}})
 	if err != nil || res[0].Code != pb.ItemCode_ITEM_CODE_OK || res[0].Credited != 4 {
 		t.Fatalf("us returns 4 of its share: %v, %v", res, err)
