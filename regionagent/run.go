@@ -204,7 +204,7 @@ func coreLimits(pls []*pb.Limit, region string) ([]core.Limit, core.Resolver) {
 // limitOf is what the core needs of a limit, for region.
 func limitOf(l *pb.Limit, region string) core.Limit {
 	out := core.Limit{ID: l.Id, Tokens: l.LimitTokens, Window: dur(l.Window), Phase: dur(l.WindowPhase), TTL: dur(l.GetLease().GetTtl()),
-		Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag,
+		Standing: l.GetLease().GetStanding(), Mode: core.Mode(l.Mode), Version: l.Version, Regions: len(l.Regions), HashTag: l.HashTag,
 		SettleGrace: limitspec.SettleGrace(l), CarryDebt: l.DebtPolicy != pb.DebtPolicy_DEBT_POLICY_FORGIVE, Shadow: l.Shadow, Plan: l.Plan}
 	if l.Kind == pb.LimitKind_LIMIT_KIND_BUCKET && l.RateTokens > 0 {
 		out.Rate, out.RatePeriod, out.Burst = l.RateTokens, time.Second, l.BurstTokens

@@ -64,6 +64,7 @@ type config struct {
 	keep         bool
 	readyTimeout time.Duration
 	agentFlags   []string
+	coldStanding int64
 }
 
 // benchCase is one line pair of the table: the agent and the floor under
@@ -106,12 +107,16 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.redisServer, "redis-server", os.Getenv("REDIS_SERVER"), "redis-server binary (default: $REDIS_SERVER, else redis-server on PATH)")
 	fs.BoolVar(&c.keep, "keep", false, "keep the working directory (logs, etcd data) instead of removing it")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 60*time.Second, "how long each server may take to come up")
+	fs.Int64Var(&c.coldStanding, "cold-standing", 0, "give the cold sets' limits a standing share of N tokens and G = 100 x N per day (0: G = 2^50 per day, no share, as the other sets)")
 	agentFlags := fs.String("agent-flags", "", "more flags for `leasehold agent`, separated by spaces (e.g. \"--chunk-hot-rate 0\" to compare without chunks)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if c.coldStanding < 0 || c.coldStanding > 1<<40 {
+		return c, fmt.Errorf("-cold-standing: %d is not 0..2^40", c.coldStanding)
 	}
 	c.agentFlags = strings.Fields(*agentFlags)
 	for _, s := range strings.Split(*callers, ",") {
@@ -218,7 +223,7 @@ func run(ctx context.Context, c config) error {
 		n += len(ks)
 	}
 	step(fmt.Sprintf("creating %s limits", thousands(float64(n))))
-	if err := createLimits(ctx, allocGRPC, sets); err != nil {
+	if err := createLimits(ctx, allocGRPC, sets, c.coldStanding); err != nil {
 		return alloc.failed(err)
 	}
 	mapping := filepath.Join(dir, "envoy.yaml")
@@ -318,8 +323,12 @@ func run(ctx context.Context, c config) error {
 
 	fmt.Printf("bench-check %s, %d CPUs, load average %s before the cases and %s after (%v)\n",
 		started.Format(time.RFC3339), runtime.NumCPU(), load0, loadavg(), time.Since(started).Round(time.Second))
-	fmt.Printf("each case: at most %s decisions and %v per server; %d gRPC connection(s) per server\n\n",
+	fmt.Printf("each case: at most %s decisions and %v per server; %d gRPC connection(s) per server\n",
 		thousands(float64(c.max)), c.dur, c.conns)
+	if c.coldStanding > 0 {
+		fmt.Printf("cold limits: G = %d per day, a standing share of %d (-cold-standing)\n", 100*c.coldStanding, c.coldStanding)
+	}
+	fmt.Println()
 	if err := writeTable(os.Stdout, rows); err != nil {
 		return err
 	}
@@ -405,7 +414,7 @@ func keySets(c config) map[string][]string {
 // etcd's default transaction size), a few calls at a time. G is huge, so
 // nothing is ever denied for want of tokens, and windows and leases last
 // a day, so a leased key stays leased for the whole run.
-func createLimits(ctx context.Context, allocAddr string, sets map[string][]string) error {
+func createLimits(ctx context.Context, allocAddr string, sets map[string][]string, coldStanding int64) error {
 	conn, err := grpc.NewClient(allocAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -451,10 +460,14 @@ func createLimits(ctx context.Context, allocAddr string, sets map[string][]strin
 	}
 	func() {
 		defer close(reqs)
-		for _, ks := range sets {
+		for set, ks := range sets {
 			for _, k := range ks {
 				l := &pb.Limit{Id: benchPrefix + k, LimitTokens: 1 << 50, Window: day, Regions: []string{"eu"},
 					Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: day}}
+				if coldStanding > 0 && strings.HasPrefix(set, "cold-") {
+					// A share of 1 % of G: a sparse tenant's limit.
+					l.LimitTokens, l.Lease.Standing = 100*coldStanding, coldStanding
+				}
 				req.Changes = append(req.Changes, &pb.LimitChange{Change: &pb.LimitChange_Put{Put: l}})
 				if len(req.Changes) == perCall && !send() {
 					return

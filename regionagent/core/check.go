@@ -465,6 +465,16 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 		st.markSpent(w.Index, now, false, chk.Store == Local)
 	}
 	st.kickCost = max(st.kickCost, chk.Costs[f])
+	if now.Before(chk.deadline) && c.depositStanding(st, chk.Store, w, now) {
+		// The region's standing share of the window pays first, whatever
+		// the pool says: the Check waits for its deposit, not for a lease
+		// (unless the share cannot pay the cost).
+		if chk.Costs[f] > st.l.Standing {
+			c.kick(st, now)
+		}
+		chk.Step, chk.Until = StepWait, chk.deadline
+		return
+	}
 	if end := c.WindowEnd(w); st.spentWindow == w.Index && end.Sub(now) < boundaryWait && now.Before(chk.deadline) {
 		// The window ends in a moment (and the agent names windows on an
 		// estimate of the allocator's clock): wait for the next one rather

@@ -150,6 +150,10 @@ type Core struct {
 	bound     map[string]bool
 	offset    time.Duration // allocator clock - agent clock; only names windows
 	offsetSet bool
+	// clock bounds the allocator's clock from the latest SetAllocatorClock:
+	// at agent time t it is within [t + clock.lo, t + clock.hi], less the
+	// drift since clock.at. Only standing shares use it (standing.go).
+	clock clockBounds
 
 	states    map[string]*limitState
 	byRequest map[string]*limitState // unanswered request id -> its limit
@@ -250,10 +254,13 @@ type limitState struct {
 	unanswered []unansweredDeposit
 	nextWindow int64
 	localNext  int64
-	prefetched int64 // window whose end's renewal round ran
-	failing    bool  // the last acquire failed for good
-	failedAt   time.Time
-	kickCost   int64 // largest cost denied since the last grant
+	// standingWin is the latest window whose standing share this replica
+	// deposited (or tried to): one try per window.
+	standingWin int64
+	prefetched  int64 // window whose end's renewal round ran
+	failing     bool  // the last acquire failed for good
+	failedAt    time.Time
+	kickCost    int64 // largest cost denied since the last grant
 	// comingBack: tokens of window comingBackWin the region held when it
 	// last asked (in leases that end before the window does): they go
 	// back to the pool, so an empty pool then is not a spent one.
@@ -389,7 +396,7 @@ func (c *Core) state(l *Limit) *limitState {
 	st := c.states[l.ID]
 	if st == nil {
 		st = &limitState{id: l.ID, l: *l, demand: NewDemand(l.prior()), localDemand: NewDemand(l.prior()),
-			spentWindow: -1, nextWindow: -1, localNext: -1, prefetched: -1, liftedWindow: -1, windows: map[winKey]*winUse{}}
+			standingWin: -1, spentWindow: -1, nextWindow: -1, localNext: -1, prefetched: -1, liftedWindow: -1, windows: map[winKey]*winUse{}}
 		c.states[l.ID] = st
 	}
 	return st
@@ -510,6 +517,7 @@ func (c *Core) Limit(id string) (Limit, bool) {
 // at sent and answered at recv (its midpoint), if no lease reply has set it
 // yet. The estimate only names windows; no lease timing depends on it.
 func (c *Core) SetAllocatorClock(sent, recv time.Time, alloc time.Time) {
+	c.clock = clockBounds{lo: alloc.Sub(recv), hi: alloc.Sub(sent), at: recv, set: !recv.Before(sent)}
 	if c.offsetSet {
 		return
 	}

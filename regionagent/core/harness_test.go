@@ -64,7 +64,7 @@ func (a *fakeAlloc) acquire(now time.Time, r Acquire) Grant {
 		w = w.Next()
 	}
 	k := store.Key{Limit: l.ID, Window: w.Index}
-	pool := l.Tokens - a.pools[k]
+	pool := l.Tokens - l.Standing*int64(l.Regions) - a.pools[k] // standing shares: granted from the window's start
 	tm := lease.Schedule(now, w, l.TTL)
 	g := Grant{OK: true, Window: w.Index, WindowLen: l.Window, WindowPhase: w.Phase, WindowLeft: w.End().Sub(now), PoolLeft: pool}
 	if pool <= 0 || tm.ExpiresIn <= 0 {

@@ -56,8 +56,12 @@ type Limit struct {
 	// Cal, when its Loc is set, gives the limit calendar windows (a day,
 	// week, month or year in a zone) instead: Window and Phase are then
 	// 0, and each window has its own length (Windows().Of(t).Length).
-	Cal      lease.Calendar
-	TTL      time.Duration // lease ttl (<= W)
+	Cal lease.Calendar
+	TTL time.Duration // lease ttl (<= W)
+	// Standing is the region's standing share of every window: tokens the
+	// allocator counts as granted to the region from the window's start
+	// (lease.StandingLeaseID names it). 0: none.
+	Standing int64
 	Mode     Mode
 	Fallback Fallback // this region's
 	Version  int64

@@ -3,9 +3,11 @@ package core
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
+	"leasehold/lease"
 	"leasehold/regionagent/store"
 )
 
@@ -23,7 +25,9 @@ import (
 //     and only once it cannot be spent any more;
 //   - per (limit, window), what the stores admitted is at most G (closed
 //     fallback), and nothing is negative;
-//   - OVER_LIMIT only after the allocator said the window's pool is spent.
+//   - OVER_LIMIT only after the allocator said the window's pool is spent;
+//   - a standing share (limit a has one in some seeds) is spendable only
+//     inside its window.
 type chaos struct {
 	t     *testing.T
 	rng   *rand.Rand
@@ -38,6 +42,7 @@ type chaos struct {
 	maxG       map[string]int64
 	overLimits int
 	admits     int
+	shares     int // standing shares deposited
 }
 
 type lateReply struct {
@@ -50,6 +55,7 @@ func newChaos(t *testing.T, seed uint64) *chaos {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	ttl := time.Duration(3+rng.IntN(8)) * time.Second
 	a := strictLimit("a", 12, 10*time.Second, ttl)
+	a.Standing = int64(rng.IntN(3))
 	b := strictLimit("b", 6, 10*time.Second, 10*time.Second)
 	ch := &chaos{t: t, rng: rng, w: newWorld(t, int64(1+rng.IntN(4)), a, b),
 		lostR: 0.15, dupR: 0.1, lateR: 0.15, storeOf: map[string]Store{}, spentSaid: map[store.Key]bool{},
@@ -139,6 +145,15 @@ func (ch *chaos) checkDeposit(d Deposit) {
 			ch.t.Fatalf("lease %s spendable from %v, before its start %v", d.LeaseID, d.Start.Sub(t0), g.start.Sub(t0))
 		}
 	}
+	if strings.HasSuffix(d.LeaseID, "/"+lease.StandingRequestID) {
+		l := w.alloc.limits[d.Limit]
+		win := l.Windows().ByIndex(d.Key.Window)
+		if d.Deadline.After(win.End()) || d.Start.Before(win.Start()) || d.Store != Shared {
+			ch.t.Fatalf("standing share %s in %v spendable %v..%v, outside its window %v..%v",
+				d.LeaseID, d.Store, d.Start.Sub(t0), d.Deadline.Sub(t0), win.Start().Sub(t0), win.End().Sub(t0))
+		}
+		ch.shares++
+	}
 	if s, ok := ch.storeOf[d.LeaseID]; ok && s != d.Store {
 		ch.t.Fatalf("lease %s deposited in both stores", d.LeaseID)
 	}
@@ -226,6 +241,9 @@ func (ch *chaos) event() {
 		ch.check(lim, 1+ch.rng.Int64N(3))
 	case r < 70:
 		w.now = w.now.Add(time.Duration(1+ch.rng.IntN(600)) * time.Millisecond)
+		if ch.rng.IntN(2) == 0 && !w.dropAcquire {
+			w.c.Synced(w.c.SyncStart(), w.now) // a limit sync: the snapshot is current
+		}
 		w.c.Tick(w.now)
 		ch.drain()
 	case r < 78 && len(ch.late) > 0:
@@ -292,7 +310,7 @@ func TestCoreRandomEvents(t *testing.T) {
 	if testing.Short() {
 		seeds = 60
 	}
-	var admits, overs int
+	var admits, overs, shares int
 	for seed := range uint64(seeds) {
 		ch := newChaos(t, seed+1)
 		for range events {
@@ -301,9 +319,10 @@ func TestCoreRandomEvents(t *testing.T) {
 		ch.budget()
 		admits += ch.admits
 		overs += ch.overLimits
+		shares += ch.shares
 	}
-	if admits == 0 || overs == 0 {
-		t.Fatalf("the random runs admitted %d and refused %d as over limit: they do not exercise both", admits, overs)
+	if admits == 0 || overs == 0 || shares == 0 {
+		t.Fatalf("the random runs admitted %d, refused %d as over limit and deposited %d standing shares: they do not exercise all three", admits, overs, shares)
 	}
-	t.Logf("%d seeds x %d events: %d admitted, %d over limit", seeds, events, admits, overs)
+	t.Logf("%d seeds x %d events: %d admitted, %d over limit, %d standing shares", seeds, events, admits, overs, shares)
 }

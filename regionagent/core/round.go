@@ -94,6 +94,10 @@ type Deposit struct {
 	Deadline  time.Time
 	KeyExpiry time.Time
 	next      bool
+	// standing: the region's standing share (standing.go), under an id
+	// every replica deposits the same: a deposit that fails or is refused
+	// is not returned (another replica's may be in the bucket, spent).
+	standing bool
 }
 
 // Close asks the caller to close leases of a bucket (their unspent tokens
@@ -490,9 +494,18 @@ func (c *Core) Deposited(now time.Time, d Deposit, res store.DepositResult, err 
 			st.noteUnanswered(d.Key.Window, d.LeaseID)
 		}
 		return
+	case err != nil && d.standing:
+		// The share is the region's, counted at the allocator whatever
+		// happens here; another replica may hold it.
+		c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteStranded, Limit: st.id, Lease: d.LeaseID, Text: err.Error()})
+		return
 	case err != nil:
 		c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteReturning, Limit: st.id, Lease: d.LeaseID, Text: err.Error()})
 		c.returnLease(st, Return{Limit: st.id, LeaseID: d.LeaseID, Unspent: d.Tokens})
+		return
+	case res.Status != store.Deposited && res.Status != store.AlreadyDeposited && d.standing:
+		// Closed already (the replica that closed it returns it), or
+		// expired: nothing to spend or return here.
 		return
 	case res.Status != store.Deposited && res.Status != store.AlreadyDeposited:
 		c.ready.Notes = append(c.ready.Notes, Note{Kind: NoteReturning, Limit: st.id, Lease: d.LeaseID,

@@ -1,0 +1,79 @@
+package core
+
+import (
+	"time"
+
+	"leasehold/lease"
+)
+
+// Standing shares. A limit with a standing share (Limit.Standing) gives
+// each of its regions that many tokens of every window, counted as
+// granted by the allocator from the window's start, without a request.
+// A Check that the region's bucket cannot pay, in a window whose share
+// this replica has not tried yet, deposits the share (a Deposit like a
+// lease's, under lease.StandingLeaseID: the same id on every replica, so
+// the bucket takes it once) and waits for it instead of for a lease: no
+// round trip to the allocator. The share is then a holding like any
+// lease: closed at its deadline, its unspent tokens returned.
+//
+// The share may be spent only while the allocator's clock is surely in
+// its window, so its start and deadline on the agent's clock come from
+// clockBounds (the latest clock exchange with the allocator: its clock
+// was read somewhere between the call's send and receipt), less the
+// safety margin for the drift since the exchange. And it is deposited
+// only from a snapshot of the limits taken in the window (on the
+// allocator's clock): the share changes only at window boundaries (the
+// allocator refuses other changes), so that snapshot has the share the
+// allocator counts for the window. Only in the region's shared store:
+// replicas spending in process (Redis down) each hold their own, and a
+// share is the region's.
+
+// clockBounds bound the allocator's clock, as read by one call: it was
+// alloc at some instant between sent and recv (agent clock), so at agent
+// time t it was within [t + lo, t + hi] then, and drifts from there.
+type clockBounds struct {
+	lo, hi time.Duration
+	at     time.Time // recv
+	set    bool
+}
+
+// shareSpan returns when window w's standing share may be spent, on the
+// agent's clock: from the first instant the allocator's clock is surely
+// past w's start to the last it is surely before w's end, each less the
+// safety margin for the drift since the exchange. ok is false when the
+// clock was never read or nothing of w is sure.
+func (c *Core) shareSpan(w lease.Window) (start, deadline time.Time, ok bool) {
+	b := c.clock
+	if !b.set {
+		return time.Time{}, time.Time{}, false
+	}
+	start = w.Start().Add(-b.lo)
+	start = start.Add(c.margin(max(0, start.Sub(b.at))))
+	deadline = w.End().Add(-b.hi)
+	deadline = deadline.Add(-c.margin(max(0, deadline.Sub(b.at))))
+	return start, deadline, deadline.After(start)
+}
+
+// depositStanding deposits the region's standing share of st's window w
+// in store s, if this replica has not tried it in w and the share can be
+// spent at now; it reports whether it did (the caller's Check waits for
+// the deposit: Deposited wakes it).
+func (c *Core) depositStanding(st *limitState, s Store, w lease.Window, now time.Time) bool {
+	l := &st.l
+	if l.Standing <= 0 || s != Shared || st.standingWin >= w.Index || !c.synced || c.takenAt.Before(w.Start()) {
+		return false
+	}
+	start, deadline, ok := c.shareSpan(w)
+	if !ok || now.Before(start) || !now.Before(deadline) {
+		return false
+	}
+	st.standingWin = w.Index
+	expiry := c.WindowEnd(w)
+	if deadline.After(expiry) {
+		expiry = deadline
+	}
+	c.ready.Deposits = append(c.ready.Deposits, Deposit{Limit: st.id, Store: Shared, Key: l.key(w.Index),
+		LeaseID: lease.StandingLeaseID(w.Index, c.cfg.Region), Tokens: l.Standing,
+		Start: start, Deadline: deadline, KeyExpiry: expiry.Add(c.opt.keyGrace), standing: true})
+	return true
+}

@@ -1,0 +1,171 @@
+package core
+
+import (
+	"testing"
+	"time"
+
+	"leasehold/lease"
+)
+
+func standingLimit(id string, standing int64) Limit {
+	l := strictLimit(id, 100, time.Minute, 15*time.Second)
+	l.Standing = standing
+	return l
+}
+
+// TestStandingShareDecidesFirstChecks: a limit's first Check of a window
+// deposits the region's standing share and is decided from it, without a
+// call to the allocator; Checks go on from the share until its balance
+// falls below the renewal low-water mark, and only then is a lease asked
+// for. A second replica on the same bucket finds the share there (no
+// second deposit of it lands) and spends from it too. At the window's end
+// each replica closes it and returns what is left under the share's id,
+// the same unspent from both (the allocator credits it once).
+func TestStandingShareDecidesFirstChecks(t *testing.T) {
+	l := standingLimit("t/s", 5)
+	w := newWorld(t, 10, l)
+	w.advance(time.Second)
+	win := l.Windows().Of(w.now)
+	id := lease.StandingLeaseID(win.Index, "eu")
+	// Low water: the prior 100/60/2 per second over the 2 s lead, 1.67.
+	for i := range 3 {
+		if a := w.check(l.ID, 1); !a.Allowed {
+			t.Fatalf("check %d: %+v", i, a)
+		}
+	}
+	if w.alloc.calls != 0 {
+		t.Fatalf("%d allocator calls while the share paid, want 0", w.alloc.calls)
+	}
+	if len(w.deposits) != 1 || w.deposits[0].LeaseID != id || w.deposits[0].Tokens != 5 {
+		t.Fatalf("deposits %+v, want the share alone", w.deposits)
+	}
+	if end := win.End().Add(-w.c.margin(win.End().Sub(t0))); w.deposits[0].Deadline.After(end) {
+		t.Fatalf("share deadline %v after the window's end less the margin %v", w.deposits[0].Deadline, end)
+	}
+	if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 1 {
+		t.Fatalf("the check that takes the balance under low water: %+v, %d allocator calls, want one (a lease)", a, w.alloc.calls)
+	}
+
+	// A second replica of the region, on the same bucket.
+	w2 := newWorld(t, 10, l)
+	w2.shared, w2.alloc, w2.now = w.shared, w.alloc, w.now
+	before := w.shared.Balance(l.key(win.Index), ms(w.now))
+	if a := w2.check(l.ID, 1); !a.Allowed {
+		t.Fatalf("second replica: %+v", a)
+	}
+	if after := w.shared.Balance(l.key(win.Index), ms(w.now)); after.Spendable != before.Spendable-1 {
+		t.Fatalf("second replica's check: spendable %d -> %d, want one spent and no second share", before.Spendable, after.Spendable)
+	}
+
+	// The window ends: both replicas close the share and return the same
+	// unspent under its id.
+	w.holdReturns, w2.holdReturns = true, true
+	w.advance(time.Minute)
+	w2.now = w.now
+	w2.c.Tick(w2.now)
+	w2.drain()
+	var unspent []int64
+	for _, r := range append(w.heldReturns, w2.heldReturns...) {
+		if r.LeaseID == id {
+			unspent = append(unspent, r.Unspent)
+		}
+	}
+	if len(unspent) == 0 || len(unspent) > 2 || unspent[0] != unspent[len(unspent)-1] {
+		t.Fatalf("returns of the share: unspent %v, want one or two equal", unspent)
+	}
+}
+
+// TestStandingShareWhenNot: the share is not deposited, and a Check goes
+// the lease's way, when it cannot be known right: a cost the share cannot
+// pay also asks for a lease; a snapshot of the limits taken before the
+// window began (the share may have changed at the boundary); the window's
+// first instants, while the allocator's clock may still be in the window
+// before; and a limit without a share.
+func TestStandingShareWhenNot(t *testing.T) {
+	t.Run("cost above the share", func(t *testing.T) {
+		l := standingLimit("t/s", 5)
+		w := newWorld(t, 10, l)
+		w.advance(time.Second)
+		if a := w.check(l.ID, 6); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 2 {
+			t.Fatalf("%+v: %d allocator calls, %d deposits; want the share and a lease", a, w.alloc.calls, len(w.deposits))
+		}
+	})
+	t.Run("snapshot from the window before", func(t *testing.T) {
+		l := standingLimit("t/s", 5)
+		w := newWorld(t, 10, l)
+		w.c.SetLimits(w.c.SyncStart(), 2, []Limit{l}, t0.Add(-time.Second)) // taken before t0, the window's start
+		w.advance(time.Second)
+		if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 1 || w.deposits[0].LeaseID == lease.StandingLeaseID(0, "eu") {
+			t.Fatalf("%+v: %d allocator calls, deposits %+v; want a lease, no share", a, w.alloc.calls, w.deposits)
+		}
+	})
+	t.Run("no share", func(t *testing.T) {
+		l := standingLimit("t/s", 0)
+		w := newWorld(t, 10, l)
+		w.advance(time.Second)
+		if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 1 {
+			t.Fatalf("%+v: %d allocator calls, %d deposits", a, w.alloc.calls, len(w.deposits))
+		}
+	})
+	t.Run("the window's first instant", func(t *testing.T) {
+		l := standingLimit("t/s", 5)
+		w := newWorld(t, 10, l)
+		// The allocator's clock read 40 ms into a 100 ms round trip: it
+		// may be up to 60 ms behind the agent's at t0.
+		w.c.SetAllocatorClock(t0.Add(-100*time.Millisecond), t0, t0.Add(-60*time.Millisecond))
+		w.c.SetLimits(w.c.SyncStart(), 2, []Limit{l}, t0)
+		w.now = t0.Add(30 * time.Millisecond)
+		w.check(l.ID, 1)
+		if w.alloc.calls != 1 || len(w.deposits) != 1 || w.deposits[0].LeaseID == lease.StandingLeaseID(0, "eu") {
+			t.Fatalf("%d allocator calls, deposits %+v; want a lease, no share", w.alloc.calls, w.deposits)
+		}
+	})
+}
+
+// TestShareSpanInsideWindow: for every agent instant in the span a share
+// is spent, the allocator's clock (as bounded by the exchange, drift
+// included) is inside the window, whatever the exchange's round trip and
+// however old it is.
+func TestShareSpanInsideWindow(t *testing.T) {
+	c := New(Config{Region: "eu"})
+	sched := lease.WindowsOf(time.Minute, 0)
+	const ppm = 1000 // the default drift bound
+	for _, tc := range []struct {
+		rtt, readAt, age time.Duration // read at: from send; age: of the exchange at the window's start
+	}{
+		{0, 0, 0},
+		{100 * time.Millisecond, 40 * time.Millisecond, 0},
+		{100 * time.Millisecond, 100 * time.Millisecond, 30 * time.Second},
+		{time.Second, 0, 10 * time.Minute},
+	} {
+		w := sched.ByIndex(30_000_000)
+		// The agent's clock runs 7 s ahead of the allocator's.
+		recv := w.Start().Add(7*time.Second - tc.age)
+		sent := recv.Add(-tc.rtt)
+		alloc := sent.Add(-7 * time.Second).Add(tc.readAt)
+		c.SetAllocatorClock(sent, recv, alloc)
+		start, deadline, ok := c.shareSpan(w)
+		if !ok {
+			t.Fatalf("%+v: no span", tc)
+		}
+		// The allocator's clock at agent time t, at its earliest and
+		// latest: read at alloc somewhere in [sent, recv], then drifting.
+		earliest := func(t time.Time) time.Time {
+			d := t.Sub(recv)
+			return alloc.Add(d - time.Duration(float64(max(d, 0))*ppm/1e6))
+		}
+		latest := func(t time.Time) time.Time {
+			d := t.Sub(sent)
+			return alloc.Add(d + time.Duration(float64(max(d, 0))*ppm/1e6))
+		}
+		if earliest(start).Before(w.Start()) {
+			t.Errorf("%+v: at the span's start the allocator's clock may be %v before the window's", tc, w.Start().Sub(earliest(start)))
+		}
+		if !latest(deadline).Before(w.End()) {
+			t.Errorf("%+v: at the span's deadline the allocator's clock may be %v past the window's end", tc, latest(deadline).Sub(w.End()))
+		}
+		if span := deadline.Sub(start); span < time.Minute-tc.rtt-time.Second-2*time.Duration(float64(tc.age+time.Minute)*ppm/1e6) {
+			t.Errorf("%+v: span %v, too short", tc, span)
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package regionagent
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"leasehold/lease"
+)
+
+// TestStandingSharesTwoReplicas: a real allocator on etcd and two agent
+// replicas of eu on one redis-server, a strict limit of G = 200 per minute
+// in eu and us, each region with a standing share of 10. The first Checks
+// of the window are decided from eu's share, without a lease (the
+// allocator grants none); then 2 x 16 goroutines of random costs spend
+// the window: eu admits at most G less us's share, which us never spent,
+// and within 3 tokens of it; Redis counts what the Checks said. The share
+// is deposited once for the region (two deposits of it would let eu pass
+// G - 10), and each replica closes it at its deadline.
+func TestStandingSharesTwoReplicas(t *testing.T) {
+	w := newWorld(t, "eu", "us")
+	l := limit("tenant/standing", 200, time.Minute, 15*time.Second, "eu", "us")
+	l.Lease.Standing = 10
+	l = w.putLimit(l)
+	w.clock.Add(time.Second) // agents sync in the window, after its start
+	agents := []*Agent{w.agent("eu", "r1", WithColdWait(2*time.Second)), w.agent("eu", "r2", WithColdWait(2*time.Second))}
+	for _, a := range agents {
+		runWork(t, a)
+	}
+	ctx := context.Background()
+	win := lease.WindowOf(w.clock.Now(), time.Minute).Index
+	// Low water: the prior 200/60/2 per second over the 2 s lead, 3.3.
+	for i := range 6 {
+		d, err := agents[i%2].Check(ctx, l.Id, 1)
+		if err != nil || !d.Allowed {
+			t.Fatalf("check %d: %+v, %v", i, d, err)
+		}
+	}
+	if st := w.stats(l.Id, win); st.Granted != 0 {
+		t.Fatalf("the allocator granted %d in leases while eu's share paid the first Checks, want none", st.Granted)
+	}
+	b := balance(t, agents[0], l.Id, win, w.clock.Now())
+	if b.Admitted != 6 || b.Spendable != 4 || len(b.Open) != 1 || b.Open[0].ID != lease.StandingLeaseID(win, "eu") {
+		t.Fatalf("bucket after 6 Checks: admitted %d, spendable %d, open %+v; want eu's share alone, 4 left", b.Admitted, b.Spendable, b.Open)
+	}
+
+	var admitted atomic.Int64
+	admitted.Store(6)
+	var load sync.WaitGroup
+	for i, a := range agents {
+		for g := range 16 {
+			load.Add(1)
+			go func() {
+				defer load.Done()
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(g)))
+				for range 20 {
+					cost := 1 + rng.Int64N(3)
+					d, err := a.Check(ctx, l.Id, cost)
+					if err != nil {
+						t.Errorf("check: %v", err)
+						return
+					}
+					if d.Allowed {
+						admitted.Add(cost)
+					}
+				}
+			}()
+		}
+	}
+	load.Wait()
+	if t.Failed() {
+		return
+	}
+	if got := admitted.Load(); got > 190 || got < 187 {
+		t.Fatalf("eu admitted %d of G = 200 under a demand of about 1,300, us's share of 10 unspent: want <= 190, >= 187", got)
+	}
+	b = balance(t, agents[0], l.Id, win, w.clock.Now())
+	if b.Admitted != admitted.Load() {
+		t.Fatalf("Redis counted %d admitted, Checks said %d", b.Admitted, admitted.Load())
+	}
+	// The share's deadline passes: the replicas close it.
+	w.clock.Add(time.Minute)
+	for _, a := range agents {
+		a.evaluate(ctx, l.Id)
+		a.tick(ctx)
+	}
+	b = balance(t, agents[0], l.Id, win, w.clock.Now())
+	for _, o := range b.Open {
+		if o.ID == lease.StandingLeaseID(win, "eu") {
+			t.Fatalf("eu's share still open after its window: %+v", o)
+		}
+	}
+}
