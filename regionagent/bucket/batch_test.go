@@ -165,3 +165,72 @@ func TestBatchRedisDown(t *testing.T) {
 		t.Error("deposit with Redis down: no error")
 	}
 }
+
+// TestSpendBatchDepositsFirst: a spend that carries a deposit (a region's
+// standing share) spends from it in the same batch, and so does every
+// spend of the batch on that key, even one before it in the batch: the
+// deposits go first. A deposit made again is a duplicate (the share is
+// deposited once, whichever replica comes first), and a deposit that is
+// invalid fails alone: its spend is decided.
+func TestSpendBatchDepositsFirst(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			b := New(be.rdb)
+			if err := b.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			k := Key("", "s", 1)
+			share := Deposit{Key: k, LeaseID: "1/eu/~standing", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 5000, ExpireAtMs: farExpiry(), NowMs: T0 + 1}
+			res, err := b.SpendBatch(ctx, []SpendOp{
+				{Keys: []string{k}, Costs: []int64{2}, NowMs: T0 + 1},
+				{Keys: []string{k}, Costs: []int64{1}, NowMs: T0 + 1, Deposit: &share},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res[0].Allowed || !res[1].Allowed || res[1].Keys[0].Balance != 2 {
+				t.Fatalf("spends with the share deposited in the batch: %+v", res)
+			}
+			if res[1].DepositErr != nil || res[1].Deposited.Status != Deposited || res[0].Deposited.Status != 0 {
+				t.Fatalf("deposit outcome: %+v, %v (the other op: %+v)", res[1].Deposited, res[1].DepositErr, res[0].Deposited)
+			}
+			bad := share
+			bad.Tokens = 0
+			res, err = b.SpendBatch(ctx, []SpendOp{
+				{Keys: []string{k}, Costs: []int64{1}, NowMs: T0 + 2, Deposit: &share},
+				{Keys: []string{k}, Costs: []int64{1}, NowMs: T0 + 2, Deposit: &bad},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res[0].Deposited.Status != AlreadyDeposited || !res[0].Allowed || res[0].Keys[0].Balance != 1 {
+				t.Fatalf("the share deposited again: %+v", res[0])
+			}
+			if res[1].DepositErr == nil || !res[1].Allowed || res[1].Keys[0].Balance != 0 {
+				t.Fatalf("an invalid deposit with its spend: %+v", res[1])
+			}
+
+			// On Redis's own clock (NowMs 0, as the agent spends), with
+			// one scratch for batch after batch: spends never join a
+			// deposit's call, in this batch or the next.
+			var sc SpendScratch
+			k2 := Key("", "s", 2)
+			onRedis := Deposit{Key: k2, LeaseID: "2/eu/~standing", Tokens: 5, DeadlineMs: farExpiry() - 1, ExpireAtMs: farExpiry()}
+			for round := range 2 {
+				ops := []SpendOp{{Keys: []string{k2}, Costs: []int64{1}}, {Keys: []string{k2}, Costs: []int64{1}}}
+				if round == 0 {
+					ops[1].Deposit = &onRedis
+				}
+				res, err = b.SpendBatchInto(ctx, ops, &sc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := int64(3 - 2*round)
+				if !res[0].Allowed || !res[1].Allowed || res[1].Keys[0].Balance != want || res[1].Keys[0].Admitted != 2+2*int64(round) {
+					t.Fatalf("batch %d on Redis's clock: %+v", round, res)
+				}
+			}
+		})
+	}
+}

@@ -108,6 +108,13 @@ type SpendOp struct {
 	// own (reservations.lua), as its spends share theirs.
 	Reserve *ReserveOp
 	Release *ReleaseOp
+	// Deposit, when set on a spend, is deposited before any spend of the
+	// batch, in the same pipeline (a call of deposit.lua of its own): a
+	// region's first Check of a window deposits its standing share and
+	// spends from it in one round trip. Its outcome is the SpendResult's
+	// Deposited (or DepositErr), beside the spend's. Only after NOSCRIPT
+	// (Redis lost its scripts) may the spend run before it.
+	Deposit *Deposit
 }
 
 // ownOp is an op of a batch of spends that is not a spend: a reservation
@@ -175,6 +182,7 @@ type spendCall struct {
 	now   int64
 	take  bool     // a rate.lua 'takes' call, not a spend.lua one
 	owns  bool     // a reservations.lua call: reservations and releases
+	dep   bool     // a deposit.lua call: the deposit of ops[spend[0]]
 	solo  bool     // a call of its own: keys of several hash tags
 	keys  []string // distinct keys, KEYS of the call
 	spend []int    // indices into the batch
@@ -236,6 +244,30 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 		// Kept for the next call (grown, perhaps).
 		s.res, s.backing, s.calls = res, backing, calls
 	}()
+	// Deposits first: every spend of the pipeline sees them. Their
+	// outcomes are kept aside (deps) and set in the results at the end,
+	// whatever the spends' own outcomes write there.
+	var deps map[int]SpendResult
+	for i, op := range ops {
+		if d := op.Deposit; d != nil {
+			if deps == nil {
+				deps = map[int]SpendResult{}
+			}
+			if err := d.validate(); err != nil {
+				deps[i] = SpendResult{DepositErr: err}
+				continue
+			}
+			calls = append(calls, spendCall{dep: true, keys: []string{d.Key}, spend: []int{i},
+				args: []any{d.LeaseID, d.Tokens, d.StartMs, d.DeadlineMs, d.ExpireAtMs, d.NowMs}})
+		}
+	}
+	if deps != nil {
+		defer func() {
+			for i, d := range deps {
+				res[i].Deposited, res[i].DepositErr = d.Deposited, d.DepositErr
+			}
+		}()
+	}
 	for i, op := range ops {
 		n := len(op.Keys)
 		res[i].Keys = backing[off : off+n : off+n]
@@ -284,6 +316,18 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 				retry = append(retry, ci) // did not run: safe to re-send
 				continue
 			}
+			if c.dep {
+				// The deposit's outcome only: its spend is decided by
+				// its own call.
+				var d SpendResult
+				if err != nil {
+					d.DepositErr = wrapRedis(c.script().name, err)
+				} else {
+					d.Deposited, d.DepositErr = parseDeposit(v)
+				}
+				deps[c.spend[0]] = d
+				continue
+			}
 			switch {
 			case err != nil:
 				err = wrapRedis(c.script().name, err)
@@ -305,7 +349,11 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 			if err := b.loadFor(ctx, calls, pending); err != nil {
 				for _, ci := range pending {
 					for _, i := range calls[ci].spend {
-						res[i] = SpendResult{Failed: -1, Err: err}
+						if calls[ci].dep {
+							deps[i] = SpendResult{DepositErr: err}
+						} else {
+							res[i] = SpendResult{Failed: -1, Err: err}
+						}
 					}
 				}
 				break
@@ -420,7 +468,7 @@ func joinCall(calls []spendCall, k spendCall) (_ []spendCall, ci int, fresh bool
 	if !k.solo {
 		for j := range calls {
 			c := &calls[j]
-			if !c.solo && c.owns == k.owns && c.take == k.take && c.tag == k.tag && c.now == k.now && len(c.spend) < maxSpendsPerCall {
+			if !c.solo && !c.dep && c.owns == k.owns && c.take == k.take && c.tag == k.tag && c.now == k.now && len(c.spend) < maxSpendsPerCall {
 				return calls, j, false
 			}
 		}
@@ -458,6 +506,9 @@ func resize[T any](buf []T, n int) []T {
 func (c *spendCall) script() *script {
 	if c.owns {
 		return reservesScript
+	}
+	if c.dep {
+		return depositScript
 	}
 	if c.take {
 		return rateScript

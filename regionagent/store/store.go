@@ -197,6 +197,12 @@ type SpendResult struct {
 	// .Release); Allowed is then false and Failed -1.
 	Reserved Reservation
 	Released ReleaseResult
+	// Deposited is, for a spend that carried a deposit (bucket.SpendOp's
+	// Deposit: made before the batch's spends, in the same pipeline), the
+	// deposit's result, or DepositErr when the deposit was not decided;
+	// the spend's own result is in the fields above either way.
+	Deposited  DepositResult
+	DepositErr error
 }
 
 // CloseResult is the outcome of closing a lease.
