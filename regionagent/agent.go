@@ -483,12 +483,21 @@ func (a *Agent) checkMulti(ctx context.Context, items []CheckItem) ([]Decision, 
 func (a *Agent) step(ctx context.Context, chk *core.Check, seq uint64) error {
 	switch chk.Step {
 	case core.StepSpend:
-		res, err := a.store(chk.Store).spend(ctx, chk.Keys, chk.Costs, chk.Counted)
+		var res store.SpendResult
+		var err error
+		if chk.Deposit != nil && chk.Store == core.Shared {
+			res, err = a.shared.spendCarrying(ctx, chk.Keys, chk.Costs, chk.Counted, chk.Deposit)
+		} else {
+			res, err = a.store(chk.Store).spend(ctx, chk.Keys, chk.Costs, chk.Counted)
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		now := a.opt.now()
-		a.withCore(func(c *core.Core) { c.Spent(now, chk, res, err) })
+		a.withCore(func(c *core.Core) {
+			a.carriedOutcome(c, now, chk, res, err)
+			c.Spent(now, chk, res, err)
+		})
 	case core.StepWait:
 		return a.wait(ctx, chk, seq)
 	case core.StepTake:
@@ -578,7 +587,7 @@ func (a *Agent) beginBatch(reqs []*spendReq) {
 		for i, k := range chk.Keys {
 			ks[i] = bucket.KeyOf(k)
 		}
-		r.op, r.at = bucket.SpendOp{Keys: ks, Costs: chk.Costs, NowMs: a.shared.nowMs()}, now
+		r.op, r.at = bucket.SpendOp{Keys: ks, Costs: chk.Costs, NowMs: a.shared.nowMs(), Deposit: a.shared.carried(chk.Deposit)}, now
 	}
 	if locked {
 		a.unlockCore()
@@ -607,11 +616,33 @@ func (a *Agent) decideBatch(reqs []*spendReq) {
 			a.core.Taken(now, r.check.chk, res.Take, err)
 			continue
 		}
+		a.carriedOutcome(a.core, now, r.check.chk, res, err)
 		a.core.Spent(now, r.check.chk, res, err)
 	}
 	if locked {
 		a.unlockCore()
 	}
+}
+
+// carriedOutcome hands the core the outcome of the deposit chk carried
+// with its spend (res, err: the spend's), if it carried one, before the
+// spend's own outcome: Deposited, as for any deposit.
+func (a *Agent) carriedOutcome(c *core.Core, now time.Time, chk *core.Check, res store.SpendResult, err error) {
+	d := chk.Deposit
+	if d == nil {
+		return
+	}
+	derr := res.DepositErr
+	switch {
+	case err != nil:
+		derr = err
+	case derr == nil && res.Deposited.Status == 0:
+		derr = errNotCarried
+	}
+	if derr == nil && res.Deposited.Status == store.Deposited {
+		a.m.leaseTokens.Add(float64(d.Tokens))
+	}
+	c.Deposited(now, *d, res.Deposited, derr, derr != nil && redisUnavailable(derr))
 }
 
 // unlockCore releases a.mu, waking the work loop if the core has actions

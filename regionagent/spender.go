@@ -77,9 +77,9 @@ func (s *spender) close() {
 
 // spend queues one spend and waits for its result. The returned request
 // must be released with release after its result is read.
-func (s *spender) spend(ctx context.Context, keys []string, costs []int64, counted []bool, nowMs int64) (*spendReq, error) {
+func (s *spender) spend(ctx context.Context, keys []string, costs []int64, counted []bool, nowMs int64, dep *bucket.Deposit) (*spendReq, error) {
 	r := spendReqPool.Get().(*spendReq)
-	r.op = bucket.SpendOp{Keys: keys, Costs: costs, Counted: counted, NowMs: nowMs}
+	r.op = bucket.SpendOp{Keys: keys, Costs: costs, Counted: counted, NowMs: nowMs, Deposit: dep}
 	return s.submit(ctx, r)
 }
 

@@ -80,7 +80,7 @@ func TestSpenderAbandonsWedgedBatch(t *testing.T) {
 	}()
 
 	h.armed.Store(true)
-	r, err := sp.spend(context.Background(), []string{"{t}:wedged"}, []int64{1}, nil, 0)
+	r, err := sp.spend(context.Background(), []string{"{t}:wedged"}, []int64{1}, nil, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestSpenderAbandonsWedgedBatch(t *testing.T) {
 	<-h.wedged // (it was held, not failed)
 
 	// The wedged call is still held: a new spend goes out on a new caller.
-	r, err = sp.spend(context.Background(), []string{"{t}:next"}, []int64{1}, nil, 0)
+	r, err = sp.spend(context.Background(), []string{"{t}:next"}, []int64{1}, nil, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestSpenderWatchdogLateFire(t *testing.T) {
 	spendAsync := func(key string) chan outcome {
 		ch := make(chan outcome, 1)
 		go func() {
-			r, err := sp.spend(context.Background(), []string{key}, []int64{1}, nil, 0)
+			r, err := sp.spend(context.Background(), []string{key}, []int64{1}, nil, 0, nil)
 			ch <- outcome{r, err}
 		}()
 		return ch

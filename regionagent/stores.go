@@ -86,11 +86,18 @@ func (s *redisStore) nowMs() int64 {
 }
 
 func (s *redisStore) spend(ctx context.Context, keys []store.Key, costs []int64, counted []bool) (store.SpendResult, error) {
+	return s.spendCarrying(ctx, keys, costs, counted, nil)
+}
+
+// spendCarrying is spend with the deposit a Check carries (its
+// core.Check.Deposit; nil: none), made before the spend in the same
+// pipeline: SpendResult.Deposited or DepositErr is its outcome.
+func (s *redisStore) spendCarrying(ctx context.Context, keys []store.Key, costs []int64, counted []bool, d *core.Deposit) (store.SpendResult, error) {
 	ks := make([]string, len(keys))
 	for i, k := range keys {
 		ks[i] = bucket.KeyOf(k)
 	}
-	r, err := s.spender.spend(ctx, ks, costs, counted, s.nowMs())
+	r, err := s.spender.spend(ctx, ks, costs, counted, s.nowMs(), s.carried(d))
 	if err != nil {
 		return store.SpendResult{}, err
 	}
@@ -175,6 +182,31 @@ func (s *redisStore) msAt(t time.Time) int64 {
 }
 
 var errUselessLease = errors.New("regionagent: lease expires before it starts")
+
+// errNotCarried: a deposit a Check carried was not sent with its spend
+// (Redis's clock not known yet, or the lease useless on it).
+var errNotCarried = errors.New("regionagent: the deposit was not sent (no Redis clock yet, or it cannot be spent on Redis's clock)")
+
+// carried is the deposit a Check carries (nil: none) on Redis's clock as
+// last synced, for its spend's pipeline; nil when it cannot be sent
+// (errNotCarried, seen by carriedOutcome). It never waits for a clock
+// sync: it runs in a spend batch, under the core's lock.
+func (s *redisStore) carried(d *core.Deposit) *bucket.Deposit {
+	if d == nil {
+		return nil
+	}
+	s.clockMu.Lock()
+	cs, ok := s.clock, s.clockOK
+	s.clockMu.Unlock()
+	if !ok {
+		return nil
+	}
+	dep, err := s.onRedis(cs, *d)
+	if err != nil {
+		return nil
+	}
+	return &dep
+}
 
 // onRedis is d with its times on Redis's clock (cs): the deadline rounded
 // down and the start up, so the lease is never spendable outside the

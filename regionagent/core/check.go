@@ -95,6 +95,11 @@ type Check struct {
 	// (bucket.SpendOp.Counted). A Check that waits for a lease and spends
 	// again then counts once in the region's demand.
 	Counted []bool
+	// Deposit (StepSpend in the Shared store; nil for most spends) is the
+	// region's standing share of a window (standing.go): deposit it
+	// before the spend, in the same pipeline, and hand its outcome to
+	// Deposited before the spend's to Spent.
+	Deposit *Deposit
 	Until   time.Time           // StepWait
 	Count   []store.FallbackAdd // StepCount
 	RateKey store.RateKey       // StepTake
@@ -125,7 +130,8 @@ type Check struct {
 	// decide. nil in other Checks.
 	shadowed    []Reason
 	shadowCosts []int64
-	failed      int // the item whose spend was refused (a spent pool)
+	failed      int     // the item whose spend was refused (a spent pool)
+	deposit     Deposit // backs Deposit
 
 	// one backs the slices of a Check of one item (most Checks), so that
 	// such a Check allocates only itself.
@@ -167,6 +173,7 @@ func (c *Core) respend(now time.Time, chk *Check) {
 		chk.Store = s
 	}
 	chk.Step = StepSpend
+	c.attachStanding(now, chk)
 }
 
 // answers returns n zero answers (in the Check itself when n is 1).
@@ -323,6 +330,7 @@ func (c *Core) resolve(now time.Time, chk *Check) {
 	}
 	c.name(now, chk)
 	chk.Step, chk.Store = StepSpend, c.store()
+	c.attachStanding(now, chk)
 }
 
 // fixTags says how to make limits checkable together.
@@ -408,6 +416,7 @@ func (c *Core) Spent(now time.Time, chk *Check, res store.SpendResult, err error
 }
 
 func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error) {
+	chk.Deposit = nil // carried out (Deposited)
 	if errors.Is(err, store.ErrCrossSlot) || errors.Is(res.Err, store.ErrCrossSlot) {
 		c.crossSlot(chk)
 		return
@@ -465,16 +474,6 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 		st.markSpent(w.Index, now, false, chk.Store == Local)
 	}
 	st.kickCost = max(st.kickCost, chk.Costs[f])
-	if now.Before(chk.deadline) && c.depositStanding(st, chk.Store, w, now) {
-		// The region's standing share of the window pays first, whatever
-		// the pool says: the Check waits for its deposit, not for a lease
-		// (unless the share cannot pay the cost).
-		if chk.Costs[f] > st.l.Standing {
-			c.kick(st, now)
-		}
-		chk.Step, chk.Until = StepWait, chk.deadline
-		return
-	}
 	if end := c.WindowEnd(w); st.spentWindow == w.Index && end.Sub(now) < boundaryWait && now.Before(chk.deadline) {
 		// The window ends in a moment (and the agent names windows on an
 		// estimate of the allocator's clock): wait for the next one rather

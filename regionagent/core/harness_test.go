@@ -218,12 +218,7 @@ func (w *world) run(rd Ready) {
 	}
 	for _, d := range rd.Deposits {
 		w.deposits = append(w.deposits, d)
-		start := int64(0)
-		if !d.Start.IsZero() {
-			start = ms(d.Start.Add(time.Millisecond - 1))
-		}
-		dep := store.Deposit{Key: d.Key, LeaseID: d.LeaseID, Tokens: d.Tokens, StartMs: start,
-			DeadlineMs: ms(d.Deadline), ExpireAtMs: ms(d.KeyExpiry), NowMs: ms(w.now)}
+		dep := w.onStore(d)
 		if d.Store == Shared && w.redisDown {
 			if w.landUnanswered != nil && w.landUnanswered() {
 				_, _ = w.shared.Deposit(dep)
@@ -310,6 +305,40 @@ func (w *world) deliver(rets []Return) {
 	w.c.ReturnsDone(w.now, rets, nil)
 }
 
+// spend carries out a Check's StepSpend: the deposit it carries, if any,
+// then the spend, as the shell's pipeline does.
+func (w *world) spend(chk *Check) {
+	if chk.Store == Shared && w.redisDown {
+		if d := chk.Deposit; d != nil {
+			w.deposits = append(w.deposits, *d)
+			if w.landUnanswered != nil && w.landUnanswered() {
+				_, _ = w.shared.Deposit(w.onStore(*d))
+			}
+			w.c.Deposited(w.now, *d, store.DepositResult{}, fmt.Errorf("redis down"), true)
+		}
+		w.c.Spent(w.now, chk, store.SpendResult{}, fmt.Errorf("redis down"))
+		return
+	}
+	if d := chk.Deposit; d != nil {
+		w.deposits = append(w.deposits, *d)
+		res, err := w.mem(d.Store).Deposit(w.onStore(*d))
+		w.c.Deposited(w.now, *d, res, err, false)
+	}
+	res, err := w.mem(chk.Store).Spend(chk.Keys, chk.Costs, chk.Counted, ms(w.now))
+	w.c.Spent(w.now, chk, res, err)
+}
+
+// onStore is a deposit on the store's clock (milliseconds; the start
+// rounded up).
+func (w *world) onStore(d Deposit) store.Deposit {
+	start := int64(0)
+	if !d.Start.IsZero() {
+		start = ms(d.Start.Add(time.Millisecond - 1))
+	}
+	return store.Deposit{Key: d.Key, LeaseID: d.LeaseID, Tokens: d.Tokens, StartMs: start,
+		DeadlineMs: ms(d.Deadline), ExpireAtMs: ms(d.KeyExpiry), NowMs: ms(w.now)}
+}
+
 // count carries out a Check's StepCount on its store.
 func (w *world) count(chk *Check) {
 	ok, vals, err := w.mem(chk.Store).AdmitFallback(chk.Count, ms(w.now))
@@ -322,8 +351,7 @@ func (w *world) count(chk *Check) {
 func (w *world) firstRound(limit string) (*Check, []Acquire) {
 	w.t.Helper()
 	chk := w.c.Begin(w.now, []Item{{Limit: limit, Cost: 1}}, time.Time{})
-	res, _ := w.shared.Spend(chk.Keys, chk.Costs, chk.Counted, ms(w.now))
-	w.c.Spent(w.now, chk, res, nil)
+	w.spend(chk)
 	rd := w.c.Ready()
 	w.c.RoundRead(w.now, rd.Rounds[0], RoundResult{Locked: true, NowMs: ms(w.now)})
 	return chk, w.c.Ready().Acquires
@@ -343,12 +371,7 @@ func (w *world) checkMulti(items ...Item) ([]Answer, *Check) {
 	for range 100 {
 		switch chk.Step {
 		case StepSpend:
-			if chk.Store == Shared && w.redisDown {
-				w.c.Spent(w.now, chk, store.SpendResult{}, fmt.Errorf("redis down"))
-				break
-			}
-			res, err := w.mem(chk.Store).Spend(chk.Keys, chk.Costs, chk.Counted, ms(w.now))
-			w.c.Spent(w.now, chk, res, err)
+			w.spend(chk)
 		case StepWait:
 			if chk.Lookup() && !w.dropAcquire {
 				w.syncLimits()

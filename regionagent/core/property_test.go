@@ -183,12 +183,10 @@ func (ch *chaos) check(limit string, cost int64) {
 	for range 2000 {
 		switch chk.Step {
 		case StepSpend:
-			if chk.Store == Shared && w.redisDown {
-				w.c.Spent(w.now, chk, store.SpendResult{}, fmt.Errorf("down"))
-				continue
+			if d := chk.Deposit; d != nil {
+				ch.checkDeposit(*d)
 			}
-			res, err := w.mem(chk.Store).Spend(chk.Keys, chk.Costs, chk.Counted, ms(w.now))
-			w.c.Spent(w.now, chk, res, err)
+			w.spend(chk)
 		case StepWait:
 			ch.drain()
 			if ch.rng.IntN(3) == 0 {

@@ -9,12 +9,13 @@ import (
 // Standing shares. A limit with a standing share (Limit.Standing) gives
 // each of its regions that many tokens of every window, counted as
 // granted by the allocator from the window's start, without a request.
-// A Check that the region's bucket cannot pay, in a window whose share
-// this replica has not tried yet, deposits the share (a Deposit like a
-// lease's, under lease.StandingLeaseID: the same id on every replica, so
-// the bucket takes it once) and waits for it instead of for a lease: no
-// round trip to the allocator. The share is then a holding like any
-// lease: closed at its deadline, its unspent tokens returned.
+// A Check's spend, the first of this replica in a window of a limit with a
+// share, carries the share's deposit (Check.Deposit: a Deposit like a
+// lease's, under lease.StandingLeaseID, the same id on every replica, so
+// the bucket takes it once), made before the spend in the same pipeline:
+// the limit's first Checks of a window are decided in one round trip to
+// Redis, with no call to the allocator. The share is then a holding like
+// any lease: closed at its deadline, its unspent tokens returned.
 //
 // The share may be spent only while the allocator's clock is surely in
 // its window, so its start and deadline on the agent's clock come from
@@ -54,13 +55,29 @@ func (c *Core) shareSpan(w lease.Window) (start, deadline time.Time, ok bool) {
 	return start, deadline, deadline.After(start)
 }
 
-// depositStanding deposits the region's standing share of st's window w
-// in store s, if this replica has not tried it in w and the share can be
-// spent at now; it reports whether it did (the caller's Check waits for
-// the deposit: Deposited wakes it).
-func (c *Core) depositStanding(st *limitState, s Store, w lease.Window, now time.Time) bool {
+// attachStanding gives a Check about to spend in the shared store the
+// deposit of the region's standing share of the first of its limits that
+// has one due (Check.Deposit), or none.
+func (c *Core) attachStanding(now time.Time, chk *Check) {
+	chk.Deposit = nil
+	if chk.Store != Shared {
+		return
+	}
+	for i, st := range chk.sts {
+		if c.standingDue(st, chk.wins[i], now, &chk.deposit) {
+			chk.Deposit = &chk.deposit
+			return
+		}
+	}
+}
+
+// standingDue sets d to the deposit of the region's standing share of
+// st's window w, if this replica has not tried it in w yet and the share
+// can be spent at now, and reports whether it did (the replica then
+// counts it as tried).
+func (c *Core) standingDue(st *limitState, w lease.Window, now time.Time, d *Deposit) bool {
 	l := &st.l
-	if l.Standing <= 0 || s != Shared || st.standingWin >= w.Index || !c.synced || c.takenAt.Before(w.Start()) {
+	if l.Standing <= 0 || st.standingWin >= w.Index || !c.synced || c.takenAt.Before(w.Start()) {
 		return false
 	}
 	start, deadline, ok := c.shareSpan(w)
@@ -72,8 +89,8 @@ func (c *Core) depositStanding(st *limitState, s Store, w lease.Window, now time
 	if deadline.After(expiry) {
 		expiry = deadline
 	}
-	c.ready.Deposits = append(c.ready.Deposits, Deposit{Limit: st.id, Store: Shared, Key: l.key(w.Index),
+	*d = Deposit{Limit: st.id, Store: Shared, Key: l.key(w.Index),
 		LeaseID: lease.StandingLeaseID(w.Index, c.cfg.Region), Tokens: l.Standing,
-		Start: start, Deadline: deadline, KeyExpiry: expiry.Add(c.opt.keyGrace), standing: true})
+		Start: start, Deadline: deadline, KeyExpiry: expiry.Add(c.opt.keyGrace), standing: true}
 	return true
 }
