@@ -100,7 +100,7 @@ func parseFlags(args []string) (config, error) {
 	callers := fs.String("callers", "1,64", "comma-separated concurrent callers per case")
 	fs.IntVar(&c.conns, "conns", 1, "gRPC connections per server, shared by the callers")
 	apis := fs.String("apis", "check,envoy", "comma-separated APIs: check (RegionAgent Check), envoy (ShouldRateLimit)")
-	fs.DurationVar(&c.settle, "settle", 5*time.Second, "pause after the warm-up, so its own work (first reports) is done before measuring")
+	fs.DurationVar(&c.settle, "settle", 5*time.Second, "pause after the warm-up and before each cold case, so the work before (first reports, the busy case's limits winding down) is done before measuring")
 	fs.DurationVar(&c.busyWarmup, "busy-warmup", 4*time.Second, "how long a busy case runs its own load, unmeasured, before it is measured")
 	fs.StringVar(&c.leasehold, "leasehold", "", "leasehold binary (default: go build ./cmd/leasehold)")
 	fs.StringVar(&c.noopserver, "noopserver", "", "noopserver binary (default: go build ./internal/benchcheck/noopserver)")
@@ -284,6 +284,16 @@ func run(ctx context.Context, c config) error {
 	for _, bc := range cases(c) {
 		keys := sets[bc.set()]
 		var floor result
+		if bc.kind == "cold" {
+			// The case before (busy) leaves 10,000 limits active for a
+			// few seconds: their renewals and chunk releases would be
+			// counted as the cold limits' cost.
+			select {
+			case <-time.After(c.settle):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		for _, t := range []*target{noop, agent} {
 			ds := t.check
 			if bc.api == "Envoy" {
