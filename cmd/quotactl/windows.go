@@ -33,8 +33,9 @@ var windowsCmd = &command{
 	summary: "report a limit's recent windows: admitted against G, the overshoot bound, stranded tokens",
 	detail: `windows calls leasehold.v1.Admin/ListWindows on the allocator (served by
 the leader; a follower redirects) and prints the limit's last N windows,
-oldest first, the running window included. Each row holds what was granted,
-returned and admitted per region, the overshoot bound (+Inf while a region
+oldest first, the running window included. Each row holds what was granted
+(the regions' standing shares included: "standing" in --json), returned and
+admitted per region, the overshoot bound (+Inf while a region
 was in open fallback), the observed overshoot and the stranded tokens
 (docs/overshoot.md).
 
@@ -226,6 +227,7 @@ type windowReportJSON struct {
 	Closed            bool              `json:"closed"`
 	LimitTokens       int64             `json:"limit_tokens"`
 	Granted           int64             `json:"granted"`
+	Standing          int64             `json:"standing,omitempty"` // of granted, the regions' standing shares
 	Returned          int64             `json:"returned"`
 	Admitted          map[string]int64  `json:"admitted"`
 	AdmittedTotal     int64             `json:"admitted_total"`
@@ -328,6 +330,7 @@ func windowJSONOf(w *pb.WindowReport) windowReportJSON {
 		Closed:            w.GetClosed(),
 		LimitTokens:       w.GetLimitTokens(),
 		Granted:           w.GetGranted(),
+		Standing:          w.GetStanding(),
 		Returned:          w.GetReturned(),
 		Admitted:          make(map[string]int64, len(w.GetAdmitted())),
 		AdmittedTotal:     w.GetAdmittedTotal(),
