@@ -642,6 +642,11 @@ func (a *Agent) carriedOutcome(c *core.Core, now time.Time, chk *core.Check, res
 	if derr == nil && res.Deposited.Status == store.Deposited {
 		a.m.leaseTokens.Add(float64(d.Tokens))
 	}
+	if a.opt.hist != nil && derr == nil && (res.Deposited.Status == store.Deposited || res.Deposited.Status == store.AlreadyDeposited) {
+		if l, ok := c.Resolve(d.Limit); ok {
+			a.recordShare(now, l, *d)
+		}
+	}
 	c.Deposited(now, *d, res.Deposited, derr, derr != nil && redisUnavailable(derr))
 }
 

@@ -90,6 +90,21 @@ func ClientDecisionRecorder(rec *history.Recorder, proc, region string, path his
 	}
 }
 
+// recordShare records the region's standing share of a window (d, in its
+// bucket) as a grant to the region: the allocator counts it as granted
+// from the window's start, without a request or a record of its own. Its
+// lease and request ids name the limit too (a share's lease id is the same
+// for every limit), and every replica that finds the share records the
+// same grant. Start and expiry are the window's, on the allocator's clock.
+func (a *Agent) recordShare(now time.Time, l core.Limit, d core.Deposit) {
+	w := l.Windows().ByIndex(d.Key.Window)
+	id := d.LeaseID + "@" + l.ID
+	a.opt.hist.Record(history.Record{Kind: history.KindGrant, T: now.UnixNano(), Proc: a.cfg.ReplicaID,
+		Region: a.cfg.Region, Limit: l.ID, Window: d.Key.Window, WindowLen: int64(w.Length), WindowPhase: int64(l.Phase),
+		Cal: zones.Format(l.Cal), G: l.Tokens, Request: id, Lease: id, Tokens: d.Tokens,
+		Start: w.Start().UnixNano(), Expiry: w.End().UnixNano(), End: w.End().UnixNano()})
+}
+
 // recordReserve records a reservation granted of limit from window key.
 func (a *Agent) recordReserve(now time.Time, l core.Limit, key store.Key, id string, r Reservation, replayed bool) {
 	a.opt.hist.Record(history.Record{Kind: history.KindReserve, T: now.UnixNano(), Proc: a.cfg.ReplicaID,

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"leasehold/allocator"
+	"leasehold/internal/history"
+	"leasehold/internal/syncbuf"
 	"leasehold/lease"
 )
 
@@ -92,5 +95,51 @@ func TestStandingSharesTwoReplicas(t *testing.T) {
 		if o.ID == lease.StandingLeaseID(win, "eu") {
 			t.Fatalf("eu's share still open after its window: %+v", o)
 		}
+	}
+}
+
+// TestStandingShareHistory: the history of a run that spends standing
+// shares certifies. Each replica records the share it deposited or found
+// as a grant of the region's (the allocator records none: the share is
+// granted by the limit's definition), so the checker counts what the
+// region admitted against the share and its leases.
+func TestStandingShareHistory(t *testing.T) {
+	allocRec, allocBuf := newRecorder(t, history.Process{Name: "alloc", Role: history.RoleAllocator})
+	w := startWorldWith(t, true, nil, []allocator.Option{allocator.WithHistory(allocRec)}, "eu", "us")
+	l := limit("tenant/standing-hist", 40, time.Minute, 15*time.Second, "eu", "us")
+	l.Lease.Standing = 5
+	l = w.putLimit(l)
+	w.clock.Add(time.Second)
+	var runs []*history.Run
+	var bufs []*syncbuf.Buffer
+	var agents []*Agent
+	for _, name := range []string{"r1", "r2"} {
+		rec, buf := newRecorder(t, history.Process{Name: name, Role: history.RoleAgent, Region: "eu"})
+		a := w.agent("eu", name, WithColdWait(2*time.Second), WithHistory(rec))
+		runWork(t, a)
+		agents, bufs = append(agents, a), append(bufs, buf)
+		t.Cleanup(func() { _ = rec.Close() })
+	}
+	ctx := context.Background()
+	admitted := int64(0)
+	for i := range 60 {
+		d, err := agents[i%2].Check(ctx, l.Id, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 35 {
+		t.Fatalf("admitted %d, want G - us's share = 35", admitted)
+	}
+	for i, buf := range bufs {
+		runs = append(runs, runsOf(t, buf, agents[i].cfg.ReplicaID)...)
+	}
+	runs = append(runs, runsOf(t, allocBuf, "alloc")...)
+	rep := history.Check(&history.History{Runs: runs}, nil)
+	if len(rep.Violations) > 0 {
+		t.Fatalf("violations: %v", rep.Violations)
 	}
 }
