@@ -449,6 +449,7 @@ func (a *Agent) syncGroups(ctx context.Context) error {
 		if clock != nil {
 			c.SetAllocatorClock(clock.sent, clock.recv, time.Unix(0, clock.resp.AllocatorUnixNanos))
 		}
+		c.NoStandingShares() // one clock estimate, several groups' allocators
 		ls, plans := coreLimits(merged.Limits, a.cfg.Region)
 		if plans != nil {
 			plans = groupResolver(perGroup, gm, a.opt.now, a.cfg.Region, plans)

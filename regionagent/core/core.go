@@ -152,8 +152,10 @@ type Core struct {
 	offsetSet bool
 	// clock bounds the allocator's clock from the latest SetAllocatorClock:
 	// at agent time t it is within [t + clock.lo, t + clock.hi], less the
-	// drift since clock.at. Only standing shares use it (standing.go).
-	clock clockBounds
+	// drift since clock.at. Only standing shares use it (standing.go);
+	// noStanding: they are not used (NoStandingShares).
+	clock      clockBounds
+	noStanding bool
 
 	states    map[string]*limitState
 	byRequest map[string]*limitState // unanswered request id -> its limit
@@ -515,7 +517,9 @@ func (c *Core) Limit(id string) (Limit, bool) {
 
 // SetAllocatorClock records the allocator's clock as read by a call sent
 // at sent and answered at recv (its midpoint), if no lease reply has set it
-// yet. The estimate only names windows; no lease timing depends on it.
+// yet: the estimate only names windows; no lease timing depends on it.
+// Each call also sets the bounds on that clock a standing share is spent
+// within (standing.go).
 func (c *Core) SetAllocatorClock(sent, recv time.Time, alloc time.Time) {
 	c.clock = clockBounds{lo: alloc.Sub(recv), hi: alloc.Sub(sent), at: recv, set: !recv.Before(sent)}
 	if c.offsetSet {

@@ -29,6 +29,12 @@ import (
 // replicas spending in process (Redis down) each hold their own, and a
 // share is the region's.
 
+// NoStandingShares makes the Core leave standing shares unused: with
+// allocator groups, each group's allocator has a clock of its own, and
+// the Core keeps one estimate. The allocators still count the shares as
+// granted: they are stranded (an undershoot, never more than G).
+func (c *Core) NoStandingShares() { c.noStanding = true }
+
 // clockBounds bound the allocator's clock, as read by one call: it was
 // alloc at some instant between sent and recv (agent clock), so at agent
 // time t it was within [t + lo, t + hi] then, and drifts from there.
@@ -77,7 +83,7 @@ func (c *Core) attachStanding(now time.Time, chk *Check) {
 // counts it as tried).
 func (c *Core) standingDue(st *limitState, w lease.Window, now time.Time, d *Deposit) bool {
 	l := &st.l
-	if l.Standing <= 0 || st.standingWin >= w.Index || !c.synced || c.takenAt.Before(w.Start()) {
+	if l.Standing <= 0 || c.noStanding || st.standingWin >= w.Index || !c.synced || c.takenAt.Before(w.Start()) {
 		return false
 	}
 	start, deadline, ok := c.shareSpan(w)

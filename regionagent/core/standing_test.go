@@ -1,6 +1,7 @@
 package core
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -95,7 +96,7 @@ func TestStandingShareWhenNot(t *testing.T) {
 		w := newWorld(t, 10, l)
 		w.c.SetLimits(w.c.SyncStart(), 2, []Limit{l}, t0.Add(-time.Second)) // taken before t0, the window's start
 		w.advance(time.Second)
-		if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 1 || w.deposits[0].LeaseID == lease.StandingLeaseID(0, "eu") {
+		if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 1 || strings.HasSuffix(w.deposits[0].LeaseID, lease.StandingRequestID) {
 			t.Fatalf("%+v: %d allocator calls, deposits %+v; want a lease, no share", a, w.alloc.calls, w.deposits)
 		}
 	})
@@ -116,7 +117,7 @@ func TestStandingShareWhenNot(t *testing.T) {
 		w.c.SetLimits(w.c.SyncStart(), 2, []Limit{l}, t0)
 		w.now = t0.Add(30 * time.Millisecond)
 		w.check(l.ID, 1)
-		if w.alloc.calls != 1 || len(w.deposits) != 1 || w.deposits[0].LeaseID == lease.StandingLeaseID(0, "eu") {
+		if w.alloc.calls != 1 || len(w.deposits) != 1 || strings.HasSuffix(w.deposits[0].LeaseID, lease.StandingRequestID) {
 			t.Fatalf("%d allocator calls, deposits %+v; want a lease, no share", w.alloc.calls, w.deposits)
 		}
 	})
@@ -167,5 +168,17 @@ func TestShareSpanInsideWindow(t *testing.T) {
 		if span := deadline.Sub(start); span < time.Minute-tc.rtt-time.Second-2*time.Duration(float64(tc.age+time.Minute)*ppm/1e6) {
 			t.Errorf("%+v: span %v, too short", tc, span)
 		}
+	}
+}
+
+// TestStandingShareNotWithGroups: a Core told to leave standing shares
+// unused (an agent of several allocator groups) deposits none.
+func TestStandingShareNotWithGroups(t *testing.T) {
+	l := standingLimit("t/s", 5)
+	w := newWorld(t, 10, l)
+	w.c.NoStandingShares()
+	w.advance(time.Second)
+	if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 1 || strings.HasSuffix(w.deposits[0].LeaseID, lease.StandingRequestID) {
+		t.Fatalf("%+v: %d allocator calls, deposits %+v; want a lease, no share", a, w.alloc.calls, w.deposits)
 	}
 }
