@@ -77,50 +77,46 @@ func TestStandingShareDecidesFirstChecks(t *testing.T) {
 }
 
 // TestStandingShareWhenNot: the share is not deposited, and a Check goes
-// the lease's way, when it cannot be known right: a cost the share cannot
-// pay also asks for a lease; a snapshot of the limits taken before the
-// window began (the share may have changed at the boundary); the window's
-// first instants, while the allocator's clock may still be in the window
-// before; and a limit without a share.
+// the lease's way, when it cannot be known right: a snapshot of the
+// limits taken before the window began (the share may have changed at
+// the boundary); the window's first instants, while the allocator's clock
+// may still be in the window before; an agent of several allocator groups
+// (one clock estimate for several allocators); and a limit without a
+// share. A cost the share cannot pay is denied by it and asks for a lease.
 func TestStandingShareWhenNot(t *testing.T) {
-	t.Run("cost above the share", func(t *testing.T) {
-		l := standingLimit("t/s", 5)
-		w := newWorld(t, 10, l)
-		w.advance(time.Second)
-		if a := w.check(l.ID, 6); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 2 {
-			t.Fatalf("%+v: %d allocator calls, %d deposits; want the share and a lease", a, w.alloc.calls, len(w.deposits))
+	for _, tc := range []struct {
+		name     string
+		standing int64
+		setup    func(w *world)
+	}{
+		{"snapshot from the window before", 5, func(w *world) {
+			w.c.SetLimits(w.c.SyncStart(), 2, []Limit{w.alloc.limits["t/s"]}, t0.Add(-time.Second)) // taken before t0, the window's start
+			w.advance(time.Second)
+		}},
+		{"the window's first instant", 5, func(w *world) {
+			// The allocator's clock read 40 ms into a 100 ms round trip:
+			// it may be up to 60 ms behind the agent's at t0.
+			w.c.SetAllocatorClock(t0.Add(-100*time.Millisecond), t0, t0.Add(-60*time.Millisecond))
+			w.now = t0.Add(30 * time.Millisecond)
+		}},
+		{"allocator groups", 5, func(w *world) {
+			w.c.NoStandingShares()
+			w.advance(time.Second)
+		}},
+		{"no share", 0, func(w *world) { w.advance(time.Second) }},
+	} {
+		w := newWorld(t, 10, standingLimit("t/s", tc.standing))
+		tc.setup(w)
+		if a := w.check("t/s", 1); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 1 || strings.HasSuffix(w.deposits[0].LeaseID, lease.StandingRequestID) {
+			t.Errorf("%s: %+v, %d allocator calls, deposits %+v; want a lease, no share", tc.name, a, w.alloc.calls, w.deposits)
 		}
-	})
-	t.Run("snapshot from the window before", func(t *testing.T) {
-		l := standingLimit("t/s", 5)
-		w := newWorld(t, 10, l)
-		w.c.SetLimits(w.c.SyncStart(), 2, []Limit{l}, t0.Add(-time.Second)) // taken before t0, the window's start
-		w.advance(time.Second)
-		if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 1 || strings.HasSuffix(w.deposits[0].LeaseID, lease.StandingRequestID) {
-			t.Fatalf("%+v: %d allocator calls, deposits %+v; want a lease, no share", a, w.alloc.calls, w.deposits)
-		}
-	})
-	t.Run("no share", func(t *testing.T) {
-		l := standingLimit("t/s", 0)
-		w := newWorld(t, 10, l)
-		w.advance(time.Second)
-		if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 1 {
-			t.Fatalf("%+v: %d allocator calls, %d deposits", a, w.alloc.calls, len(w.deposits))
-		}
-	})
-	t.Run("the window's first instant", func(t *testing.T) {
-		l := standingLimit("t/s", 5)
-		w := newWorld(t, 10, l)
-		// The allocator's clock read 40 ms into a 100 ms round trip: it
-		// may be up to 60 ms behind the agent's at t0.
-		w.c.SetAllocatorClock(t0.Add(-100*time.Millisecond), t0, t0.Add(-60*time.Millisecond))
-		w.c.SetLimits(w.c.SyncStart(), 2, []Limit{l}, t0)
-		w.now = t0.Add(30 * time.Millisecond)
-		w.check(l.ID, 1)
-		if w.alloc.calls != 1 || len(w.deposits) != 1 || strings.HasSuffix(w.deposits[0].LeaseID, lease.StandingRequestID) {
-			t.Fatalf("%d allocator calls, deposits %+v; want a lease, no share", w.alloc.calls, w.deposits)
-		}
-	})
+	}
+
+	w := newWorld(t, 10, standingLimit("t/s", 5))
+	w.advance(time.Second)
+	if a := w.check("t/s", 6); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 2 {
+		t.Errorf("cost above the share: %+v, %d allocator calls, %d deposits; want the share and a lease", a, w.alloc.calls, len(w.deposits))
+	}
 }
 
 // TestShareSpanInsideWindow: for every agent instant in the span a share
@@ -168,17 +164,5 @@ func TestShareSpanInsideWindow(t *testing.T) {
 		if span := deadline.Sub(start); span < time.Minute-tc.rtt-time.Second-2*time.Duration(float64(tc.age+time.Minute)*ppm/1e6) {
 			t.Errorf("%+v: span %v, too short", tc, span)
 		}
-	}
-}
-
-// TestStandingShareNotWithGroups: a Core told to leave standing shares
-// unused (an agent of several allocator groups) deposits none.
-func TestStandingShareNotWithGroups(t *testing.T) {
-	l := standingLimit("t/s", 5)
-	w := newWorld(t, 10, l)
-	w.c.NoStandingShares()
-	w.advance(time.Second)
-	if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 1 || strings.HasSuffix(w.deposits[0].LeaseID, lease.StandingRequestID) {
-		t.Fatalf("%+v: %d allocator calls, deposits %+v; want a lease, no share", a, w.alloc.calls, w.deposits)
 	}
 }
