@@ -179,22 +179,21 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 		return e
 	}
 	if stored == nil {
-		e.PoolAfter = max(0, next.LimitTokens-decodeVersion(next).standingTotal())
+		e.PoolAfter = c.pool(decodeVersion(next), nil)
 		return e
 	}
 	cur := decodeVersion(inForce(stored, now))
 	w := cur.Windows().Of(now)
 	e.WindowStart = timestamppb.New(w.Start())
 	e.CurrentLimitTokens = cur.Tokens
-	var net int64
-	if ws := c.windows[windowKey{id, w.Index}]; ws != nil {
-		net = ws.granted - ws.credited
+	ws := c.windows[windowKey{id, w.Index}]
+	if ws != nil {
+		e.Granted = ws.granted - ws.credited
 	}
-	e.Granted = net
 	for _, u := range c.RegionUsage(id, w.Index) {
 		e.Admitted += u.NetAdmitted() + u.FallbackAdmitted
 	}
-	poolNow := max(0, cur.Tokens-cur.standingTotal()-net)
+	poolNow := c.pool(cur, ws)
 	var demands []lease.RegionDemand
 	if l, ok := c.limit(id); ok {
 		demands = c.reported(now, l.At(now))
@@ -221,14 +220,11 @@ func (c *Core) effect(now time.Time, id string, stored, next *pb.Limit, deleting
 	default:
 		nv := decodeVersion(next)
 		nw := nv.Windows().Of(now)
-		nnet := net
+		nws := ws
 		if nw != w {
-			nnet = 0
-			if ws := c.windows[windowKey{id, nw.Index}]; ws != nil {
-				nnet = ws.granted - ws.credited
-			}
+			nws = c.windows[windowKey{id, nw.Index}]
 		}
-		e.PoolAfter = max(0, nv.Tokens-nv.standingTotal()-nnet)
+		e.PoolAfter = c.pool(nv, nws)
 		before := denying(demands, cur, poolNow, w.Left(now), true)
 		after := denying(demands, nv, e.PoolAfter, nw.Left(now), true)
 		e.RegionsDenying = started(before, after)
