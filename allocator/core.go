@@ -57,13 +57,7 @@ func (g *Grant) window() lease.Window {
 // Schedule is the window schedule of the limit version that granted g.
 func (g *Grant) Schedule() lease.Windows { return schedOf(g.WindowMs, g.PhaseMs, g.Cal) }
 
-// LeaseID formats a lease id: "<window>/<region>/<request id>". Region and
-// request ids contain no "/", so the id parses back without a lookup table.
-func LeaseID(window int64, region, requestID string) string {
-	return strconv.FormatInt(window, 10) + "/" + region + "/" + requestID
-}
-
-// ParseLeaseID splits a lease id made by LeaseID.
+// ParseLeaseID splits a lease id made by lease.ID.
 func ParseLeaseID(id string) (window int64, region, requestID string, err error) {
 	parts := strings.Split(id, "/")
 	if len(parts) != 3 {
@@ -471,7 +465,7 @@ func (c *Core) acquire(now time.Time, region string, r AcquireRequest) Decision 
 	ws.maxG = max(ws.maxG, l.Tokens)
 	ws.requests = append(ws.requests, rk)
 	g := &Grant{
-		LeaseID:      LeaseID(w.Index, region, r.RequestID),
+		LeaseID:      lease.ID(w.Index, region, r.RequestID),
 		Limit:        l.ID,
 		Region:       region,
 		RequestID:    r.RequestID,

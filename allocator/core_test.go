@@ -51,14 +51,14 @@ func TestCoreStepTable(t *testing.T) {
 		{at: time.Second, region: "eu", req: "r1", want: 40, tokens: 40, replayed: true, pool: 60},
 		{at: 2 * time.Second, region: "us", req: "r1", want: 70, tokens: 60, pool: 0}, // same id, other region: its own
 		{at: 3 * time.Second, region: "us", req: "r2", want: 10, tokens: 0, pool: 0},  // pool spent: nothing
-		{at: 4 * time.Second, region: "eu", ret: LeaseID(c.window0(), "eu", "r1"), unspent: 15, tokens: 15, pool: 15},
-		{at: 5 * time.Second, region: "eu", ret: LeaseID(c.window0(), "eu", "r1"), unspent: 15, tokens: 15, dup: true, pool: 15},
-		{at: 6 * time.Second, region: "us", ret: LeaseID(c.window0(), "eu", "r1"), unspent: 1, code: pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE, pool: 15},
+		{at: 4 * time.Second, region: "eu", ret: lease.ID(c.window0(), "eu", "r1"), unspent: 15, tokens: 15, pool: 15},
+		{at: 5 * time.Second, region: "eu", ret: lease.ID(c.window0(), "eu", "r1"), unspent: 15, tokens: 15, dup: true, pool: 15},
+		{at: 6 * time.Second, region: "us", ret: lease.ID(c.window0(), "eu", "r1"), unspent: 1, code: pb.ItemCode_ITEM_CODE_UNKNOWN_LEASE, pool: 15},
 		{at: 7 * time.Second, region: "ap", req: "r9", want: 1, code: pb.ItemCode_ITEM_CODE_REGION_NOT_ALLOWED, pool: 15},
 		{at: 8 * time.Second, region: "us", req: "r3", want: 50, tokens: 15, pool: 0},
 		{at: 9 * time.Second, region: "us", req: "r4", want: 30, next: true, tokens: 30, pool: 0},
 		// After the window: the late return of r3 is recorded, not credited.
-		{at: 61 * time.Second, region: "us", ret: LeaseID(c.window0(), "us", "r3"), unspent: 5, tokens: 0, code: pb.ItemCode_ITEM_CODE_WINDOW_CLOSED, pool: 70},
+		{at: 61 * time.Second, region: "us", ret: lease.ID(c.window0(), "us", "r3"), unspent: 5, tokens: 0, code: pb.ItemCode_ITEM_CODE_WINDOW_CLOSED, pool: 70},
 	}
 	for i, s := range steps {
 		now := t0.Add(s.at)

@@ -52,7 +52,7 @@ func runFairSteps(t *testing.T, cores []*Core, recs records, steps []fairStep) {
 		for ci, c := range cores {
 			where := fmt.Sprintf("step %d (at %v, %s %s), core %d", i, s.at, s.region, s.req, ci)
 			if s.ret {
-				d, err := c.Return(now, s.region, ReturnRequest{Limit: "t/f", LeaseID: LeaseID(w.Index, s.region, s.req), Unspent: s.unspent})
+				d, err := c.Return(now, s.region, ReturnRequest{Limit: "t/f", LeaseID: lease.ID(w.Index, s.region, s.req), Unspent: s.unspent})
 				if err != nil || d.Code != pb.ItemCode_ITEM_CODE_OK || d.Credited != s.tokens {
 					t.Fatalf("%s: return = %+v, %v; want credited %d", where, d, err, s.tokens)
 				}

@@ -137,8 +137,8 @@ func TestStandingSharesCounted(t *testing.T) {
 		return d
 	}
 	eu := lease.StandingLeaseID(w, "eu")
-	if eu != LeaseID(w, "eu", lease.StandingRequestID) {
-		t.Fatalf("a share's lease id %q is not in the allocator's form", eu)
+	if pw, pr, preq, err := ParseLeaseID(eu); err != nil || pw != w || pr != "eu" || preq != lease.StandingRequestID {
+		t.Fatalf("a share's lease id %q is not in the allocator's form: %d %q %q %v", eu, pw, pr, preq, err)
 	}
 	first := ret(at(10*time.Second), "eu", eu, 3)
 	if first.Code != pb.ItemCode_ITEM_CODE_OK || first.Credited != 3 || first.Grant == nil || !first.Grant.Standing || first.Grant.Tokens != 5 {
