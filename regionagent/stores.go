@@ -146,19 +146,24 @@ func crossSlot(err error) error {
 	return err
 }
 
-func (s *redisStore) syncedClock(ctx context.Context) (bucket.ClockSync, error) {
+// lastClock is Redis's clock as last synced; ok is false before the first
+// sync.
+func (s *redisStore) lastClock() (cs bucket.ClockSync, ok bool) {
 	s.clockMu.Lock()
-	cs, ok := s.clock, s.clockOK
-	s.clockMu.Unlock()
-	if ok {
+	defer s.clockMu.Unlock()
+	return s.clock, s.clockOK
+}
+
+// syncedClock is lastClock, synced first if it never was.
+func (s *redisStore) syncedClock(ctx context.Context) (bucket.ClockSync, error) {
+	if cs, ok := s.lastClock(); ok {
 		return cs, nil
 	}
 	if err := s.a.syncClock(ctx); err != nil {
 		return bucket.ClockSync{}, err
 	}
-	s.clockMu.Lock()
-	defer s.clockMu.Unlock()
-	return s.clock, nil
+	cs, _ := s.lastClock()
+	return cs, nil
 }
 
 func (s *redisStore) setClock(cs bucket.ClockSync) {
@@ -172,9 +177,7 @@ func (s *redisStore) msAt(t time.Time) int64 {
 	if s.a.opt.redisNow != nil {
 		return s.a.opt.redisNow().UnixMilli()
 	}
-	s.clockMu.Lock()
-	cs, ok := s.clock, s.clockOK
-	s.clockMu.Unlock()
+	cs, ok := s.lastClock()
 	if !ok {
 		return t.UnixMilli()
 	}
@@ -195,9 +198,7 @@ func (s *redisStore) carried(d *core.Deposit) *bucket.Deposit {
 	if d == nil {
 		return nil
 	}
-	s.clockMu.Lock()
-	cs, ok := s.clock, s.clockOK
-	s.clockMu.Unlock()
+	cs, ok := s.lastClock()
 	if !ok {
 		return nil
 	}
