@@ -269,10 +269,8 @@ func run(ctx context.Context, c config) error {
 	if err := lease(ctx, agent.check, sets["warm"], 60*time.Second); err != nil {
 		return agentP.failed(err)
 	}
-	select {
-	case <-time.After(c.settle):
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := pause(ctx, c.settle); err != nil {
+		return err
 	}
 
 	cs := newCounters(redisAddr, allocHTTP)
@@ -288,10 +286,8 @@ func run(ctx context.Context, c config) error {
 			// The case before (busy) leaves 10,000 limits active for a
 			// few seconds: their renewals and chunk releases would be
 			// counted as the cold limits' cost.
-			select {
-			case <-time.After(c.settle):
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := pause(ctx, c.settle); err != nil {
+				return err
 			}
 		}
 		for _, t := range []*target{noop, agent} {
@@ -395,6 +391,16 @@ func (bc benchCase) set() string {
 // warm from an earlier case.
 func coldSet(bc benchCase) string {
 	return fmt.Sprintf("cold-%s-%d", strings.ToLower(bc.api), bc.callers)
+}
+
+// pause waits d, or until ctx is done (its error).
+func pause(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // label names the case's keys in the table: "1 hot", "10,000 warm".
