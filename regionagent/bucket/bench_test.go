@@ -573,3 +573,96 @@ func BenchmarkUsageRedisCPU(b *testing.B) {
 	b.ReportMetric(alone*1e6/per, "redis-cpu-µs/read-alone")
 	b.ReportMetric(batched*1e6/per, "redis-cpu-µs/read-batched")
 }
+
+// BenchmarkColdRedisCPU measures redis-server's CPU per limit for each step
+// an agent takes on a limit's first Check of a window (a cold limit), 64
+// limits at a time as a renewal round batches them: the spend that finds
+// no lease, the round's lock and balance read, the lease's deposit, the
+// unlock, and the spend that is then admitted.
+//
+//	go test -run '^$' -bench BenchmarkColdRedisCPU -benchtime 50x ./regionagent/bucket/
+func BenchmarkColdRedisCPU(b *testing.B) {
+	const limits = 64
+	bk, _ := benchBuckets(b, &redis.Options{}, 0, 0)
+	rdb := bk.rdb
+	ctx := context.Background()
+	spend := func(keys []string) {
+		ops := make([]SpendOp, len(keys))
+		for i, k := range keys {
+			ops[i] = SpendOp{Keys: []string{k}, Costs: []int64{1}}
+		}
+		if _, err := bk.SpendBatch(ctx, ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+	batch := func(keys []string, add func(x *Batch, i int, k string)) {
+		x := bk.Batch()
+		for i, k := range keys {
+			add(x, i, k)
+		}
+		x.Exec(ctx)
+		for i := range x.Len() {
+			if err := x.Err(i); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	now := time.Now().UnixMilli()
+	steps := []struct {
+		name string
+		run  func(keys []string)
+	}{
+		{"spend-miss", spend},
+		{"lock+balance", func(keys []string) {
+			batch(keys, func(x *Batch, _ int, k string) {
+				x.TryLock(LockKey("", k), "owner", 3*time.Second)
+				x.Balance(k, 0)
+			})
+		}},
+		{"deposit", func(keys []string) {
+			batch(keys, func(x *Batch, _ int, k string) {
+				x.Deposit(Deposit{Key: k, LeaseID: "w/eu/r1", Tokens: 1000, StartMs: now - 1000,
+					DeadlineMs: now + 3_600_000, ExpireAtMs: now + 4*3_600_000})
+			})
+		}},
+		{"unlock", func(keys []string) {
+			batch(keys, func(x *Batch, _ int, k string) { x.Unlock(LockKey("", k), "owner") })
+		}},
+		{"spend-hit", spend},
+	}
+	cpu := make([]float64, len(steps))
+	cmds := make([]map[string]int64, len(steps))
+	for i := range cmds {
+		cmds[i] = map[string]int64{}
+	}
+	win := 0
+	for b.Loop() {
+		win++
+		keys := make([]string, limits)
+		for i := range keys {
+			keys[i] = Key("", benchLimit(i), int64(win))
+		}
+		for i, st := range steps {
+			n0, c0 := redisCalls(b, rdb), redisCPU(b, rdb)
+			st.run(keys)
+			cpu[i] += redisCPU(b, rdb) - c0
+			for name, n := range redisCalls(b, rdb) {
+				cmds[i][name] += n - n0[name]
+			}
+		}
+	}
+	per := float64(b.N * limits)
+	total := 0.0
+	for i, st := range steps {
+		total += cpu[i]
+		b.ReportMetric(cpu[i]*1e6/per, "redis-cpu-µs/"+st.name)
+		var n int64
+		for name, c := range cmds[i] {
+			if name != "info" && !strings.HasSuffix(name, "-usec") {
+				n += c
+			}
+		}
+		b.ReportMetric(float64(n)/per, "cmds/"+st.name)
+	}
+	b.ReportMetric(total*1e6/per, "redis-cpu-µs/limit")
+}

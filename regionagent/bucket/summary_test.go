@@ -17,9 +17,11 @@ import (
 // spend read a few fields instead of the whole bucket. These tests hold it
 // to the rule that it changes no result: the same operations, applied to
 // one redis-server as they come and to another whose summaries are
-// deleted before every spend (so every spend there reads the bucket
+// deleted before every operation (so every script there reads the bucket
 // whole, as before the summary existed), must give the same replies and
-// leave the same fields.
+// leave the same fields. A deposit writes the summary from the one it
+// finds when it can (without reading the bucket whole): it must write the
+// very summary the oracle's whole read makes.
 
 // chooser picks the operations of a differential run: from a seeded
 // generator (the randomized test) or from fuzz bytes.
@@ -85,7 +87,8 @@ func diffKey(w int) string { return Key("", diffLimit, int64(w)) }
 // diffOp is one operation of a differential run: do runs it on one side.
 type diffOp struct {
 	name  string
-	spend bool // the oracle's summaries are deleted before it
+	spend bool   // its whole-bucket reads are counted
+	key   string // a deposit's: the summary it writes must be the oracle's
 	do    func(ctx context.Context, b *Buckets) (any, error)
 }
 
@@ -108,7 +111,7 @@ func nextOp(c chooser, now int64) diffOp {
 		d := Deposit{Key: key(), LeaseID: lease(), Tokens: tokens(), StartMs: now - 40 + int64(c.intn(70)),
 			ExpireAtMs: farExpiry(), NowMs: now}
 		d.DeadlineMs = d.StartMs + 1 + int64(c.intn(300))
-		return diffOp{name: fmt.Sprintf("deposit %+v", d), do: func(ctx context.Context, b *Buckets) (any, error) {
+		return diffOp{name: fmt.Sprintf("deposit %+v", d), key: d.Key, do: func(ctx context.Context, b *Buckets) (any, error) {
 			return b.Deposit(ctx, d)
 		}}
 	case k < 8:
@@ -232,8 +235,8 @@ func runDiff(t testing.TB, ctx context.Context, w twin, c chooser) diffStats {
 		}
 		op := nextOp(c, now)
 		var s0, o0 int64
+		w.forgetSummaries(t, ctx)
 		if op.spend {
-			w.forgetSummaries(t, ctx)
 			st.spends++
 			s0, o0 = scriptCalls(t, ctx, w.sumRdb, "hgetall"), scriptCalls(t, ctx, w.orcRdb, "hgetall")
 		}
@@ -247,6 +250,12 @@ func runDiff(t testing.TB, ctx context.Context, w twin, c chooser) diffStats {
 			t.Fatalf("step %d, %s:\nwith summaries %+v, %v\noracle         %+v, %v", step, op.name, got, gerr, want, werr)
 		}
 		w.sameFields(t, ctx, fmt.Sprintf("step %d, %s", step, op.name))
+		if r, ok := got.(DepositResult); ok && gerr == nil && r.Status == Deposited {
+			got, want := w.sumRdb.HGet(ctx, op.key, summaryField).Val(), w.orcRdb.HGet(ctx, op.key, summaryField).Val()
+			if got != want {
+				t.Fatalf("step %d, %s: summary %q, the oracle's %q", step, op.name, got, want)
+			}
+		}
 	}
 	return st
 }

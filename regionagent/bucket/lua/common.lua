@@ -16,15 +16,18 @@
 --   admitted, denied: cost counters; other names without ':' are counters.
 --   z:spend    the spend summary (spend.lua reads it instead of the whole
 --              hash): "lo,hi,deadline,rest,head". Every script that changes a
---              lease field (r:, s:, d:, c:) deletes it (forget) or, when
---              it reads the leases anyway (deposit, close), writes it
---              again (summarize); spend.lua writes it whenever it read
---              the whole hash.
+--              lease field (r:, s:, d:, c:) deletes it (forget) or writes
+--              it again: close from the leases it reads anyway
+--              (summarize), deposit from the summary it finds with the
+--              new lease added (deposit.lua's summary_with; from the
+--              whole hash when there is none); spend.lua writes it
+--              whenever it read the whole hash.
 --
 -- Reservation records live beside the bucket, in the hash <bucket>:res
 -- (RecordsKey in Go, which names it in the scripts' KEYS), never in it:
 -- the bucket is read whole (HGETALL) by
--- reserve, deposit, close and every spend that cannot use the summary,
+-- reserve, close, a deposit that finds no summary and every spend that
+-- cannot use the summary,
 -- and a hot limit makes a reservation every few hundred ms, a
 -- settle-later limit one per request. Fields, per reservation id:
 --   v:<res>    tokens taken             w:<res>  its deadline

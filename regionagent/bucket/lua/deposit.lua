@@ -23,44 +23,118 @@ local tokens = int(ARGV[2], 'tokens')
 local start = int(ARGV[3], 'start_ms')
 local deadline = int(ARGV[4], 'deadline_ms')
 local expire_at = int(ARGV[5], 'expire_at_ms')
-local now = now_ms(ARGV[6])
+local now = int(ARGV[6], 'now_ms')
 if tokens <= 0 or start < 0 or deadline <= start then
   error('bucket: bad lease')
 end
+-- Redis's clock, read once: the expiry check's, and now's when ARGV[6] is 0.
+local rnow = redis_now()
+if now <= 0 then
+  now = rnow
+end
 
-local status
-if expire_at <= redis_now() then
+-- summary_with returns the spend summary with lease l added (l nil: no
+-- lease added), from the summary sum of the leases before (common.lua's
+-- summarize, made at an instant t with lo <= t < hi), and the spendable
+-- balance at now; nil when sum cannot be used (malformed, not valid at
+-- now, or its head lease drained or gone): the caller then reads the
+-- whole bucket. It gives exactly what summarize gives for all the leases
+-- at now: the leases before summarize the same at now as at t (no lease
+-- holding tokens starts or ends between lo and hi), lo and hi are a max
+-- and a min over the leases, and l is the head when it comes first in
+-- (deadline, id) order, as load sorts them.
+local function summary_with(sum, l)
+  local lo, hi, d, rest, head = string.match(sum, '^(%d+),(%d+),(%d+),(%d+),(.*)$')
+  if lo == nil then
+    return nil
+  end
+  lo, hi, d, rest = tonumber(lo), tonumber(hi), tonumber(d), tonumber(rest)
+  if now < lo or now >= hi then
+    return nil
+  end
+  local hr = 0
+  if head ~= '' then
+    hr = tonumber(redis.call('HGET', key, 'r:' .. head))
+    if hr == nil or hr <= 0 then
+      return nil
+    end
+  end
+  if l and l.r > 0 then
+    if l.s <= now then
+      lo = math.max(lo, l.s)
+    else
+      hi = math.min(hi, l.s)
+    end
+    if l.d <= now then
+      lo = math.max(lo, l.d)
+    else
+      hi = math.min(hi, l.d)
+    end
+    if usable(l, now, now) then
+      if head ~= '' and (d < l.d or (d == l.d and head < l.id)) then
+        rest = rest + l.r
+      else
+        rest = rest + hr
+        head, d, hr = l.id, l.d, l.r
+      end
+    end
+  end
+  return fmt(lo) .. ',' .. fmt(hi) .. ',' .. fmt(d) .. ',' .. fmt(rest) .. ',' .. head, rest + hr
+end
+
+-- One read for the lease's state, the debt and the summary; and the
+-- key's expiry, read before any write (-2: no key yet, so no leases: the
+-- summary of none).
+local h = redis.call('HMGET', key, 'c:' .. id, 'r:' .. id, 'debt_owed', 'debt_paid', SUMMARY)
+local cur = redis.call('PEXPIRETIME', key)
+local before = h[5]
+if not before and cur == -2 then
+  before = '0,' .. fmt(NEVER) .. ',0,0,'
+end
+local status, sum, bal
+if expire_at <= rnow then
   status = 4
-elseif redis.call('HEXISTS', key, 'c:' .. id) == 1 then
+elseif h[1] then
   status = 3
-elseif redis.call('HEXISTS', key, 'r:' .. id) == 1 then
+elseif h[2] then
   status = 2
 else
-  local owed = redis.call('HMGET', key, 'debt_owed', 'debt_paid')
+  status = 1
   local pay = 0
-  if owed[1] then
-    pay = math.min(tokens, tonumber(owed[1]) - (tonumber(owed[2]) or 0))
+  if h[3] then
+    pay = math.max(0, math.min(tokens, tonumber(h[3]) - (tonumber(h[4]) or 0)))
   end
+  local l = {id = id, r = tokens - pay, s = start, d = deadline}
+  if before then
+    sum, bal = summary_with(before, l)
+  end
+  -- The leases changed: the spend summary is written with them, so the
+  -- next spend need not read the whole hash to rebuild it.
+  local set = {'r:' .. id, fmt(l.r), 's:' .. id, ARGV[3], 'd:' .. id, ARGV[4]}
   if pay > 0 then
-    redis.call('HINCRBY', key, 'debt_paid', fmt(pay))
+    set[#set + 1] = 'debt_paid'
+    set[#set + 1] = fmt((tonumber(h[4]) or 0) + pay)
     redis.call('HINCRBY', key, 'admitted', fmt(pay))
   end
-  redis.call('HSET', key, 'r:' .. id, fmt(tokens - pay), 's:' .. id, ARGV[3], 'd:' .. id, ARGV[4])
-  status = 1
-end
-
-if status ~= 4 then
-  local cur = redis.call('PEXPIRETIME', key)
-  if cur == -1 or (cur >= 0 and cur < expire_at) then
-    redis.call('PEXPIREAT', key, ARGV[5])
+  if sum then
+    set[#set + 1] = SUMMARY
+    set[#set + 1] = sum
+  end
+  redis.call('HSET', key, unpack(set))
+  if not sum then
+    local leases = load(key)
+    bal = spendable(leases, now)
+    redis.call('HSET', key, SUMMARY, summarize(leases, now))
   end
 end
-
-local leases = load(key)
-local bal = spendable(leases, now)
-if status == 1 then
-  -- The leases changed: the spend summary is written again from them (the
-  -- next spend need not read the whole hash to rebuild it).
-  redis.call('HSET', key, SUMMARY, summarize(leases, now))
+if status ~= 4 and cur < expire_at then
+  -- No expiry (-1), or no key before the HSET above made it (-2).
+  redis.call('PEXPIREAT', key, ARGV[5])
+end
+if bal == nil and before then
+  sum, bal = summary_with(before, nil)
+end
+if bal == nil then
+  bal = spendable(load(key), now)
 end
 return {status, bal}
