@@ -26,6 +26,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.shared.b.Load(ctx); err != nil {
 		a.log.Warn("loading Redis scripts failed; they load on first use", "err", err)
 	}
+	// Redis's clock before the first Check: a standing share's deposit
+	// rides with a Check's spend only once it is known (carried), and a
+	// share not carried is left to the other replicas for its window.
+	if err := a.syncClock(ctx); err != nil && ctx.Err() == nil {
+		a.log.Warn("Redis clock sync failed; it is tried again", "err", vocab.Cap(err.Error(), maxLogValue))
+	}
 	// One sync before anything else; if the allocator does not answer,
 	// the snapshot the region kept.
 	if err := a.syncLimits(ctx); err != nil && ctx.Err() == nil {
