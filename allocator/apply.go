@@ -291,12 +291,6 @@ func (a *Allocator) validateChanges(cs *changeSet) (*changeItem, error) {
 				return it, err
 			}
 			it.valid = v
-			if a.opt.groupView != nil && hasStanding(v) {
-				// Agents keep one estimate of the allocators' clocks, and
-				// leave shares unused with several groups: the tokens would
-				// be stranded every window.
-				return it, fieldErr(it.field+".lease.standing", "standing shares are not supported with allocator groups yet: agents would leave them unused")
-			}
 		}
 		if j, dup := seen[it.id()]; dup {
 			return it, fieldErr(it.field, "limit %q is also changed by changes[%d]", it.id(), j)
@@ -512,20 +506,6 @@ func standingAtOnce(field string, cur, next *pb.Limit) error {
 		}
 	}
 	return nil
-}
-
-// hasStanding reports whether l, or a tenant its contracts shape, has a
-// standing share.
-func hasStanding(l *pb.Limit) bool {
-	if l.GetLease().GetStanding() > 0 {
-		return true
-	}
-	for _, c := range l.GetContracts() {
-		if c.GetLease().GetStanding() > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // overrideEnder is the principal that records an override's end.

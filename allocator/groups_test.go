@@ -67,12 +67,6 @@ func TestGroupsGrantEachWindowOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	put(a)
-	// Standing shares are refused with groups: agents would leave them
-	// unused (one estimate of several allocators' clocks).
-	if _, err := a.PutLimit(ctx, &pb.Limit{Id: "t/x", LimitTokens: 100, Window: durationpb.New(W), Regions: []string{"eu", "us"},
-		Mode: pb.Mode_MODE_STRICT, Lease: &pb.LeaseSettings{Ttl: durationpb.New(W), Standing: 1}}, Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NEXT_WINDOW}); !strings.Contains(fmt.Sprint(err), "limit.lease.standing: standing shares are not supported with allocator groups") {
-		t.Fatalf("a standing share with groups: err = %v, want a refusal naming limit.lease.standing", err)
-	}
 	if _, err := b.PutLimit(ctx, &pb.Limit{Id: "t/x", LimitTokens: 1, Window: durationpb.New(W), Regions: []string{"eu"},
 		Mode: pb.Mode_MODE_STRICT}, Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}); !strings.Contains(fmt.Sprint(err), `lives in allocator group "a"`) {
 		t.Fatalf("writing a's limit at b: err = %v, want a refusal naming a", err)

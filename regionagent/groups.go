@@ -449,7 +449,14 @@ func (a *Agent) syncGroups(ctx context.Context) error {
 		if clock != nil {
 			c.SetAllocatorClock(clock.sent, clock.recv, time.Unix(0, clock.resp.AllocatorUnixNanos))
 		}
-		c.NoStandingShares() // one clock estimate, several groups' allocators
+		// Each group's allocator has its own clock: a standing share is
+		// spent by its window owner's.
+		for _, an := range answers {
+			if an.err == nil && an.resp.AllocatorUnixNanos != 0 {
+				c.SetGroupClock(an.group, an.sent, an.recv, time.Unix(0, an.resp.AllocatorUnixNanos))
+			}
+		}
+		c.SetShareGroups(merged.shareOwner)
 		ls, plans := coreLimits(merged.Limits, a.cfg.Region)
 		if plans != nil {
 			plans = groupResolver(perGroup, gm, a.opt.now, a.cfg.Region, plans)
@@ -476,6 +483,18 @@ func (a *Agent) syncGroups(ctx context.Context) error {
 type merged struct {
 	*pb.SyncLimitsResponse
 	oldest core.SyncToken // the oldest group's sync token (0: a group never answered)
+	// from names the group each limit was taken from, m the group map
+	// then: shareOwner's.
+	from map[string]string
+	m    groupmap.Map
+}
+
+// shareOwner names the group whose allocator counts the standing share of
+// limit's window starting at start: the window's owner, ok only when the
+// limit was taken from it (core.Core.SetShareGroups).
+func (mg merged) shareOwner(limit string, start time.Time) (string, bool) {
+	o, _, _ := mg.m.Owner(limit, start)
+	return o, o != "" && mg.from[limit] == o
 }
 
 // mergeGroups unites the groups' limits. A limit two groups hold (it is
@@ -486,9 +505,8 @@ type merged struct {
 func (a *Agent) mergeGroups(names []string) merged {
 	a.groups.mu.Lock()
 	defer a.groups.mu.Unlock()
-	out := merged{SyncLimitsResponse: &pb.SyncLimitsResponse{}}
-	byID := map[string]*pb.Limit{}
-	from := map[string]string{}
+	out := merged{SyncLimitsResponse: &pb.SyncLimitsResponse{}, from: map[string]string{}, m: a.groups.m}
+	byID, from := map[string]*pb.Limit{}, out.from
 	now := a.opt.now()
 	for i, n := range names {
 		s := a.groups.syncs[n]

@@ -2,16 +2,20 @@ package regionagent
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"leasehold/allocator"
 	"leasehold/internal/history"
 	"leasehold/internal/syncbuf"
 	"leasehold/lease"
+	pb "leasehold/proto/leasehold/v1"
 )
 
 // TestStandingSharesTwoReplicas: a real allocator on etcd and two agent
@@ -141,5 +145,61 @@ func TestStandingShareHistory(t *testing.T) {
 	rep := history.Check(&history.History{Runs: runs}, nil)
 	if len(rep.Violations) > 0 {
 		t.Fatalf("violations: %v", rep.Violations)
+	}
+}
+
+// TestGroupsStandingShares: standing shares with two allocator groups,
+// each with a clock of its own, on real etcd and a real redis-server: an
+// agent of eu decides the first Checks of limits that both groups own
+// from its shares, with no lease request to either group; each share is
+// deposited once, under its window owner's clock; and each owner counts
+// both regions' shares out of its pool.
+func TestGroupsStandingShares(t *testing.T) {
+	regions := []string{"eu", "us"}
+	gw := startGroups(t, 5*time.Second, regions...)
+	const G, W, standing = 1000, time.Hour, 5
+	now := time.Now()
+	// The windows' phase puts now mid-window: no boundary during the test
+	// (a snapshot from the window before leaves shares unused).
+	phase := ((time.Duration(now.UnixNano()) + W/2) % W).Truncate(time.Millisecond)
+	owners := map[string]string{}
+	perGroup := map[string]int{}
+	for i := range 16 {
+		id := fmt.Sprintf("tenant/s%02d", i)
+		owner, _, _ := gw.m.Owner(id, now)
+		l := limit(id, G, W, time.Minute, regions...)
+		l.Lease.Standing, l.WindowPhase = standing, durationpb.New(phase)
+		if _, err := gw.allocs[owner].PutLimit(context.Background(), l, allocator.Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}); err != nil {
+			t.Fatal(err)
+		}
+		owners[id] = owner
+		perGroup[owner]++
+	}
+	if perGroup["a"] == 0 || perGroup["b"] == 0 {
+		t.Fatalf("the map spreads 16 limits as %v: want both groups to own some", perGroup)
+	}
+	a := gw.agent("eu")
+	ctx := context.Background()
+	for id := range owners {
+		for i := range 3 {
+			if d, err := a.Check(ctx, id, 1); err != nil || !d.Allowed {
+				t.Fatalf("%s, check %d: %+v, %v", id, i, d, err)
+			}
+		}
+	}
+	if n := gw.leases["a"].Load() + gw.leases["b"].Load(); n != 0 {
+		t.Fatalf("%d lease requests to the groups while the shares paid, want none", n)
+	}
+	for id, owner := range owners {
+		win := lease.WindowsOf(W, phase).Of(time.Now())
+		b := balance(t, a, id, win.Index, time.Now())
+		if b.Admitted != 3 || len(b.Open) != 1 || b.Open[0].ID != lease.StandingLeaseID(win.Index, "eu") || b.Spendable != standing-3 {
+			t.Fatalf("%s: admitted %d, spendable %d, open %+v; want eu's share alone, 2 left", id, b.Admitted, b.Spendable, b.Open)
+		}
+		var pool int64
+		_ = gw.allocs[owner].View(func(_ time.Time, c *allocator.Core) { pool = c.Pool(id, win.Index) })
+		if pool != G-standing*int64(len(regions)) {
+			t.Fatalf("%s: group %s's pool %d, want G less both regions' shares, %d", id, owner, pool, G-standing*int64(len(regions)))
+		}
 	}
 }

@@ -152,10 +152,13 @@ type Core struct {
 	offsetSet bool
 	// clock bounds the allocator's clock from the latest SetAllocatorClock:
 	// at agent time t it is within [t + clock.lo, t + clock.hi], less the
-	// drift since clock.at. Only standing shares use it (standing.go);
-	// noStanding: they are not used (NoStandingShares).
-	clock      clockBounds
-	noStanding bool
+	// drift since clock.at. Only standing shares use it (standing.go).
+	// With allocator groups (SetShareGroups), shareOwner names the group
+	// whose allocator counts a window's share, and groupClocks hold each
+	// group's bounds and snapshot time (SetGroupClock) instead.
+	clock       clockBounds
+	shareOwner  func(limit string, start time.Time) (group string, ok bool)
+	groupClocks map[string]groupClock
 
 	states    map[string]*limitState
 	byRequest map[string]*limitState // unanswered request id -> its limit
@@ -521,7 +524,7 @@ func (c *Core) Limit(id string) (Limit, bool) {
 // Each call also sets the bounds on that clock a standing share is spent
 // within (standing.go).
 func (c *Core) SetAllocatorClock(sent, recv time.Time, alloc time.Time) {
-	c.clock = clockBounds{lo: alloc.Sub(recv), hi: alloc.Sub(sent), at: recv, set: !recv.Before(sent)}
+	c.clock = boundsOf(sent, recv, alloc)
 	if c.offsetSet {
 		return
 	}

@@ -25,15 +25,66 @@ import (
 // only from a snapshot of the limits taken in the window (on the
 // allocator's clock): the share changes only at window boundaries (the
 // allocator refuses other changes), so that snapshot has the share the
-// allocator counts for the window. Only in the region's shared store:
+// allocator counts for the window. With allocator groups, the clock and
+// the snapshot are those of the group that owns the window (its
+// allocator counts the share: SetShareGroups). Only in the region's shared store:
 // replicas spending in process (Redis down) each hold their own, and a
 // share is the region's.
 
-// NoStandingShares makes the Core leave standing shares unused: with
-// allocator groups, each group's allocator has a clock of its own, and
-// the Core keeps one estimate. The allocators still count the shares as
-// granted: they are stranded (an undershoot, never more than G).
-func (c *Core) NoStandingShares() { c.noStanding = true }
+// SetShareGroups tells the Core that allocator groups own the limits'
+// windows (nil: one allocator). owner names the group whose allocator
+// counts the standing share of limit's window starting at start (on the
+// allocator's clock), with ok false when the Core's definition of the
+// limit is not that group's own (the window's owner did not send it): the
+// share is then left unused, since the tokens would count with no
+// allocator. Each group's allocator has a clock of its own: a share is
+// spent within the bounds of its owner's clock, from a snapshot its owner
+// took in the window (SetGroupClock); a group whose clock was never read
+// leaves its shares unused.
+func (c *Core) SetShareGroups(owner func(limit string, start time.Time) (group string, ok bool)) {
+	c.shareOwner = owner
+}
+
+// groupClock is what the Core knows of one allocator group's clock: the
+// bounds from its latest sync, and when that sync's snapshot of the
+// group's limits was taken (its clock).
+type groupClock struct {
+	bounds clockBounds
+	taken  time.Time
+}
+
+// SetGroupClock records group's allocator clock as read by a limit sync
+// sent at sent and answered at recv, alloc being the clock the answer
+// carried (its snapshot was taken then): the bounds a standing share of a
+// window that group owns is spent within (SetShareGroups).
+func (c *Core) SetGroupClock(group string, sent, recv, alloc time.Time) {
+	if c.groupClocks == nil {
+		c.groupClocks = map[string]groupClock{}
+	}
+	c.groupClocks[group] = groupClock{bounds: boundsOf(sent, recv, alloc), taken: alloc}
+}
+
+// boundsOf bounds the allocator's clock read as alloc by a call sent at
+// sent and answered at recv.
+func boundsOf(sent, recv, alloc time.Time) clockBounds {
+	return clockBounds{lo: alloc.Sub(recv), hi: alloc.Sub(sent), at: recv, set: !recv.Before(sent)}
+}
+
+// shareClock returns the bounds of the clock of the allocator that counts
+// the share of st's window w, and when the snapshot of the limits the
+// Core holds was taken on that clock; ok false when the share must not be
+// used (no such allocator known, or a definition not its own).
+func (c *Core) shareClock(st *limitState, w lease.Window) (b clockBounds, taken time.Time, ok bool) {
+	if c.shareOwner == nil {
+		return c.clock, c.takenAt, c.clock.set
+	}
+	group, ok := c.shareOwner(st.id, w.Start())
+	if !ok {
+		return clockBounds{}, time.Time{}, false
+	}
+	g, ok := c.groupClocks[group]
+	return g.bounds, g.taken, ok && g.bounds.set
+}
 
 // clockBounds bound the allocator's clock, as read by one call: it was
 // alloc at some instant between sent and recv (agent clock), so at agent
@@ -45,12 +96,12 @@ type clockBounds struct {
 }
 
 // shareSpan returns when window w's standing share may be spent, on the
-// agent's clock: from the first instant the allocator's clock is surely
+// agent's clock, by the allocator's clock bounds b: from the first
+// instant that clock is surely
 // past w's start to the last it is surely before w's end, each less the
 // safety margin for the drift since the exchange. ok is false when the
 // clock was never read or nothing of w is sure.
-func (c *Core) shareSpan(w lease.Window) (start, deadline time.Time, ok bool) {
-	b := c.clock
+func (c *Core) shareSpan(b clockBounds, w lease.Window) (start, deadline time.Time, ok bool) {
 	if !b.set {
 		return time.Time{}, time.Time{}, false
 	}
@@ -83,10 +134,14 @@ func (c *Core) attachStanding(now time.Time, chk *Check) {
 // counts it as tried).
 func (c *Core) standingDue(st *limitState, w lease.Window, now time.Time, d *Deposit) bool {
 	l := &st.l
-	if l.Standing <= 0 || c.noStanding || st.standingWin >= w.Index || !c.synced || c.takenAt.Before(w.Start()) {
+	if l.Standing <= 0 || st.standingWin >= w.Index || !c.synced {
 		return false
 	}
-	start, deadline, ok := c.shareSpan(w)
+	clock, taken, ok := c.shareClock(st, w)
+	if !ok || taken.Before(w.Start()) {
+		return false
+	}
+	start, deadline, ok := c.shareSpan(clock, w)
 	if !ok || now.Before(start) || !now.Before(deadline) {
 		return false
 	}

@@ -99,8 +99,18 @@ func TestStandingShareWhenNot(t *testing.T) {
 			w.c.SetAllocatorClock(t0.Add(-100*time.Millisecond), t0, t0.Add(-60*time.Millisecond))
 			w.now = t0.Add(30 * time.Millisecond)
 		}},
-		{"allocator groups", 5, func(w *world) {
-			w.c.NoStandingShares()
+		{"a group whose clock was never read", 5, func(w *world) {
+			w.c.SetShareGroups(func(string, time.Time) (string, bool) { return "a", true })
+			w.advance(time.Second)
+		}},
+		{"a definition not the window owner's", 5, func(w *world) {
+			w.c.SetShareGroups(func(string, time.Time) (string, bool) { return "a", false })
+			w.c.SetGroupClock("a", t0, t0, t0)
+			w.advance(time.Second)
+		}},
+		{"the owner's snapshot from the window before", 5, func(w *world) {
+			w.c.SetShareGroups(func(string, time.Time) (string, bool) { return "a", true })
+			w.c.SetGroupClock("a", t0.Add(-time.Second), t0.Add(-time.Second), t0.Add(-time.Second))
 			w.advance(time.Second)
 		}},
 		{"no share", 0, func(w *world) { w.advance(time.Second) }},
@@ -116,6 +126,46 @@ func TestStandingShareWhenNot(t *testing.T) {
 	w.advance(time.Second)
 	if a := w.check("t/s", 6); !a.Allowed || w.alloc.calls != 1 || len(w.deposits) != 2 {
 		t.Errorf("cost above the share: %+v, %d allocator calls, %d deposits; want the share and a lease", a, w.alloc.calls, len(w.deposits))
+	}
+}
+
+// TestStandingShareByGroupClock: with allocator groups, a share is spent
+// by the clock of the group that owns its window, not by the clock the
+// agent names windows with: group b's allocator runs 2 s ahead, so 1.5 s
+// before the window's end (by the agent's estimate) b's clock may be past
+// it, and the Check takes a lease; mid-window the share pays, until 2 s
+// (and the margin) before the end. The owner is asked about the window
+// the Check spends in.
+func TestStandingShareByGroupClock(t *testing.T) {
+	for _, tc := range []struct {
+		at    time.Duration
+		share bool
+	}{{30 * time.Second, true}, {time.Minute - 1500*time.Millisecond, false}} {
+		l := standingLimit("t/s", 5)
+		w := newWorld(t, 10, l)
+		var asked []time.Time
+		w.c.SetShareGroups(func(limit string, start time.Time) (string, bool) {
+			asked = append(asked, start)
+			return "b", limit == "t/s"
+		})
+		w.advance(tc.at)
+		w.c.SetGroupClock("b", w.now.Add(-10*time.Millisecond), w.now, w.now.Add(2*time.Second)) // a sync just answered
+		win := l.Windows().Of(w.now)
+		a := w.check("t/s", 1)
+		shared := len(w.deposits) > 0 && strings.HasSuffix(w.deposits[0].LeaseID, lease.StandingRequestID)
+		if !a.Allowed || shared != tc.share || (w.alloc.calls == 0) != tc.share {
+			t.Fatalf("at %v: %+v, %d allocator calls, deposits %+v; want the share %v", tc.at, a, w.alloc.calls, w.deposits, tc.share)
+		}
+		if len(asked) == 0 || !asked[0].Equal(win.Start()) {
+			t.Fatalf("at %v: owner asked for windows starting %v, want %v", tc.at, asked, win.Start())
+		}
+		if !tc.share {
+			continue
+		}
+		start, deadline, _ := w.c.shareSpan(w.c.groupClocks["b"].bounds, win)
+		if d := w.deposits[0]; !d.Start.Equal(start) || !d.Deadline.Equal(deadline) || d.Deadline.After(win.End().Add(-2*time.Second)) {
+			t.Fatalf("share span %v-%v, want %v-%v from b's clock (2 s ahead)", d.Start, d.Deadline, start, deadline)
+		}
 	}
 }
 
@@ -141,7 +191,7 @@ func TestShareSpanInsideWindow(t *testing.T) {
 		sent := recv.Add(-tc.rtt)
 		alloc := sent.Add(-7 * time.Second).Add(tc.readAt)
 		c.SetAllocatorClock(sent, recv, alloc)
-		start, deadline, ok := c.shareSpan(w)
+		start, deadline, ok := c.shareSpan(c.clock, w)
 		if !ok {
 			t.Fatalf("%+v: no span", tc)
 		}
