@@ -75,6 +75,12 @@ type failoverWatcher struct {
 	rollback map[failKey]*rollbackTotal
 	seenAt   time.Time         // the core's readings up to here were taken
 	reported map[failKey]int64 // estimates the allocator acknowledged
+	// No window in seen or rollback ends before pruneAt (pruneAny: some
+	// window is held), so a poll before pruneAt plus the key grace has
+	// nothing to forget and scans nothing: a poll's cost follows traffic,
+	// not the windows held (a day's window is held all day).
+	pruneAt  time.Time
+	pruneAny bool
 }
 
 // failKey is one (limit, window).
@@ -369,6 +375,7 @@ func (f *failoverWatcher) settle(ctx context.Context, now time.Time, c replCut, 
 		if rt == nil {
 			rt = &rollbackTotal{end: t.loss.End}
 			f.rollback[t.key] = rt
+			f.holdUntil(rt.end)
 		}
 		rt.tokens = addSat(rt.tokens, est)
 	}
@@ -376,6 +383,7 @@ func (f *failoverWatcher) settle(ctx context.Context, now time.Time, c replCut, 
 	// measured against it, not against the spends this one forgot.
 	if t.loss.After >= 0 {
 		f.seen[t.key] = &seenCount{admitted: t.loss.After + debited, at: now, end: t.loss.End}
+		f.holdUntil(t.loss.End)
 	}
 	return est, obs, debited
 }
@@ -405,6 +413,7 @@ func (f *failoverWatcher) saw(limit string, window int64, end time.Time, admitte
 	if s == nil {
 		s = &seenCount{end: end}
 		f.seen[k] = s
+		f.holdUntil(end)
 	}
 	if admitted >= s.admitted {
 		s.admitted, s.at = admitted, now
@@ -462,15 +471,23 @@ func (f *failoverWatcher) rollbackTokens(limit string, window int64) int64 {
 // admit rates of limits with no window left.
 func (f *failoverWatcher) pruneLocked(now time.Time) {
 	old := now.Add(-f.a.opt.keyGrace)
+	if !f.pruneAny || !f.pruneAt.Before(old) {
+		return
+	}
+	f.pruneAny = false
 	for k, s := range f.seen {
 		if s.end.Before(old) {
 			delete(f.seen, k)
+		} else {
+			f.holdUntil(s.end)
 		}
 	}
 	for k, rt := range f.rollback {
 		if rt.end.Before(old) {
 			delete(f.rollback, k)
 			delete(f.reported, k)
+		} else {
+			f.holdUntil(rt.end)
 		}
 	}
 	// A limit with no window left to watch needs no admit rate: the
@@ -483,6 +500,13 @@ func (f *failoverWatcher) pruneLocked(now time.Time) {
 		if !live[id] {
 			delete(f.rates, id)
 		}
+	}
+}
+
+// holdUntil notes a window held that ends at end (pruneAt).
+func (f *failoverWatcher) holdUntil(end time.Time) {
+	if !f.pruneAny || end.Before(f.pruneAt) {
+		f.pruneAt, f.pruneAny = end, true
 	}
 }
 

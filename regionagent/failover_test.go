@@ -3,6 +3,7 @@ package regionagent
 import (
 	"errors"
 	"math"
+	"strconv"
 	"testing"
 	"time"
 
@@ -291,5 +292,68 @@ func TestFailoverUsage(t *testing.T) {
 	}
 	if err := vocab.ValidateRequestID("reporter", failoverReporter); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// prunedWatcher is a failover watcher of an agent with a key grace of a
+// minute, its loops not running: for its pruning alone.
+func prunedWatcher() *failoverWatcher {
+	return newFailoverWatcher(&Agent{opt: options{keyGrace: time.Minute}})
+}
+
+// TestFailoverPruneFollowsEnds: the watcher forgets a window a key grace
+// after its end, and the admit rate of a limit with no window left, at
+// the first poll after that instant and not before: the earliest end it
+// holds (pruneAt) moves to the next window, a rollback estimate's
+// included.
+func TestFailoverPruneFollowsEnds(t *testing.T) {
+	f := prunedWatcher()
+	t1 := time.Unix(1_800_000_000, 0)
+	f.saw("t/short", 1, t1.Add(10*time.Second), 5, t1)
+	f.saw("t/day", 1, t1.Add(24*time.Hour), 5, t1)
+	f.rollback[failKey{"t/hour", 1}] = &rollbackTotal{tokens: 3, end: t1.Add(time.Hour)}
+	f.holdUntil(t1.Add(time.Hour))
+	f.reported[failKey{"t/hour", 1}] = 3
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pruneLocked(t1.Add(69 * time.Second)) // 10 s + the grace: not yet
+	if len(f.seen) != 2 || f.rates["t/short"] == nil {
+		t.Fatalf("before the short window's end and grace: seen %v, rates %v; want both kept", f.seen, f.rates)
+	}
+	f.pruneLocked(t1.Add(71 * time.Second))
+	if _, ok := f.seen[failKey{"t/short", 1}]; ok || len(f.seen) != 1 || f.rates["t/short"] != nil || f.rates["t/day"] == nil {
+		t.Fatalf("after it: seen %v, rates %v; want the short window and its rate gone, the day's kept", f.seen, f.rates)
+	}
+	if !f.pruneAny || !f.pruneAt.Equal(t1.Add(time.Hour)) {
+		t.Fatalf("pruneAt %v (%v), want the rollback's end, an hour on", f.pruneAt, f.pruneAny)
+	}
+	f.pruneLocked(t1.Add(time.Hour + 61*time.Second))
+	if len(f.rollback) != 0 || len(f.reported) != 0 || len(f.seen) != 1 || !f.pruneAt.Equal(t1.Add(24*time.Hour)) {
+		t.Fatalf("after the hour: rollback %v, reported %v, seen %v, pruneAt %v", f.rollback, f.reported, f.seen, f.pruneAt)
+	}
+	f.pruneLocked(t1.Add(25 * time.Hour))
+	if len(f.seen) != 0 || len(f.rates) != 0 || f.pruneAny {
+		t.Fatalf("after the day: seen %v, rates %v, pruneAny %v; want nothing held", f.seen, f.rates, f.pruneAny)
+	}
+}
+
+// BenchmarkFailoverPrune is a watcher's prune at a poll while it holds
+// 50,000 windows that end in a day (a day's limits, each seen once): the
+// poll's cost with nothing to forget.
+//
+//	go test -run '^$' -bench BenchmarkFailoverPrune ./regionagent/
+func BenchmarkFailoverPrune(b *testing.B) {
+	f := prunedWatcher()
+	t1 := time.Unix(1_800_000_000, 0)
+	for i := range 50_000 {
+		f.saw("t/"+strconv.Itoa(i), 1, t1.Add(24*time.Hour), 1, t1)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for b.Loop() {
+		f.pruneLocked(t1.Add(time.Second))
+	}
+	if len(f.seen) != 50_000 {
+		b.Fatalf("%d windows held, want 50,000", len(f.seen))
 	}
 }
