@@ -26,10 +26,10 @@ import (
 // allocator's clock): the share changes only at window boundaries (the
 // allocator refuses other changes), so that snapshot has the share the
 // allocator counts for the window. With allocator groups, the clock and
-// the snapshot are those of the group that owns the window (its
-// allocator counts the share: SetShareGroups). Only in the region's shared store:
-// replicas spending in process (Redis down) each hold their own, and a
-// share is the region's.
+// the snapshot are those of the group that owns the window, whose
+// allocator counts the share (SetShareGroups). Only in the region's
+// shared store: replicas spending in process (Redis down) each hold
+// their own, and a share is the region's.
 
 // SetShareGroups tells the Core that allocator groups own the limits'
 // windows (nil: one allocator). owner names the group whose allocator
@@ -96,11 +96,10 @@ type clockBounds struct {
 }
 
 // shareSpan returns when window w's standing share may be spent, on the
-// agent's clock, by the allocator's clock bounds b: from the first
-// instant that clock is surely
-// past w's start to the last it is surely before w's end, each less the
-// safety margin for the drift since the exchange. ok is false when the
-// clock was never read or nothing of w is sure.
+// agent's clock, by the allocator's clock bounds b: from the first instant
+// that clock is surely past w's start to the last it is surely before w's
+// end, each less the safety margin for the drift since the exchange. ok is
+// false when the clock was never read or nothing of w is sure.
 func (c *Core) shareSpan(b clockBounds, w lease.Window) (start, deadline time.Time, ok bool) {
 	if !b.set {
 		return time.Time{}, time.Time{}, false
