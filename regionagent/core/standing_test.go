@@ -76,6 +76,33 @@ func TestStandingShareDecidesFirstChecks(t *testing.T) {
 	}
 }
 
+// TestStandingShareAloneClosedAtDeadline: a limit whose Checks of a
+// window the share paid alone (no lease: a sparse tenant's) closes the
+// share at its deadline and returns what is left in time for the
+// allocator to credit it, not when the idle limit is forgotten minutes
+// later.
+func TestStandingShareAloneClosedAtDeadline(t *testing.T) {
+	l := standingLimit("t/s", 5)
+	w := newWorld(t, 10, l)
+	w.advance(time.Second)
+	win := l.Windows().Of(w.now)
+	if a := w.check(l.ID, 1); !a.Allowed || w.alloc.calls != 0 || len(w.deposits) != 1 {
+		t.Fatalf("the first check: %+v, %d allocator calls, deposits %+v; want the share alone", a, w.alloc.calls, w.deposits)
+	}
+	share := w.deposits[0]
+	w.holdReturns = true
+	w.advance(share.Deadline.Sub(w.now))
+	var unspent []int64
+	for _, r := range w.heldReturns {
+		if r.LeaseID == lease.StandingLeaseID(win.Index, "eu") {
+			unspent = append(unspent, r.Unspent)
+		}
+	}
+	if len(unspent) != 1 || unspent[0] != 4 {
+		t.Fatalf("at the share's deadline (%v into the window), returns of it: %v; want one of 4", share.Deadline.Sub(win.Start()), unspent)
+	}
+}
+
 // TestStandingShareWhenNot: the share is not deposited, and a Check goes
 // the lease's way, when it cannot be known right: a snapshot of the
 // limits taken before the window began (the share may have changed at
