@@ -152,8 +152,9 @@ func TestStandingShareHistory(t *testing.T) {
 // each with a clock of its own, on real etcd and a real redis-server: an
 // agent of eu decides the first Checks of limits that both groups own
 // from its shares, with no lease request to either group; each share is
-// deposited once, under its window owner's clock; and each owner counts
-// both regions' shares out of its pool.
+// deposited once, under its window owner's clock; each owner counts both
+// regions' shares out of its pool; and at a window's end eu's unspent
+// share goes back to the window's owner, which credits it.
 func TestGroupsStandingShares(t *testing.T) {
 	regions := []string{"eu", "us"}
 	gw := startGroups(t, 5*time.Second, regions...)
@@ -200,6 +201,64 @@ func TestGroupsStandingShares(t *testing.T) {
 		_ = gw.allocs[owner].View(func(_ time.Time, c *allocator.Core) { pool = c.Pool(id, win.Index) })
 		if pool != G-standing*int64(len(regions)) {
 			t.Fatalf("%s: group %s's pool %d, want G less both regions' shares, %d", id, owner, pool, G-standing*int64(len(regions)))
+		}
+	}
+
+	// Windows of 10 s, begun a second ago, G = 30 (the share's 4 left
+	// stay above the renewal low-water mark, 30/10/2 per second over the
+	// 2 s lead: no lease): one limit of each group, one Check each; when
+	// the window ends, eu closes its share and returns the 4 tokens left
+	// to the window's owner, which credits them.
+	const short, shortG = 10 * time.Second, 30
+	now = time.Now()
+	phase = (time.Duration(now.Add(-time.Second).UnixNano()) % short).Truncate(time.Millisecond)
+	var shortIDs []string
+	for _, g := range []string{"a", "b"} {
+		for i := 0; ; i++ {
+			id := fmt.Sprintf("tenant/short%d", i)
+			if o, _, _ := gw.m.Owner(id, now); o != g || owners[id] != "" {
+				continue
+			}
+			l := limit(id, shortG, short, short, regions...)
+			l.Lease.Standing, l.WindowPhase = standing, durationpb.New(phase)
+			if _, err := gw.allocs[g].PutLimit(ctx, l, allocator.Change{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}); err != nil {
+				t.Fatal(err)
+			}
+			owners[id] = g
+			shortIDs = append(shortIDs, id)
+			waitAllSynced(t, a, []string{id})
+			break
+		}
+	}
+	win := lease.WindowsOf(short, phase).Of(now)
+	for _, id := range shortIDs {
+		if d, err := a.Check(ctx, id, 1); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v, %v", id, d, err)
+		}
+	}
+	if n := gw.leases["a"].Load() + gw.leases["b"].Load(); n != 0 {
+		t.Fatalf("%d lease requests for the short windows' first Checks, want none", n)
+	}
+	deadline := time.Now().Add(short + 20*time.Second)
+	for _, id := range shortIDs {
+		for {
+			reps, err := gw.allocs[owners[id]].Reports(id, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rep allocator.WindowReport
+			for _, r := range reps {
+				if r.WindowStart.Equal(win.Start()) {
+					rep = r
+				}
+			}
+			if rep.Returned == standing-1 && rep.Standing == standing*int64(len(regions)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s (group %s), window %d: %+v; want eu's 4 unspent returned, shares of 10", id, owners[id], win.Index, rep)
+			}
+			time.Sleep(50 * time.Millisecond) // polling the close and the return the window's end brings
 		}
 	}
 }
