@@ -456,7 +456,7 @@ func (a *Agent) syncGroups(ctx context.Context) error {
 				c.SetGroupClock(an.group, an.sent, an.recv, time.Unix(0, an.resp.AllocatorUnixNanos))
 			}
 		}
-		c.SetShareGroups(merged.shareOwner)
+		c.SetShareGroups(merged.owners.owner)
 		ls, plans := coreLimits(merged.Limits, a.cfg.Region)
 		if plans != nil {
 			plans = groupResolver(perGroup, gm, a.opt.now, a.cfg.Region, plans)
@@ -483,18 +483,23 @@ func (a *Agent) syncGroups(ctx context.Context) error {
 type merged struct {
 	*pb.SyncLimitsResponse
 	oldest core.SyncToken // the oldest group's sync token (0: a group never answered)
-	// from names the group each limit was taken from, m the group map
-	// then: shareOwner's.
+	owners shareOwners
+}
+
+// shareOwners says which group's allocator counts a limit's standing
+// shares: from names the group each limit was taken from, m is the group
+// map then.
+type shareOwners struct {
 	from map[string]string
 	m    groupmap.Map
 }
 
-// shareOwner names the group whose allocator counts the standing share of
+// owner names the group whose allocator counts the standing share of
 // limit's window starting at start: the window's owner, ok only when the
 // limit was taken from it (core.Core.SetShareGroups).
-func (mg merged) shareOwner(limit string, start time.Time) (string, bool) {
-	o, _, _ := mg.m.Owner(limit, start)
-	return o, o != "" && mg.from[limit] == o
+func (so shareOwners) owner(limit string, start time.Time) (string, bool) {
+	o, _, _ := so.m.Owner(limit, start)
+	return o, o != "" && so.from[limit] == o
 }
 
 // mergeGroups unites the groups' limits. A limit two groups hold (it is
@@ -505,8 +510,8 @@ func (mg merged) shareOwner(limit string, start time.Time) (string, bool) {
 func (a *Agent) mergeGroups(names []string) merged {
 	a.groups.mu.Lock()
 	defer a.groups.mu.Unlock()
-	out := merged{SyncLimitsResponse: &pb.SyncLimitsResponse{}, from: map[string]string{}, m: a.groups.m}
-	byID, from := map[string]*pb.Limit{}, out.from
+	out := merged{SyncLimitsResponse: &pb.SyncLimitsResponse{}, owners: shareOwners{from: map[string]string{}, m: a.groups.m}}
+	byID, from := map[string]*pb.Limit{}, out.owners.from
 	now := a.opt.now()
 	for i, n := range names {
 		s := a.groups.syncs[n]
