@@ -639,8 +639,14 @@ func (a *Agent) carriedOutcome(c *core.Core, now time.Time, chk *core.Check, res
 	case derr == nil && res.Deposited.Status == 0:
 		derr = errNotCarried
 	}
-	if derr == nil && res.Deposited.Status == store.Deposited {
+	switch {
+	case derr == nil && res.Deposited.Status == store.Deposited:
 		a.m.leaseTokens.Add(float64(d.Tokens))
+		a.m.standing.WithLabelValues("deposited").Inc()
+	case derr == nil && res.Deposited.Status == store.AlreadyDeposited:
+		a.m.standing.WithLabelValues("found").Inc()
+	default:
+		a.m.standing.WithLabelValues("not_used").Inc()
 	}
 	if a.opt.hist != nil && derr == nil && (res.Deposited.Status == store.Deposited || res.Deposited.Status == store.AlreadyDeposited) {
 		if l, ok := c.Resolve(d.Limit); ok {

@@ -37,6 +37,9 @@ type metrics struct {
 	settleTokens *prometheus.CounterVec
 	// slotAcquires counts AcquireSlot answers by result (slots.go).
 	slotAcquires *prometheus.CounterVec
+	// standing counts the standing-share deposits this replica's Checks
+	// carried, by result (carriedOutcome).
+	standing *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -117,9 +120,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{"ok", "fallback", "over_limit", "unavailable"} {
 		m.slotAcquires.WithLabelValues(r)
 	}
+	m.standing = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_agent_standing_shares_total",
+		Help: "Standing-share deposits this replica's Checks carried, by result: deposited (this replica's deposit put the region's share in the bucket), found (another replica's was there already), not_used (not sent, refused or failed: the share is left to the region's other replicas, or stranded for the window).",
+	}, []string{"result"})
+	for _, r := range []string{"deposited", "found", "not_used"} {
+		m.standing.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.chunkChecks, m.chunkReleased, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports,
-			m.groupRedirects, m.settles, m.settleTokens, m.slotAcquires)
+			m.groupRedirects, m.settles, m.settleTokens, m.slotAcquires, m.standing)
 	}
 	return m
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"leasehold/allocator"
@@ -52,6 +53,17 @@ func TestStandingSharesTwoReplicas(t *testing.T) {
 	b := balance(t, agents[0], l.Id, win, w.clock.Now())
 	if b.Admitted != 6 || b.Spendable != 4 || len(b.Open) != 1 || b.Open[0].ID != lease.StandingLeaseID(win, "eu") {
 		t.Fatalf("bucket after 6 Checks: admitted %d, spendable %d, open %+v; want eu's share alone, 4 left", b.Admitted, b.Spendable, b.Open)
+	}
+	// Each replica carried the share once: one put it there, the other
+	// found it (leasehold_agent_standing_shares_total).
+	shares := map[string]float64{}
+	for _, a := range agents {
+		for _, r := range []string{"deposited", "found", "not_used"} {
+			shares[r] += testutil.ToFloat64(a.m.standing.WithLabelValues(r))
+		}
+	}
+	if shares["deposited"] != 1 || shares["found"] != 1 || shares["not_used"] != 0 {
+		t.Fatalf("standing_shares_total over both replicas: %v; want deposited 1, found 1", shares)
 	}
 
 	var admitted atomic.Int64
