@@ -64,8 +64,7 @@ func (x *Batch) Balance(key string, nowMs int64) int {
 
 // Deposit queues Buckets.Deposit; read it with DepositOf.
 func (x *Batch) Deposit(d Deposit) int {
-	c := batchCall{s: depositScript, keys: []string{d.Key},
-		args: []any{d.LeaseID, d.Tokens, d.StartMs, d.DeadlineMs, d.ExpireAtMs, d.NowMs}}
+	c := batchCall{s: depositScript, keys: []string{d.Key}, args: d.args()}
 	c.err = d.validate()
 	return x.add(c)
 }

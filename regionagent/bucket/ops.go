@@ -54,12 +54,17 @@ func (b *Buckets) Deposit(ctx context.Context, d Deposit) (DepositResult, error)
 	if err := d.validate(); err != nil {
 		return DepositResult{}, err
 	}
-	v, err := b.eval(ctx, depositScript, []string{d.Key},
-		d.LeaseID, d.Tokens, d.StartMs, d.DeadlineMs, d.ExpireAtMs, d.NowMs)
+	v, err := b.eval(ctx, depositScript, []string{d.Key}, d.args()...)
 	if err != nil {
 		return DepositResult{}, err
 	}
 	return parseDeposit(v)
+}
+
+// args are d's ARGV for deposit.lua (KEYS: d.Key), in every way a
+// deposit is sent: alone, in a Batch, carried by a spend.
+func (d Deposit) args() []any {
+	return []any{d.LeaseID, d.Tokens, d.StartMs, d.DeadlineMs, d.ExpireAtMs, d.NowMs}
 }
 
 func (d Deposit) validate() error {
@@ -258,7 +263,7 @@ func (b *Buckets) SpendBatchInto(ctx context.Context, ops []SpendOp, s *SpendScr
 				continue
 			}
 			calls = append(calls, spendCall{dep: true, keys: []string{d.Key}, spend: []int{i},
-				args: []any{d.LeaseID, d.Tokens, d.StartMs, d.DeadlineMs, d.ExpireAtMs, d.NowMs}})
+				args: d.args()})
 		}
 	}
 	if deps != nil {
