@@ -18,10 +18,7 @@ func TestBatchAsSingleCalls(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
-			b := New(be.rdb)
-			if err := b.Load(ctx); err != nil {
-				t.Fatal(err)
-			}
+			b := loaded(t, ctx, be)
 			ka, kb := Key("", "a", 1), Key("", "b", 1)
 			la, lb := LockKey("", "a"), LockKey("", "b")
 			if ok, err := b.TryLock(ctx, lb, "other", time.Minute); !ok || err != nil {
@@ -176,10 +173,7 @@ func TestSpendBatchDepositsFirst(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
-			b := New(be.rdb)
-			if err := b.Load(ctx); err != nil {
-				t.Fatal(err)
-			}
+			b := loaded(t, ctx, be)
 			k := Key("", "s", 1)
 			share := Deposit{Key: k, LeaseID: "1/eu/~standing", Tokens: 5, StartMs: T0, DeadlineMs: T0 + 5000, ExpireAtMs: farExpiry(), NowMs: T0 + 1}
 			res, err := b.SpendBatch(ctx, []SpendOp{

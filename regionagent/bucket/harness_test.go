@@ -37,6 +37,16 @@ func backends(t *testing.T) []backend {
 	}
 }
 
+// loaded returns Buckets on be's client with every script loaded.
+func loaded(t *testing.T, ctx context.Context, be backend) *Buckets {
+	t.Helper()
+	b := New(be.rdb)
+	if err := b.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func newClient(t testing.TB, addr string) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second})

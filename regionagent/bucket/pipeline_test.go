@@ -21,10 +21,7 @@ func TestSpendBatch(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
-			b := New(be.rdb)
-			if err := b.Load(ctx); err != nil {
-				t.Fatal(err)
-			}
+			b := loaded(t, ctx, be)
 			a, c, o := Key("", "batch", 1), Key("", "batch", 2), Key("", "other", 1)
 			mustDeposit(t, ctx, b, Deposit{Key: a, LeaseID: "L1", Tokens: 10, StartMs: T0, DeadlineMs: T0 + 1000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
 			mustDeposit(t, ctx, b, Deposit{Key: c, LeaseID: "L2", Tokens: 3, StartMs: T0, DeadlineMs: T0 + 2000, ExpireAtMs: farExpiry(), NowMs: T0}, Deposited)
@@ -115,10 +112,7 @@ func TestNoScript(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := testCtx(t)
-			b := New(be.rdb)
-			if err := b.Load(ctx); err != nil {
-				t.Fatal(err)
-			}
+			b := loaded(t, ctx, be)
 			flush := func() {
 				t.Helper()
 				if err := be.rdb.ScriptFlush(ctx).Err(); err != nil {
