@@ -518,13 +518,10 @@ func (c *Core) Deposited(now time.Time, d Deposit, res store.DepositResult, err 
 	}
 	if !st.holds(d.LeaseID) {
 		st.holdings = append(st.holdings, holding{store: d.Store, key: d.Key, id: d.LeaseID, deadline: d.Deadline, start: d.Start})
-		if st.round == nil {
-			// No round's end reschedules the limit (a standing share's
-			// deposit, carried by a Check): its close at the deadline
-			// must be on the timer now, or the share is returned only
-			// when the idle limit is forgotten, after its window.
-			c.schedule(st, now)
-		}
+		// Its close at the deadline goes on the limit's timer, whatever
+		// made the deposit: a standing share's, carried by a Check, has
+		// no round whose end would reschedule the limit.
+		c.schedule(st, now)
 	}
 	if d.next {
 		if d.Store == Local {
