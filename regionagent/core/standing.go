@@ -71,19 +71,16 @@ func boundsOf(sent, recv, alloc time.Time) clockBounds {
 }
 
 // shareClock returns the bounds of the clock of the allocator that counts
-// the share of st's window w, and when the snapshot of the limits the
-// Core holds was taken on that clock; ok false when the share must not be
-// used (no such allocator known, or a definition not its own).
+// the share of st's window w (unset: never read), and when the snapshot
+// of the limits the Core holds was taken on that clock; ok false when no
+// allocator may count it (a definition not its owner's).
 func (c *Core) shareClock(st *limitState, w lease.Window) (b clockBounds, taken time.Time, ok bool) {
 	if c.shareOwner == nil {
-		return c.clock, c.takenAt, c.clock.set
+		return c.clock, c.takenAt, true
 	}
 	group, ok := c.shareOwner(st.id, w.Start())
-	if !ok {
-		return clockBounds{}, time.Time{}, false
-	}
-	g, ok := c.groupClocks[group]
-	return g.bounds, g.taken, ok && g.bounds.set
+	g := c.groupClocks[group]
+	return g.bounds, g.taken, ok
 }
 
 // clockBounds bound the allocator's clock, as read by one call: it was
