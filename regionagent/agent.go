@@ -639,16 +639,19 @@ func (a *Agent) carriedOutcome(c *core.Core, now time.Time, chk *core.Check, res
 	case derr == nil && res.Deposited.Status == 0:
 		derr = errNotCarried
 	}
+	// In the bucket (this replica's deposit, or another's found there),
+	// or not used.
+	inBucket := derr == nil && (res.Deposited.Status == store.Deposited || res.Deposited.Status == store.AlreadyDeposited)
 	switch {
-	case derr == nil && res.Deposited.Status == store.Deposited:
+	case !inBucket:
+		a.m.standing.WithLabelValues("not_used").Inc()
+	case res.Deposited.Status == store.Deposited:
 		a.m.leaseTokens.Add(float64(d.Tokens))
 		a.m.standing.WithLabelValues("deposited").Inc()
-	case derr == nil && res.Deposited.Status == store.AlreadyDeposited:
-		a.m.standing.WithLabelValues("found").Inc()
 	default:
-		a.m.standing.WithLabelValues("not_used").Inc()
+		a.m.standing.WithLabelValues("found").Inc()
 	}
-	if a.opt.hist != nil && derr == nil && (res.Deposited.Status == store.Deposited || res.Deposited.Status == store.AlreadyDeposited) {
+	if inBucket && a.opt.hist != nil {
 		if l, ok := c.Resolve(d.Limit); ok {
 			a.recordShare(now, l, *d)
 		}
