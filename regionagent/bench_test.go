@@ -285,7 +285,9 @@ func BenchmarkCheckWarm(b *testing.B) {
 // created for the run, synced to the agent, never checked), so each pays
 // its first lease: the spend that finds no tokens, the lease request to
 // the in-process allocator (batched with the others'), the deposit and
-// the spend again. Reported as BenchmarkCheckWarm's are, the process's
+// the spend again. With standing=5 the limits have a standing share of 5
+// (G = 500): each first Check's spend carries the share's deposit, and
+// no lease is asked for. Reported as BenchmarkCheckWarm's are, the process's
 // CPU (agent, allocator and its embedded etcd) and redis-server's per
 // Check, and the Redis commands per Check. Run it with a count, e.g.
 // -benchtime 5000x.
@@ -293,10 +295,20 @@ func BenchmarkCheckCold(b *testing.B) {
 	w := startWorld(b, false, "eu")
 	a, ctx, rdb := runningBenchAgent(b, w, nil)
 	runs := 0
-	for _, callers := range []int{1, 64} {
-		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+	for _, c := range []struct{ callers, standing int64 }{{1, 0}, {64, 0}, {1, 5}, {64, 5}} {
+		callers := int(c.callers)
+		b.Run(fmt.Sprintf("callers=%d/standing=%d", c.callers, c.standing), func(b *testing.B) {
 			runs++
-			ids := w.putLimits(b.N, fmt.Sprintf("tenant/cold%d-%d-%%06d", callers, runs), 1<<40, time.Hour, time.Hour, "eu")
+			// With a standing share (G = 100 x it), a first Check is
+			// decided from the share its spend deposits, with no lease.
+			ids := w.putLimitsOf(b.N, fmt.Sprintf("tenant/cold%d-%d-%d-%%06d", callers, c.standing, runs), func(id string) *pb.Limit {
+				if c.standing == 0 {
+					return limit(id, 1<<40, time.Hour, time.Hour, "eu")
+				}
+				l := limit(id, 100*c.standing, time.Hour, time.Hour, "eu")
+				l.Lease.Standing = c.standing
+				return l
+			})
 			waitAllSynced(b, a, ids)
 			var next, notOK atomic.Int64
 			var wg sync.WaitGroup

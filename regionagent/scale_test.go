@@ -56,13 +56,19 @@ func (c *callCounter) total() int64 {
 // putLimits creates n limits named fmt.Sprintf(format, i) in applies of 60.
 func (w *world) putLimits(n int, format string, g int64, window, ttl time.Duration, regions ...string) []string {
 	w.t.Helper()
+	return w.putLimitsOf(n, format, func(id string) *pb.Limit { return limit(id, g, window, ttl, regions...) })
+}
+
+// putLimitsOf is putLimits with each limit made by mk from its id.
+func (w *world) putLimitsOf(n int, format string, mk func(id string) *pb.Limit) []string {
+	w.t.Helper()
 	srv := allocator.NewServer(w.alloc)
 	ids := make([]string, n)
 	for i := 0; i < n; i += 60 {
 		req := &pb.ApplyLimitsRequest{Reason: "test", Effective: pb.Effective_EFFECTIVE_NOW}
 		for j := i; j < min(n, i+60); j++ {
 			ids[j] = fmt.Sprintf(format, j)
-			l := limit(ids[j], g, window, ttl, regions...)
+			l := mk(ids[j])
 			req.Changes = append(req.Changes, &pb.LimitChange{Change: &pb.LimitChange_Put{Put: l}})
 		}
 		if _, err := srv.ApplyLimits(context.Background(), req); err != nil {
