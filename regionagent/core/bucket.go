@@ -114,11 +114,7 @@ func (c *Core) kickShare(st *limitState, now time.Time) {
 		return
 	}
 	s := c.store()
-	d := st.demand
-	if s == Local {
-		d = st.localDemand
-	}
-	req := ShareAcquire{Limit: st.id, RequestID: c.requestID(), Demand: d.Rate(now), Holder: c.holder(s), Store: s,
+	req := ShareAcquire{Limit: st.id, RequestID: c.requestID(), Demand: st.demandIn(s).Rate(now), Holder: c.holder(s), Store: s,
 		Admitted: st.bucket.admitted[s], WouldDeny: st.bucket.wd[s], WouldDenyChecks: st.bucket.wdc[s]}
 	st.bucket.pending = &req
 	c.byRequest[req.RequestID] = st
@@ -238,11 +234,7 @@ func (c *Core) taken(now time.Time, chk *Check, res store.TakeResult, err error)
 		c.bucketFallback(now, chk)
 		return
 	}
-	d := st.demand
-	if chk.Store == Local {
-		d = st.localDemand
-	}
-	d.Observe(now, 0, res.Admitted+res.Denied+res.WouldDeny)
+	st.demandIn(chk.Store).Observe(now, 0, res.Admitted+res.Denied+res.WouldDeny)
 	st.bucket.admitted[chk.Store] = max(st.bucket.admitted[chk.Store], res.Admitted)
 	st.bucket.wd[chk.Store] = max(st.bucket.wd[chk.Store], res.WouldDeny)
 	st.bucket.wdc[chk.Store] = max(st.bucket.wdc[chk.Store], res.WouldDenyChecks)

@@ -437,11 +437,7 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 		}
 	}
 	if len(chk.sts) == 1 {
-		d := chk.sts[0].demand
-		if chk.Store == Local {
-			d = chk.sts[0].localDemand
-		}
-		chk.Demand = d.Measured(now)
+		chk.Demand = chk.sts[0].demandIn(chk.Store).Measured(now)
 	}
 	defer func() {
 		if chk.Step == StepDone && len(chk.Answers) == len(res.Keys) && chk.Result != ResultFallback &&
@@ -745,11 +741,7 @@ func (c *Core) markFallback(st *limitState, kind FallbackKind) {
 // observe learns from one key's part of a spend: the demand, the window's
 // use (for reports), the admitted count (for failover estimates).
 func (c *Core) observe(now time.Time, st *limitState, s Store, key store.Key, kr store.KeyResult) {
-	d := st.demand
-	if s == Local {
-		d = st.localDemand
-	}
-	d.Observe(now, key.Window, kr.Admitted+kr.Denied)
+	st.demandIn(s).Observe(now, key.Window, kr.Admitted+kr.Denied)
 	u := c.dirty(now, st, s, key.Window)
 	if kr.Admitted > u.admitted {
 		u.admitted, u.seenAt = kr.Admitted, now
@@ -762,11 +754,7 @@ func (c *Core) observe(now time.Time, st *limitState, s Store, key store.Key, kr
 
 // lowWater is the limit's low-water mark at now in window w (LowWater), from the region's demand or, in process, the replica's.
 func (c *Core) lowWater(st *limitState, s Store, w lease.Window, now time.Time) int64 {
-	d := st.demand
-	if s == Local {
-		d = st.localDemand
-	}
-	return LowWater(d.Rate(now), c.opt.lead, c.WindowEnd(w).Sub(now))
+	return LowWater(st.demandIn(s).Rate(now), c.opt.lead, c.WindowEnd(w).Sub(now))
 }
 
 // jitter returns base plus up to spread, at random.

@@ -231,8 +231,11 @@ type limitState struct {
 	id string
 	l  Limit // the definition, kept after a delete so that holdings close
 
-	demand      *Demand // the region's, from the shared store's counters
-	localDemand *Demand // this replica's own, while Redis is down
+	// demand is the region's, from the shared store's counters;
+	// localDemand this replica's own, while it spends in process (made
+	// on first use: most limits never do). Read both with demandIn.
+	demand      Demand
+	localDemand *Demand
 	lastCheck   time.Time
 	prevCheck   time.Time // the Check before the last
 
@@ -400,8 +403,9 @@ type winUse struct {
 func (c *Core) state(l *Limit) *limitState {
 	st := c.states[l.ID]
 	if st == nil {
-		st = &limitState{id: l.ID, l: *l, demand: NewDemand(l.prior()), localDemand: NewDemand(l.prior()),
-			standingWin: -1, spentWindow: -1, nextWindow: -1, localNext: -1, prefetched: -1, liftedWindow: -1, windows: map[winKey]*winUse{}}
+		st = &limitState{id: l.ID, l: *l, standingWin: -1, spentWindow: -1, nextWindow: -1, localNext: -1, prefetched: -1,
+			liftedWindow: -1, windows: map[winKey]*winUse{}}
+		st.demand.init(l.prior())
 		c.states[l.ID] = st
 	}
 	return st
@@ -634,11 +638,11 @@ func (c *Core) busy(st *limitState, now time.Time) bool {
 	if !c.active(st, now) || st.prevCheck.IsZero() || now.Sub(st.prevCheck) >= c.opt.activeFor {
 		return false // one Check is no traffic (its retries inside a wait count as demand, not as Checks)
 	}
-	d := st.demand
+	s := Shared
 	if c.redisDown {
-		d = st.localDemand
+		s = Local
 	}
-	return d.Measured(now)*c.opt.lead.Seconds() >= 1
+	return st.demandIn(s).Measured(now)*c.opt.lead.Seconds() >= 1
 }
 
 func (c *Core) sortedStates() []string { return sortedIDs(c.states) }

@@ -20,7 +20,7 @@ const instWindow = time.Second
 // use.
 type Demand struct {
 	prior   float64
-	ewma    *lease.RateEstimator
+	ewma    lease.RateEstimator // the zero value: DefaultTau, 5 s
 	samples [8]countSample
 	n       int
 	window  int64 // window of the last count
@@ -34,7 +34,25 @@ type countSample struct {
 
 // NewDemand returns an estimator whose rate is prior until measured.
 func NewDemand(prior float64) *Demand {
-	return &Demand{prior: prior, ewma: lease.NewRateEstimator(5 * time.Second), window: -1}
+	d := new(Demand)
+	d.init(prior)
+	return d
+}
+
+// init makes a zero Demand ready, with prior (one held in a larger
+// struct, not allocated on its own).
+func (d *Demand) init(prior float64) { d.prior, d.window = prior, -1 }
+
+// demandIn is the limit's demand as the store s counts it: the region's
+// (the shared store's counters) or, in process, this replica's own.
+func (st *limitState) demandIn(s Store) *Demand {
+	if s != Local {
+		return &st.demand
+	}
+	if st.localDemand == nil {
+		st.localDemand = NewDemand(st.l.prior())
+	}
+	return st.localDemand
 }
 
 // Observe records the count of window seen at now (it restarts at each

@@ -297,7 +297,7 @@ type WindowSeen struct {
 // on), so its cost follows traffic, not the number of limits.
 func (c *Core) Seen(since time.Time) []WindowSeen {
 	c.seenUsed = true
-	var out []WindowSeen
+	out := make([]WindowSeen, 0, len(c.seen))
 	for _, r := range c.seen {
 		r.u.seenNew = false
 		if c.states[r.st.id] == r.st && r.st.windows[r.k] == r.u && r.u.seenAt.After(since) {

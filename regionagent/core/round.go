@@ -211,12 +211,10 @@ func (c *Core) RoundRead(now time.Time, r Round, res RoundResult) {
 		w = l.Windows().ByIndex(r.Key.Window) // plan the window that was read
 	}
 	bal := res.Balance
-	d := st.demand
-	if r.Store == Local {
-		d = st.localDemand
-	} else {
+	if r.Store != Local {
 		st.foundUnanswered(w.Index, bal)
 	}
+	d := st.demandIn(r.Store)
 	d.Observe(now, w.Index, bal.Admitted+bal.Denied+counter(bal, store.CounterFallback))
 	rate := d.Rate(now)
 	if counter(bal, store.CounterPoolSpent) > 0 && st.spentWindow < w.Index && st.liftedWindow != w.Index {
