@@ -55,21 +55,32 @@ func toStatus(err error) error {
 const maxRequestID = vocab.MaxRequestIDLen
 
 func toProto(d Decision) *pb.CheckResponse {
-	return &pb.CheckResponse{
-		Allowed:      d.Allowed,
-		Reason:       d.Reason,
-		Remaining:    d.Remaining,
-		RetryAfter:   durationpb.New(d.RetryAfter),
-		ResetAfter:   durationpb.New(d.ResetAfter),
-		LimitTokens:  d.Limit,
-		Window:       durationpb.New(d.Window),
-		LimitVersion: d.Version,
-		DecisionId:   d.DecisionID,
-		SettleWithin: settleWithin(d),
-		WouldDeny:    d.WouldDeny,
-		WindowPhase:  phasepb(d.Phase),
-		Calendar:     calpb(d.Cal),
-	}
+	// One allocation for the answer and its three durations, not four:
+	// every Check makes one.
+	r := new(checkResponse)
+	setDuration(&r.retry, d.RetryAfter)
+	setDuration(&r.reset, d.ResetAfter)
+	setDuration(&r.window, d.Window)
+	m := &r.msg
+	m.Allowed, m.Reason, m.Remaining = d.Allowed, d.Reason, d.Remaining
+	m.RetryAfter, m.ResetAfter, m.Window = &r.retry, &r.reset, &r.window
+	m.LimitTokens, m.LimitVersion, m.DecisionId = d.Limit, d.Version, d.DecisionID
+	m.SettleWithin, m.WouldDeny = settleWithin(d), d.WouldDeny
+	m.WindowPhase, m.Calendar = phasepb(d.Phase), calpb(d.Cal)
+	return m
+}
+
+// checkResponse holds a CheckResponse and the durations it points to.
+type checkResponse struct {
+	msg                  pb.CheckResponse
+	retry, reset, window durationpb.Duration
+}
+
+// setDuration sets dst to d, as durationpb.New(d) would make it.
+func setDuration(dst *durationpb.Duration, d time.Duration) {
+	nanos := d.Nanoseconds()
+	secs := nanos / 1e9
+	dst.Seconds, dst.Nanos = secs, int32(nanos-secs*1e9)
 }
 
 // calpb renders a calendar limit's calendar: unset for fixed windows.

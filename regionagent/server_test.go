@@ -2,6 +2,7 @@ package regionagent
 
 import (
 	"context"
+	"math"
 	"net"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "leasehold/proto/leasehold/v1"
 )
@@ -100,4 +102,22 @@ func FuzzCheckDecode(f *testing.F) {
 			check(err)
 		}
 	})
+}
+
+// TestToProtoDurations: the answer made in one allocation carries the
+// same durations durationpb.New makes, at the edges of their range too,
+// each in a message of its own.
+func TestToProtoDurations(t *testing.T) {
+	for _, d := range []time.Duration{0, 1, -1, 999_999_999, -999_999_999, 1500 * time.Millisecond, -1500 * time.Millisecond,
+		time.Hour, math.MaxInt64, math.MinInt64} {
+		got := toProto(Decision{Allowed: true, Remaining: 7, RetryAfter: d, ResetAfter: -d, Window: d / 2, Limit: 9, Version: 3})
+		want := &pb.CheckResponse{Allowed: true, Remaining: 7, RetryAfter: durationpb.New(d), ResetAfter: durationpb.New(-d),
+			Window: durationpb.New(d / 2), LimitTokens: 9, LimitVersion: 3}
+		if !proto.Equal(got, want) {
+			t.Errorf("%v: toProto = %v, want %v", d, got, want)
+		}
+		if got.RetryAfter == got.ResetAfter || got.ResetAfter == got.Window {
+			t.Errorf("%v: two durations share a message", d)
+		}
+	}
 }
