@@ -411,6 +411,18 @@ func (c *Core) state(l *Limit) *limitState {
 	return st
 }
 
+// demandIn is the limit's demand as the store s counts it: the region's
+// (the shared store's counters) or, in process, this replica's own.
+func (st *limitState) demandIn(s Store) *Demand {
+	if s != Local {
+		return &st.demand
+	}
+	if st.localDemand == nil {
+		st.localDemand = NewDemand(st.l.prior())
+	}
+	return st.localDemand
+}
+
 // ---- limits and clocks ----
 
 // SyncToken names a limit sync by when it started, in the order of the
@@ -638,11 +650,7 @@ func (c *Core) busy(st *limitState, now time.Time) bool {
 	if !c.active(st, now) || st.prevCheck.IsZero() || now.Sub(st.prevCheck) >= c.opt.activeFor {
 		return false // one Check is no traffic (its retries inside a wait count as demand, not as Checks)
 	}
-	s := Shared
-	if c.redisDown {
-		s = Local
-	}
-	return st.demandIn(s).Measured(now)*c.opt.lead.Seconds() >= 1
+	return st.demandIn(c.store()).Measured(now)*c.opt.lead.Seconds() >= 1
 }
 
 func (c *Core) sortedStates() []string { return sortedIDs(c.states) }

@@ -43,18 +43,6 @@ func NewDemand(prior float64) *Demand {
 // struct, not allocated on its own).
 func (d *Demand) init(prior float64) { d.prior, d.window = prior, -1 }
 
-// demandIn is the limit's demand as the store s counts it: the region's
-// (the shared store's counters) or, in process, this replica's own.
-func (st *limitState) demandIn(s Store) *Demand {
-	if s != Local {
-		return &st.demand
-	}
-	if st.localDemand == nil {
-		st.localDemand = NewDemand(st.l.prior())
-	}
-	return st.localDemand
-}
-
 // Observe records the count of window seen at now (it restarts at each
 // window). Readings may arrive out of order (spends answered concurrently):
 // a count below one already seen for the window, or a reading of an older
