@@ -24,6 +24,7 @@ type metrics struct {
 	chunkReleased *prometheus.CounterVec
 	checkDur      prometheus.Histogram
 	batch         prometheus.Histogram
+	batchDur      prometheus.Histogram
 	leaseTokens   prometheus.Counter
 	returned      prometheus.Counter
 	fallbackMode  *prometheus.GaugeVec
@@ -57,6 +58,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name:    "leasehold_agent_spend_batch_checks",
 			Help:    "Checks per Redis pipeline.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+		}),
+		batchDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "leasehold_agent_spend_batch_seconds",
+			Help:    "Time a spend batch's Redis pipeline took, as the agent saw it: from sending it to its answer (or to its abandonment, after twice the Redis timeout).",
+			Buckets: prometheus.ExponentialBuckets(0.000025, 2, 16),
 		}),
 		leaseTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_agent_leased_tokens_total",
@@ -128,7 +134,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.standing.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.chunkChecks, m.chunkReleased, m.checks, m.checkDur, m.batch, m.leaseTokens, m.returned, m.fallbackMode, m.reports,
+		reg.MustRegister(m.chunkChecks, m.chunkReleased, m.checks, m.checkDur, m.batch, m.batchDur, m.leaseTokens, m.returned, m.fallbackMode, m.reports,
 			m.groupRedirects, m.settles, m.settleTokens, m.slotAcquires, m.standing)
 	}
 	return m

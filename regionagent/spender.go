@@ -46,9 +46,10 @@ type spender struct {
 	timeout  time.Duration
 	wg       sync.WaitGroup
 	stop     chan struct{}
-	// onBatch sees each batch's size and error (non-nil only when no
+	// onBatch sees each batch's size, how long its Redis call took (to
+	// its answer, or to its abandonment), and its error (non-nil only when no
 	// spend of the batch was decided: Redis did not answer).
-	onBatch func(n int, err error)
+	onBatch func(n int, took time.Duration, err error)
 	// begin and decide, when set, are called with every batch before
 	// its spends are sent and after their results are set: begin sets
 	// each request's op (or skip), decide hands the results on. They let
@@ -60,7 +61,7 @@ type spender struct {
 	onFire, onLateFire func()
 }
 
-func newSpender(b *bucket.Buckets, flushers, maxBatch int, timeout time.Duration, onBatch func(int, error)) *spender {
+func newSpender(b *bucket.Buckets, flushers, maxBatch int, timeout time.Duration, onBatch func(int, time.Duration, error)) *spender {
 	s := &spender{b: b, queue: make(chan *spendReq, 4*maxBatch*flushers), maxBatch: maxBatch,
 		timeout: timeout, stop: make(chan struct{}), onBatch: onBatch}
 	for range flushers {
@@ -196,7 +197,7 @@ func (s *spender) flush() (abandoned bool) {
 		}
 		// The watchdog's batch; then outcome 0 (the call runs), set
 		// after the batch so that a watchdog that sees 0 sees the batch.
-		w.batch, w.sent = batch, sent
+		w.batch, w.sent, w.sentAt = batch, sent, time.Now()
 		w.outcome.Store(0)
 		if w.timer == nil {
 			w.timer = time.AfterFunc(abandonAfter, w.fire)
@@ -205,13 +206,14 @@ func (s *spender) flush() (abandoned bool) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 		res, err := s.b.SpendBatchInto(ctx, ops, &scratch)
+		took := time.Since(w.sentAt)
 		cancel()
 		stopped := w.timer.Stop()
 		if !w.outcome.CompareAndSwap(0, 1) {
 			return true // the watchdog answered the batch; its slices are its
 		}
 		w.batch, w.sent = nil, nil
-		s.conclude(batch, sent, res, err)
+		s.conclude(batch, sent, res, took, err)
 		if !stopped {
 			// The timer fired as the call returned: its watchdog lost the
 			// race above and must be done before the next batch sets
@@ -235,6 +237,7 @@ type watchdog struct {
 	s           *spender
 	timer       *time.Timer
 	batch, sent []*spendReq
+	sentAt      time.Time // when the batch's call began
 	// outcome: 0 while the call runs, then 1 (it returned) or 2 (the
 	// watchdog abandoned it), whichever comes first.
 	outcome atomic.Int32
@@ -250,7 +253,7 @@ func (w *watchdog) fire() {
 		w.s.onFire()
 	}
 	if w.outcome.CompareAndSwap(0, 2) {
-		w.s.conclude(w.batch, w.sent, nil, errBatchAbandoned)
+		w.s.conclude(w.batch, w.sent, nil, time.Since(w.sentAt), errBatchAbandoned)
 		go w.s.flusher() // in this flusher's place in wg
 	}
 	w.fired <- struct{}{}
@@ -259,9 +262,9 @@ func (w *watchdog) fire() {
 // conclude sets a sent batch's results (err: none was decided) and
 // finishes it. res is the flusher's scratch: a Check's result is handed
 // on (decide) before the flusher's next batch, a plain spend's is copied.
-func (s *spender) conclude(batch, sent []*spendReq, res []bucket.SpendResult, err error) {
+func (s *spender) conclude(batch, sent []*spendReq, res []bucket.SpendResult, took time.Duration, err error) {
 	if s.onBatch != nil {
-		s.onBatch(len(sent), err)
+		s.onBatch(len(sent), took, err)
 	}
 	for i, r := range sent {
 		if err != nil {

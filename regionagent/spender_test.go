@@ -41,8 +41,8 @@ func (h *wedgeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 // wedgeableSpender is a spender of one flusher, 16 spends a batch and a
 // 50 ms deadline on a real redis-server (rdb's) whose calls h can hold;
-// outcomes lists each batch's error, in order.
-func wedgeableSpender(t *testing.T) (sp *spender, rdb *redis.Client, h *wedgeHook, outcomes func() []error) {
+// outcomes lists what onBatch was told of each batch, in order.
+func wedgeableSpender(t *testing.T) (sp *spender, rdb *redis.Client, h *wedgeHook, outcomes func() []batchOutcome) {
 	t.Helper()
 	srv := redistest.Start(t)
 	rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -50,17 +50,23 @@ func wedgeableSpender(t *testing.T) (sp *spender, rdb *redis.Client, h *wedgeHoo
 	h = &wedgeHook{wedged: make(chan struct{}), release: make(chan struct{})}
 	rdb.AddHook(h)
 	var mu sync.Mutex
-	var errs []error
-	sp = newSpender(bucket.New(rdb), 1, 16, 50*time.Millisecond, func(_ int, err error) {
+	var outs []batchOutcome
+	sp = newSpender(bucket.New(rdb), 1, 16, 50*time.Millisecond, func(_ int, took time.Duration, err error) {
 		mu.Lock()
-		errs = append(errs, err)
+		outs = append(outs, batchOutcome{err, took})
 		mu.Unlock()
 	})
-	return sp, rdb, h, func() []error {
+	return sp, rdb, h, func() []batchOutcome {
 		mu.Lock()
 		defer mu.Unlock()
-		return slices.Clone(errs)
+		return slices.Clone(outs)
 	}
+}
+
+// batchOutcome is what a spender's onBatch was told of one batch.
+type batchOutcome struct {
+	err  error
+	took time.Duration
 }
 
 // TestSpenderAbandonsWedgedBatch: a spend batch whose Redis call does not
@@ -105,9 +111,14 @@ func TestSpenderAbandonsWedgedBatch(t *testing.T) {
 	close(h.release)
 	released = true
 
-	batchErrs := outcomes()
-	if len(batchErrs) != 2 || !errors.Is(batchErrs[0], errBatchAbandoned) || batchErrs[1] != nil {
-		t.Fatalf("batch outcomes %v, want [abandoned, nil]", batchErrs)
+	outs := outcomes()
+	if len(outs) != 2 || !errors.Is(outs[0].err, errBatchAbandoned) || outs[1].err != nil {
+		t.Fatalf("batch outcomes %v, want [abandoned, nil]", outs)
+	}
+	// The abandoned batch's time runs to its abandonment: at least
+	// twice its deadline, and never less than the watchdog's 1 s.
+	if outs[0].took < time.Second || outs[1].took <= 0 {
+		t.Errorf("the batches took %v and %v: want the abandoned one >= 1 s, the next > 0", outs[0].took, outs[1].took)
 	}
 	if !redisUnavailable(errBatchAbandoned) {
 		t.Fatal("an abandoned batch is not counted as a Redis failure")
@@ -195,14 +206,14 @@ func TestSpenderWatchdogLateFire(t *testing.T) {
 		t.Fatalf("the batch after a late watchdog: %v, want it decided by Redis", o.r.err)
 	}
 	release(o.r)
-	batchErrs := outcomes()
-	for i, err := range batchErrs {
-		if errors.Is(err, errBatchAbandoned) {
+	outs := outcomes()
+	for i, o := range outs {
+		if errors.Is(o.err, errBatchAbandoned) {
 			t.Fatalf("batch %d abandoned, want none", i)
 		}
 	}
-	if n := len(batchErrs); n < 2 || batchErrs[n-1] != nil {
-		t.Fatalf("batch outcomes %v, want the last decided", batchErrs)
+	if n := len(outs); n < 2 || outs[n-1].err != nil {
+		t.Fatalf("batch outcomes %v, want the last decided", outs)
 	}
 	if fires.Load() != 1 {
 		t.Fatalf("%d watchdogs fired, want 1 (the held batch's)", fires.Load())

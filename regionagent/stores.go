@@ -63,8 +63,9 @@ type redisStore struct {
 
 func newRedisStore(a *Agent, b *bucket.Buckets) *redisStore {
 	s := &redisStore{a: a, b: b}
-	s.spender = newSpender(b, a.opt.flushers, a.opt.maxBatch, a.opt.redisTimeout, func(n int, err error) {
+	s.spender = newSpender(b, a.opt.flushers, a.opt.maxBatch, a.opt.redisTimeout, func(n int, took time.Duration, err error) {
 		a.m.batch.Observe(float64(n))
+		a.m.batchDur.Observe(took.Seconds())
 		if errors.Is(err, errBatchAbandoned) {
 			a.log.Warn("a spend batch's Redis call did not return in twice its timeout: its Checks are answered by the fail mode, the call is left behind",
 				"checks", n, "timeout", a.opt.redisTimeout)
