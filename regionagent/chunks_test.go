@@ -3,6 +3,7 @@ package regionagent
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -323,5 +324,42 @@ func TestWarmLimitsFromChunks(t *testing.T) {
 		if !tc.chunked && got != 0 {
 			t.Errorf("%s (G %d): %v Checks from chunks, want none", tc.l.Id, tc.l.LimitTokens, got)
 		}
+	}
+}
+
+// TestWarmChunksAfterARest: a warm limit whose traffic resumes after a
+// rest is decided from a chunk from its third Check: its second tells the
+// chunks' client of it (the rate of its last two Checks, where the
+// region's measured demand still counts the rest), and its third, with
+// the client's rate measured, reserves one.
+func TestWarmChunksAfterARest(t *testing.T) {
+	w := newWorld(t, "eu")
+	l := w.putLimit(limit("tenant/resumed", 1_000_000, time.Hour, 10*time.Minute, "eu"))
+	w.clock.Add(time.Second)
+	cfg := DefaultChunks
+	cfg.IdleAfter = time.Hour // the sweeper runs on the real clock; no release mid-test
+	a := w.agent("eu", "r1", WithChunks(cfg))
+	ctx := context.Background()
+	a.Check(ctx, l.Id, 1) // the first: no lease yet (UNAVAILABLE, the test's cold wait is 0)
+	a.evaluate(ctx, l.Id)
+	runWork(t, a)
+	if d, err := a.Check(ctx, l.Id, 1); err != nil || !d.Allowed {
+		t.Fatalf("the Check before the rest: %+v %v", d, err)
+	}
+	w.clock.Add(10 * time.Second) // the rest
+	var fromChunk []int
+	for i := 1; i <= 6; i++ { // 3 s at 2/s
+		before := testutil.ToFloat64(a.m.chunkChecks)
+		d, err := a.Check(ctx, l.Id, 1)
+		if err != nil || !d.Allowed {
+			t.Fatalf("Check %d after the rest: %+v %v", i, d, err)
+		}
+		if testutil.ToFloat64(a.m.chunkChecks) > before {
+			fromChunk = append(fromChunk, i)
+		}
+		w.clock.Add(500 * time.Millisecond)
+	}
+	if !slices.Equal(fromChunk, []int{3, 4, 5, 6}) {
+		t.Errorf("Checks after the rest decided from a chunk: %v, want [3 4 5 6]", fromChunk)
 	}
 }

@@ -111,10 +111,11 @@ type Check struct {
 	Result   Result
 	StoreErr bool  // a spend was not decided by the store
 	Err      error // an *ItemError
-	// Demand is, once a spend of one limit was decided, the demand for it
-	// the Core measures (cost per second; the region's, or in process this
-	// replica's): the agent looks for hot limits only among those with
-	// some, so a limit used once or slowly costs nothing more.
+	// Demand is, once a spend of one limit was decided, the larger of the
+	// demand for it the Core measures (cost per second; the region's, or
+	// in process this replica's) and the rate of its last two Checks on
+	// this replica (checkRate): the agent looks for hot limits only among
+	// those with some, so a limit used once or slowly costs nothing more.
 	Demand float64
 
 	sts      []*limitState
@@ -437,7 +438,8 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 		}
 	}
 	if len(chk.sts) == 1 {
-		chk.Demand = chk.sts[0].demandIn(chk.Store).Measured(now)
+		st := chk.sts[0]
+		chk.Demand = max(st.demandIn(chk.Store).Measured(now), st.checkRate())
 	}
 	defer func() {
 		if chk.Step == StepDone && len(chk.Answers) == len(res.Keys) && chk.Result != ResultFallback &&

@@ -949,3 +949,33 @@ func TestReleasedCheckReused(t *testing.T) {
 		t.Fatalf("Release reset a Check of two items: %+v", multi)
 	}
 }
+
+// TestCheckDemandFollowsResumedTraffic: a Check's Demand (what tells the
+// agent a limit may be hot or warm) follows traffic that resumes after a
+// rest from the limit's second Check: checked again 5 s after its first
+// Check and then 0.5 s later, it shows 2 Checks a second, where the
+// measured demand, still counting the rest, shows less than the agent's
+// gate (0.5); a limit checked once, or after a rest, shows less.
+func TestCheckDemandFollowsResumedTraffic(t *testing.T) {
+	w := newWorld(t, 1000, strictLimit("a", 1<<40, time.Hour, time.Hour))
+	demand := func() float64 {
+		t.Helper()
+		a, chk := w.checkMulti(Item{Limit: "a", Cost: 1})
+		wantAnswer(t, "check", a[0], true, ReasonOK)
+		return chk.Demand
+	}
+	if d := demand(); d >= 0.5 {
+		t.Fatalf("a limit's first Check: demand %v, want < 0.5", d)
+	}
+	w.advance(5 * time.Second)
+	if d := demand(); d >= 0.5 {
+		t.Fatalf("a Check 5 s after the one before: demand %v, want < 0.5", d)
+	}
+	w.advance(500 * time.Millisecond)
+	if measured := w.c.states["a"].demand.Measured(w.now); measured >= 0.5 {
+		t.Fatalf("measured demand %v before the third Check: the test wants it < 0.5", measured)
+	}
+	if d := demand(); d < 2 {
+		t.Fatalf("a Check 0.5 s after the one before: demand %v, want >= 2", d)
+	}
+}
