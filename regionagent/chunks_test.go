@@ -295,16 +295,8 @@ func TestWarmLimitsFromChunks(t *testing.T) {
 	w := newWorld(t, "eu")
 	big := w.putLimit(limit("tenant/warm-big", 1_000_000, time.Hour, 10*time.Minute, "eu"))
 	small := w.putLimit(limit("tenant/warm-small", 120, time.Hour, 10*time.Minute, "eu"))
-	w.clock.Add(time.Second)
-	cfg := DefaultChunks
-	cfg.IdleAfter = time.Hour // the sweeper runs on the real clock; no release mid-test
-	a := w.agent("eu", "r1", WithChunks(cfg))
+	a := leasedChunksAgent(t, w, big, small)
 	ctx := context.Background()
-	for _, l := range []*pb.Limit{big, small} {
-		a.Check(ctx, l.Id, 1) // the first: no lease yet (UNAVAILABLE, the test's cold wait is 0)
-		a.evaluate(ctx, l.Id)
-	}
-	runWork(t, a)
 	for _, tc := range []struct {
 		l       *pb.Limit
 		chunked bool
@@ -335,14 +327,8 @@ func TestWarmLimitsFromChunks(t *testing.T) {
 func TestWarmChunksAfterARest(t *testing.T) {
 	w := newWorld(t, "eu")
 	l := w.putLimit(limit("tenant/resumed", 1_000_000, time.Hour, 10*time.Minute, "eu"))
-	w.clock.Add(time.Second)
-	cfg := DefaultChunks
-	cfg.IdleAfter = time.Hour // the sweeper runs on the real clock; no release mid-test
-	a := w.agent("eu", "r1", WithChunks(cfg))
+	a := leasedChunksAgent(t, w, l)
 	ctx := context.Background()
-	a.Check(ctx, l.Id, 1) // the first: no lease yet (UNAVAILABLE, the test's cold wait is 0)
-	a.evaluate(ctx, l.Id)
-	runWork(t, a)
 	if d, err := a.Check(ctx, l.Id, 1); err != nil || !d.Allowed {
 		t.Fatalf("the Check before the rest: %+v %v", d, err)
 	}
@@ -362,4 +348,23 @@ func TestWarmChunksAfterARest(t *testing.T) {
 	if !slices.Equal(fromChunk, []int{3, 4, 5, 6}) {
 		t.Errorf("Checks after the rest decided from a chunk: %v, want [3 4 5 6]", fromChunk)
 	}
+}
+
+// leasedChunksAgent starts an agent of w's region eu with the agent's
+// default chunks (none given back for being idle: the sweeper runs on the
+// real clock), a second after the limits were put, and gets each of ls
+// its first lease.
+func leasedChunksAgent(t *testing.T, w *world, ls ...*pb.Limit) *Agent {
+	t.Helper()
+	w.clock.Add(time.Second)
+	cfg := DefaultChunks
+	cfg.IdleAfter = time.Hour
+	a := w.agent("eu", "r1", WithChunks(cfg))
+	ctx := context.Background()
+	for _, l := range ls {
+		a.Check(ctx, l.Id, 1) // the first: no lease yet (UNAVAILABLE, the test's cold wait is 0)
+		a.evaluate(ctx, l.Id)
+	}
+	runWork(t, a)
+	return a
 }
