@@ -295,9 +295,12 @@ func BenchmarkCheckCold(b *testing.B) {
 	w := startWorld(b, false, "eu")
 	a, ctx, rdb := runningBenchAgent(b, w, nil)
 	runs := 0
-	for _, c := range []struct{ callers, standing int64 }{{1, 0}, {64, 0}, {1, 5}, {64, 5}} {
-		callers := int(c.callers)
-		b.Run(fmt.Sprintf("callers=%d/standing=%d", c.callers, c.standing), func(b *testing.B) {
+	for _, c := range []struct {
+		callers  int
+		standing int64
+	}{{1, 0}, {64, 0}, {1, 5}, {64, 5}} {
+		callers := c.callers
+		b.Run(fmt.Sprintf("callers=%d/standing=%d", callers, c.standing), func(b *testing.B) {
 			runs++
 			// With a standing share (G = 100 x it), a first Check is
 			// decided from the share its spend deposits, with no lease.
