@@ -979,3 +979,21 @@ func TestCheckDemandFollowsResumedTraffic(t *testing.T) {
 		t.Fatalf("a Check 0.5 s after the one before: demand %v, want >= 2", d)
 	}
 }
+
+// TestRoundDepositsScheduleOnce: a limit renewed again and again keeps a
+// handful of entries in the Core's timer heap, not one left behind per
+// lease: a deposit made by a round leaves the rescheduling to the round's
+// end (a deposit rescheduling too left 47 entries after these 24 leases).
+func TestRoundDepositsScheduleOnce(t *testing.T) {
+	w := newWorld(t, 10, strictLimit("a", 1000, time.Minute, 15*time.Second))
+	for range 200 {
+		wantAnswer(t, "check", w.check("a", 1), true, ReasonOK)
+		w.advance(50 * time.Millisecond)
+	}
+	if len(w.deposits) < 20 {
+		t.Fatalf("%d deposits in 200 Checks of 10-token leases, want 20 or more", len(w.deposits))
+	}
+	if n := len(w.c.timers); n > 4 {
+		t.Fatalf("the timer heap holds %d entries after %d leases of one limit, want at most 4", n, len(w.deposits))
+	}
+}

@@ -516,10 +516,14 @@ func (c *Core) Deposited(now time.Time, d Deposit, res store.DepositResult, err 
 	}
 	if !st.holds(d.LeaseID) {
 		st.holdings = append(st.holdings, holding{store: d.Store, key: d.Key, id: d.LeaseID, deadline: d.Deadline, start: d.Start})
-		// Its close at the deadline goes on the limit's timer, whatever
-		// made the deposit: a standing share's, carried by a Check, has
-		// no round whose end would reschedule the limit.
-		c.schedule(st, now)
+		// Its close at the deadline goes on the limit's timer. A round's
+		// end reschedules its limit (nextDue leaves a limit in a round to
+		// it), so only a deposit outside one (a standing share's, carried
+		// by a Check) schedules here: one timer entry per change, not a
+		// stale one per lease left in the heap until its deadline.
+		if st.round == nil {
+			c.schedule(st, now)
+		}
 	}
 	if d.next {
 		if d.Store == Local {
