@@ -395,13 +395,9 @@ func (a *Agent) checkOne(ctx context.Context, item CheckItem) (Decision, error) 
 	if chk.Store == core.Local && d.Reason == pb.Reason_REASON_OK && d.WouldDeny == 0 {
 		a.lm.admitted.Add(float64(chk.Costs[0]))
 	}
-	demand := chk.Demand
+	tell := a.chunks != nil && d.Limit > 0 && a.chunkCandidate(chk.Demand, chk.Since)
 	core.Release(chk)
-	if a.chunks != nil && d.Limit > 0 && demand >= a.chunkGate() {
-		// Only a limit with some demand can be hot or warm on this
-		// replica (its rate is at most the region's): the chunks' client
-		// keeps no state for the others, so cold and slow limits cost it
-		// nothing.
+	if tell {
 		a.chunks.AskedOf(item.Limit, item.Cost, d.Limit)
 	}
 	return d, nil

@@ -39,16 +39,28 @@ type ChunkConfig = client.SubLeaseConfig
 var DefaultChunks = ChunkConfig{HotRate: 50, Horizon: 250 * time.Millisecond, IdleAfter: time.Second,
 	WarmRate: 1, WarmHorizon: client.DefaultWarmHorizon}
 
-// chunkGate is the region's demand (cost/s) from which a Check tells the
-// chunks' client of its limit: half the rate that makes a limit hot or
-// warm (a replica's rate is at most the region's).
-func (a *Agent) chunkGate() float64 {
+// chunkCandidate reports whether the chunks' client should hear of a
+// Check's limit, given the region's demand for it (cost/s) and how long
+// before this Check the replica last checked it (0: never). A limit can be
+// hot or warm on this replica only with the region's demand at half the
+// rate that makes it so (a replica's rate is at most the region's), or if
+// it was checked twice within chunkRecall: traffic that resumes after a
+// rest, which the demand measure, spanning a second and more, follows
+// late. The client keeps no state for the others, so limits checked once
+// (a cold key) or measured slow cost it nothing.
+func (a *Agent) chunkCandidate(demand float64, since time.Duration) bool {
 	gate := a.opt.chunks.HotRate
 	if w := a.opt.chunks.WarmRate; w > 0 {
 		gate = min(gate, w)
 	}
-	return gate / 2
+	return demand >= gate/2 || since > 0 && since <= chunkRecall
 }
+
+// chunkRecall is how far apart two Checks of a limit may be for the
+// second to tell the chunks' client of it: the time the client keeps an
+// idle limit's state, so the client knows what it would still remember
+// had it heard of the limit at its first Check.
+const chunkRecall = time.Minute
 
 // WithChunks turns deciding hot limits in memory on (cfg.HotRate > 0,
 // e.g. DefaultChunks); without it, or with cfg.HotRate <= 0, every Check

@@ -320,9 +320,9 @@ func TestWarmLimitsFromChunks(t *testing.T) {
 }
 
 // TestWarmChunksAfterARest: a warm limit whose traffic resumes after a
-// rest is decided from a chunk from its third Check: its second tells the
-// chunks' client of it (the rate of its last two Checks, where the
-// region's measured demand still counts the rest), and its third, with
+// rest is decided from a chunk from its second Check: its first tells the
+// chunks' client of it (checked again within chunkRecall, where the
+// region's measured demand still counts the rest), and its second, with
 // the client's rate measured, reserves one.
 func TestWarmChunksAfterARest(t *testing.T) {
 	w := newWorld(t, "eu")
@@ -345,8 +345,41 @@ func TestWarmChunksAfterARest(t *testing.T) {
 		}
 		w.clock.Add(500 * time.Millisecond)
 	}
-	if !slices.Equal(fromChunk, []int{3, 4, 5, 6}) {
-		t.Errorf("Checks after the rest decided from a chunk: %v, want [3 4 5 6]", fromChunk)
+	if !slices.Equal(fromChunk, []int{2, 3, 4, 5, 6}) {
+		t.Errorf("Checks after the rest decided from a chunk: %v, want [2 3 4 5 6]", fromChunk)
+	}
+}
+
+// TestChunksHearOfLimitsCheckedAgain: the chunks' client hears of a limit
+// checked again within chunkRecall, however slowly, and not of one
+// checked once or again only after longer.
+func TestChunksHearOfLimitsCheckedAgain(t *testing.T) {
+	w := newWorld(t, "eu")
+	var ls []*pb.Limit
+	for _, id := range []string{"tenant/once", "tenant/soon", "tenant/late"} {
+		ls = append(ls, w.putLimit(limit(id, 1_000_000, time.Hour, 10*time.Minute, "eu")))
+	}
+	a := leasedChunksAgent(t, w, ls...) // one Check each
+	ctx := context.Background()
+	check := func(l *pb.Limit) {
+		t.Helper()
+		if d, err := a.Check(ctx, l.Id, 1); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v %v", l.Id, d, err)
+		}
+	}
+	if n := a.chunks.Limits(); n != 0 {
+		t.Fatalf("after one Check each the chunks' client holds %d limits, want 0", n)
+	}
+	w.clock.Add(chunkRecall - time.Second)
+	check(ls[1])
+	if n := a.chunks.Limits(); n != 1 {
+		t.Fatalf("after %s checked again within %v the chunks' client holds %d limits, want 1", ls[1].Id, chunkRecall, n)
+	}
+	w.clock.Add(2 * time.Second)
+	check(ls[2])
+	if n := a.chunks.Limits(); n != 1 {
+		t.Fatalf("after %s checked again %v later the chunks' client holds %d limits, want 1 (%s)",
+			ls[2].Id, chunkRecall+time.Second, n, ls[1].Id)
 	}
 }
 

@@ -111,12 +111,14 @@ type Check struct {
 	Result   Result
 	StoreErr bool  // a spend was not decided by the store
 	Err      error // an *ItemError
-	// Demand is, once a spend of one limit was decided, the larger of the
-	// demand for it the Core measures (cost per second; the region's, or
-	// in process this replica's) and the rate of its last two Checks on
-	// this replica (checkRate): the agent looks for hot limits only among
-	// those with some, so a limit used once or slowly costs nothing more.
+	// Demand and Since are set once a spend of one limit was decided:
+	// the demand for it the Core measures (cost per second; the region's,
+	// or in process this replica's), and how long before this Check this
+	// replica last Checked it or reserved from it (0 for its first). The
+	// agent looks for hot limits only among those with demand or checked
+	// again soon, so a limit used once costs nothing more.
 	Demand float64
+	Since  time.Duration
 
 	sts      []*limitState
 	wins     []lease.Window
@@ -439,7 +441,10 @@ func (c *Core) spent(now time.Time, chk *Check, res store.SpendResult, err error
 	}
 	if len(chk.sts) == 1 {
 		st := chk.sts[0]
-		chk.Demand = max(st.demandIn(chk.Store).Measured(now), st.checkRate())
+		chk.Demand = st.demandIn(chk.Store).Measured(now)
+		if !st.prevCheck.IsZero() {
+			chk.Since = st.lastCheck.Sub(st.prevCheck)
+		}
 	}
 	defer func() {
 		if chk.Step == StepDone && len(chk.Answers) == len(res.Keys) && chk.Result != ResultFallback &&

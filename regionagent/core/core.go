@@ -411,18 +411,6 @@ func (c *Core) state(l *Limit) *limitState {
 	return st
 }
 
-// checkRate is the rate of the limit's last two Checks on this replica,
-// per second (0 before its second): it follows traffic that resumes after
-// a rest from its second Check, where the measured demand, whose fast
-// rate spans a second and more and still counts the rest, takes a
-// second or two to.
-func (st *limitState) checkRate() float64 {
-	if st.prevCheck.IsZero() {
-		return 0
-	}
-	return 1 / max(st.lastCheck.Sub(st.prevCheck), time.Millisecond).Seconds()
-}
-
 // demandIn is the limit's demand as the store s counts it: the region's
 // (the shared store's counters) or, in process, this replica's own.
 func (st *limitState) demandIn(s Store) *Demand {

@@ -950,33 +950,33 @@ func TestReleasedCheckReused(t *testing.T) {
 	}
 }
 
-// TestCheckDemandFollowsResumedTraffic: a Check's Demand (what tells the
-// agent a limit may be hot or warm) follows traffic that resumes after a
-// rest from the limit's second Check: checked again 5 s after its first
-// Check and then 0.5 s later, it shows 2 Checks a second, where the
-// measured demand, still counting the rest, shows less than the agent's
-// gate (0.5); a limit checked once, or after a rest, shows less.
-func TestCheckDemandFollowsResumedTraffic(t *testing.T) {
+// TestCheckSince: a Check of one limit says how long before it this
+// replica last checked the limit (0 for its first), whatever the measured
+// demand: the agent tells the chunks' client of a limit checked again
+// within a minute, so traffic that resumes after a rest gets a chunk from
+// its second Check, while the demand measure, which still counts the
+// rest, is below the chunks' gate.
+func TestCheckSince(t *testing.T) {
 	w := newWorld(t, 1000, strictLimit("a", 1<<40, time.Hour, time.Hour))
-	demand := func() float64 {
+	since := func() time.Duration {
 		t.Helper()
 		a, chk := w.checkMulti(Item{Limit: "a", Cost: 1})
 		wantAnswer(t, "check", a[0], true, ReasonOK)
-		return chk.Demand
+		return chk.Since
 	}
-	if d := demand(); d >= 0.5 {
-		t.Fatalf("a limit's first Check: demand %v, want < 0.5", d)
+	if s := since(); s != 0 {
+		t.Fatalf("a limit's first Check: since %v, want 0", s)
 	}
-	w.advance(5 * time.Second)
-	if d := demand(); d >= 0.5 {
-		t.Fatalf("a Check 5 s after the one before: demand %v, want < 0.5", d)
+	w.advance(20 * time.Second)
+	if s := since(); s != 20*time.Second {
+		t.Fatalf("a Check 20 s after the one before: since %v, want 20s", s)
 	}
 	w.advance(500 * time.Millisecond)
 	if measured := w.c.states["a"].demand.Measured(w.now); measured >= 0.5 {
 		t.Fatalf("measured demand %v before the third Check: the test wants it < 0.5", measured)
 	}
-	if d := demand(); d < 2 {
-		t.Fatalf("a Check 0.5 s after the one before: demand %v, want >= 2", d)
+	if s := since(); s != 500*time.Millisecond {
+		t.Fatalf("a Check 0.5 s after the one before: since %v, want 500ms", s)
 	}
 }
 
