@@ -60,7 +60,7 @@ func (a *Agent) chunkCandidate(demand float64, since time.Duration) bool {
 // second to tell the chunks' client of it: the time the client keeps an
 // idle limit's state, so the client knows what it would still remember
 // had it heard of the limit at its first Check.
-const chunkRecall = time.Minute
+const chunkRecall = client.StateTTL
 
 // WithChunks turns deciding hot limits in memory on (cfg.HotRate > 0,
 // e.g. DefaultChunks); without it, or with cfg.HotRate <= 0, every Check

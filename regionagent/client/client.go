@@ -304,11 +304,15 @@ func NewInProcess(rpc pb.RegionAgentClient, idPrefix string, opts ...Option) *Cl
 	return start(nil, rpc, idPrefix, defaultOptions(opts))
 }
 
+// StateTTL is how long a client keeps what it knows of a limit (its
+// rate, its denial) once the limit holds nothing and is unused.
+const StateTTL = time.Minute
+
 func defaultOptions(opts []Option) options {
 	o := options{
 		timeout: 250 * time.Millisecond, denial: true, denialFloor: 250 * time.Millisecond,
 		retryFor: time.Second, reprobe: reprobeAfter, sweepEvery: 250 * time.Millisecond,
-		margin: 2 * time.Millisecond, driftPPM: 1000, stateTTL: time.Minute,
+		margin: 2 * time.Millisecond, driftPPM: 1000, stateTTL: StateTTL,
 	}
 	for _, f := range opts {
 		f(&o)
