@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -161,4 +162,32 @@ func BenchmarkRateAllowParallel(b *testing.B) {
 		}
 		return nil
 	})
+}
+
+// BenchmarkSweep: one sweep of a client that knows 100,000 limits, none
+// holding anything (each asked of once): the usual pass (every 250 ms),
+// which visits only limits that hold something, and the full pass (one in
+// fullSweep), which visits them all.
+//
+//	go test -run '^$' -bench BenchmarkSweep ./regionagent/client/
+func BenchmarkSweep(b *testing.B) {
+	const known = 100000
+	c := NewInProcess(nil, "bench-", WithSubLeases(SubLeaseConfig{HotRate: 50, Horizon: time.Second, IdleAfter: time.Second}),
+		withoutSweeper())
+	b.Cleanup(func() { _ = c.Close(context.Background()) })
+	for i := range known {
+		c.AskedOf("tenant/"+strconv.Itoa(i), 1, 1000)
+	}
+	now := c.mono()
+	for _, pass := range []struct {
+		name  string
+		sweep func(int64)
+	}{{"usual", c.sweepHeld}, {"full", c.sweep}} {
+		b.Run("pass="+pass.name, func(b *testing.B) {
+			for b.Loop() {
+				pass.sweep(now)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/known, "ns/limit")
+		})
+	}
 }

@@ -245,6 +245,13 @@ type Client struct {
 
 	states sync.Map // limit id -> *limitState
 
+	// held lists the limits that hold something (a chunk, a Reserve in
+	// flight, a denial; limitState.listed): the sweep visits them each
+	// time and every limit only each fullSweep-th time, to forget the
+	// idle ones, so its cost follows the limits in use, not those known.
+	heldMu sync.Mutex
+	held   []*limitState
+
 	counts counters // decisions by source and result (Stats)
 
 	// noReserveUntil: Reserve is not tried before this time (the agent
@@ -363,6 +370,7 @@ type limitState struct {
 	lastUse atomic.Int64                // last Allow, coarse (see touchEvery)
 	asked   atomic.Int64                // cost asked through Checks (rate input)
 	pending atomic.Bool                 // a Reserve is in flight or next waits
+	listed  atomic.Bool                 // in Client.held
 	gHint   atomic.Int64                // the limit's G as AskedOf was told (0: never)
 
 	mu           sync.Mutex // protects the fields below, and changes of cur
@@ -686,15 +694,24 @@ func (c *Client) sweeper() {
 	defer close(c.swept)
 	t := time.NewTicker(c.opt.sweepEvery)
 	defer t.Stop()
-	for {
+	for n := 1; ; n++ {
 		select {
 		case <-c.stop:
 			return
 		case <-t.C:
-			c.sweep(c.mono())
+			if n%fullSweep == 0 {
+				c.sweep(c.mono())
+			} else {
+				c.sweepHeld(c.mono())
+			}
 		}
 	}
 }
+
+// fullSweep: every fullSweep-th sweep visits every limit (4 s with the
+// default 250 ms), the others only those that hold something. An idle
+// limit's state is forgotten that much after StateTTL at most.
+const fullSweep = 16
 
 // Limits counts the limits the client keeps state for (sub-leases, the
 // rates that make a limit hot, denials); each is forgotten a while after
@@ -705,51 +722,96 @@ func (c *Client) Limits() int {
 	return n
 }
 
-// sweep releases chunks that went idle or whose caller went quiet, drops
-// expired chunks and denials, and forgets limits idle for long.
+// sweep visits every limit: sweepOne, and lists those that hold
+// something but were not listed (a safety net; hold lists them as they
+// begin to).
 func (c *Client) sweep(now int64) {
-	c.states.Range(func(k, v any) bool {
+	c.states.Range(func(_, v any) bool {
 		st := v.(*limitState)
-		idleFor := now - st.lastUse.Load()
-		// A limit that holds nothing (no chunk, no Reserve in flight, no
-		// denial) costs a few loads here, however many there are, until it
-		// is old enough to forget (below).
-		if st.cur.Load() == nil && !st.pending.Load() && st.deny.Load() == nil && idleFor < int64(c.opt.stateTTL) {
-			return true
-		}
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		if c.opt.sub != nil {
-			rate := st.observeLocked(now)
-			idleAfter := c.opt.sub.IdleAfter
-			if c.opt.sub.WarmRate > 0 && rate < c.opt.sub.HotRate {
-				idleAfter = max(idleAfter, c.opt.sub.WarmHorizon/2) // a warm limit's uses are further apart
-			}
-			idle := idleFor >= int64(idleAfter)
-			// Hysteresis: held while the caller is above half the rate
-			// that made the limit hot (or warm), so a caller near it does
-			// not flap.
-			quiet := !c.chunkable(st, 2*rate)
-			if r := st.cur.Load(); r != nil && (idle || quiet || now >= r.deadline) {
-				st.cur.Store(nil)
-				c.retireLocked(st, r, now)
-			}
-			if r := st.next; r != nil && (idle || quiet || now >= r.deadline) {
-				st.next = nil
-				c.retireLocked(st, r, now)
-				st.pending.Store(false)
-			}
-		}
-		if dn := st.deny.Load(); dn != nil && now >= dn.until {
-			st.deny.CompareAndSwap(dn, nil)
-		}
-		if idleFor >= int64(c.opt.stateTTL) && st.cur.Load() == nil && st.next == nil &&
-			st.deny.Load() == nil && !st.pending.Load() {
-			st.dead = true
-			c.states.CompareAndDelete(k, st)
+		if c.sweepOne(st, now) {
+			c.hold(st)
 		}
 		return true
 	})
+}
+
+// sweepHeld visits only the limits listed as holding something, and
+// unlists those that no longer do.
+func (c *Client) sweepHeld(now int64) {
+	c.heldMu.Lock()
+	list := c.held
+	c.held = make([]*limitState, 0, len(list))
+	c.heldMu.Unlock()
+	for _, st := range list {
+		st.listed.Store(false) // a hold from now on lists it again
+		if c.sweepOne(st, now) {
+			c.hold(st)
+		}
+	}
+}
+
+// hold lists st among the limits every sweep visits: it holds, or is
+// about to hold, a chunk, a Reserve in flight or a denial.
+func (c *Client) hold(st *limitState) {
+	if !st.listed.Load() && st.listed.CompareAndSwap(false, true) {
+		c.heldMu.Lock()
+		c.held = append(c.held, st)
+		c.heldMu.Unlock()
+	}
+}
+
+// sweepOne releases st's chunks that went idle or whose caller went
+// quiet, drops expired chunks and denials, and forgets the limit once it
+// is idle for StateTTL and holds nothing. It reports whether st still
+// holds something.
+func (c *Client) sweepOne(st *limitState, now int64) bool {
+	idleFor := now - st.lastUse.Load()
+	// A limit that holds nothing (no chunk, no Reserve in flight, no
+	// denial) costs a few loads here, until it is old enough to forget
+	// (below).
+	if !st.holds() && idleFor < int64(c.opt.stateTTL) {
+		return false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if c.opt.sub != nil {
+		rate := st.observeLocked(now)
+		idleAfter := c.opt.sub.IdleAfter
+		if c.opt.sub.WarmRate > 0 && rate < c.opt.sub.HotRate {
+			idleAfter = max(idleAfter, c.opt.sub.WarmHorizon/2) // a warm limit's uses are further apart
+		}
+		idle := idleFor >= int64(idleAfter)
+		// Hysteresis: held while the caller is above half the rate
+		// that made the limit hot (or warm), so a caller near it does
+		// not flap.
+		quiet := !c.chunkable(st, 2*rate)
+		if r := st.cur.Load(); r != nil && (idle || quiet || now >= r.deadline) {
+			st.cur.Store(nil)
+			c.retireLocked(st, r, now)
+		}
+		if r := st.next; r != nil && (idle || quiet || now >= r.deadline) {
+			st.next = nil
+			c.retireLocked(st, r, now)
+			st.pending.Store(false)
+		}
+	}
+	if dn := st.deny.Load(); dn != nil && now >= dn.until {
+		st.deny.CompareAndSwap(dn, nil)
+	}
+	if st.holds() {
+		return true
+	}
+	if idleFor >= int64(c.opt.stateTTL) && st.next == nil {
+		st.dead = true
+		c.states.CompareAndDelete(st.id, st)
+	}
+	return false
+}
+
+// holds: st holds a chunk, a Reserve in flight (or a next chunk, which
+// keeps pending set) or a denial.
+func (st *limitState) holds() bool {
+	return st.cur.Load() != nil || st.pending.Load() || st.deny.Load() != nil
 }
 
 // Close releases every sub-lease (waiting for the releases, bounded by

@@ -38,6 +38,7 @@ func (c *Client) cacheDenial(st *limitState, now int64, d Decision) {
 		until: now + int64(hold), remaining: max(0, d.Remaining), resetAt: now + int64(d.ResetAfter),
 		limit: d.Limit, window: d.Window, version: d.Version,
 	})
+	c.hold(st)
 }
 
 // answer is the cached denial as seen at now. It is always a denial.

@@ -53,10 +53,10 @@ func (r *rig) allow(cost int64) Decision {
 // settle waits for the client's background refills and releases.
 func (r *rig) settle() { r.c.bg.Wait() }
 
-// sweep runs the sweeper's pass at the clock's now and waits for the
-// releases it started.
+// sweep runs the sweeper's usual pass (the limits listed as holding
+// something) at the clock's now and waits for the releases it started.
 func (r *rig) sweep() {
-	r.c.sweep(r.c.mono())
+	r.c.sweepHeld(r.c.mono())
 	r.settle()
 }
 

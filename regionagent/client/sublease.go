@@ -127,6 +127,7 @@ func (c *Client) subSlow(ctx context.Context, st *limitState, now, cost int64) (
 		st.mu.Unlock()
 		return Decision{}, false
 	}
+	c.hold(st)
 	want, least := c.chunk(st, now, rate, cost)
 	st.mu.Unlock()
 
@@ -247,6 +248,7 @@ func (c *Client) kickRefill(st *limitState) {
 	if !st.pending.CompareAndSwap(false, true) {
 		return
 	}
+	c.hold(st)
 	c.bgMu.RLock()
 	if c.closed.Load() {
 		c.bgMu.RUnlock()

@@ -1,0 +1,66 @@
+package client
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"leasehold/regionagent/client/clienttest"
+)
+
+// TestSweepVisitsHeldLimits: the sweep's usual pass visits only the
+// limits that hold something (a chunk, a denial), so 1,000 limits the
+// client merely knows cost it nothing; they are forgotten by the full
+// pass once idle for StateTTL.
+func TestSweepVisitsHeldLimits(t *testing.T) {
+	const denied = "tenant/denied"
+	r := newRig(t, func(a *clienttest.Agent) {
+		a.SetLimit(denied, 1, 10*time.Second, 5*time.Second)
+		a.DenyRetryAfter = 400 * time.Millisecond
+	}, WithSubLeases(subCfg))
+	for i := range 1000 {
+		r.c.AskedOf("tenant/known-"+strconv.Itoa(i), 1, 1000)
+	}
+	if n, held := r.c.Limits(), r.held(); n != 1000 || held != 0 {
+		t.Fatalf("after 1,000 limits asked of: %d limits, %d listed as holding something, want 1000 and 0", n, held)
+	}
+	r.hotUntilReserved()
+	if held := r.held(); held != 1 {
+		t.Fatalf("with a chunk of %s: %d limits listed, want 1", testLimit, held)
+	}
+	ctx := context.Background()
+	for range 2 {
+		if _, err := r.c.Allow(ctx, denied, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, _ := r.c.Allow(ctx, denied, 1); d.Source != SourceDenialCache {
+		t.Fatalf("the third call of a limit of G = 1: %+v, want a cached denial", d)
+	}
+	if held := r.held(); held != 2 {
+		t.Fatalf("with a chunk and a denial: %d limits listed, want 2", held)
+	}
+	r.clock.Advance(subCfg.IdleAfter) // the chunk idle, the denial expired
+	r.sweep()
+	if held := r.held(); held != 0 || r.c.state(testLimit).cur.Load() != nil {
+		t.Fatalf("after the chunk went idle and the denial expired: %d limits listed (chunk %v), want 0",
+			held, r.c.state(testLimit).cur.Load() != nil)
+	}
+	r.clock.Advance(StateTTL)
+	r.sweep()
+	if n := r.c.Limits(); n != 1002 {
+		t.Fatalf("the usual pass forgot limits it does not visit: %d left, want 1002", n)
+	}
+	r.c.sweep(r.c.mono())
+	if n := r.c.Limits(); n != 0 {
+		t.Fatalf("after the full pass, %d limits idle for StateTTL are still known, want 0", n)
+	}
+}
+
+// held is the number of limits listed for the sweep's usual pass.
+func (r *rig) held() int {
+	r.c.heldMu.Lock()
+	defer r.c.heldMu.Unlock()
+	return len(r.c.held)
+}
