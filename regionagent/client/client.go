@@ -801,7 +801,7 @@ func (c *Client) sweepOne(st *limitState, now int64) bool {
 	if st.holds() {
 		return true
 	}
-	if idleFor >= int64(c.opt.stateTTL) && st.next == nil {
+	if idleFor >= int64(c.opt.stateTTL) {
 		st.dead = true
 		c.states.CompareAndDelete(st.id, st)
 	}
