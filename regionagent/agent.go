@@ -270,8 +270,8 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	a.calls.closes.send = a.closeAll
 	a.calls.shares.send = a.sendShares
 	a.failover = newFailoverWatcher(a) // failover.go
-	a.m.registerCore(cfg.Registerer, a)
 	a.chunks = a.newChunks()
+	a.m.registerCore(cfg.Registerer, a) // reads a.chunks
 	return a, nil
 }
 

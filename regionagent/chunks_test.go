@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -313,6 +314,9 @@ func TestWarmLimitsFromChunks(t *testing.T) {
 		if tc.chunked && got < 25 {
 			t.Errorf("%s: %v of 40 Checks from chunks, want most", tc.l.Id, got)
 		}
+		if held := chunkLimits(t, a, "holding"); tc.chunked && held != 1 {
+			t.Errorf("%s: leasehold_agent_chunk_limits{state=\"holding\"} = %d while it holds a chunk, want 1", tc.l.Id, held)
+		}
 		if !tc.chunked && got != 0 {
 			t.Errorf("%s (G %d): %v Checks from chunks, want none", tc.l.Id, tc.l.LimitTokens, got)
 		}
@@ -367,20 +371,46 @@ func TestChunksHearOfLimitsCheckedAgain(t *testing.T) {
 			t.Fatalf("%s: %+v %v", l.Id, d, err)
 		}
 	}
-	if n := a.chunks.Limits(); n != 0 {
+	if n := chunkLimits(t, a, "known"); n != 0 {
 		t.Fatalf("after one Check each the chunks' client holds %d limits, want 0", n)
 	}
 	w.clock.Add(chunkRecall - time.Second)
 	check(ls[1])
-	if n := a.chunks.Limits(); n != 1 {
+	if n := chunkLimits(t, a, "known"); n != 1 {
 		t.Fatalf("after %s checked again within %v the chunks' client holds %d limits, want 1", ls[1].Id, chunkRecall, n)
 	}
 	w.clock.Add(2 * time.Second)
 	check(ls[2])
-	if n := a.chunks.Limits(); n != 1 {
+	if n := chunkLimits(t, a, "known"); n != 1 {
 		t.Fatalf("after %s checked again %v later the chunks' client holds %d limits, want 1 (%s)",
 			ls[2].Id, chunkRecall+time.Second, n, ls[1].Id)
 	}
+	if n := chunkLimits(t, a, "holding"); n != 0 {
+		t.Fatalf("%d limits hold a chunk or a denial after Checks seconds apart, want 0", n)
+	}
+}
+
+// chunkLimits is the agent's leasehold_agent_chunk_limits{state}.
+func chunkLimits(t *testing.T, a *Agent, state string) int {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(coreCollector{a})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "leasehold_agent_chunk_limits" {
+			continue
+		}
+		for _, m := range mf.Metric {
+			if m.GetLabel()[0].GetValue() == state {
+				return int(m.GetGauge().GetValue())
+			}
+		}
+	}
+	t.Fatalf("no leasehold_agent_chunk_limits{state=%q}", state)
+	return 0
 }
 
 // leasedChunksAgent starts an agent of w's region eu with the agent's

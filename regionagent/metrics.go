@@ -185,6 +185,9 @@ var (
 	activeDesc = prometheus.NewDesc("leasehold_agent_active_limits",
 		"Limits this replica holds state for: seen in a Check recently, or with leases, returns or reports outstanding.",
 		nil, nil)
+	chunkLimitsDesc = prometheus.NewDesc("leasehold_agent_chunk_limits",
+		"Limits the chunks' client keeps state for (known: a limit with demand or checked again within a minute, kept until a minute unused), and of those the ones holding a chunk, a Reserve in flight or a denial (holding).",
+		[]string{"state"}, nil)
 	syncedDesc = prometheus.NewDesc("leasehold_agent_synced",
 		"1 once the agent has had its region's limits from the allocator since it started; 0 before (every Check UNAVAILABLE, or a restored snapshot enforced).",
 		nil, nil)
@@ -200,6 +203,7 @@ func (c coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- renewalsDesc
 	ch <- roundsDesc
 	ch <- activeDesc
+	ch <- chunkLimitsDesc
 	ch <- snapshotAgeDesc
 	ch <- snapshotSourceDesc
 	ch <- syncedDesc
@@ -232,6 +236,10 @@ func (c coreCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(roundsDesc, st.Rounds, "tried")
 	counter(roundsDesc, st.RoundsLocked, "taken")
 	ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(active))
+	if c.a.chunks != nil {
+		ch <- prometheus.MustNewConstMetric(chunkLimitsDesc, prometheus.GaugeValue, float64(c.a.chunks.Limits()), "known")
+		ch <- prometheus.MustNewConstMetric(chunkLimitsDesc, prometheus.GaugeValue, float64(c.a.chunks.Holding()), "holding")
+	}
 }
 
 // observeChunkRelease counts one chunk release's outcome.

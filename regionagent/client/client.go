@@ -243,7 +243,8 @@ type Client struct {
 	opt  options
 	base time.Time // the clock's origin: times are ns since base
 
-	states sync.Map // limit id -> *limitState
+	states sync.Map     // limit id -> *limitState
+	known  atomic.Int64 // entries in states
 
 	// held lists the limits that hold something (a chunk, a Reserve in
 	// flight, a denial; limitState.listed): the sweep visits them each
@@ -391,7 +392,10 @@ func (c *Client) state(limit string) *limitState {
 	if v, ok := c.states.Load(limit); ok {
 		return v.(*limitState)
 	}
-	v, _ := c.states.LoadOrStore(limit, &limitState{id: limit})
+	v, loaded := c.states.LoadOrStore(limit, &limitState{id: limit})
+	if !loaded {
+		c.known.Add(1)
+	}
 	return v.(*limitState)
 }
 
@@ -521,7 +525,10 @@ func (c *Client) asked(limit string, cost int64) *limitState {
 	// checked a few times a second is warm from its second or third call,
 	// not its fourth).
 	st.rate = rateEst{started: true, at: now}
-	v, _ := c.states.LoadOrStore(limit, st)
+	v, loaded := c.states.LoadOrStore(limit, st)
+	if !loaded {
+		c.known.Add(1)
+	}
 	st = v.(*limitState)
 	st.asked.Add(cost)
 	return st
@@ -715,11 +722,16 @@ const fullSweep = 16
 
 // Limits counts the limits the client keeps state for (sub-leases, the
 // rates that make a limit hot, denials); each is forgotten a while after
-// its last use.
-func (c *Client) Limits() int {
-	n := 0
-	c.states.Range(func(_, _ any) bool { n++; return true })
-	return n
+// its last use (StateTTL).
+func (c *Client) Limits() int { return int(c.known.Load()) }
+
+// Holding counts the limits the client listed as holding a sub-lease, a
+// Reserve in flight or a denial (one that stopped holding is unlisted at
+// the next sweep, within 250 ms).
+func (c *Client) Holding() int {
+	c.heldMu.Lock()
+	defer c.heldMu.Unlock()
+	return len(c.held)
 }
 
 // sweep visits every limit: sweepOne, and lists those that hold
@@ -803,7 +815,9 @@ func (c *Client) sweepOne(st *limitState, now int64) bool {
 	}
 	if idleFor >= int64(c.opt.stateTTL) {
 		st.dead = true
-		c.states.CompareAndDelete(st.id, st)
+		if c.states.CompareAndDelete(st.id, st) {
+			c.known.Add(-1)
+		}
 	}
 	return false
 }

@@ -22,11 +22,11 @@ func TestSweepVisitsHeldLimits(t *testing.T) {
 	for i := range 1000 {
 		r.c.AskedOf("tenant/known-"+strconv.Itoa(i), 1, 1000)
 	}
-	if n, held := r.c.Limits(), r.held(); n != 1000 || held != 0 {
+	if n, held := r.c.Limits(), r.c.Holding(); n != 1000 || held != 0 {
 		t.Fatalf("after 1,000 limits asked of: %d limits, %d listed as holding something, want 1000 and 0", n, held)
 	}
 	r.hotUntilReserved()
-	if held := r.held(); held != 1 {
+	if held := r.c.Holding(); held != 1 {
 		t.Fatalf("with a chunk of %s: %d limits listed, want 1", testLimit, held)
 	}
 	ctx := context.Background()
@@ -38,12 +38,12 @@ func TestSweepVisitsHeldLimits(t *testing.T) {
 	if d, _ := r.c.Allow(ctx, denied, 1); d.Source != SourceDenialCache {
 		t.Fatalf("the third call of a limit of G = 1: %+v, want a cached denial", d)
 	}
-	if held := r.held(); held != 2 {
+	if held := r.c.Holding(); held != 2 {
 		t.Fatalf("with a chunk and a denial: %d limits listed, want 2", held)
 	}
 	r.clock.Advance(subCfg.IdleAfter) // the chunk idle, the denial expired
 	r.sweep()
-	if held := r.held(); held != 0 || r.c.state(testLimit).cur.Load() != nil {
+	if held := r.c.Holding(); held != 0 || r.c.state(testLimit).cur.Load() != nil {
 		t.Fatalf("after the chunk went idle and the denial expired: %d limits listed (chunk %v), want 0",
 			held, r.c.state(testLimit).cur.Load() != nil)
 	}
@@ -56,11 +56,4 @@ func TestSweepVisitsHeldLimits(t *testing.T) {
 	if n := r.c.Limits(); n != 0 {
 		t.Fatalf("after the full pass, %d limits idle for StateTTL are still known, want 0", n)
 	}
-}
-
-// held is the number of limits listed for the sweep's usual pass.
-func (r *rig) held() int {
-	r.c.heldMu.Lock()
-	defer r.c.heldMu.Unlock()
-	return len(r.c.held)
 }
