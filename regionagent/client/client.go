@@ -243,8 +243,7 @@ type Client struct {
 	opt  options
 	base time.Time // the clock's origin: times are ns since base
 
-	states sync.Map     // limit id -> *limitState
-	known  atomic.Int64 // entries in states
+	states sync.Map // limit id -> *limitState
 
 	// held lists the limits that hold something (a chunk, a Reserve in
 	// flight, a denial; limitState.listed): the sweep visits them each
@@ -392,10 +391,7 @@ func (c *Client) state(limit string) *limitState {
 	if v, ok := c.states.Load(limit); ok {
 		return v.(*limitState)
 	}
-	v, loaded := c.states.LoadOrStore(limit, &limitState{id: limit})
-	if !loaded {
-		c.known.Add(1)
-	}
+	v, _ := c.states.LoadOrStore(limit, &limitState{id: limit})
 	return v.(*limitState)
 }
 
@@ -525,10 +521,7 @@ func (c *Client) asked(limit string, cost int64) *limitState {
 	// checked a few times a second is warm from its second or third call,
 	// not its fourth).
 	st.rate = rateEst{started: true, at: now}
-	v, loaded := c.states.LoadOrStore(limit, st)
-	if !loaded {
-		c.known.Add(1)
-	}
+	v, _ := c.states.LoadOrStore(limit, st)
 	st = v.(*limitState)
 	st.asked.Add(cost)
 	return st
@@ -722,8 +715,13 @@ const fullSweep = 16
 
 // Limits counts the limits the client keeps state for (sub-leases, the
 // rates that make a limit hot, denials); each is forgotten a while after
-// its last use (StateTTL).
-func (c *Client) Limits() int { return int(c.known.Load()) }
+// its last use (StateTTL). It walks them: for a scrape or a test, not a
+// request path.
+func (c *Client) Limits() int {
+	n := 0
+	c.states.Range(func(_, _ any) bool { n++; return true })
+	return n
+}
 
 // Holding counts the limits the client listed as holding a sub-lease, a
 // Reserve in flight or a denial (one that stopped holding is unlisted at
@@ -815,9 +813,7 @@ func (c *Client) sweepOne(st *limitState, now int64) bool {
 	}
 	if idleFor >= int64(c.opt.stateTTL) {
 		st.dead = true
-		if c.states.CompareAndDelete(st.id, st) {
-			c.known.Add(-1)
-		}
+		c.states.CompareAndDelete(st.id, st)
 	}
 	return false
 }
