@@ -395,22 +395,7 @@ func chunkLimits(t *testing.T, a *Agent, state string) int {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(coreCollector{a})
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "leasehold_agent_chunk_limits" {
-			continue
-		}
-		for _, m := range mf.Metric {
-			if m.GetLabel()[0].GetValue() == state {
-				return int(m.GetGauge().GetValue())
-			}
-		}
-	}
-	t.Fatalf("no leasehold_agent_chunk_limits{state=%q}", state)
-	return 0
+	return int(metricValue(t, reg, "leasehold_agent_chunk_limits", state))
 }
 
 // leasedChunksAgent starts an agent of w's region eu with the agent's

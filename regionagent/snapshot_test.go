@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -186,18 +187,29 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// metricValue is the value of reg's one gauge named name.
-func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// metricValue is the value of reg's gauge named name whose label values
+// are labels, in the order the metric declares them (none: its one
+// series).
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.Metric) == 1 {
-			return mf.Metric[0].GetGauge().GetValue()
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.Metric {
+			var got []string
+			for _, lp := range m.GetLabel() {
+				got = append(got, lp.GetValue())
+			}
+			if slices.Equal(got, labels) {
+				return m.GetGauge().GetValue()
+			}
 		}
 	}
-	t.Fatalf("no metric %s", name)
+	t.Fatalf("no metric %s%v", name, labels)
 	return 0
 }
