@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -730,6 +731,22 @@ func (c *Client) Holding() int {
 	c.heldMu.Lock()
 	defer c.heldMu.Unlock()
 	return len(c.held)
+}
+
+// HeldTokens counts the tokens the client's sub-leases hold: taken from
+// the region's balance, not yet spent nor given back. A sub-lease past
+// its deadline counts until the sweep gives it back (within 250 ms).
+func (c *Client) HeldTokens() int64 {
+	c.heldMu.Lock()
+	list := slices.Clone(c.held) // st.mu is never taken under heldMu
+	c.heldMu.Unlock()
+	var n int64
+	for _, st := range list {
+		st.mu.Lock()
+		n += st.cur.Load().unspent() + st.next.unspent()
+		st.mu.Unlock()
+	}
+	return n
 }
 
 // sweep visits every limit: sweepOne, and lists those that hold

@@ -91,14 +91,20 @@ const clientDecisionsHelp = "Decisions of the Leasehold client, by result (ok, f
 
 var clientDecisionsDesc = prometheus.NewDesc("leasehold_client_decisions_total", clientDecisionsHelp, []string{"result", "source"}, nil)
 
-// collector exports a client's Stats.
+const clientSubLeaseTokensHelp = "Tokens of the region's balance the Leasehold client holds in sub-leases: reserved, neither spent nor given back yet."
+
+var clientSubLeaseTokensDesc = prometheus.NewDesc("leasehold_client_sublease_tokens", clientSubLeaseTokensHelp, nil, nil)
+
+// collector exports a client's Stats and the tokens its sub-leases hold.
 type collector struct{ c *Client }
 
 // NewCollector returns a Prometheus collector of c's decision counts,
-// read at scrape time from the client's own counters:
+// read at scrape time from the client's own counters, and of the tokens
+// its sub-leases hold (HeldTokens):
 //
 //	leasehold_client_decisions_total{result="ok|fallback|over_limit|unavailable|error",
 //	                                 source="sublease|denial_cache|agent"}
+//	leasehold_client_sublease_tokens
 //
 // Every series a client can produce is exported from the start, at zero.
 // Register it on the caller's registry (a client in each of several
@@ -106,7 +112,10 @@ type collector struct{ c *Client }
 // and a label that tells them apart).
 func NewCollector(c *Client) prometheus.Collector { return collector{c} }
 
-func (k collector) Describe(ch chan<- *prometheus.Desc) { ch <- clientDecisionsDesc }
+func (k collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- clientDecisionsDesc
+	ch <- clientSubLeaseTokensDesc
+}
 
 func (k collector) Collect(ch chan<- prometheus.Metric) {
 	s := k.c.Stats()
@@ -124,4 +133,5 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(clientDecisionsDesc, prometheus.CounterValue, float64(m.v), m.result, m.source)
 	}
+	ch <- prometheus.MustNewConstMetric(clientSubLeaseTokensDesc, prometheus.GaugeValue, float64(k.c.HeldTokens()))
 }

@@ -65,6 +65,18 @@ func TestStatsCountSubLeaseHits(t *testing.T) {
 	if s.SubLease < 500 {
 		t.Fatalf("stats %+v: most calls should be sub-lease hits", s)
 	}
+	// The collector exports what the sub-leases hold.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(r.c))
+	held := r.c.HeldTokens()
+	if held <= 0 {
+		t.Fatalf("a hot limit's client holds %d tokens in sub-leases, want some", held)
+	}
+	want := fmt.Sprintf("# HELP leasehold_client_sublease_tokens %s\n# TYPE leasehold_client_sublease_tokens gauge\nleasehold_client_sublease_tokens %d\n",
+		clientSubLeaseTokensHelp, held)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "leasehold_client_sublease_tokens"); err != nil {
+		t.Fatal(err)
+	}
 	// AllowSubLease counts what it decides, not what it leaves.
 	before := r.c.Stats().SubLease
 	if _, ok := r.c.AllowSubLease(context.Background(), testLimit, 1); !ok {

@@ -79,6 +79,14 @@ func (r *reservation) close() int64 {
 	return old
 }
 
+// unspent is what the chunk holds: 0 once given back, or for no chunk.
+func (r *reservation) unspent() int64 {
+	if r == nil {
+		return 0
+	}
+	return max(0, r.left.Load())
+}
+
 // usable: spendable at now.
 func (r *reservation) usable(now int64) bool { return now < r.deadline && r.left.Load() > 0 }
 

@@ -57,3 +57,55 @@ func TestSweepVisitsHeldLimits(t *testing.T) {
 		t.Fatalf("after the full pass, %d limits idle for StateTTL are still known, want 0", n)
 	}
 }
+
+// TestHeldTokens: HeldTokens is what the client's sub-leases hold
+// unspent, a chunk's grant less what was spent from it, and nothing once
+// the chunk is given back.
+func TestHeldTokens(t *testing.T) {
+	r := newRig(t, nil, WithSubLeases(subCfg))
+	if n := r.c.HeldTokens(); n != 0 {
+		t.Fatalf("before any chunk: HeldTokens = %d, want 0", n)
+	}
+	res := r.hotUntilReserved() // the call that reserved it spent 1 of it
+	if n := r.c.HeldTokens(); n != res.Granted-1 {
+		t.Fatalf("with a chunk of %d, one spent: HeldTokens = %d, want %d", res.Granted, n, res.Granted-1)
+	}
+	for range 5 {
+		if d := r.allow(1); d.Source != SourceSubLease {
+			t.Fatalf("a call with the chunk held: %+v, want it decided from the chunk", d)
+		}
+	}
+	if n := r.c.HeldTokens(); n != res.Granted-6 {
+		t.Fatalf("with 6 spent of the chunk: HeldTokens = %d, want %d", n, res.Granted-6)
+	}
+	r.clock.Advance(subCfg.IdleAfter)
+	r.sweep()
+	rel := r.reservations()
+	if len(rel) != 1 || !rel[0].Released || rel[0].Unspent != res.Granted-6 {
+		t.Fatalf("after the chunk went idle: reservations %+v, want the one released with %d unspent", rel, res.Granted-6)
+	}
+	if n := r.c.HeldTokens(); n != 0 {
+		t.Fatalf("after the chunk was given back: HeldTokens = %d, want 0", n)
+	}
+	// Hot for a while: chunks are refilled (a next chunk waits beside the
+	// one spent) and given back; what is held is what was granted less
+	// what was given back and what was spent, at every moment.
+	spent := int64(0)
+	for i := range 12 {
+		spent += int64(r.hot(200, 250*time.Millisecond)[SourceSubLease])
+		var granted, unspent int64
+		for _, x := range r.reservations()[1:] {
+			granted += x.Granted
+			if x.Released {
+				unspent += x.Unspent
+			}
+		}
+		if n := r.c.HeldTokens(); n != granted-unspent-spent {
+			t.Fatalf("after %d x 250 ms at 200/s: HeldTokens = %d, want %d granted - %d given back - %d spent = %d",
+				i+1, n, granted, unspent, spent, granted-unspent-spent)
+		}
+	}
+	if n := len(r.reservations()); n < 3 {
+		t.Fatalf("3 s at 200/s made %d reservations, want a refill at least", n-1)
+	}
+}
