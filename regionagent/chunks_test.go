@@ -317,9 +317,17 @@ func TestWarmLimitsFromChunks(t *testing.T) {
 		if held := chunkLimits(t, a, "holding"); tc.chunked && held != 1 {
 			t.Errorf("%s: leasehold_agent_chunk_limits{state=\"holding\"} = %d while it holds a chunk, want 1", tc.l.Id, held)
 		}
+		// A warm chunk is at most 1/64 of G.
+		if n := coreMetric(t, a, "leasehold_agent_chunk_tokens"); tc.chunked && (n <= 0 || n > float64(tc.l.LimitTokens/64)) {
+			t.Errorf("%s: leasehold_agent_chunk_tokens = %v while it holds a chunk, want 1 to %d", tc.l.Id, n, tc.l.LimitTokens/64)
+		}
 		if !tc.chunked && got != 0 {
 			t.Errorf("%s (G %d): %v Checks from chunks, want none", tc.l.Id, tc.l.LimitTokens, got)
 		}
+	}
+	a.closeChunks()
+	if n := coreMetric(t, a, "leasehold_agent_chunk_tokens"); n != 0 {
+		t.Errorf("leasehold_agent_chunk_tokens = %v after the chunks were given back, want 0", n)
 	}
 }
 
@@ -393,9 +401,16 @@ func TestChunksHearOfLimitsCheckedAgain(t *testing.T) {
 // chunkLimits is the agent's leasehold_agent_chunk_limits{state}.
 func chunkLimits(t *testing.T, a *Agent, state string) int {
 	t.Helper()
+	return int(coreMetric(t, a, "leasehold_agent_chunk_limits", state))
+}
+
+// coreMetric is the value of the agent's metric name from its core
+// collector, with the given label values.
+func coreMetric(t *testing.T, a *Agent, name string, labels ...string) float64 {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(coreCollector{a})
-	return int(metricValue(t, reg, "leasehold_agent_chunk_limits", state))
+	return metricValue(t, reg, name, labels...)
 }
 
 // leasedChunksAgent starts an agent of w's region eu with the agent's

@@ -188,6 +188,9 @@ var (
 	chunkLimitsDesc = prometheus.NewDesc("leasehold_agent_chunk_limits",
 		"Limits the chunks' client keeps state for (known: a limit with demand or checked again within a minute, kept until a minute unused), and of those the ones holding a chunk, a Reserve in flight or a denial (holding).",
 		[]string{"state"}, nil)
+	chunkTokensDesc = prometheus.NewDesc("leasehold_agent_chunk_tokens",
+		"Tokens of the region's balance this replica holds in chunks: reserved from the region's bucket, neither spent nor given back yet.",
+		nil, nil)
 	syncedDesc = prometheus.NewDesc("leasehold_agent_synced",
 		"1 once the agent has had its region's limits from the allocator since it started; 0 before (every Check UNAVAILABLE, or a restored snapshot enforced).",
 		nil, nil)
@@ -204,6 +207,7 @@ func (c coreCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- roundsDesc
 	ch <- activeDesc
 	ch <- chunkLimitsDesc
+	ch <- chunkTokensDesc
 	ch <- snapshotAgeDesc
 	ch <- snapshotSourceDesc
 	ch <- syncedDesc
@@ -239,6 +243,7 @@ func (c coreCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.a.chunks != nil {
 		ch <- prometheus.MustNewConstMetric(chunkLimitsDesc, prometheus.GaugeValue, float64(c.a.chunks.Limits()), "known")
 		ch <- prometheus.MustNewConstMetric(chunkLimitsDesc, prometheus.GaugeValue, float64(c.a.chunks.Holding()), "holding")
+		ch <- prometheus.MustNewConstMetric(chunkTokensDesc, prometheus.GaugeValue, float64(c.a.chunks.HeldTokens()))
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
@@ -254,6 +255,9 @@ func runGateway(ctx context.Context, c *gatewayConfig, log *slog.Logger) error {
 		}
 		return fmt.Errorf("gateway metrics: %w", err)
 	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leasehold_gateway_sublease_tokens",
+		Help: "Tokens of the region's balance the gateway holds in sub-leases: reserved, neither spent nor given back yet."},
+		func() float64 { return float64(cl.HeldTokens()) }))
 	srv := c.http.ProxyServer(gatewayHandler(c, cl, gm, log), httpErrorLog(log))
 	hctx, hcancel := context.WithCancel(ctx)
 	defer hcancel()

@@ -288,6 +288,8 @@ func TestGatewayMetricsCountEveryDecision(t *testing.T) {
 	if m := scrape(t, metrics); m[`leasehold_gateway_decisions_total{result="ok",source="sublease"}`] != 0 ||
 		len(m) == 0 {
 		t.Fatalf("before any request: %v", m)
+	} else if held, ok := m["leasehold_gateway_sublease_tokens"]; !ok || held != 0 {
+		t.Fatalf("before any request: leasehold_gateway_sublease_tokens %v (exported: %v), want 0", held, ok)
 	}
 	codes := map[int]int{}
 	hc := &http.Client{Timeout: 10 * time.Second}
@@ -322,6 +324,10 @@ func TestGatewayMetricsCountEveryDecision(t *testing.T) {
 		if sum(r) != 0 {
 			t.Errorf("result %s: %v, want 0", r, sum(r))
 		}
+	}
+	// What the gateway's sub-leases hold is of what G had left.
+	if held, ok := m["leasehold_gateway_sublease_tokens"]; !ok || held < 0 || held > float64(g-codes[200]) {
+		t.Errorf("leasehold_gateway_sublease_tokens %v (exported: %v), want 0 to the %d tokens G had left", held, ok, g-codes[200])
 	}
 	if m[`leasehold_gateway_decisions_total{result="ok",source="sublease"}`] == 0 ||
 		m[`leasehold_gateway_decisions_total{result="429",source="denial_cache"}`] == 0 {
