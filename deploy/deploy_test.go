@@ -540,7 +540,7 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 		}
 	}
 	slices.Sort(alerts)
-	want := []string{"LeaseholdAgentNotSynced", "LeaseholdCheckLatencyHigh", "LeaseholdGatewayUnavailable", "LeaseholdLimitsSnapshotStale",
+	want := []string{"LeaseholdAgentNotSynced", "LeaseholdCheckLatencyHigh", "LeaseholdChunkTokensLost", "LeaseholdGatewayUnavailable", "LeaseholdLimitsSnapshotStale",
 		"LeaseholdNoAllocatorLeader", "LeaseholdObservedOverBound", "LeaseholdRedisDown", "LeaseholdRegionFallback", "LeaseholdRegionOpen",
 		"LeaseholdRenewalsFailing", "LeaseholdStrandedTokens"}
 	if !slices.Equal(alerts, want) {
