@@ -337,12 +337,19 @@ leasehold_window_would_deny_tokens{limit="tenant/rep",region="us"} 5
 }
 
 // TestUsageWouldDenyValidated: negative would-deny counts are refused,
-// naming the field.
+// naming the field; with several negative counts, always the first.
 func TestUsageWouldDenyValidated(t *testing.T) {
 	for _, u := range []*pb.Usage{{LimitId: "tenant/a", WouldDeny: -1}, {LimitId: "tenant/a", WouldDenyChecks: -1}} {
 		err := ValidateReport(&pb.ReportUsageRequest{Region: "eu", Reporter: "r1", Usage: []*pb.Usage{u}})
 		if err == nil || (!strings.Contains(err.Error(), "usage[0].would_deny")) {
 			t.Fatalf("%v: %v", u, err)
+		}
+	}
+	u := &pb.Usage{LimitId: "tenant/a", Denied: -1, Released: -2, WouldDeny: -3}
+	for range 20 {
+		err := ValidateReport(&pb.ReportUsageRequest{Region: "eu", Reporter: "r1", Usage: []*pb.Usage{u}})
+		if err == nil || err.Error() != "usage[0].denied: must be >= 0, got -1" {
+			t.Fatalf("three negative counts: %v, want the first (denied) named", err)
 		}
 	}
 }

@@ -163,11 +163,15 @@ func ValidateReport(req *pb.ReportUsageRequest) error {
 		if u.WindowIndex < 0 {
 			return fieldErr(f+".window_index", "must be >= 0")
 		}
-		for name, v := range map[string]int64{"admitted": u.Admitted, "denied": u.Denied,
-			"fallback_admitted": u.FallbackAdmitted, "redis_rollback_tokens": u.RedisRollbackTokens, "released": u.Released,
-			"settle_overrun": u.SettleOverrun, "would_deny": u.WouldDeny, "would_deny_checks": u.WouldDenyChecks} {
-			if v < 0 {
-				return fieldErr(f+"."+name, "must be >= 0, got %d", v)
+		// In the order of the fields: the error names the first negative one.
+		for _, c := range [...]struct {
+			name string
+			v    int64
+		}{{"admitted", u.Admitted}, {"denied", u.Denied}, {"fallback_admitted", u.FallbackAdmitted},
+			{"redis_rollback_tokens", u.RedisRollbackTokens}, {"released", u.Released}, {"settle_overrun", u.SettleOverrun},
+			{"would_deny", u.WouldDeny}, {"would_deny_checks", u.WouldDenyChecks}} {
+			if c.v < 0 {
+				return fieldErr(f+"."+c.name, "must be >= 0, got %d", c.v)
 			}
 		}
 		if _, ok := pb.FallbackKind_name[int32(u.Fallback)]; !ok {

@@ -213,9 +213,10 @@ func (a *Agent) Settle(ctx context.Context, limit, decision string, actual int64
 		a.m.settles.WithLabelValues("replayed").Inc()
 	case bucket.Settled:
 		a.m.settles.WithLabelValues("settled").Inc()
-		for k, v := range map[string]int64{"charged": r.Charged, "refunded": r.Refunded, "overrun": r.Overrun, "debt": r.Debt} {
-			a.m.settleTokens.WithLabelValues(k).Add(float64(v))
-		}
+		a.m.settleTokens.WithLabelValues("charged").Add(float64(r.Charged))
+		a.m.settleTokens.WithLabelValues("refunded").Add(float64(r.Refunded))
+		a.m.settleTokens.WithLabelValues("overrun").Add(float64(r.Overrun))
+		a.m.settleTokens.WithLabelValues("debt").Add(float64(r.Debt))
 		now = a.opt.now()
 		a.withCore(func(c *core.Core) {
 			c.Charged(now, key)

@@ -37,9 +37,9 @@ func (c *etcdConfig) validate() error {
 	if c.name == "" || strings.ContainsAny(c.name, "=, ") {
 		return usagef("-name %q: want a name without '=', ',' or spaces", c.name)
 	}
-	for flagName, a := range map[string]string{"client-addr": c.clientAddr, "peer-addr": c.peerAddr} {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return usagef("-%s %q: want HOST:PORT", flagName, a)
+	for _, f := range [...]struct{ name, addr string }{{"client-addr", c.clientAddr}, {"peer-addr", c.peerAddr}} {
+		if _, _, err := net.SplitHostPort(f.addr); err != nil {
+			return usagef("-%s %q: want HOST:PORT", f.name, f.addr)
 		}
 	}
 	if c.clusterState != "new" && c.clusterState != "existing" {

@@ -152,10 +152,10 @@ func (c *gatewayConfig) validate() error {
 	if err := vocab.ValidateLimitID("-limit-template", strings.ReplaceAll(c.limitTemplate, "{key}", "key")); err != nil {
 		return usagef("%v", err)
 	}
-	for name, v := range map[string]*string{"sub-leases": &c.subLeases, "missing-key": &c.missingKey, "unknown-limit": &c.unknownLimit} {
-		want := map[string][]string{"sub-leases": {"on", "off"}, "missing-key": {"reject", "pass"}, "unknown-limit": {"pass", "reject"}}[name]
-		if *v != want[0] && *v != want[1] {
-			return usagef("-%s %q: want %s or %s", name, *v, want[0], want[1])
+	for _, f := range [...]struct{ name, v, a, b string }{{"sub-leases", c.subLeases, "on", "off"},
+		{"missing-key", c.missingKey, "reject", "pass"}, {"unknown-limit", c.unknownLimit, "pass", "reject"}} {
+		if f.v != f.a && f.v != f.b {
+			return usagef("-%s %q: want %s or %s", f.name, f.v, f.a, f.b)
 		}
 	}
 	c.trusted, err = httplimit.ParsePrefixes(c.trustedProxies)

@@ -266,6 +266,14 @@ func TestGatewayUsageErrors(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q; want 2 with one line", args, code, stderr.String())
 		}
 	}
+	// Two bad choices: the reason names the same one every time.
+	for range 5 {
+		var stderr bytes.Buffer
+		run(context.Background(), []string{"gateway", up, "--key-header", "X-Tenant", "--unknown-limit", "nope", "--sub-leases", "maybe"}, io.Discard, &stderr)
+		if !strings.Contains(stderr.String(), `-sub-leases "maybe": want on or off`) {
+			t.Fatalf("-sub-leases and -unknown-limit both bad: %q, want -sub-leases named (the first checked)", stderr.String())
+		}
+	}
 	var out bytes.Buffer
 	if code := run(context.Background(), []string{"gateway", "-h"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), "-upstream") {
 		t.Errorf("-h: exit %d, %q", code, out.String())
