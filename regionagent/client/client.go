@@ -738,7 +738,7 @@ func (c *Client) Holding() int {
 // its deadline counts until the sweep gives it back (within 250 ms).
 func (c *Client) HeldTokens() int64 {
 	c.heldMu.Lock()
-	list := slices.Clone(c.held) // st.mu is never taken under heldMu
+	list := slices.Clone(c.held) // hold takes heldMu under st.mu: not the other way round
 	c.heldMu.Unlock()
 	var n int64
 	for _, st := range list {
