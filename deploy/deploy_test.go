@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"leasehold/allocator"
+	"leasehold/internal/doclinks"
 	"leasehold/internal/etcdtest"
 	"leasehold/regionagent"
 	"leasehold/regionagent/client"
@@ -436,37 +437,6 @@ type ruleFile struct {
 	} `json:"groups"`
 }
 
-// anchors returns the GitHub anchors of the headings of a Markdown file.
-func anchors(t *testing.T, path string) map[string]bool {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]bool{}
-	inCode := false
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "```") {
-			inCode = !inCode
-		}
-		if inCode || !strings.HasPrefix(line, "#") {
-			continue
-		}
-		h := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
-		var a strings.Builder
-		for _, r := range h {
-			switch {
-			case r == ' ':
-				a.WriteByte('-')
-			case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
-				a.WriteRune(r)
-			}
-		}
-		out[a.String()] = true
-	}
-	return out
-}
-
 var runbookRe = regexp.MustCompile(`docs/operations\.md#([a-z0-9_-]+)`)
 
 func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
@@ -481,7 +451,10 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 			t.Errorf("the binaries do not register %s", name)
 		}
 	}
-	docs := anchors(t, "../docs/operations.md")
+	docs, err := doclinks.FileAnchors("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var bad []string
 
 	// The dashboard.
