@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -107,5 +109,76 @@ func TestHeldTokens(t *testing.T) {
 	}
 	if n := len(r.reservations()); n < 3 {
 		t.Fatalf("3 s at 200/s made %d reservations, want a refill at least", n-1)
+	}
+}
+
+// TestHeldTokensWhileSpending: scraped while four callers spend the limit
+// and the sweep runs (as the collectors and the sweeper do), HeldTokens
+// never counts less than nothing nor more than was reserved and not given
+// back, and once the traffic stops it is exactly what was reserved less
+// what was given back and spent. Run with -race, it also checks that it
+// reads the chunks safely.
+func TestHeldTokensWhileSpending(t *testing.T) {
+	r := newRig(t, func(a *clienttest.Agent) { a.SetLimit(testLimit, 1<<40, 10*time.Second, 5*time.Second) }, WithSubLeases(subCfg))
+	ctx := context.Background()
+	outstanding := func() (n int64) {
+		for _, x := range r.reservations() {
+			n += x.Granted
+			if x.Released {
+				n -= x.Unspent
+			}
+		}
+		return n
+	}
+	// Each caller decides once per permit; each step hands out 50 permits,
+	// waits for their decisions, then moves the clock 5 ms: 10,000
+	// decisions a second on the client's clock, a hot limit.
+	permits := make(chan struct{}, 50)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range permits {
+				if _, err := r.c.Allow(ctx, testLimit, 1); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(permits)
+		wg.Wait()
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	sawHeld := false
+	for i := range 400 {
+		target := r.c.Stats().Total() + 50
+		for range 50 {
+			permits <- struct{}{}
+		}
+		for r.c.Stats().Total() < target {
+			if time.Now().After(deadline) {
+				t.Fatalf("step %d: the callers made %d of %d decisions in 30 s", i, r.c.Stats().Total(), target)
+			}
+			runtime.Gosched()
+		}
+		r.clock.Advance(5 * time.Millisecond)
+		held := r.c.HeldTokens()
+		if bound := outstanding(); held < 0 || held > bound {
+			t.Fatalf("step %d: HeldTokens = %d, want 0 to the %d reserved and not given back", i, held, bound)
+		}
+		sawHeld = sawHeld || held > 0
+		if i%50 == 49 {
+			r.c.sweepHeld(r.c.mono())
+		}
+	}
+	r.settle()
+	if !sawHeld {
+		t.Fatal("the callers never held a chunk: the test measured nothing")
+	}
+	spent := r.c.Stats().SubLease
+	if n, want := r.c.HeldTokens(), outstanding()-spent; n != want {
+		t.Fatalf("after the traffic: HeldTokens = %d, want %d reserved and not given back less %d spent from chunks", n, want+spent, spent)
 	}
 }
