@@ -69,6 +69,28 @@ func TestDecodeNamesTheField(t *testing.T) {
 	}
 }
 
+// TestPathNotUTF8: a path that is not UTF-8 once unescaped is a 400
+// naming it, on every route (a fake Admin that echoes the id would make
+// the answer unencodable: FuzzRequest found it as a 500).
+func TestPathNotUTF8(t *testing.T) {
+	h, err := New(Config{Admin: &fakeAdmin{}, Authenticator: tokenAuth{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/v1/limits/0\xc6", "/v1/limits/a/\xff/history", "/v1/limits/\xc3"} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.URL.Path = path
+		req.Header.Set("Authorization", "Bearer admin")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		var p problem
+		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || rec.Code != http.StatusBadRequest ||
+			len(p.InvalidParams) != 1 || p.InvalidParams[0].Name != "path" {
+			t.Errorf("GET %q: %d %s, want a 400 naming path", path, rec.Code, rec.Body)
+		}
+	}
+}
+
 func TestParseEntityTag(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
@@ -102,6 +124,8 @@ func TestParseQuery(t *testing.T) {
 		{"pagesize=5", "pagesize"},
 		{"prefix=a&prefix=b", "prefix"},
 		{"prefix=%zz", "query"},
+		{"prefix=%C6", "query"},  // a value that is not UTF-8 once unescaped
+		{"pre%FFfix=a", "query"}, // a name that is not
 	} {
 		q, err := parseQuery(tc.raw, "prefix", "page_size")
 		if err == nil {

@@ -26,6 +26,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -295,6 +296,13 @@ func (h *Handler) begin(w http.ResponseWriter, r *http.Request, op string) (*cal
 	if err != nil {
 		h.log.Debug("admin http: authentication refused", "operation", op, "remote", r.RemoteAddr, "err", err)
 		writeProblem(w, r, &problem{Status: http.StatusUnauthorized, Detail: err.Error()})
+		return nil, false
+	}
+	if !utf8.ValidString(r.URL.Path) {
+		// No limit id, or any other name in a path, is anything but
+		// ASCII; a name that is not even UTF-8 could not be echoed back
+		// in JSON either.
+		writeProblem(w, r, invalid("path", "not valid UTF-8 once unescaped").(*problem))
 		return nil, false
 	}
 	st := &stream{method: "/" + pb.Admin_ServiceDesc.ServiceName + "/" + op}
