@@ -39,6 +39,9 @@ func parseQuery(raw string, allowed ...string) (map[string]string, error) {
 		if !utf8.ValidString(k) || !utf8.ValidString(strings.Join(vals[k], "")) {
 			return nil, invalid("query", "not valid UTF-8 once unescaped")
 		}
+		if k == "" {
+			return nil, invalid("query", "a parameter without a name")
+		}
 		if !slices.Contains(allowed, k) {
 			if len(allowed) == 0 {
 				return nil, invalid(k, "unknown query parameter: this route takes none")
