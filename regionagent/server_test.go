@@ -82,7 +82,10 @@ func FuzzCheckDecode(f *testing.F) {
 	}
 	w := newWorld(f, "eu")
 	w.putLimit(limit("tenant/f", 100, time.Minute, 15*time.Second, "eu"))
-	srv := NewServer(w.agent("eu", "fz"))
+	// An unknown limit is NOT_FOUND once the lookup wait is over (this
+	// agent runs no sync to end it sooner): 1 ms, not the default second,
+	// or the fuzzer makes a call a second.
+	srv := NewServer(w.agent("eu", "fz", WithLookupWait(time.Millisecond)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
