@@ -39,12 +39,21 @@ func ValidateLimitID(field, id string) error {
 	case !limitIDRe.MatchString(id):
 		return InvalidField(field, "%q: use [A-Za-z0-9._-] in segments separated by single '/'", id)
 	}
-	for seg := range strings.SplitSeq(id, "/") {
-		if seg == "." || seg == ".." {
-			return InvalidField(field, "%q: a segment may not be %q", id, seg)
-		}
+	if seg := DotSegment(id); seg != "" {
+		return InvalidField(field, "%q: a segment may not be %q", id, seg)
 	}
 	return nil
+}
+
+// DotSegment returns the first "/"-separated segment of id that is "." or
+// "..", which no limit id may have, or "" if there is none.
+func DotSegment(id string) string {
+	for seg := range strings.SplitSeq(id, "/") {
+		if seg == "." || seg == ".." {
+			return seg
+		}
+	}
+	return ""
 }
 
 // ValidateRequestID checks an idempotency key or reporter id: 1-128

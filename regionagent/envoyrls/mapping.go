@@ -430,8 +430,8 @@ func segment(v string) bool {
 }
 
 // expand builds the limit id from the descriptor's entry values; false
-// when a substituted value is not one limit-id segment or the id is too
-// long.
+// when a substituted value is not one limit-id segment, makes a segment
+// "." or "..", or the id is too long.
 func (t *template) expand(entries []*rlv3.RateLimitDescriptor_Entry) (string, bool) {
 	if t.parts == nil {
 		return t.fixed, true
@@ -460,7 +460,11 @@ func (t *template) expand(entries []*rlv3.RateLimitDescriptor_Entry) (string, bo
 			b.WriteString(entries[p.depth].GetValue())
 		}
 	}
-	return b.String(), true
+	id := b.String()
+	if vocab.DotSegment(id) != "" {
+		return "", false // e.g. tenant_id "..": no limit id has such a segment
+	}
+	return id, true
 }
 
 // Why a descriptor maps to no limit (the reason label of

@@ -370,6 +370,9 @@ func TestResolve(t *testing.T) {
 		{"api", nil, "", unmappedNoMatch},
 		{"api", []string{"plan", "free"}, "", unmappedNoMatch},
 		{"api", []string{"plan", "free", "user", "u"}, "free.u", ""},
+		{"api", []string{"tenant_id", "."}, "", unmappedInvalidValue},  // tenant/. is no limit id
+		{"api", []string{"tenant_id", ".."}, "", unmappedInvalidValue}, // nor tenant/..
+		{"api", []string{"plan", "free", "user", "."}, "free..", ""},   // a segment with dots in it is
 		{"nope", []string{"tenant_id", "acme"}, "", unmappedUnknownDomain},
 	} {
 		id, why := m.Resolve(c.domain, desc(c.kvs...))
