@@ -343,7 +343,11 @@ func gatewayHandler(c *gatewayConfig, lim httplimit.Limiter, m *httplimit.Metric
 		if !keyRe.MatchString(k) {
 			return "", false
 		}
-		return strings.ReplaceAll(c.limitTemplate, "{key}", k), true
+		id := strings.ReplaceAll(c.limitTemplate, "{key}", k)
+		if vocab.DotSegment(id) != "" {
+			return "", false // a key "." or ".." standing as a segment of its own: no limit id
+		}
+		return id, true
 	}
 	cost := func(r *http.Request) (int64, bool) {
 		if c.costHeader == "" {

@@ -178,7 +178,7 @@ func TestGatewayLimitsAndProxies(t *testing.T) {
 		t.Fatalf("bad cost: %d", r.code)
 	}
 	// No key, or a key that is not one segment: 400 (-missing-key reject).
-	for _, h := range []map[string]string{{}, {"X-Tenant": "a/b"}, {"X-Tenant": "a b"}} {
+	for _, h := range []map[string]string{{}, {"X-Tenant": "a/b"}, {"X-Tenant": "a b"}, {"X-Tenant": "."}, {"X-Tenant": ".."}} {
 		if r := gwDo(t, gw+"/x", h); r.code != 400 || problemOf(t, r)["type"] != "urn:leasehold:problem:no-key" {
 			t.Fatalf("key %v: %d %s", h, r.code, r.body)
 		}
