@@ -36,7 +36,7 @@ func parseQuery(raw string, allowed ...string) (map[string]string, error) {
 	slices.Sort(keys)
 	out := make(map[string]string, len(vals))
 	for _, k := range keys {
-		if !utf8.ValidString(k) || !utf8.ValidString(strings.Join(vals[k], "")) {
+		if !utf8.ValidString(k) || slices.ContainsFunc(vals[k], func(v string) bool { return !utf8.ValidString(v) }) {
 			return nil, invalid("query", "not valid UTF-8 once unescaped")
 		}
 		if k == "" {

@@ -124,8 +124,10 @@ func TestParseQuery(t *testing.T) {
 		{"pagesize=5", "pagesize"},
 		{"prefix=a&prefix=b", "prefix"},
 		{"prefix=%zz", "query"},
-		{"prefix=%C6", "query"},  // a value that is not UTF-8 once unescaped
-		{"pre%FFfix=a", "query"}, // a name that is not
+		{"prefix=%C6", "query"},            // a value that is not UTF-8 once unescaped
+		{"pre%FFfix=a", "query"},           // a name that is not
+		{"=0", "query"},                    // no name
+		{"prefix=%C3&prefix=%A9", "query"}, // two halves of one character, in two values
 	} {
 		q, err := parseQuery(tc.raw, "prefix", "page_size")
 		if err == nil {
