@@ -90,21 +90,14 @@ func TestHeldTokens(t *testing.T) {
 		t.Fatalf("after the chunk was given back: HeldTokens = %d, want 0", n)
 	}
 	// Hot for a while: chunks are refilled (a next chunk waits beside the
-	// one spent) and given back; what is held is what was granted less
-	// what was given back and what was spent, at every moment.
-	spent := int64(0)
+	// one spent) and given back; what is held is what was reserved and not
+	// given back, less what was spent, at every moment.
+	spent := int64(6) // of the first chunk
 	for i := range 12 {
 		spent += int64(r.hot(200, 250*time.Millisecond)[SourceSubLease])
-		var granted, unspent int64
-		for _, x := range r.reservations()[1:] {
-			granted += x.Granted
-			if x.Released {
-				unspent += x.Unspent
-			}
-		}
-		if n := r.c.HeldTokens(); n != granted-unspent-spent {
-			t.Fatalf("after %d x 250 ms at 200/s: HeldTokens = %d, want %d granted - %d given back - %d spent = %d",
-				i+1, n, granted, unspent, spent, granted-unspent-spent)
+		if n, out := r.c.HeldTokens(), r.outstanding(); n != out-spent {
+			t.Fatalf("after %d x 250 ms at 200/s: HeldTokens = %d, want %d reserved and not given back - %d spent = %d",
+				i+1, n, out, spent, out-spent)
 		}
 	}
 	if n := len(r.reservations()); n < 3 {
@@ -121,15 +114,6 @@ func TestHeldTokens(t *testing.T) {
 func TestHeldTokensWhileSpending(t *testing.T) {
 	r := newRig(t, func(a *clienttest.Agent) { a.SetLimit(testLimit, 1<<40, 10*time.Second, 5*time.Second) }, WithSubLeases(subCfg))
 	ctx := context.Background()
-	outstanding := func() (n int64) {
-		for _, x := range r.reservations() {
-			n += x.Granted
-			if x.Released {
-				n -= x.Unspent
-			}
-		}
-		return n
-	}
 	// Each caller decides once per permit; each step hands out 50 permits,
 	// waits for their decisions, then moves the clock 5 ms: 10,000
 	// decisions a second on the client's clock, a hot limit.
@@ -165,7 +149,7 @@ func TestHeldTokensWhileSpending(t *testing.T) {
 		}
 		r.clock.Advance(5 * time.Millisecond)
 		held := r.c.HeldTokens()
-		if bound := outstanding(); held < 0 || held > bound {
+		if bound := r.outstanding(); held < 0 || held > bound {
 			t.Fatalf("step %d: HeldTokens = %d, want 0 to the %d reserved and not given back", i, held, bound)
 		}
 		sawHeld = sawHeld || held > 0
@@ -178,7 +162,20 @@ func TestHeldTokensWhileSpending(t *testing.T) {
 		t.Fatal("the callers never held a chunk: the test measured nothing")
 	}
 	spent := r.c.Stats().SubLease
-	if n, want := r.c.HeldTokens(), outstanding()-spent; n != want {
+	if n, want := r.c.HeldTokens(), r.outstanding()-spent; n != want {
 		t.Fatalf("after the traffic: HeldTokens = %d, want %d reserved and not given back less %d spent from chunks", n, want+spent, spent)
 	}
+}
+
+// outstanding is what the fake agent reserved to the client and was not
+// given back: every reservation's grant, less what each release returned
+// unspent.
+func (r *rig) outstanding() (n int64) {
+	for _, x := range r.reservations() {
+		n += x.Granted
+		if x.Released {
+			n -= x.Unspent
+		}
+	}
+	return n
 }
