@@ -174,7 +174,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w}
 	// The handlers name their operation through rec in r's context.
 	ctx := context.WithValue(r.Context(), recorderKey{}, rec)
-	if !isClean(r.URL.Path) {
+	switch {
+	case !utf8.ValidString(r.URL.Path):
+		// No name in the API's paths is anything but ASCII; one that is
+		// not even UTF-8 could not be echoed back in JSON either.
+		writeProblem(rec, r, invalid("path", "not valid UTF-8 once unescaped").(*problem))
+	case !isClean(r.URL.Path):
 		// The mux would redirect to the cleaned path: a PUT of
 		// "tenant//atlas" must not become one of "tenant/atlas".
 		if strings.HasPrefix(r.URL.Path, "/v1/limits/") {
@@ -183,7 +188,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else {
 			writeProblem(rec, r, &problem{Status: http.StatusNotFound, Detail: "no such route; the routes are in /v1/openapi.yaml"})
 		}
-	} else {
+	default:
 		h.mux.ServeHTTP(&problemWriter{w: rec, r: r}, r.WithContext(ctx))
 	}
 	status := rec.status
@@ -296,13 +301,6 @@ func (h *Handler) begin(w http.ResponseWriter, r *http.Request, op string) (*cal
 	if err != nil {
 		h.log.Debug("admin http: authentication refused", "operation", op, "remote", r.RemoteAddr, "err", err)
 		writeProblem(w, r, &problem{Status: http.StatusUnauthorized, Detail: err.Error()})
-		return nil, false
-	}
-	if !utf8.ValidString(r.URL.Path) {
-		// No limit id, or any other name in a path, is anything but
-		// ASCII; a name that is not even UTF-8 could not be echoed back
-		// in JSON either.
-		writeProblem(w, r, invalid("path", "not valid UTF-8 once unescaped").(*problem))
 		return nil, false
 	}
 	st := &stream{method: "/" + pb.Admin_ServiceDesc.ServiceName + "/" + op}
