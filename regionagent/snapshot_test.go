@@ -188,8 +188,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // metricValue is the value of reg's gauge named name whose label values
-// are labels, in the order the metric declares them (none: its one
-// series).
+// are labels, in the order of their label names (a gathered metric has
+// its labels sorted by name; none: its one series).
 func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
